@@ -1,0 +1,144 @@
+"""Attention (§3.2): scaled dot-product attention (Eq. 1) and multi-head attention (§3.2.2).
+
+Shape glossary, used in every comment of the package:
+    B batch, S source length, T target length, H heads, D d_model,
+    d_k / d_v per-head query-key / value size, V vocabulary, L layers, W beam.
+
+Masks follow one convention everywhere: boolean, True = may attend (PyTorch SDPA's polarity),
+named after what they gate (`src_key_mask`). The causal mask of the decoder is never built on
+the fast path: `is_causal=True` lets SDPA pick its fastest kernels.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def scaled_dot_product_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None = None,
+    *,
+    is_causal: bool = False,
+    dropout_p: float = 0.0,
+    need_weights: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Eq. 1: Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V.
+
+    The default path is PyTorch's fused kernel (`F.scaled_dot_product_attention`), which never
+    materialises the (T, S) probability matrix. With `need_weights=True` the same formula is
+    computed explicitly and the probabilities are returned too (for pictures and alignments);
+    a test checks that both paths agree.
+
+    Args:
+        q: Queries (B, H, T, d_k).
+        k: Keys (B, H, S, d_k).
+        v: Values (B, H, S, d_v).
+        mask: Boolean, broadcastable to (B, H, T, S); True = may attend.
+        is_causal: Position t may only attend to positions <= t (§3.2.3, decoder
+            self-attention). Only for T == S.
+        dropout_p: Dropout on the attention probabilities (0 in the paper).
+        need_weights: Also return the probabilities (B, H, T, S).
+
+    Returns:
+        The attended values (B, H, T, d_v) and the probabilities or None.
+    """
+    if not need_weights:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+        )
+        return out, None
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, T, S)
+    if is_causal:
+        t, s = scores.shape[-2:]
+        causal_mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal_mask, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = scores.softmax(dim=-1)
+    attended = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
+    return attended @ v, probs
+
+
+class MultiHeadAttention(nn.Module):
+    """§3.2.2: MultiHead(Q, K, V) = Concat(head_1, ..., head_h) W^O, head_i = Attention(Q W_i^Q,
+    K W_i^K, V W_i^V).
+
+    The h per-head projections are stored as one matrix each (`q_proj`: D → h·d_k, and so on),
+    which is the same linear map computed in one GEMM. d_k and d_v may differ from D / h, as in
+    Table 3 rows (A) and (B).
+    """
+
+    def __init__(
+        self, d_model: int, n_heads: int, d_k: int, d_v: int, attention_dropout: float = 0.0
+    ) -> None:
+        super().__init__()
+        self.n_heads, self.d_k, self.d_v = n_heads, d_k, d_v
+        self.attention_dropout = attention_dropout
+        self.q_proj = nn.Linear(d_model, n_heads * d_k)
+        self.k_proj = nn.Linear(d_model, n_heads * d_k)
+        self.v_proj = nn.Linear(d_model, n_heads * d_v)
+        self.out_proj = nn.Linear(n_heads * d_v, d_model)
+
+    def split_heads(self, x: Tensor, head_size: int) -> Tensor:
+        """(B, T, H·d) → (B, H, T, d)."""
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, head_size).transpose(1, 2)
+
+    def project_query(self, x: Tensor) -> Tensor:
+        """(B, T, D) → queries (B, H, T, d_k)."""
+        return self.split_heads(self.q_proj(x), self.d_k)
+
+    def project_key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S, D) → keys (B, H, S, d_k) and values (B, H, S, d_v).
+
+        The decoder cache calls this once per source for encoder-decoder attention.
+        """
+        return self.split_heads(self.k_proj(x), self.d_k), self.split_heads(
+            self.v_proj(x), self.d_v
+        )
+
+    def attend(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        mask: Tensor | None = None,
+        *,
+        is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attention over already projected heads, then Concat(...) W^O: (B, T, D)."""
+        dropout_p = self.attention_dropout if self.training else 0.0
+        out, probs = scaled_dot_product_attention(
+            q, k, v, mask, is_causal=is_causal, dropout_p=dropout_p, need_weights=need_weights
+        )
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_v)  # (B, T, H·d_v)
+        return self.out_proj(out), probs
+
+    def forward(
+        self,
+        query: Tensor,
+        key_value: Tensor,
+        mask: Tensor | None = None,
+        *,
+        is_causal: bool = False,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from `query` (B, T, D) over `key_value` (B, S, D).
+
+        Self-attention passes the same tensor twice; encoder-decoder attention passes the
+        decoder state as query and the encoder output (`memory`) as key_value (§3.2.3).
+
+        Returns:
+            Output (B, T, D) and, with need_weights, probabilities (B, H, T, S).
+        """
+        q = self.project_query(query)
+        k, v = self.project_key_value(key_value)
+        return self.attend(q, k, v, mask, is_causal=is_causal, need_weights=need_weights)

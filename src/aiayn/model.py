@@ -1,0 +1,477 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017), in the paper's order.
+
+§3.2 attention lives in `aiayn.attention`; this module has the rest of §3: the position-wise
+feed-forward network (Eq. 2), embeddings ×√d_model and weight sharing (§3.4), positional
+encoding (§3.5), encoder and decoder layers with residual + LayerNorm (§3.1), the stacks, the
+final linear + softmax, and incremental decoding (encode once, a cache whose encoder-decoder
+keys/values are projected once, one-token `decode_step`).
+
+Shapes: B batch, S source length, T target length, H heads, D d_model, V vocabulary, L layers.
+Padding is on the right. Masks are boolean, True = may attend.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.attention import MultiHeadAttention
+from aiayn.config import ModelConfig
+
+
+class PositionwiseFeedForward(nn.Module):
+    """Eq. 2: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position separately."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.linear2(F.relu(self.linear1(x)))
+
+
+class TokenEmbedding(nn.Module):
+    """§3.4: learned embeddings whose weights are multiplied by √d_model.
+
+    The weight may be shared with the other embedding and the pre-softmax projection (§3.4);
+    sharing is done by the `Transformer`, which assigns the same `Parameter` object.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, pad_id: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab_size, d_model, padding_idx=pad_id)
+        self.scale = math.sqrt(d_model)
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        return self.embedding(tokens) * self.scale
+
+
+def sinusoidal_positional_encoding(length: int, d_model: int) -> Tensor:
+    """§3.5: PE(pos, 2i) = sin(pos / 10000^(2i/d_model)), PE(pos, 2i+1) = cos(same).
+
+    Computed in float64 and returned as float32, shape (length, d_model).
+    """
+    position = torch.arange(length, dtype=torch.float64).unsqueeze(1)  # (length, 1)
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (ceil(D/2),)
+    angle = position / torch.pow(10000.0, two_i / d_model)  # (length, ceil(D/2))
+    pe = torch.zeros(length, d_model, dtype=torch.float64)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return pe.float()
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """§3.5: fixed sinusoids added to the embeddings; extended on the fly for longer inputs."""
+
+    def __init__(self, d_model: int, max_positions: int) -> None:
+        super().__init__()
+        self.d_model = d_model
+        table = sinusoidal_positional_encoding(max_positions, d_model)
+        self.register_buffer("table", table, persistent=False)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        """Encodings for positions offset .. offset+length-1: (length, D)."""
+        end = offset + length
+        if end > self.table.size(0):
+            return sinusoidal_positional_encoding(end, self.d_model).to(self.table)[offset:]
+        return self.table[offset:end]
+
+
+class LearnedPositionalEmbedding(nn.Module):
+    """Learned positional embeddings, the alternative of Table 3 row (E)."""
+
+    def __init__(self, d_model: int, max_positions: int) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(max_positions, d_model)
+
+    def forward(self, length: int, offset: int = 0) -> Tensor:
+        end = offset + length
+        if end > self.embedding.num_embeddings:
+            raise ValueError(
+                f"sequence of {end} positions exceeds max_positions "
+                f"({self.embedding.num_embeddings}) of the learned positional embedding"
+            )
+        positions = torch.arange(offset, end, device=self.embedding.weight.device)
+        return self.embedding(positions)
+
+
+class SublayerConnection(nn.Module):
+    """§3.1 + §5.4: LayerNorm(x + Dropout(Sublayer(x))).
+
+    With `norm_first` (pre-norm, not the paper's; see docs/deviations.md) it is
+    x + Dropout(Sublayer(LayerNorm(x))), and the stack adds one final LayerNorm.
+    """
+
+    def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model, eps=eps)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(
+        self, x: Tensor, sublayer: Callable[[Tensor], tuple[Tensor, Tensor | None]]
+    ) -> tuple[Tensor, Tensor | None]:
+        """Apply `sublayer` (which returns its output and optional attention) with the residual."""
+        if self.norm_first:
+            out, probs = sublayer(self.norm(x))
+            return x + self.dropout(out), probs
+        out, probs = sublayer(x)
+        return self.norm(x + self.dropout(out)), probs
+
+
+class EncoderLayer(nn.Module):
+    """§3.1: multi-head self-attention, then the position-wise FFN, each with residual + norm."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        n_heads: int,
+        d_k: int,
+        d_v: int,
+        dropout: float,
+        attention_dropout: float,
+        norm_first: bool,
+        eps: float,
+    ) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, d_k, d_v, attention_dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff)
+        self.self_attn_sublayer = SublayerConnection(d_model, dropout, norm_first, eps)
+        self.feed_forward_sublayer = SublayerConnection(d_model, dropout, norm_first, eps)
+
+    def forward(
+        self, x: Tensor, src_key_mask: Tensor | None, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """x (B, S, D) → (B, S, D), and self-attention probabilities (B, H, S, S) if asked."""
+        mask = None if src_key_mask is None else src_key_mask[:, None, None, :]  # (B, 1, 1, S)
+        x, probs = self.self_attn_sublayer(
+            x, lambda h: self.self_attn(h, h, mask, need_weights=need_weights)
+        )
+        x, _ = self.feed_forward_sublayer(x, lambda h: (self.feed_forward(h), None))
+        return x, probs
+
+
+class DecoderLayer(nn.Module):
+    """§3.1: masked self-attention, encoder-decoder attention over `memory`, then the FFN."""
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        n_heads: int,
+        d_k: int,
+        d_v: int,
+        dropout: float,
+        attention_dropout: float,
+        norm_first: bool,
+        eps: float,
+    ) -> None:
+        super().__init__()
+        self.self_attn = MultiHeadAttention(d_model, n_heads, d_k, d_v, attention_dropout)
+        self.cross_attn = MultiHeadAttention(d_model, n_heads, d_k, d_v, attention_dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff)
+        self.self_attn_sublayer = SublayerConnection(d_model, dropout, norm_first, eps)
+        self.cross_attn_sublayer = SublayerConnection(d_model, dropout, norm_first, eps)
+        self.feed_forward_sublayer = SublayerConnection(d_model, dropout, norm_first, eps)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor,
+        src_key_mask: Tensor | None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """Whole target at once. x (B, T, D), memory (B, S, D) → (B, T, D).
+
+        Returns the output and, if asked, self-attention (B, H, T, T) and encoder-decoder
+        attention (B, H, T, S) probabilities.
+        """
+        mask = None if src_key_mask is None else src_key_mask[:, None, None, :]
+        x, self_probs = self.self_attn_sublayer(
+            x, lambda h: self.self_attn(h, h, is_causal=True, need_weights=need_weights)
+        )
+        x, cross_probs = self.cross_attn_sublayer(
+            x, lambda h: self.cross_attn(h, memory, mask, need_weights=need_weights)
+        )
+        x, _ = self.feed_forward_sublayer(x, lambda h: (self.feed_forward(h), None))
+        return x, self_probs, cross_probs
+
+    def step(self, x: Tensor, cache: DecoderCache, layer: int) -> Tensor:
+        """One new position. x (B, 1, D) → (B, 1, D); writes this position's K/V into `cache`."""
+        t = cache.length
+
+        def self_attention(h: Tensor) -> tuple[Tensor, None]:
+            q = self.self_attn.project_query(h)  # (B, H, 1, d_k)
+            k, v = self.self_attn.project_key_value(h)
+            cache.self_k[layer, :, :, t] = k[:, :, 0]
+            cache.self_v[layer, :, :, t] = v[:, :, 0]
+            keys = cache.self_k[layer, :, :, : t + 1]  # (B, H, t+1, d_k): no mask needed
+            values = cache.self_v[layer, :, :, : t + 1]
+            return self.self_attn.attend(q, keys, values)
+
+        def cross_attention(h: Tensor) -> tuple[Tensor, Tensor | None]:
+            q = self.cross_attn.project_query(h)
+            k, v = cache.cross_k[layer], cache.cross_v[layer]  # projected once per source
+            mask = cache.src_key_mask
+            mask = None if mask is None else mask[:, None, None, :]
+            return self.cross_attn.attend(q, k, v, mask)
+
+        x, _ = self.self_attn_sublayer(x, self_attention)
+        x, _ = self.cross_attn_sublayer(x, cross_attention)
+        x, _ = self.feed_forward_sublayer(x, lambda h: (self.feed_forward(h), None))
+        return x
+
+
+@dataclass
+class DecoderCache:
+    """Everything incremental decoding keeps between steps, as one typed object.
+
+    Self-attention keys/values are preallocated for `max_len` positions and filled one position
+    per step; encoder-decoder keys/values are projected once from `memory`. Beam search expands,
+    reorders and prunes rows only through `reorder`.
+
+    Attributes:
+        self_k: (L, B, H, max_len, d_k) self-attention keys, valid up to `length`.
+        self_v: (L, B, H, max_len, d_v).
+        cross_k: (L, B, H, S, d_k) encoder-decoder keys.
+        cross_v: (L, B, H, S, d_v).
+        src_key_mask: (B, S) True = real source token, or None without padding.
+        length: Number of target positions already fed.
+    """
+
+    self_k: Tensor
+    self_v: Tensor
+    cross_k: Tensor
+    cross_v: Tensor
+    src_key_mask: Tensor | None
+    length: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.self_k.size(1)
+
+    @property
+    def max_len(self) -> int:
+        return self.self_k.size(3)
+
+    def reorder(self, index: Tensor) -> DecoderCache:
+        """A new cache made of rows `index` (B',) of this one (rows may repeat)."""
+        return DecoderCache(
+            self_k=self.self_k.index_select(1, index),
+            self_v=self.self_v.index_select(1, index),
+            cross_k=self.cross_k.index_select(1, index),
+            cross_v=self.cross_v.index_select(1, index),
+            src_key_mask=None if self.src_key_mask is None else self.src_key_mask[index],
+            length=self.length,
+        )
+
+
+@dataclass
+class AttentionMaps:
+    """Attention probabilities of every layer and head, for pictures and alignments.
+
+    Attributes:
+        encoder: (L, B, H, S, S) encoder self-attention.
+        decoder: (L, B, H, T, T) masked decoder self-attention.
+        cross: (L, B, H, T, S) encoder-decoder attention.
+    """
+
+    encoder: Tensor
+    decoder: Tensor
+    cross: Tensor
+
+
+class Encoder(nn.Module):
+    """§3.1: a stack of N identical `EncoderLayer`s (plus a final norm when pre-norm)."""
+
+    def __init__(self, layers: list[EncoderLayer], final_norm: nn.Module) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
+
+    def forward(
+        self, x: Tensor, src_key_mask: Tensor | None, need_weights: bool = False
+    ) -> tuple[Tensor, list[Tensor]]:
+        maps = []
+        for layer in self.layers:
+            x, probs = layer(x, src_key_mask, need_weights)
+            maps.append(probs)
+        return self.final_norm(x), maps
+
+
+class Decoder(nn.Module):
+    """§3.1: a stack of N identical `DecoderLayer`s (plus a final norm when pre-norm)."""
+
+    def __init__(self, layers: list[DecoderLayer], final_norm: nn.Module) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.final_norm = final_norm
+
+    def forward(
+        self, x: Tensor, memory: Tensor, src_key_mask: Tensor | None, need_weights: bool = False
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        self_maps, cross_maps = [], []
+        for layer in self.layers:
+            x, self_probs, cross_probs = layer(x, memory, src_key_mask, need_weights)
+            self_maps.append(self_probs)
+            cross_maps.append(cross_probs)
+        return self.final_norm(x), self_maps, cross_maps
+
+    def step(self, x: Tensor, cache: DecoderCache) -> Tensor:
+        for i, layer in enumerate(self.layers):
+            x = layer.step(x, cache, i)
+        return self.final_norm(x)
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder Transformer of Figure 1.
+
+    Built from a `ModelConfig` (the one object saved next to the weights); the submodules take
+    plain scalars. Weight sharing (§3.4): with `share_embeddings="all"` the source embedding, the
+    target embedding and the pre-softmax projection are the same `Parameter`; with "decoder" only
+    the last two; with "none", none.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = c = config
+        self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model, c.pad_id)
+        self.tgt_embed = TokenEmbedding(c.tgt_vocab_size, c.d_model, c.pad_id)
+        if c.positional_encoding == "sinusoidal":
+            self.positions: nn.Module = SinusoidalPositionalEncoding(c.d_model, c.max_positions)
+        else:
+            self.positions = LearnedPositionalEmbedding(c.d_model, c.max_positions)
+        self.embed_dropout = nn.Dropout(c.dropout)
+        layer_args = (c.d_model, c.d_ff, c.n_heads, c.d_k, c.d_v, c.dropout)
+        layer_args += (c.attention_dropout, c.norm_first, c.layer_norm_eps)
+        self.encoder = Encoder(
+            [EncoderLayer(*layer_args) for _ in range(c.n_encoder_layers)], self._final_norm()
+        )
+        self.decoder = Decoder(
+            [DecoderLayer(*layer_args) for _ in range(c.n_decoder_layers)], self._final_norm()
+        )
+        self.output_projection = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+        self.reset_parameters()
+        if c.share_embeddings in ("all", "decoder"):
+            self.output_projection.weight = self.tgt_embed.embedding.weight
+        if c.share_embeddings == "all":
+            self.src_embed.embedding.weight = self.tgt_embed.embedding.weight
+
+    def _final_norm(self) -> nn.Module:
+        c = self.config
+        return nn.LayerNorm(c.d_model, eps=c.layer_norm_eps) if c.norm_first else nn.Identity()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform for projections, N(0, d_model^-½) for embeddings (as tensor2tensor),
+        so that embeddings ×√d_model have unit scale; zero biases and a zero padding row."""
+        for name, param in self.named_parameters():
+            if "embedding" in name:
+                nn.init.normal_(param, mean=0.0, std=self.config.d_model**-0.5)
+                if name.endswith("embed.embedding.weight"):
+                    with torch.no_grad():
+                        param[self.config.pad_id].zero_()
+            elif param.dim() > 1:
+                nn.init.xavier_uniform_(param)
+            elif name.endswith("bias"):
+                nn.init.zeros_(param)
+
+    # -- the two halves of Figure 1 -------------------------------------------------------
+
+    def src_key_mask(self, src_tokens: Tensor) -> Tensor | None:
+        """(B, S) True = real token; None when the batch has no padding (fast SDPA path)."""
+        mask = src_tokens != self.config.pad_id
+        return None if bool(mask.all()) else mask
+
+    def encode(
+        self, src_tokens: Tensor, need_weights: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Source tokens (B, S) → `memory` (B, S, D) and the source key mask."""
+        memory, src_key_mask, _ = self._encode(src_tokens, need_weights)
+        return memory, src_key_mask
+
+    def _encode(
+        self, src_tokens: Tensor, need_weights: bool
+    ) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+        src_key_mask = self.src_key_mask(src_tokens)
+        x = self.src_embed(src_tokens) + self.positions(src_tokens.size(1))
+        memory, maps = self.encoder(self.embed_dropout(x), src_key_mask, need_weights)
+        return memory, src_key_mask, maps
+
+    def decode(
+        self,
+        tgt_tokens: Tensor,
+        memory: Tensor,
+        src_key_mask: Tensor | None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """Shifted target tokens (B, T) → logits (B, T, V) for the next token at each position."""
+        x = self.tgt_embed(tgt_tokens) + self.positions(tgt_tokens.size(1))
+        x, self_maps, cross_maps = self.decoder(
+            self.embed_dropout(x), memory, src_key_mask, need_weights
+        )
+        return self.output_projection(x), self_maps, cross_maps
+
+    def forward(self, src_tokens: Tensor, tgt_tokens: Tensor) -> Tensor:
+        """Teacher-forced pass: source (B, S), shifted target (B, T) → logits (B, T, V).
+
+        The softmax of §3.4 is left to the loss (`log_softmax` + label smoothing) and to
+        decoding, which is both faster and numerically safer.
+        """
+        memory, src_key_mask, _ = self._encode(src_tokens, need_weights=False)
+        logits, _, _ = self.decode(tgt_tokens, memory, src_key_mask)
+        return logits
+
+    def forward_with_attention(
+        self, src_tokens: Tensor, tgt_tokens: Tensor
+    ) -> tuple[Tensor, AttentionMaps]:
+        """Like `forward` through the explicit attention path, also returning every map."""
+        memory, src_key_mask, enc_maps = self._encode(src_tokens, need_weights=True)
+        logits, self_maps, cross_maps = self.decode(
+            tgt_tokens, memory, src_key_mask, need_weights=True
+        )
+        maps = AttentionMaps(
+            encoder=torch.stack(enc_maps),
+            decoder=torch.stack(self_maps),
+            cross=torch.stack(cross_maps),
+        )
+        return logits, maps
+
+    # -- incremental decoding -------------------------------------------------------------
+
+    def init_cache(self, memory: Tensor, src_key_mask: Tensor | None, max_len: int) -> DecoderCache:
+        """A cache for up to `max_len` target positions; encoder-decoder K/V projected once."""
+        c = self.config
+        b, n_layers = memory.size(0), c.n_decoder_layers
+        cross_k, cross_v = zip(
+            *(layer.cross_attn.project_key_value(memory) for layer in self.decoder.layers)
+        )
+        shape = (n_layers, b, c.n_heads, max_len)
+        return DecoderCache(
+            self_k=memory.new_zeros(*shape, c.d_k),
+            self_v=memory.new_zeros(*shape, c.d_v),
+            cross_k=torch.stack(cross_k),
+            cross_v=torch.stack(cross_v),
+            src_key_mask=src_key_mask,
+        )
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """Feed one token per row (B,) at position `cache.length`; return log-probs (B, V).
+
+        Updates `cache` in place and advances its length: equal to the full `forward` pass at
+        that position, because decoder self-attention is causal (§3.2.3).
+        """
+        t = cache.length
+        if t >= cache.max_len:
+            raise ValueError(f"decoder cache is full ({cache.max_len} positions)")
+        x = self.tgt_embed(tokens[:, None]) + self.positions(1, offset=t)  # (B, 1, D)
+        x = self.decoder.step(self.embed_dropout(x), cache)
+        cache.length = t + 1
+        logits = self.output_projection(x[:, 0])  # (B, V)
+        return F.log_softmax(logits.float(), dim=-1)
