@@ -449,15 +449,13 @@ class Transformer(nn.Module):
         """A cache for up to `max_len` target positions; encoder-decoder K/V projected once."""
         c = self.config
         b, n_layers = memory.size(0), c.n_decoder_layers
-        cross_k, cross_v = zip(
-            *(layer.cross_attn.project_key_value(memory) for layer in self.decoder.layers)
-        )
+        cross = [layer.cross_attn.project_key_value(memory) for layer in self.decoder.layers]
         shape = (n_layers, b, c.n_heads, max_len)
         return DecoderCache(
             self_k=memory.new_zeros(*shape, c.d_k),
             self_v=memory.new_zeros(*shape, c.d_v),
-            cross_k=torch.stack(cross_k),
-            cross_v=torch.stack(cross_v),
+            cross_k=torch.stack([k for k, _ in cross]),
+            cross_v=torch.stack([v for _, v in cross]),
             src_key_mask=src_key_mask,
         )
 
