@@ -1,0 +1,550 @@
+"""Decoding: beam search with the GNMT length penalty (§6.1), greedy search and sampling.
+
+Search sees the model only through :class:`IncrementalModel` (``encode``, ``init_cache``,
+``decode_step``) and the decoder cache only through ``reorder``. Expanding a sentence to W beams,
+following beams back to their parents and dropping finished sentences are all the same
+operation: a selection of cache rows. Every step feeds all live rows of all unfinished sentences
+to a single ``decode_step`` call, and the batch shrinks as sentences finish.
+
+Lengths. The length of a hypothesis counts its generated tokens including EOS (BOS is not
+generated). A sentence with ``src_len`` non-pad source tokens may generate
+``max_len = int(max_len_a * src_len + max_len_b)`` tokens; the next token is then forced to be
+EOS, so the longest hypothesis is ``max_len`` tokens + EOS. The defaults (a = 1, b = 50) are the
+paper's "maximum output length of input length + 50" (§6.1).
+
+Shapes: B sentences in the batch, N of them still unfinished, W beam size, K live beams per
+sentence at the current step (1 at the first step, up to W after), V vocabulary, t tokens
+generated so far.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "LENGTH_PENALTIES",
+    "DecoderCache",
+    "Hypothesis",
+    "IncrementalModel",
+    "beam_search",
+    "gnmt_length_penalty",
+    "greedy_search",
+    "length_penalty_fn",
+    "no_length_penalty",
+    "power_length_penalty",
+    "sample",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# What search needs from a model
+# --------------------------------------------------------------------------------------------
+
+
+class DecoderCache(Protocol):
+    """Per-row decoder state (self-attention K/V so far, cross-attention K/V of the memory)."""
+
+    def reorder(self, index: Tensor) -> DecoderCache:
+        """A new cache whose row i is row ``index[i]`` of this one (rows may repeat or vanish)."""
+        ...
+
+
+class IncrementalModel(Protocol):
+    """An encoder-decoder that decodes one target position at a time."""
+
+    def encode(self, src_tokens: Tensor) -> tuple[Tensor, Tensor | None]:
+        """(B, S) source ids -> memory (B, S, D) and src_key_mask (B, S), True = real token."""
+        ...
+
+    def init_cache(self, memory: Tensor, src_key_mask: Tensor | None, max_len: int) -> DecoderCache:
+        """A cache for up to ``max_len`` target positions (BOS included)."""
+        ...
+
+    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """Feed (B,) tokens at position ``cache.length`` (updating the cache in place) and
+        return (B, V) float32 log-probabilities of the next token."""
+        ...
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One finished output sequence.
+
+    Attributes:
+        tokens: Generated token ids, without BOS and EOS.
+        score: The ranking score, ``log_prob / length_penalty(len(tokens) + 1)``. Greedy search
+            and sampling apply no penalty, so there it equals ``log_prob``.
+        log_prob: Sum of the model's log-probabilities of the tokens and of the final EOS.
+    """
+
+    tokens: list[int]
+    score: float
+    log_prob: float
+
+
+# --------------------------------------------------------------------------------------------
+# Length penalties
+# --------------------------------------------------------------------------------------------
+
+LengthPenalty = Callable[[int, float], float]
+
+
+def gnmt_length_penalty(length: int, alpha: float) -> float:
+    """``((5 + length) / 6) ** alpha`` of Wu et al. (2016, Eq. 14), used by the paper (§6.1)."""
+    return ((5 + length) / 6) ** alpha
+
+
+def power_length_penalty(length: int, alpha: float) -> float:
+    """``length ** alpha``: what fairseq, Marian and Hugging Face call the length penalty."""
+    return float(length) ** alpha
+
+
+def no_length_penalty(length: int, alpha: float) -> float:
+    """Rank by raw log-probability (favours short outputs)."""
+    return 1.0
+
+
+LENGTH_PENALTIES: dict[str, LengthPenalty] = {
+    "gnmt": gnmt_length_penalty,
+    "power": power_length_penalty,
+    "none": no_length_penalty,
+}
+
+
+def length_penalty_fn(kind: str) -> LengthPenalty:
+    """The length penalty named ``kind`` ("gnmt", "power" or "none")."""
+    if kind not in LENGTH_PENALTIES:
+        valid = ", ".join(repr(k) for k in LENGTH_PENALTIES)
+        raise ValueError(f"length_penalty_kind ({kind!r}) must be one of {valid}")
+    return LENGTH_PENALTIES[kind]
+
+
+# --------------------------------------------------------------------------------------------
+# Pieces shared by every strategy
+# --------------------------------------------------------------------------------------------
+
+
+def _max_output_lengths(
+    src_tokens: Tensor, pad_id: int, max_len_a: float, max_len_b: float
+) -> Tensor:
+    """(B,) number of tokens each sentence may generate before EOS is forced."""
+    src_len = src_tokens.ne(pad_id).sum(dim=1).tolist()
+    max_len = [max(0, int(max_len_a * n + max_len_b)) for n in src_len]
+    return torch.tensor(max_len, dtype=torch.long, device=src_tokens.device)
+
+
+def _never_output(bos_id: int, eos_id: int, pad_id: int, device: torch.device) -> Tensor:
+    """Ids that may never be generated: pad and BOS (unless one of them doubles as EOS)."""
+    banned = sorted({pad_id, bos_id} - {eos_id})
+    return torch.tensor(banned, dtype=torch.long, device=device)
+
+
+def _restrict(log_probs: Tensor, banned: Tensor, eos_id: int, force_eos: Tensor) -> Tensor:
+    """Set banned tokens to -inf everywhere, and every token but EOS to -inf in rows that have
+    reached their maximum length (``force_eos``, (rows,) bool). Out of place: the model's
+    tensor is left alone."""
+    log_probs = log_probs.float().index_fill(1, banned, -math.inf)
+    not_eos = torch.ones(log_probs.size(1), dtype=torch.bool, device=log_probs.device)
+    not_eos[eos_id] = False
+    return log_probs.masked_fill(force_eos.unsqueeze(1) & not_eos, -math.inf)
+
+
+def _check_ids(src_tokens: Tensor) -> None:
+    if src_tokens.dim() != 2:
+        raise ValueError(f"src_tokens must be (B, S), got shape {tuple(src_tokens.shape)}")
+
+
+# --------------------------------------------------------------------------------------------
+# Beam search
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Candidates:
+    """The best extensions of each sentence's beams at one step, best first."""
+
+    log_prob: Tensor  # (N, C) cumulative log-probability, -inf for impossible extensions
+    parent: Tensor  # (N, C) index of the beam (0..K-1) each candidate extends
+    token: Tensor  # (N, C) the token it appends
+
+
+def _select_candidates(beam_log_prob: Tensor, log_probs: Tensor, beam_size: int) -> _Candidates:
+    """Top 2·W extensions over all K beams × V tokens of each sentence.
+
+    2·W is enough to leave W candidates that do not end in EOS, since at most K ≤ W do.
+
+    Args:
+        beam_log_prob: (N, K) cumulative log-probabilities of the live beams.
+        log_probs: (N, K, V) next-token log-probabilities.
+    """
+    n, k, v = log_probs.shape
+    total = (beam_log_prob.unsqueeze(2) + log_probs).view(n, k * v)  # (N, K*V)
+    top, flat = total.topk(min(2 * beam_size, k * v), dim=1)  # (N, C), sorted
+    return _Candidates(log_prob=top, parent=flat // v, token=flat % v)
+
+
+def _finish(
+    cands: _Candidates,
+    tokens: Tensor,
+    sentence: Tensor,
+    finished: list[list[Hypothesis]],
+    *,
+    eos_id: int,
+    beam_size: int,
+    length_penalty: LengthPenalty,
+    alpha: float,
+) -> None:
+    """Turn candidates that end in EOS *within the top W* into finished hypotheses.
+
+    As in fairseq, an EOS ranked W+1..2W is not a hypothesis: those ranks only refill the live
+    beam. (tensor2tensor finishes EOS anywhere in the top 2·W.) With this rule beam search with
+    W = 1 and no length penalty is exactly greedy search.
+
+    Args:
+        tokens: (N, K, t) tokens of the live beams.
+        sentence: (N,) index of each unfinished sentence in the input batch.
+        finished: per input sentence, its best ``beam_size`` hypotheses, best first (updated).
+    """
+    w = min(beam_size, cands.token.size(1))
+    ends = cands.token[:, :w].eq(eos_id) & cands.log_prob[:, :w].isfinite()  # (N, w)
+    if not bool(ends.any()):
+        return
+    row, rank = ends.nonzero(as_tuple=True)
+    parent = cands.parent[row, rank]
+    ended = zip(
+        sentence[row].tolist(),
+        tokens[row, parent].tolist(),
+        cands.log_prob[row, rank].tolist(),
+        strict=True,
+    )
+    for i, toks, log_prob in ended:
+        score = log_prob / length_penalty(len(toks) + 1, alpha)
+        kept = finished[i]
+        kept.append(Hypothesis(tokens=toks, score=score, log_prob=log_prob))
+        kept.sort(key=lambda h: -h.score)  # stable: on a tie the earlier hypothesis stays first
+        del kept[beam_size:]
+
+
+def _keep_live(
+    cands: _Candidates, tokens: Tensor, *, eos_id: int, beam_size: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The new live beams: the best W candidates that do not end in EOS.
+
+    Args:
+        tokens: (N, K, t) tokens of the current live beams.
+
+    Returns:
+        (N, K') cumulative log-probabilities, best first; (N, K') the beam each extends;
+        (N, K', t + 1) their tokens. K' = W unless a sentence has fewer candidates.
+    """
+    live = cands.log_prob.masked_fill(cands.token.eq(eos_id), -math.inf)
+    log_prob, pick = live.topk(min(beam_size, live.size(1)), dim=1)  # (N, K')
+    parent = cands.parent.gather(1, pick)
+    token = cands.token.gather(1, pick)
+    # A slot with no possible extension (-inf) copies the best beam, so that the model is only
+    # ever fed real prefixes; its -inf log-prob keeps it from ever being chosen.
+    empty = log_prob.isneginf()
+    parent = torch.where(empty, parent[:, :1], parent)
+    token = torch.where(empty, token[:, :1], token)
+    rows = torch.arange(parent.size(0), device=parent.device).unsqueeze(1)  # (N, 1)
+    tokens = torch.cat([tokens[rows, parent], token.unsqueeze(2)], dim=2)
+    return log_prob, parent, tokens
+
+
+def _is_done(
+    finished: list[Hypothesis], best_live_log_prob: float, beam_size: int, max_final_lp: float
+) -> bool:
+    """The stopping rule for one sentence (see :func:`beam_search`)."""
+    if best_live_log_prob == -math.inf:  # nothing left alive: EOS was forced at max length
+        return True
+    if len(finished) < beam_size:
+        return False
+    return best_live_log_prob / max_final_lp <= finished[-1].score
+
+
+@torch.inference_mode()
+def beam_search(
+    model: IncrementalModel,
+    src_tokens: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    beam_size: int = 4,
+    length_penalty: float = 0.6,
+    length_penalty_kind: str = "gnmt",
+    max_len_a: float = 1.0,
+    max_len_b: float = 50,
+    n_best: int = 1,
+) -> list[list[Hypothesis]]:
+    """Batched beam search (§6.1: beam size 4, α = 0.6, max length = input length + 50).
+
+    Each step extends the K live beams of every unfinished sentence by every token, keeps the
+    top 2·W candidates (:func:`_select_candidates`), turns those among the top W that end in EOS
+    into finished hypotheses scored ``log_prob / lp(length)`` (:func:`_finish`), and keeps the
+    best W that do not end in EOS as the new live beams (:func:`_keep_live`). The first step
+    starts from a single beam per sentence. Pad and BOS are never generated.
+
+    Stopping rule. A sentence is done when (a) it has reached its maximum length (EOS was
+    forced, nothing is left alive), or (b) it has ``beam_size`` finished hypotheses and no live
+    beam can still beat the worst of them:
+    ``best_live_log_prob / lp(max_len + 1) <= worst_finished_score``. The bound holds because
+    log-probabilities only decrease as tokens are added and, for α ≥ 0, the gnmt and power
+    penalties only grow with length, so the best score any descendant can reach is its current
+    log-probability divided by the largest penalty. Stopping early therefore never changes the
+    result. Done sentences are dropped from the batch.
+
+    Args:
+        model: See :class:`IncrementalModel`.
+        src_tokens: (B, S) source ids, right-padded with ``pad_id``.
+        bos_id: Token fed first to the decoder.
+        eos_id: Token that ends a hypothesis.
+        pad_id: Source padding token.
+        beam_size: W, the number of live hypotheses kept per sentence.
+        length_penalty: α ≥ 0; 0 ranks by raw log-probability.
+        length_penalty_kind: "gnmt" (``((5 + |Y|) / 6) ** α``, the paper's), "power"
+            (``|Y| ** α``) or "none", with |Y| the length including EOS.
+        max_len_a: Maximum output length is ``int(max_len_a * src_len + max_len_b)`` tokens
+            before EOS, with src_len the sentence's number of non-pad tokens.
+        max_len_b: See ``max_len_a``.
+        n_best: How many hypotheses to return per sentence (≤ beam_size).
+
+    Returns:
+        For each source row, in input order, up to ``n_best`` hypotheses, best first. A list is
+        shorter only if the model gives zero probability to every other continuation.
+    """
+    _check_ids(src_tokens)
+    lp_fn = length_penalty_fn(length_penalty_kind)
+    if beam_size < 1:
+        raise ValueError(f"beam_size ({beam_size}) must be >= 1")
+    if not 1 <= n_best <= beam_size:
+        raise ValueError(f"n_best ({n_best}) must be between 1 and beam_size ({beam_size})")
+    if not length_penalty >= 0:
+        raise ValueError(f"length_penalty ({length_penalty}) must be >= 0")
+
+    device = src_tokens.device
+    b = src_tokens.size(0)
+    memory, src_key_mask = model.encode(src_tokens)
+    max_len = _max_output_lengths(src_tokens, pad_id, max_len_a, max_len_b)  # (N,)
+    max_final_lp = [lp_fn(m + 1, length_penalty) for m in max_len.tolist()]  # indexed by sentence
+    cache = model.init_cache(memory, src_key_mask, int(max_len.max()) + 1 if b else 1)
+    banned = _never_output(bos_id, eos_id, pad_id, device)
+
+    finished: list[list[Hypothesis]] = [[] for _ in range(b)]
+    sentence = torch.arange(b, device=device)  # (N,)
+    tokens = torch.empty(b, 1, 0, dtype=torch.long, device=device)  # (N, K, t)
+    beam_log_prob = torch.zeros(b, 1, device=device)  # (N, K)
+    prev = torch.full((b,), bos_id, dtype=torch.long, device=device)  # (N*K,)
+    step = 0
+    while sentence.numel() > 0:
+        n, k = beam_log_prob.shape
+        force_eos = max_len.le(step).repeat_interleave(k)  # (N*K,)
+        log_probs = _restrict(model.decode_step(prev, cache), banned, eos_id, force_eos)
+        cands = _select_candidates(beam_log_prob, log_probs.view(n, k, -1), beam_size)
+        _finish(
+            cands,
+            tokens,
+            sentence,
+            finished,
+            eos_id=eos_id,
+            beam_size=beam_size,
+            length_penalty=lp_fn,
+            alpha=length_penalty,
+        )
+        beam_log_prob, parent, tokens = _keep_live(
+            cands, tokens, eos_id=eos_id, beam_size=beam_size
+        )
+
+        best_live = beam_log_prob[:, 0].tolist()
+        done = [
+            _is_done(finished[i], best_live[j], beam_size, max_final_lp[i])
+            for j, i in enumerate(sentence.tolist())
+        ]
+        keep = torch.tensor(
+            [j for j, d in enumerate(done) if not d], dtype=torch.long, device=device
+        )
+        if keep.numel() == 0:
+            break
+        # One row selection follows beams to their parents and drops done sentences.
+        first_row = torch.arange(n, device=device).unsqueeze(1) * k  # (N, 1)
+        cache = cache.reorder((first_row + parent)[keep].view(-1))
+        sentence, max_len = sentence[keep], max_len[keep]
+        tokens, beam_log_prob = tokens[keep], beam_log_prob[keep]
+        prev = tokens[:, :, -1].reshape(-1)
+        step += 1
+    return [hyps[:n_best] for hyps in finished]
+
+
+# --------------------------------------------------------------------------------------------
+# One hypothesis per sentence: greedy search and sampling
+# --------------------------------------------------------------------------------------------
+
+
+def _decode_one_per_row(
+    model: IncrementalModel,
+    src_tokens: Tensor,
+    choose: Callable[[Tensor], Tensor],
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    max_len_a: float,
+    max_len_b: float,
+) -> list[Hypothesis]:
+    """The decoding loop of greedy search and sampling; ``choose`` is the strategy.
+
+    ``choose`` maps (N, V) log-probabilities (pad and BOS already -inf, EOS forced at max
+    length) to (N,) next tokens. Rows are dropped from the batch as soon as they emit EOS.
+    """
+    _check_ids(src_tokens)
+    device = src_tokens.device
+    b = src_tokens.size(0)
+    memory, src_key_mask = model.encode(src_tokens)
+    max_len = _max_output_lengths(src_tokens, pad_id, max_len_a, max_len_b)  # (N,)
+    cache = model.init_cache(memory, src_key_mask, int(max_len.max()) + 1 if b else 1)
+    banned = _never_output(bos_id, eos_id, pad_id, device)
+
+    results: list[Hypothesis | None] = [None] * b
+    sentence = torch.arange(b, device=device)  # (N,)
+    tokens = torch.empty(b, 0, dtype=torch.long, device=device)  # (N, t)
+    log_prob = torch.zeros(b, device=device)  # (N,)
+    prev = torch.full((b,), bos_id, dtype=torch.long, device=device)  # (N,)
+    step = 0
+    while sentence.numel() > 0:
+        log_probs = _restrict(model.decode_step(prev, cache), banned, eos_id, max_len.le(step))
+        token = choose(log_probs)  # (N,)
+        log_prob = log_prob + log_probs.gather(1, token.unsqueeze(1)).squeeze(1)
+        ended = token.eq(eos_id)
+        if bool(ended.any()):
+            ended_rows = zip(
+                sentence[ended].tolist(),
+                tokens[ended].tolist(),
+                log_prob[ended].tolist(),
+                strict=True,
+            )
+            for i, toks, lp in ended_rows:
+                results[i] = Hypothesis(tokens=toks, score=lp, log_prob=lp)
+            keep = (~ended).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                break
+            cache = cache.reorder(keep)
+            sentence, max_len, tokens = sentence[keep], max_len[keep], tokens[keep]
+            log_prob, token = log_prob[keep], token[keep]
+        tokens = torch.cat([tokens, token.unsqueeze(1)], dim=1)
+        prev = token
+        step += 1
+    return [h for h in results if h is not None]
+
+
+@torch.inference_mode()
+def greedy_search(
+    model: IncrementalModel,
+    src_tokens: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    max_len_a: float = 1.0,
+    max_len_b: float = 50,
+) -> list[Hypothesis]:
+    """Batched greedy search: the most probable next token at every step.
+
+    A sentence stops at its first EOS (or when EOS is forced at max length, see the module
+    docstring) and is dropped from the batch. Returns one hypothesis per source row, in input
+    order; its score is its log-probability (no length penalty).
+    """
+
+    def argmax(log_probs: Tensor) -> Tensor:
+        return log_probs.argmax(dim=1)
+
+    return _decode_one_per_row(
+        model,
+        src_tokens,
+        argmax,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+    )
+
+
+def _filter_top_k(logits: Tensor, top_k: int) -> Tensor:
+    """Keep the ``top_k`` largest logits of each row (ties with the k-th are kept)."""
+    kth = logits.topk(min(top_k, logits.size(1)), dim=1).values[:, -1:]  # (N, 1)
+    return logits.masked_fill(logits < kth, -math.inf)
+
+
+def _filter_top_p(logits: Tensor, top_p: float) -> Tensor:
+    """Nucleus filtering (Holtzman et al., 2020): keep the smallest set of most probable tokens
+    whose probability reaches ``top_p``. The most probable token is always kept."""
+    sorted_logits, order = logits.sort(dim=1, descending=True)
+    probs = sorted_logits.softmax(dim=1)
+    mass_before = probs.cumsum(dim=1) - probs  # probability of the tokens ranked above
+    drop_sorted = mass_before >= top_p
+    drop = torch.zeros_like(drop_sorted).scatter(1, order, drop_sorted)
+    return logits.masked_fill(drop, -math.inf)
+
+
+@torch.inference_mode()
+def sample(
+    model: IncrementalModel,
+    src_tokens: Tensor,
+    *,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+    max_len_a: float = 1.0,
+    max_len_b: float = 50,
+) -> list[Hypothesis]:
+    """Batched ancestral sampling, with temperature, then top-k, then nucleus (top-p) filtering.
+
+    Args:
+        temperature: > 0; log-probabilities are divided by it before filtering.
+        top_k: Sample among the k most probable tokens; 0 = no limit.
+        top_p: In (0, 1]; sample among the smallest set of tokens holding this much probability
+            (after temperature and top-k); 1 = no limit.
+        generator: For reproducible samples; must live on the device of ``src_tokens``.
+
+    Returns:
+        One hypothesis per source row, in input order. ``log_prob`` and ``score`` are the
+        model's log-probability of the sample, before temperature and filtering.
+    """
+    if not (temperature > 0 and math.isfinite(temperature)):
+        raise ValueError(
+            f"temperature ({temperature}) must be a positive number; use greedy_search for 0"
+        )
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k ({top_k!r}) must be an integer >= 0 (0 = no limit)")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p ({top_p}) must be in (0, 1] (1 = no limit)")
+
+    def draw(log_probs: Tensor) -> Tensor:
+        logits = log_probs / temperature
+        if top_k > 0:
+            logits = _filter_top_k(logits, top_k)
+        if top_p < 1:
+            logits = _filter_top_p(logits, top_p)
+        probs = logits.softmax(dim=1)
+        return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+
+    return _decode_one_per_row(
+        model,
+        src_tokens,
+        draw,
+        bos_id=bos_id,
+        eos_id=eos_id,
+        pad_id=pad_id,
+        max_len_a=max_len_a,
+        max_len_b=max_len_b,
+    )
