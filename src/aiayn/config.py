@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
 SHARE_EMBEDDINGS = ("all", "decoder", "none")
@@ -188,7 +191,188 @@ def _check_types(config: Any) -> None:
             ok = isinstance(value, bool)
         elif expected == "str":
             ok = isinstance(value, str)
+        elif expected.startswith("str"):
+            ok = value is None or isinstance(value, str)
+        elif expected == "dict":
+            ok = isinstance(value, dict)
         else:
             ok = True
         if not ok:
             raise ConfigError(f"{f.name} ({value!r}) must be of type {expected}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything `aiayn train` needs; defaults are the paper's (§5) where it gives one.
+
+    Read from a YAML file and/or command-line flags (flags win). Unknown keys are errors. The
+    resolved config is written into the run directory as `train_config.yaml`.
+
+    Attributes:
+        out_dir: Run directory: tokenizer, data cache, metrics, checkpoints, model.
+        src, tgt: Line-aligned training files (or `tsv`).
+        tsv: Tab-separated training pairs (instead of src/tgt).
+        valid_src, valid_tgt, valid_tsv: Validation set, likewise (optional).
+        src_lang, tgt_lang: Language codes recorded in the model directory (informational).
+        tokenizer: An existing SentencePiece model to reuse; else one is trained.
+        vocab_size: Size of the joint BPE vocabulary to train (§5.1: ~37000 for EN-DE).
+        preset: Model preset (`PRESETS`); `model` overrides individual `ModelConfig` fields.
+        max_len: Longest sentence kept, in subword tokens (longer pairs are filtered out).
+        max_ratio: Drop pairs whose length ratio exceeds this (0 = no ratio filter).
+        max_tokens: Token budget of one batch on one device, per side, padding included (§5.1).
+        accumulate: Batches accumulated per update (per device).
+        tokens_per_update: If > 0, sets `accumulate` so an update holds about this many target
+            tokens across devices (the paper: ~25000).
+        max_steps: Number of optimizer updates (§5.2: 100k for base).
+        max_epochs: Stop after this many epochs as well (0 = no limit).
+        warmup_steps: Eq. 3 warm-up (4000 in the paper).
+        lr_scale: Factor on Eq. 3's learning rate (1.0 = the paper).
+        adam_beta1, adam_beta2, adam_eps: §5.3.
+        label_smoothing: ε_ls of §5.4.
+        clip_norm: Gradient-norm clipping (0 = off, as in the paper).
+        seed: Seeds model init, dropout and batch order.
+        device: "auto", "cpu", "cuda" or "cuda:N".
+        bf16: bf16 autocast on CUDA (ignored on CPU).
+        compile: Wrap the model in `torch.compile`.
+        log_every: Updates between metric lines in metrics.jsonl.
+        valid_every: Updates between validations (0 = only at the end).
+        valid_bleu: Also decode the validation set and report sacreBLEU.
+        save_every: Updates between checkpoints (0 = only at the end).
+        save_every_minutes: Also checkpoint every this many minutes (0 = off; the paper: 10).
+        keep_last: Number of step checkpoints kept (the best is kept separately).
+        threads: CPU threads for PyTorch (0 = PyTorch's default).
+        progress: Show a live progress bar (only on a terminal).
+    """
+
+    out_dir: str = "runs/default"
+    src: str | None = None
+    tgt: str | None = None
+    tsv: str | None = None
+    valid_src: str | None = None
+    valid_tgt: str | None = None
+    valid_tsv: str | None = None
+    src_lang: str = "src"
+    tgt_lang: str = "tgt"
+    tokenizer: str | None = None
+    vocab_size: int = 8000
+    preset: str = "base"
+    model: dict = dataclasses.field(default_factory=dict)
+    max_len: int = 256
+    max_ratio: float = 0.0
+    max_tokens: int = 4096
+    accumulate: int = 1
+    tokens_per_update: int = 0
+    max_steps: int = 100_000
+    max_epochs: int = 0
+    warmup_steps: int = 4000
+    lr_scale: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-9
+    label_smoothing: float = 0.1
+    clip_norm: float = 0.0
+    seed: int = 1
+    device: str = "auto"
+    bf16: bool = True
+    compile: bool = False
+    log_every: int = 100
+    valid_every: int = 1000
+    valid_bleu: bool = False
+    save_every: int = 1000
+    save_every_minutes: float = 0.0
+    keep_last: int = 5
+    threads: int = 0
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        _check_types(self)
+        if self.tsv is None:
+            _require(
+                self.src is not None and self.tgt is not None,
+                "training data missing: give src and tgt (line-aligned files) or tsv",
+            )
+        else:
+            _require(self.src is None and self.tgt is None, "give either tsv or src/tgt, not both")
+        if self.valid_tsv is not None:
+            _require(
+                self.valid_src is None and self.valid_tgt is None,
+                "give either valid_tsv or valid_src/valid_tgt, not both",
+            )
+        else:
+            _require(
+                (self.valid_src is None) == (self.valid_tgt is None),
+                "valid_src and valid_tgt must be given together",
+            )
+        _require(
+            self.preset in PRESETS, f"preset ({self.preset!r}) must be one of {', '.join(PRESETS)}"
+        )
+        for name in ("vocab_size", "max_len", "max_tokens", "accumulate", "max_steps"):
+            _require(getattr(self, name) >= 1, f"{name} ({getattr(self, name)}) must be >= 1")
+        for name in ("tokens_per_update", "max_epochs", "warmup_steps", "valid_every",
+                     "save_every", "threads"):  # fmt: skip
+            _require(getattr(self, name) >= 0, f"{name} ({getattr(self, name)}) must be >= 0")
+        _require(self.warmup_steps >= 1, f"warmup_steps ({self.warmup_steps}) must be >= 1")
+        _require(self.log_every >= 1, f"log_every ({self.log_every}) must be >= 1")
+        _require(self.keep_last >= 1, f"keep_last ({self.keep_last}) must be >= 1")
+        _require(self.vocab_size >= 8, f"vocab_size ({self.vocab_size}) must be >= 8")
+        _require(
+            self.max_tokens >= self.max_len + 2,
+            f"max_tokens ({self.max_tokens}) must be >= max_len + 2 ({self.max_len + 2}) so "
+            "that the longest sentence fits in a batch",
+        )
+        for name in ("adam_beta1", "adam_beta2", "label_smoothing"):
+            value = getattr(self, name)
+            _require(0.0 <= value < 1.0, f"{name} ({value}) must be in [0, 1)")
+        for name in ("lr_scale", "adam_eps"):
+            _require(getattr(self, name) > 0, f"{name} ({getattr(self, name)}) must be > 0")
+        for name in ("max_ratio", "clip_norm", "save_every_minutes"):
+            _require(getattr(self, name) >= 0, f"{name} ({getattr(self, name)}) must be >= 0")
+        _require(
+            self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
+            f"device ({self.device!r}) must be auto, cpu, cuda or cuda:N",
+        )
+
+    def model_config(self, vocab_size: int, pad_id: int = 0) -> ModelConfig:
+        """The `ModelConfig` for a joint vocabulary of `vocab_size` (preset + overrides)."""
+        overrides = dict(self.model)
+        overrides.setdefault("pad_id", pad_id)
+        for key in ("src_vocab_size", "tgt_vocab_size"):
+            if key in overrides:
+                raise ConfigError(
+                    f"model.{key} is set from the tokenizer; remove it from the config"
+                )
+        return preset(self.preset, src_vocab_size=vocab_size, **overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> TrainConfig:
+        """Build from a dict; unknown keys are an error naming `source` and the valid keys."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(
+                f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: "
+                f"{', '.join(sorted(known))}"
+            )
+        try:
+            return cls(**values)
+        except ConfigError as error:
+            raise ConfigError(f"{source}: {error}") from None
+
+
+def load_yaml_config(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping, with errors that name the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{path}: not valid YAML: {error}") from None
+    if values is None:
+        return {}
+    if not isinstance(values, dict):
+        raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
+    return values

@@ -1,0 +1,677 @@
+"""Training for translation (§5): token-bucketed batches, Adam with Eq. 3, label smoothing.
+
+One function, `train`, runs a whole job from a `TrainConfig`:
+
+1. the run directory (resolved config, tokenizer, binarised data cache, metrics, checkpoints);
+2. a joint SentencePiece vocabulary, trained once (§5.1);
+3. batches of about `max_tokens` tokens, grouped by length, shuffled per epoch from the seed;
+4. updates that accumulate batches and normalise by the true number of target tokens, so one
+   process with `accumulate=k` and k data-parallel processes compute the same update;
+5. validation, checkpoints that resume exactly (weights, optimizer, step, RNG, data position),
+   a `model/` directory that inference loads with no flags and a `best/` one;
+6. SIGINT/SIGTERM finish the current update, save and exit.
+
+Multi-GPU / multi-node: launch with `torchrun ... -m aiayn train ...`; every rank takes its
+share of the batches (DDP over NCCL on GPUs, gloo on CPUs) and rank 0 alone writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import yaml
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from aiayn import checkpoint as ckpt
+from aiayn.config import TrainConfig
+from aiayn.data import ParallelDataset, collate, load_or_build, make_batches, shard_batches
+from aiayn.loss import label_smoothed_loss, perplexity
+from aiayn.model import Transformer
+from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
+from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE = "metrics.jsonl"
+
+
+class TrainingError(RuntimeError):
+    """The run cannot start or continue (the message says why and what to do)."""
+
+
+# -- distributed context --------------------------------------------------------------------
+
+
+@dataclass
+class Distributed:
+    """Rank and world size from torchrun's environment (a single process without it)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Sum floats over all ranks (float64, so token counts stay exact)."""
+        if not self.enabled:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+
+def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_name == "auto":
+        device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_name == "cuda":
+        device_name = f"cuda:{local_rank}" if world_size > 1 else "cuda"
+    device = torch.device(device_name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    context = Distributed(rank=rank, world_size=world_size, local_rank=local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend)
+    return context, device
+
+
+# -- training state -------------------------------------------------------------------------
+
+
+@dataclass
+class Progress:
+    """What the loop must restore to continue exactly where it stopped."""
+
+    step: int = 0
+    epoch: int = 1
+    position: int = 0  # updates already taken in this epoch
+    best_valid_nll: float = math.inf
+    tokens_seen: int = 0
+    interval: dict[str, float] = field(
+        default_factory=lambda: {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "updates": 0.0}
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "position": self.position,
+            "best_valid_nll": self.best_valid_nll,
+            "tokens_seen": self.tokens_seen,
+            "interval": dict(self.interval),
+        }
+
+
+def _rng_states() -> dict[str, Any]:
+    states: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _restore_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+# -- the run directory ----------------------------------------------------------------------
+
+
+def _prepare_run_dir(config: TrainConfig, resume: bool, ctx: Distributed) -> Path:
+    run_dir = Path(config.out_dir)
+    if ctx.is_main:
+        if ckpt.list_checkpoints(run_dir) and not resume:
+            raise TrainingError(
+                f"{run_dir} already holds checkpoints; pass --resume to continue that run or "
+                "choose another --out-dir (nothing was overwritten)"
+            )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        text = yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True)
+        (run_dir / "train_config.yaml").write_text(text, encoding="utf-8")
+    ctx.barrier()
+    return run_dir
+
+
+def _prepare_tokenizer(config: TrainConfig, run_dir: Path, ctx: Distributed) -> Tokenizer:
+    """The joint vocabulary: reuse the run's, copy a given one, or train one (§5.1)."""
+    model_file = run_dir / ckpt.TOKENIZER_FILE
+    if ctx.is_main and not model_file.exists():
+        if config.tokenizer:
+            source = Path(config.tokenizer)
+            if not source.is_file():
+                raise TrainingError(f"tokenizer not found: {source}")
+            Tokenizer.load(source)  # validate before copying
+            shutil.copyfile(source, model_file)
+        else:
+            files = [config.tsv] if config.tsv else [config.src, config.tgt]
+            logger.info("training a joint BPE vocabulary of %d pieces", config.vocab_size)
+            Tokenizer.train(
+                [Path(f) for f in files], model_file, vocab_size=config.vocab_size, seed=config.seed
+            )
+    ctx.barrier()
+    return Tokenizer.load(model_file)
+
+
+def _load_data(
+    config: TrainConfig, tokenizer: Tokenizer, run_dir: Path, ctx: Distributed
+) -> tuple[ParallelDataset, ParallelDataset | None]:
+    """Binarise once on rank 0 (cached by content), then every rank opens the memmaps."""
+
+    def build(src: str | None, tgt: str | None, tsv: str | None, name: str) -> ParallelDataset:
+        dataset, stats = load_or_build(
+            Path(src) if src else None,
+            Path(tgt) if tgt else None,
+            Path(tsv) if tsv else None,
+            tokenizer,
+            run_dir / "data" / name,
+            max_len=config.max_len,
+            max_ratio=config.max_ratio or None,
+        )
+        if ctx.is_main:
+            logger.info("%s data: %s", name, stats)
+        return dataset
+
+    def both() -> tuple[ParallelDataset, ParallelDataset | None]:
+        train = build(config.src, config.tgt, config.tsv, "train")
+        valid = None
+        if config.valid_tsv or config.valid_src:
+            valid = build(config.valid_src, config.valid_tgt, config.valid_tsv, "valid")
+        return train, valid
+
+    if ctx.is_main:
+        result = both()
+        ctx.barrier()
+        return result
+    ctx.barrier()
+    return both()
+
+
+# -- one update -----------------------------------------------------------------------------
+
+
+def _autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
+    if device.type == "cuda" and bf16:
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: ParallelDataset,
+    group: list[np.ndarray],
+    *,
+    step: int,
+    config: TrainConfig,
+    d_model: int,
+    device: torch.device,
+    ctx: Distributed,
+) -> tuple[float, float, int, float]:
+    """One optimizer update over the batches in `group` (gradient accumulation).
+
+    The loss of every batch is divided by the number of target tokens in the whole update
+    across all ranks, and multiplied by the world size because DDP averages gradients: the
+    update is the same however the tokens are split over batches and processes.
+
+    Returns:
+        Summed label-smoothed loss, summed NLL, target tokens (all ranks), learning rate.
+    """
+    model.train()
+    batches = [
+        collate([dataset[int(i)] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
+        for indices in group
+    ]
+    local_tokens = sum(b.n_tgt_tokens for b in batches)
+    (n_tokens,) = ctx.sum([float(local_tokens)], device)
+    loss_sum = nll_sum = 0.0
+    for i, batch in enumerate(batches):
+        batch = batch.to(device)
+        last = i == len(batches) - 1
+        sync = contextlib.nullcontext() if last or not ctx.enabled else model.no_sync()
+        with sync:
+            with _autocast(device, config.bf16):
+                logits = model(batch.src, batch.tgt_in)
+            sums = label_smoothed_loss(
+                logits, batch.tgt_out, epsilon=config.label_smoothing, pad_id=PAD_ID
+            )
+            (sums.loss * (ctx.world_size / n_tokens)).backward()
+        loss_sum += float(sums.loss.detach())
+        nll_sum += float(sums.nll)
+    lr = learning_rate(
+        step, d_model=d_model, warmup_steps=config.warmup_steps, scale=config.lr_scale
+    )
+    set_learning_rate(optimizer, lr)
+    if config.clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    loss_sum, nll_sum = ctx.sum([loss_sum, nll_sum], device)
+    return loss_sum, nll_sum, int(n_tokens), lr
+
+
+@torch.no_grad()
+def validate(
+    model: nn.Module,
+    dataset: ParallelDataset,
+    *,
+    max_tokens: int,
+    device: torch.device,
+    label_smoothing: float,
+    bf16: bool = False,
+) -> dict[str, float]:
+    """Loss, NLL per token and perplexity on a validation set (eval mode, no dropout)."""
+    model.eval()
+    batches = make_batches(
+        dataset.src_lengths,
+        dataset.tgt_lengths,
+        max_tokens=max_tokens,
+        seed=0,
+        epoch=0,
+        shuffle=False,
+    )
+    loss = nll = 0.0
+    tokens = 0
+    for indices in batches:
+        batch = collate(
+            [dataset[int(i)] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID
+        ).to(device)
+        with _autocast(device, bf16):
+            logits = model(batch.src, batch.tgt_in)
+        sums = label_smoothed_loss(logits, batch.tgt_out, epsilon=label_smoothing, pad_id=PAD_ID)
+        loss += float(sums.loss)
+        nll += float(sums.nll)
+        tokens += sums.n_tokens
+    return {
+        "valid_loss": loss / tokens,
+        "valid_nll": nll / tokens,
+        "valid_ppl": perplexity(nll, tokens),
+        "valid_tokens": tokens,
+    }
+
+
+# -- metrics log ----------------------------------------------------------------------------
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """Records of a metrics log up to its last complete line (a run may still be writing)."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / METRICS_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"metrics log not found: {path}")
+    records = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break  # partly written last line
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return records
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    """On resume, forget records written after the checkpoint (they will be written again)."""
+    if not path.is_file():
+        return
+    kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+    os.replace(tmp, path)
+
+
+class _MetricsLog:
+    def __init__(self, path: Path, enabled: bool) -> None:
+        self.path, self.enabled = path, enabled
+
+    def write(self, record: dict[str, Any]) -> None:
+        if self.enabled:
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record) + "\n")
+
+
+# -- the loop -------------------------------------------------------------------------------
+
+
+class _StopFlag:
+    """SIGINT/SIGTERM set a flag; the loop saves and exits after the current update."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopFlag:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(ValueError):  # not in the main thread
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:  # second signal: give up immediately
+            raise KeyboardInterrupt
+        self.requested = True
+        logger.warning(
+            "received %s: saving a checkpoint after this update", signal.strsignal(signum)
+        )
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    model_dir: Path
+    step: int
+    interrupted: bool
+    last_valid: dict[str, float] | None
+
+
+def _updates(batches: list[np.ndarray], accumulate: int) -> list[list[np.ndarray]]:
+    return [batches[i : i + accumulate] for i in range(0, len(batches), accumulate)]
+
+
+def _epoch_updates(
+    dataset: ParallelDataset, config: TrainConfig, epoch: int, accumulate: int, ctx: Distributed
+) -> list[list[np.ndarray]]:
+    batches = make_batches(
+        dataset.src_lengths,
+        dataset.tgt_lengths,
+        max_tokens=config.max_tokens,
+        seed=config.seed,
+        epoch=epoch,
+    )
+    return _updates(shard_batches(batches, ctx.rank, ctx.world_size), accumulate)
+
+
+def _accumulation(config: TrainConfig, world_size: int) -> int:
+    if config.tokens_per_update > 0:
+        return max(1, math.ceil(config.tokens_per_update / (config.max_tokens * world_size)))
+    return config.accumulate
+
+
+def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
+    """Run (or continue, with `resume`) the training job described by `config`."""
+    ctx, device = init_distributed(config.device)
+    try:
+        return _train(config, resume, ctx, device)
+    finally:
+        if ctx.enabled and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(
+    config: TrainConfig, resume: bool, ctx: Distributed, device: torch.device
+) -> TrainResult:
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    run_dir = _prepare_run_dir(config, resume, ctx)
+    tokenizer = _prepare_tokenizer(config, run_dir, ctx)
+    train_data, valid_data = _load_data(config, tokenizer, run_dir, ctx)
+    model_config = config.model_config(tokenizer.vocab_size, pad_id=PAD_ID)
+
+    torch.manual_seed(config.seed)
+    model = Transformer(model_config).to(device)
+    optimizer = build_optimizer(
+        model, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps
+    )
+    progress = Progress()
+    metrics_path = run_dir / METRICS_FILE
+    latest = ckpt.list_checkpoints(run_dir)[-1:] if resume else []
+    if latest:
+        progress = _resume(latest[0], model, optimizer, model_config, device)
+        if ctx.is_main:
+            _truncate_metrics(metrics_path, progress.step)
+            logger.info("resumed from %s at step %d", latest[0], progress.step)
+    elif resume and ctx.is_main:
+        logger.info("no checkpoint in %s yet: starting from scratch", run_dir)
+    if ctx.is_main and not latest and metrics_path.exists():
+        metrics_path.unlink()
+    ctx.barrier()
+
+    train_model: nn.Module = model
+    if config.compile:
+        train_model = torch.compile(train_model)
+    if ctx.enabled:
+        device_ids = [device.index] if device.type == "cuda" else None
+        train_model = DistributedDataParallel(train_model, device_ids=device_ids)
+
+    accumulate = _accumulation(config, ctx.world_size)
+    metadata = {"src_lang": config.src_lang, "tgt_lang": config.tgt_lang}
+    n_params = sum(p.numel() for p in model.parameters())
+    if ctx.is_main:
+        logger.info(
+            "model: %s parameters, %d train pairs, %d device(s) × %d batch(es) of ≤ %d tokens "
+            "per update, on %s",
+            f"{n_params:,}",
+            len(train_data),
+            ctx.world_size,
+            accumulate,
+            config.max_tokens,
+            device,
+        )
+    log = _MetricsLog(metrics_path, ctx.is_main)
+    bar = _progress_bar(config, progress.step, ctx)
+    last_save_time = time.monotonic()
+    interval_start = time.monotonic()
+    last_valid: dict[str, float] | None = None
+    interrupted = False
+
+    def save() -> None:
+        nonlocal last_save_time
+        if ctx.is_main:
+            state = {
+                "optimizer": optimizer.state_dict(),
+                "progress": progress.to_dict(),
+                "rng": _rng_states(),
+                "world_size": ctx.world_size,
+                "accumulate": accumulate,
+            }
+            path = ckpt.save_checkpoint(
+                run_dir,
+                model,
+                step=progress.step,
+                training_state=state,
+                tokenizer_file=tokenizer.model_file,
+                metadata=metadata,
+                keep_last=config.keep_last,
+            )
+            ckpt.save_model_dir(
+                run_dir / "model",
+                model,
+                tokenizer_file=tokenizer.model_file,
+                metadata={**metadata, "step": progress.step},
+            )
+            logger.info("saved %s", path)
+        ctx.barrier()
+        last_save_time = time.monotonic()
+
+    def run_validation() -> None:
+        nonlocal last_valid
+        if valid_data is None:
+            return
+        if ctx.is_main:
+            last_valid = validate(
+                model,
+                valid_data,
+                max_tokens=config.max_tokens,
+                device=device,
+                label_smoothing=config.label_smoothing,
+                bf16=config.bf16,
+            )
+            record = {"type": "valid", "step": progress.step, **last_valid}
+            log.write(record)
+            logger.info(
+                "step %d: valid loss %.4f, ppl %.2f",
+                progress.step,
+                last_valid["valid_loss"],
+                last_valid["valid_ppl"],
+            )
+            if last_valid["valid_nll"] < progress.best_valid_nll:
+                progress.best_valid_nll = last_valid["valid_nll"]
+                ckpt.save_model_dir(
+                    run_dir / "best",
+                    model,
+                    tokenizer_file=tokenizer.model_file,
+                    metadata={**metadata, "step": progress.step, **last_valid},
+                )
+        ctx.barrier()
+
+    with _StopFlag() as stop:
+        while progress.step < config.max_steps and not interrupted:
+            if config.max_epochs and progress.epoch > config.max_epochs:
+                break
+            updates = _epoch_updates(train_data, config, progress.epoch, accumulate, ctx)
+            if not updates:
+                raise TrainingError(
+                    f"an epoch has no batches for {ctx.world_size} process(es): the training "
+                    "set is too small for this many processes; use fewer or more data"
+                )
+            for group in updates[progress.position :]:
+                loss, nll, tokens, lr = _update(
+                    train_model,
+                    optimizer,
+                    train_data,
+                    group,
+                    step=progress.step + 1,
+                    config=config,
+                    d_model=model_config.d_model,
+                    device=device,
+                    ctx=ctx,
+                )
+                progress.step += 1
+                progress.position += 1
+                progress.tokens_seen += tokens
+                for key, value in (("loss", loss), ("nll", nll), ("tokens", tokens)):
+                    progress.interval[key] += value
+                progress.interval["updates"] += 1
+                if progress.step % config.log_every == 0 or progress.step == config.max_steps:
+                    elapsed = time.monotonic() - interval_start
+                    record = _train_record(progress, lr, elapsed)
+                    log.write(record)
+                    if bar is not None:
+                        bar.set_postfix(
+                            loss=f"{record['loss']:.3f}",
+                            ppl=f"{record['ppl']:.1f}",
+                            lr=f"{lr:.2e}",
+                            tok_s=f"{record['tokens_per_s']:.0f}",
+                        )
+                    elif ctx.is_main:
+                        logger.info(
+                            "step %d: loss %.4f ppl %.2f lr %.3g %.0f tok/s",
+                            progress.step,
+                            record["loss"],
+                            record["ppl"],
+                            lr,
+                            record["tokens_per_s"],
+                        )
+                    progress.interval = Progress().interval
+                    interval_start = time.monotonic()
+                if bar is not None:
+                    bar.update(1)
+                (stop_now,) = ctx.sum([float(stop.requested)], device)
+                done = progress.step >= config.max_steps
+                if config.valid_every and progress.step % config.valid_every == 0 and not done:
+                    run_validation()
+                minutes = (time.monotonic() - last_save_time) / 60
+                timed = config.save_every_minutes and minutes >= config.save_every_minutes
+                periodic = config.save_every and progress.step % config.save_every == 0
+                if (periodic or timed or stop_now) and not done:
+                    save()
+                if stop_now:
+                    interrupted = True
+                    break
+                if done:
+                    break
+            else:
+                progress.epoch += 1
+                progress.position = 0
+    if bar is not None:
+        bar.close()
+    if not interrupted:
+        run_validation()
+        save()
+    else:
+        logger.warning("stopped at step %d; continue with --resume", progress.step)
+    return TrainResult(run_dir, run_dir / "model", progress.step, interrupted, last_valid)
+
+
+def _train_record(progress: Progress, lr: float, elapsed: float) -> dict[str, Any]:
+    interval = progress.interval
+    tokens = max(interval["tokens"], 1.0)
+    return {
+        "type": "train",
+        "step": progress.step,
+        "epoch": progress.epoch,
+        "loss": interval["loss"] / tokens,
+        "nll": interval["nll"] / tokens,
+        "ppl": perplexity(interval["nll"], int(tokens)),
+        "lr": lr,
+        "tokens_per_s": interval["tokens"] / max(elapsed, 1e-9),
+        "tokens_seen": progress.tokens_seen,
+    }
+
+
+def _resume(
+    checkpoint: Path,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    model_config: Any,
+    device: torch.device,
+) -> Progress:
+    ckpt.check_same_architecture(checkpoint, model_config)
+    state = ckpt.load_training_state(checkpoint)
+    ckpt.load_weights(model, checkpoint / ckpt.WEIGHTS_FILE)
+    optimizer.load_state_dict(state["optimizer"])
+    _restore_rng_states(state["rng"])
+    saved = state["progress"]
+    progress = Progress(
+        step=saved["step"],
+        epoch=saved["epoch"],
+        position=saved["position"],
+        best_valid_nll=saved["best_valid_nll"],
+        tokens_seen=saved["tokens_seen"],
+        interval=dict(saved["interval"]),
+    )
+    model.to(device)
+    return progress
+
+
+def _progress_bar(config: TrainConfig, initial: int, ctx: Distributed) -> Any:
+    if not (config.progress and ctx.is_main and sys.stderr.isatty()):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=config.max_steps, initial=initial, unit="step", dynamic_ncols=True)
