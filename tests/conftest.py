@@ -1,0 +1,51 @@
+"""Shared fixtures: a fixed seed for every test and a factory for tiny, CPU-fast models."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.model import Transformer
+
+TINY_VOCAB = 23
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Test models are tiny: one intra-op thread is fastest for them, and it keeps a loaded
+    # 2-core CI machine from oversubscribing (OpenMP spin-waits made the suite ~4x slower).
+    torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+@pytest.fixture
+def make_model() -> Callable[..., Transformer]:
+    """`make_model(**overrides)`: a 2+2-layer, d_model=32 Transformer in eval mode.
+
+    Dropout and attention dropout are non-zero so that tests also show eval mode turns them off.
+    """
+
+    def build(**overrides: Any) -> Transformer:
+        values: dict[str, Any] = dict(
+            src_vocab_size=TINY_VOCAB,
+            tgt_vocab_size=TINY_VOCAB,
+            d_model=32,
+            d_ff=64,
+            n_heads=4,
+            n_encoder_layers=2,
+            n_decoder_layers=2,
+            dropout=0.1,
+            attention_dropout=0.1,
+            max_positions=64,
+        )
+        values.update(overrides)
+        return Transformer(ModelConfig(**values)).eval()
+
+    return build

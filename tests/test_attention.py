@@ -1,0 +1,178 @@
+"""Tests for aiayn.attention: Eq. 1 against a float64 reference, the fused and explicit paths
+against each other, and multi-head attention (§3.2.2) against per-head math and PyTorch."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from aiayn.attention import MultiHeadAttention, scaled_dot_product_attention
+
+B, H, T, S, D_K, D_V = 3, 2, 5, 7, 4, 6
+LENGTHS = (7, 3, 5)  # real source lengths; the rest of each row is padding
+
+
+def key_mask(lengths: tuple[int, ...], s: int) -> Tensor:
+    """(B, S) True = real key; padding on the right."""
+    return torch.arange(s)[None, :] < torch.tensor(lengths)[:, None]
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor:
+    """Eq. 1 in float64, with the mask as a (B, H, T, S) boolean."""
+    q, k, v = q.double(), k.double(), v.double()
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+def random_qkv(t: int = T, s: int = S) -> tuple[Tensor, Tensor, Tensor]:
+    return torch.randn(B, H, t, D_K), torch.randn(B, H, s, D_K), torch.randn(B, H, s, D_V)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_eq1_matches_float64_reference_with_padding(need_weights: bool) -> None:
+    q, k, v = random_qkv()
+    mask = key_mask(LENGTHS, S)[:, None, None, :]  # (B, 1, 1, S)
+    out, _ = scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)
+    expected = reference_attention(q, k, v, mask.expand(B, H, T, S))
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_eq1_scales_by_sqrt_d_k_not_d_v(need_weights: bool) -> None:
+    q, k, v = random_qkv()
+    v = torch.randn(B, H, S, 3 * D_K)  # d_v != d_k
+    out, _ = scaled_dot_product_attention(q, k, v, need_weights=need_weights)
+    all_allowed = torch.ones(B, H, T, S, dtype=torch.bool)
+    torch.testing.assert_close(
+        out.double(), reference_attention(q, k, v, all_allowed), atol=1e-5, rtol=0
+    )
+
+
+def test_fused_and_explicit_agree_with_padding_mask() -> None:
+    q, k, v = random_qkv()
+    mask = key_mask(LENGTHS, S)[:, None, None, :]
+    fused, no_probs = scaled_dot_product_attention(q, k, v, mask)
+    explicit, probs = scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+    assert no_probs is None and probs is not None
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
+    unmasked, _ = scaled_dot_product_attention(q, k, v)
+    assert not torch.allclose(unmasked, fused, atol=1e-3)  # the mask matters here
+
+
+def test_fused_and_explicit_agree_with_full_mask() -> None:
+    q, k, v = random_qkv()
+    mask = torch.rand(B, H, T, S) < 0.6
+    mask[..., 0] = True  # every query may attend somewhere
+    fused, _ = scaled_dot_product_attention(q, k, v, mask)
+    explicit, _ = scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        explicit.double(), reference_attention(q, k, v, mask), atol=1e-5, rtol=0
+    )
+
+
+def test_fused_and_explicit_agree_with_causal_mask() -> None:
+    q, k, v = random_qkv(t=6, s=6)
+    fused, _ = scaled_dot_product_attention(q, k, v, is_causal=True)
+    explicit, probs = scaled_dot_product_attention(q, k, v, is_causal=True, need_weights=True)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
+    lower = torch.ones(6, 6, dtype=torch.bool).tril().expand(B, H, 6, 6)
+    torch.testing.assert_close(
+        explicit.double(), reference_attention(q, k, v, lower), atol=1e-5, rtol=0
+    )
+    assert probs is not None
+    assert (probs[..., ~lower[0, 0]] == 0).all()  # nothing above the diagonal
+    assert (probs[..., lower[0, 0]] > 0).all()
+
+
+def test_explicit_probabilities_are_distributions_over_real_keys() -> None:
+    q, k, v = random_qkv()
+    mask = key_mask(LENGTHS, S)
+    _, probs = scaled_dot_product_attention(q, k, v, mask[:, None, None, :], need_weights=True)
+    assert probs is not None and probs.shape == (B, H, T, S)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(B, H, T), atol=1e-6, rtol=0)
+    padded = ~mask[:, None, None, :].expand(B, H, T, S)
+    assert (probs[padded] == 0).all()
+    assert (probs[~padded] > 0).all()
+
+
+def test_explicit_path_returns_probabilities_before_attention_dropout() -> None:
+    q, k, v = random_qkv()
+    _, probs = scaled_dot_product_attention(q, k, v, dropout_p=0.5, need_weights=True)
+    assert probs is not None
+    torch.testing.assert_close(probs.sum(-1), torch.ones(B, H, T), atol=1e-6, rtol=0)
+
+
+# -- multi-head attention (§3.2.2) ------------------------------------------------------------
+
+
+def test_multi_head_equals_concatenated_heads_times_w_o() -> None:
+    d_model, n_heads, d_k, d_v = 12, 3, 5, 7  # d_k, d_v != d_model / h, as in Table 3 (A), (B)
+    mha = MultiHeadAttention(d_model, n_heads, d_k, d_v).eval()
+    query, memory = torch.randn(B, T, d_model), torch.randn(B, S, d_model)
+    mask = key_mask(LENGTHS, S)
+    out, probs = mha(query, memory, mask[:, None, None, :], need_weights=True)
+    assert out.shape == (B, T, d_model)
+    assert probs is not None and probs.shape == (B, n_heads, T, S)
+
+    heads = []
+    for i in range(n_heads):
+        q_rows, v_rows = slice(i * d_k, (i + 1) * d_k), slice(i * d_v, (i + 1) * d_v)
+        w_q, b_q = mha.q_proj.weight[q_rows], mha.q_proj.bias[q_rows]
+        w_k, b_k = mha.k_proj.weight[q_rows], mha.k_proj.bias[q_rows]
+        w_v, b_v = mha.v_proj.weight[v_rows], mha.v_proj.bias[v_rows]
+        allowed = mask[:, None, :].expand(B, T, S)
+        head = reference_attention(
+            query @ w_q.T + b_q, memory @ w_k.T + b_k, memory @ w_v.T + b_v, allowed
+        )
+        heads.append(head)
+    expected = torch.cat(heads, dim=-1) @ mha.out_proj.weight.double().T
+    expected = expected + mha.out_proj.bias.double()
+    torch.testing.assert_close(out.detach().double(), expected.detach(), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_multi_head_fused_and_explicit_agree(is_causal: bool) -> None:
+    mha = MultiHeadAttention(16, 4, 4, 4, attention_dropout=0.3).eval()  # eval: no dropout
+    x = torch.randn(B, 6, 16)
+    mask = None if is_causal else key_mask((6, 2, 4), 6)[:, None, None, :]
+    fused, _ = mha(x, x, mask, is_causal=is_causal)
+    explicit, _ = mha(x, x, mask, is_causal=is_causal, need_weights=True)
+    torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
+
+
+def test_multi_head_matches_torch_multihead_attention() -> None:
+    d_model, n_heads = 16, 4
+    ours = MultiHeadAttention(d_model, n_heads, d_model // n_heads, d_model // n_heads).eval()
+    theirs = nn.MultiheadAttention(d_model, n_heads, batch_first=True).eval()
+    with torch.no_grad():
+        theirs.in_proj_weight.copy_(
+            torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight])
+        )
+        theirs.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        theirs.out_proj.weight.copy_(ours.out_proj.weight)
+        theirs.out_proj.bias.copy_(ours.out_proj.bias)
+    query, memory = torch.randn(B, T, d_model), torch.randn(B, S, d_model)
+    mask = key_mask(LENGTHS, S)
+    out, probs = ours(query, memory, mask[:, None, None, :], need_weights=True)
+    expected, expected_probs = theirs(
+        query, memory, memory, key_padding_mask=~mask, average_attn_weights=False
+    )
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(probs, expected_probs, atol=1e-6, rtol=0)
+
+
+def test_attention_dropout_is_active_only_in_training() -> None:
+    mha = MultiHeadAttention(16, 4, 4, 4, attention_dropout=0.5)
+    x = torch.randn(B, T, 16)
+    train_a, _ = mha(x, x)
+    train_b, _ = mha(x, x)
+    assert not torch.allclose(train_a, train_b)
+    mha.eval()
+    eval_a, _ = mha(x, x)
+    eval_b, _ = mha(x, x)
+    torch.testing.assert_close(eval_a, eval_b, atol=0, rtol=0)

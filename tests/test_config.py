@@ -1,0 +1,171 @@
+"""Tests for aiayn.config: Table 3 presets, validation messages, serialisation, replace()."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from typing import Any
+
+import pytest
+import yaml
+
+from aiayn.config import PRESETS, ConfigError, ModelConfig, preset
+
+VOCAB = 37000
+
+
+def test_defaults_are_the_papers_base_model() -> None:
+    config = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+    assert config == preset("base", src_vocab_size=VOCAB)
+    assert config.norm_first is False  # post-norm, as in §3.1
+    assert config.positional_encoding == "sinusoidal"  # §3.5
+    assert config.share_embeddings == "all"  # §3.4
+    assert config.attention_dropout == 0.0
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        # Table 3: N, d_model, d_ff, h, d_k, d_v, P_drop.
+        ("base", (6, 512, 2048, 8, 64, 64, 0.1)),
+        ("big", (6, 1024, 4096, 16, 64, 64, 0.3)),
+    ],
+)
+def test_presets_match_table_3(name: str, expected: tuple) -> None:
+    c = preset(name, src_vocab_size=VOCAB)
+    assert c.n_encoder_layers == c.n_decoder_layers
+    assert (c.n_encoder_layers, c.d_model, c.d_ff, c.n_heads, c.d_k, c.d_v, c.dropout) == expected
+
+
+def test_preset_vocab_and_overrides() -> None:
+    c = preset("tiny", src_vocab_size=100)
+    assert c.tgt_vocab_size == 100
+    c = preset("base", src_vocab_size=100, tgt_vocab_size=200, share_embeddings="none")
+    assert (c.src_vocab_size, c.tgt_vocab_size) == (100, 200)
+    c = preset("base", src_vocab_size=100, n_heads=16)
+    assert c.d_k == c.d_v == 32
+
+
+def test_every_preset_builds() -> None:
+    for name in PRESETS:
+        c = preset(name, src_vocab_size=VOCAB)
+        assert c.d_k * c.n_heads == c.d_model
+
+
+def test_unknown_preset_is_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"unknown preset 'huge'.*base, big"):
+        preset("huge", src_vocab_size=VOCAB)
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"d_model": 500}, "d_model (500) must be divisible by n_heads (8)"),
+        ({"n_heads": 7}, "d_model (512) must be divisible by n_heads (7)"),
+        ({"dropout": -0.1}, "dropout (-0.1) must be in [0, 1)"),
+        ({"dropout": 1.0}, "dropout (1.0) must be in [0, 1)"),
+        ({"attention_dropout": 1.5}, "attention_dropout (1.5) must be in [0, 1)"),
+        ({"positional_encoding": "rotary"}, "positional_encoding ('rotary') must be one of"),
+        ({"share_embeddings": "encoder"}, "share_embeddings ('encoder') must be one of"),
+        ({"d_model": "512"}, "d_model ('512') must be of type int"),
+        ({"d_model": 512.0}, "d_model (512.0) must be of type int"),
+        ({"n_heads": True}, "n_heads (True) must be of type int"),
+        ({"dropout": "0.1"}, "dropout ('0.1') must be of type float"),
+        ({"norm_first": "yes"}, "norm_first ('yes') must be of type bool"),
+        ({"d_k": "64"}, "d_k ('64') must be of type int"),
+        ({"d_ff": 0}, "d_ff (0) must be positive"),
+        ({"n_heads": -8}, "n_heads (-8) must be positive"),
+        ({"n_encoder_layers": 0}, "n_encoder_layers (0) must be >= 1"),
+        ({"max_positions": 0}, "max_positions (0) must be >= 1"),
+        ({"d_k": 0}, "d_k (0) must be positive"),
+        ({"layer_norm_eps": 0.0}, "layer_norm_eps (0.0) must be > 0"),
+        ({"pad_id": VOCAB}, f"pad_id ({VOCAB}) must be a valid token index"),
+        (
+            {"tgt_vocab_size": 32000},
+            f"src_vocab_size ({VOCAB}) != tgt_vocab_size (32000)",
+        ),
+    ],
+)
+def test_bad_values_name_the_field_and_value(changes: dict[str, Any], message: str) -> None:
+    values: dict[str, Any] = dict(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB)
+    values.update(changes)
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        ModelConfig(**values)
+
+
+def test_config_error_is_a_value_error() -> None:
+    assert issubclass(ConfigError, ValueError)
+
+
+def test_different_vocabularies_are_fine_without_full_sharing() -> None:
+    for share in ("decoder", "none"):
+        c = ModelConfig(src_vocab_size=100, tgt_vocab_size=200, share_embeddings=share)
+        assert (c.src_vocab_size, c.tgt_vocab_size) == (100, 200)
+
+
+def test_d_model_need_not_divide_by_heads_when_head_sizes_are_given() -> None:
+    c = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_model=500, d_k=64, d_v=32)
+    assert (c.d_k, c.d_v) == (64, 32)
+
+
+def test_head_sizes_default_to_d_model_over_h() -> None:
+    c = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, n_heads=16)
+    assert (c.d_k, c.d_v) == (32, 32)
+    c = ModelConfig(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_k=16)  # Table 3 row (B)
+    assert (c.d_k, c.d_v) == (16, 64)
+
+
+def test_integer_floats_are_stored_as_floats() -> None:
+    c = ModelConfig.from_dict(dict(src_vocab_size=10, tgt_vocab_size=10, dropout=0))
+    assert isinstance(c.dropout, float) and c.dropout == 0.0
+
+
+def test_from_dict_rejects_unknown_keys_and_lists_valid_ones() -> None:
+    values = dict(src_vocab_size=VOCAB, tgt_vocab_size=VOCAB, d_modle=512)
+    with pytest.raises(ConfigError, match=r"unknown model config key\(s\): d_modle") as info:
+        ModelConfig.from_dict(values)
+    assert "d_model" in str(info.value)
+
+
+def test_from_dict_requires_the_vocabulary_sizes() -> None:
+    with pytest.raises(TypeError, match="src_vocab_size"):
+        ModelConfig.from_dict({"tgt_vocab_size": VOCAB})
+
+
+@pytest.mark.parametrize("name", ["base", "big", "tiny"])
+def test_to_dict_from_dict_round_trip_through_json_and_yaml(name: str) -> None:
+    config = preset(
+        name, src_vocab_size=VOCAB, d_k=16, norm_first=True, positional_encoding="learned"
+    )
+    assert ModelConfig.from_dict(config.to_dict()) == config
+    assert ModelConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    assert ModelConfig.from_dict(yaml.safe_load(yaml.safe_dump(config.to_dict()))) == config
+
+
+def test_config_is_frozen() -> None:
+    config = preset("base", src_vocab_size=VOCAB)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.d_model = 1024  # type: ignore[misc]
+
+
+def test_replace_rederives_head_sizes() -> None:
+    base = preset("base", src_vocab_size=VOCAB)
+    assert (base.replace(n_heads=16).d_k, base.replace(n_heads=16).d_v) == (32, 32)
+    assert (base.replace(d_model=1024).d_k, base.replace(d_model=1024).d_v) == (128, 128)
+    explicit = base.replace(d_model=1024, d_k=64)
+    assert (explicit.d_k, explicit.d_v) == (64, 128)
+    assert base.d_k == 64  # the original is untouched
+
+
+def test_replace_keeps_explicit_head_sizes_for_other_fields() -> None:
+    row_b = preset("base", src_vocab_size=VOCAB, d_k=16)
+    assert row_b.replace(d_ff=1024).d_k == 16
+
+
+def test_replace_validates() -> None:
+    base = preset("base", src_vocab_size=VOCAB)
+    with pytest.raises(ConfigError, match=re.escape("dropout (2.0) must be in [0, 1)")):
+        base.replace(dropout=2.0)
+    with pytest.raises(ConfigError, match="unknown model config key"):
+        base.replace(heads=4)
