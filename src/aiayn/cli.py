@@ -8,6 +8,7 @@ with exit status 2, never as a traceback.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import logging
 import sys
@@ -196,6 +197,215 @@ def _run_average(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- translate ------------------------------------------------------------------------------
+
+
+def _add_search_options(p: argparse.ArgumentParser) -> None:
+    """Model loading and beam search flags shared by `translate` and `evaluate`."""
+    p.add_argument("-m", "--model-dir", required=True, help="model directory (or run directory)")
+    g = p.add_argument_group("search (defaults are the paper's, §6.1)")
+    g.add_argument("--beam-size", type=int, default=4, help="beam size; 1 = greedy (default 4)")
+    g.add_argument("--length-penalty", type=float, default=0.6, help="alpha (default 0.6)")
+    g.add_argument(
+        "--length-penalty-kind",
+        choices=["gnmt", "power", "none"],
+        default="gnmt",
+        help="gnmt: ((5+|Y|)/6)^alpha as in the paper; power: |Y|^alpha (default gnmt)",
+    )
+    g.add_argument(
+        "--max-len-a",
+        type=float,
+        default=1.0,
+        help="output may have up to a*source_length + b tokens (default a=1)",
+    )
+    g.add_argument("--max-len-b", type=float, default=50, help="see --max-len-a (default b=50)")
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=4096,
+        help="batch budget: padded source tokens x beam size (default 4096)",
+    )
+    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
+    g.add_argument("--threads", type=int, default=0, help="CPU threads (default: PyTorch's)")
+
+
+def _load_translator(args: argparse.Namespace) -> Any:
+    import torch
+
+    from aiayn.translator import Translator
+
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return Translator(
+        args.model_dir, device=device, max_tokens=args.max_tokens, threads=args.threads
+    )
+
+
+def _search_options(args: argparse.Namespace) -> dict[str, Any]:
+    return dict(
+        beam_size=args.beam_size,
+        length_penalty=args.length_penalty,
+        length_penalty_kind=args.length_penalty_kind,
+        max_len_a=args.max_len_a,
+        max_len_b=args.max_len_b,
+    )
+
+
+def _add_translate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "translate",
+        help="translate text, one sentence per line",
+        description="Translate a file or stdin, one sentence per line, into a file or stdout: "
+        "one output line per input line, in input order, empty lines kept empty. With a "
+        "terminal on stdin and no -i, translate interactively. Sentences longer than the model "
+        "accepts (max_positions - 1 tokens) are truncated with a warning.",
+        epilog="--n-best N writes N lines per input line, best first, in the Moses/fairseq "
+        "n-best style 'i ||| text ||| score': i is the 0-based input line number and score "
+        "the hypothesis' log-probability divided by the length penalty (the plain "
+        "log-probability for greedy search and sampling). An empty input line gives one "
+        "line 'i |||  ||| 0.0000'.",
+    )
+    p.add_argument("-i", "--input", help="input file (default: stdin; '-' = stdin)")
+    p.add_argument("-o", "--output", help="output file (default: stdout)")
+    p.add_argument(
+        "--n-best", type=int, metavar="N", help="write the N best hypotheses in n-best format"
+    )
+    _add_search_options(p)
+    g = p.add_argument_group("sampling (instead of beam search)")
+    g.add_argument("--sampling", action="store_true", help="sample outputs instead of searching")
+    g.add_argument("--temperature", type=float, default=1.0, help="(default 1.0)")
+    g.add_argument("--top-k", type=int, default=0, help="0 = no limit (default)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold; 1 = no limit")
+    g.add_argument("--seed", type=int, help="seed for reproducible samples")
+    p.set_defaults(run=_run_translate)
+
+
+def _run_translate(args: argparse.Namespace) -> int:
+    from aiayn.data import count_lines
+    from aiayn.translator import read_lines
+
+    from_file = args.input not in (None, "-")
+    if from_file and not Path(args.input).is_file():
+        raise FileNotFoundError(f"input file {args.input} does not exist")
+    if from_file and args.output and Path(args.output).resolve() == Path(args.input).resolve():
+        raise ValueError(f"refusing to write the translation over its input {args.input}")
+    options = _search_options(args)
+    options.update(
+        n_best=args.n_best or 1,
+        sampling=args.sampling,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    translator = _load_translator(args)
+    translator.translate([], **options)  # checks the options before reading any input
+
+    if args.input is None and sys.stdin.isatty():
+        return _translate_interactively(translator, options, args.n_best)
+    lines = read_lines(args.input) if from_file else read_lines(sys.stdin.buffer, name="<stdin>")
+    results = translator.translate_iterable(lines, **options)
+    if from_file and sys.stderr.isatty():
+        from tqdm import tqdm
+
+        results = tqdm(results, total=count_lines(Path(args.input)), unit="line", file=sys.stderr)
+    with contextlib.ExitStack() as stack:
+        out = sys.stdout
+        if args.output:
+            out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
+        for number, result in enumerate(results):
+            out.write(_format_translation(number, result, args.n_best))
+        out.flush()
+    return 0
+
+
+def _translate_interactively(translator: Any, options: dict[str, Any], n_best: int | None) -> int:
+    """A '> ' prompt on stderr, each translation on stdout, until end of input (Ctrl-D)."""
+    print("Type a sentence and press Enter; Ctrl-D to quit.", file=sys.stderr)
+    number = 0
+    while True:
+        print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            print(file=sys.stderr)
+            return 0
+        [result] = translator.translate([line], **options)
+        sys.stdout.write(_format_translation(number, result, n_best))
+        sys.stdout.flush()
+        number += 1
+
+
+def _format_translation(number: int, result: Any, n_best: int | None) -> str:
+    """One line of text, or with --n-best one 'i ||| text ||| score' line per hypothesis."""
+    from aiayn.translator import one_line
+
+    if n_best is None:
+        return one_line(result.text) + "\n"
+    return "".join(
+        f"{number} ||| {one_line(h.text)} ||| {h.score:.4f}\n" for h in result.hypotheses
+    )
+
+
+# -- evaluate -------------------------------------------------------------------------------
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="translate a test set and score it with sacreBLEU (BLEU, chrF)",
+        description="Translate --src, write the hypotheses, and print corpus BLEU and chrF "
+        "against one or more references, with sacreBLEU signatures.",
+    )
+    p.add_argument("--src", required=True, help="source sentences, one per line")
+    p.add_argument(
+        "--ref",
+        action="append",
+        required=True,
+        help="reference translations, line-aligned with --src (repeat for several)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        help="where to write the hypotheses (default: <name of --src>.hyp in the current "
+        "directory)",
+    )
+    p.add_argument("--tokenize", help="sacreBLEU tokenizer for BLEU (default 13a; zh, intl...)")
+    p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
+    _add_search_options(p)
+    p.set_defaults(run=_run_evaluate)
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    import json
+
+    from aiayn.evaluation import evaluate_files
+
+    out_path = Path(args.output) if args.output else Path.cwd() / f"{Path(args.src).name}.hyp"
+    for path in (args.src, *args.ref):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+    translator = _load_translator(args)
+    scores = evaluate_files(
+        translator,
+        args.src,
+        args.ref,
+        out_path=out_path,
+        tokenize=args.tokenize,
+        **_search_options(args),
+    )
+    if args.json:
+        report = {
+            **scores.to_dict(),
+            "hypotheses_file": str(out_path),
+            "model_dir": str(translator.model_dir),
+        }
+        print(json.dumps(report, indent=2))
+    else:
+        print(scores)
+    return 0
+
+
 # -- helpers --------------------------------------------------------------------------------
 
 
@@ -221,6 +431,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_info(sub)
     _add_train(sub)
     _add_average(sub)
+    _add_translate(sub)
+    _add_evaluate(sub)
     return parser
 
 

@@ -1,0 +1,176 @@
+"""Corpus BLEU and chrF with sacreBLEU, as the paper's results are reported (§6.1, Table 2).
+
+The paper reports tokenized BLEU; we report sacreBLEU (Post, 2018) on detokenized text, whose
+signature (``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:...``) makes a score
+reproducible and comparable. chrF (Popović, 2015) is reported next to it. Training's
+validation BLEU, ``aiayn evaluate`` and tests all go through :func:`score`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from sacrebleu.metrics import BLEU, CHRF
+
+from aiayn.data import count_lines
+from aiayn.translator import Translator, one_line, read_lines
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EvalScores", "EvaluationError", "evaluate_files", "score"]
+
+
+class EvaluationError(ValueError):
+    """Hypotheses and references cannot be scored together (counts differ, nothing to score)."""
+
+
+@dataclass(frozen=True)
+class EvalScores:
+    """Corpus-level scores and the sacreBLEU signatures that say how they were computed.
+
+    Attributes:
+        bleu: Corpus BLEU, 0–100.
+        chrf: Corpus chrF2, 0–100.
+        bleu_signature: e.g. ``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0``.
+        chrf_signature: e.g. ``nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0``.
+        bleu_text: sacreBLEU's one-line report: n-gram precisions, brevity penalty, lengths.
+        chrf_text: sacreBLEU's one-line chrF report.
+        n_sentences: Number of hypotheses scored.
+    """
+
+    bleu: float
+    chrf: float
+    bleu_signature: str
+    chrf_signature: str
+    bleu_text: str
+    chrf_text: str
+    n_sentences: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return f"{self.bleu_text}\n{self.chrf_text}"
+
+
+def score(
+    hypotheses: Sequence[str],
+    references: Sequence[Sequence[str]],
+    *,
+    tokenize: str | None = None,
+    names: Sequence[str] | None = None,
+) -> EvalScores:
+    """Corpus BLEU and chrF of detokenized hypotheses against one or more references.
+
+    Args:
+        hypotheses: One output per sentence.
+        references: Reference *streams*, as in ``sacrebleu.corpus_bleu``: ``references[k][i]``
+            is the k-th reference of sentence i; every stream is as long as ``hypotheses``.
+        tokenize: sacreBLEU's BLEU tokenizer ("13a" by default; "zh", "intl", "char", ...).
+        names: Names of the hypotheses and of each reference stream for error messages (file
+            names, when scoring files).
+
+    Raises:
+        EvaluationError: There is nothing to score, no reference, or a reference stream's
+            length differs from the number of hypotheses (both counts are named).
+    """
+    hypotheses = list(hypotheses)
+    references = [list(stream) for stream in references]
+    hyp_name, *ref_names = names or ["hypotheses"]
+    ref_names += [f"reference {k + 1}" for k in range(len(ref_names), len(references))]
+    if not references:
+        raise EvaluationError("no references to score against")
+    for stream, ref_name in zip(references, ref_names, strict=False):
+        if len(stream) != len(hypotheses):
+            raise EvaluationError(
+                f"{hyp_name} has {len(hypotheses)} sentences but {ref_name} has {len(stream)}"
+            )
+    if not hypotheses:
+        raise EvaluationError(f"nothing to score: {hyp_name} is empty")
+
+    bleu = BLEU(tokenize=tokenize)
+    chrf = CHRF()
+    bleu_score = bleu.corpus_score(hypotheses, references)
+    chrf_score = chrf.corpus_score(hypotheses, references)
+    bleu_signature = str(bleu.get_signature())
+    chrf_signature = str(chrf.get_signature())
+    return EvalScores(
+        bleu=bleu_score.score,
+        chrf=chrf_score.score,
+        bleu_signature=bleu_signature,
+        chrf_signature=chrf_signature,
+        bleu_text=bleu_score.format(signature=bleu_signature),
+        chrf_text=chrf_score.format(signature=chrf_signature),
+        n_sentences=len(hypotheses),
+    )
+
+
+def evaluate_files(
+    translator: Translator,
+    src_path: str | Path,
+    ref_paths: Sequence[str | Path],
+    *,
+    out_path: str | Path,
+    tokenize: str | None = None,
+    **search_options: Any,
+) -> EvalScores:
+    """Translates ``src_path``, writes the hypotheses to ``out_path`` and scores them.
+
+    Line counts are checked before anything is translated. Blank source lines give blank
+    hypotheses (and still count as sentences). Hypotheses are written one per line, in source
+    order, line breaks inside a hypothesis replaced by spaces.
+
+    Args:
+        translator: Anything with ``Translator.translate_iterable``.
+        src_path: Source sentences, one per line, UTF-8.
+        ref_paths: One or more reference files, line-aligned with the source.
+        out_path: Where to write the hypotheses (replaced if it exists).
+        tokenize: sacreBLEU's BLEU tokenizer, see :func:`score`.
+        **search_options: Keyword options of ``Translator.translate`` (beam_size, ...).
+
+    Raises:
+        EvaluationError: No reference file, line counts differ (files and counts named), the
+            output would overwrite an input, or the source is empty.
+        DataError: A line is not valid UTF-8 (file and line named).
+        FileNotFoundError: An input file does not exist.
+    """
+    src_path, out_path = Path(src_path), Path(out_path)
+    ref_paths = [Path(p) for p in ref_paths]
+    if not ref_paths:
+        raise EvaluationError("give at least one reference file")
+    for path in (src_path, *ref_paths):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+        if out_path.exists() and out_path.resolve() == path.resolve():
+            raise EvaluationError(f"refusing to overwrite the input {path} with hypotheses")
+    n_src = count_lines(src_path)
+    for path in ref_paths:
+        n_ref = count_lines(path)
+        if n_ref != n_src:
+            raise EvaluationError(
+                f"source and reference are not aligned: {src_path} has {n_src} lines but "
+                f"{path} has {n_ref} lines"
+            )
+    if n_src == 0:
+        raise EvaluationError(f"nothing to score: {src_path} is empty")
+    references = [[line.strip() for line in read_lines(path)] for path in ref_paths]
+
+    hypotheses = []
+    results = translator.translate_iterable(read_lines(src_path), **search_options)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    with out_path.open("w", encoding="utf-8", newline="\n") as out:
+        for result in results:
+            text = one_line(result.text)
+            hypotheses.append(text)
+            out.write(text + "\n")
+    logger.info("wrote %d hypotheses to %s", len(hypotheses), out_path)
+    return score(
+        hypotheses,
+        references,
+        tokenize=tokenize,
+        names=[str(out_path), *(str(p) for p in ref_paths)],
+    )

@@ -1,0 +1,241 @@
+"""Tests for `aiayn translate` and `aiayn evaluate`: one output line per input line in order,
+n-best format, stdin/stdout and the interactive prompt, and clear errors (exit status 2) for
+bad models and bad input. Runs `main([...])` in-process on a tiny random model.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiayn import checkpoint
+from aiayn.cli import main
+from aiayn.config import preset
+from aiayn.evaluation import score
+from aiayn.model import Transformer
+from aiayn.tokenizer import Tokenizer
+from aiayn.translator import Translator, one_line
+
+CORPUS = [
+    "the cat sat on the mat",
+    "a dog barked at the moon",
+    "die katze sass auf der matte",
+    "ein hund bellte den mond an",
+]
+MAX_POSITIONS = 16
+LONG = " ".join(CORPUS * 3)  # far more than MAX_POSITIONS - 1 tokens
+LINES = ["the cat", "", "a dog barked", LONG, "", "der mond"]
+FAST = ["--beam-size", "2", "--max-len-b", "3", "--threads", "1"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("cli")
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
+    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
+    torch.manual_seed(0)
+    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=MAX_POSITIONS)
+    return checkpoint.save_model_dir(
+        directory / "model",
+        Transformer(config),
+        tokenizer_file=tokenizer.model_file,
+        metadata={"src_lang": "en", "tgt_lang": "de"},
+    )
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads() -> Iterator[None]:
+    """--threads sets a process-wide PyTorch setting; keep it from leaking into other tests."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def expected_output(model_dir: Path, lines: list[str]) -> str:
+    results = Translator(model_dir).translate(lines, beam_size=2, max_len_b=3)
+    return "".join(one_line(r.text) + "\n" for r in results)
+
+
+def set_stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
+
+
+# -- translate --------------------------------------------------------------------------------
+
+
+def test_translate_file_keeps_order_line_count_and_empty_lines(
+    model_dir: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    src = write_lines(tmp_path / "in.txt", LINES)
+    out = tmp_path / "out.txt"
+    assert main(["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out), *FAST]) == 0
+    text = out.read_text(encoding="utf-8")
+    lines = text.split("\n")
+    assert len(lines) == len(LINES) + 1 and lines[-1] == ""
+    assert lines[1] == lines[4] == ""
+    assert all(lines[i] for i in (0, 2, 3, 5))
+    assert text == expected_output(model_dir, LINES)
+    # The long line was truncated, with a warning that names it, not rejected.
+    assert "sentence 4 has" in caplog.text and f"first {MAX_POSITIONS - 1} tokens" in caplog.text
+
+
+def test_translate_stdin_to_stdout(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    set_stdin(monkeypatch, "".join(f"{line}\n" for line in LINES).encode())
+    assert main(["translate", "-m", str(model_dir), *FAST]) == 0
+    assert capsys.readouterr().out == expected_output(model_dir, LINES)
+
+
+def test_n_best_format(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    src = write_lines(tmp_path / "in.txt", ["the cat", "", "a dog"])
+    args = ["translate", "-m", str(model_dir), "-i", str(src), "--n-best", "2", *FAST]
+    assert main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    parsed = [re.fullmatch(r"(\d+) \|\|\| (.*) \|\|\| (-?\d+\.\d{4})", line) for line in lines]
+    assert all(parsed), lines
+    assert [int(m.group(1)) for m in parsed] == [0, 0, 1, 2, 2]
+    assert lines[2] == "1 |||  ||| 0.0000"  # an empty line has one empty hypothesis
+    for i in (0, 3):
+        assert float(parsed[i].group(3)) >= float(parsed[i + 1].group(3))  # best first
+    first = Translator(model_dir).translate(["the cat"], beam_size=2, max_len_b=3, n_best=2)[0]
+    assert [m.group(2) for m in parsed[:2]] == [one_line(h.text) for h in first.hypotheses]
+
+
+def test_interactive_prompt_until_end_of_input(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal("the cat\n\na dog barked\n"))
+    assert main(["translate", "-m", str(model_dir), *FAST]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == expected_output(model_dir, ["the cat", "", "a dog barked"])
+    assert captured.err.count("> ") == 4  # three sentences, then end of input
+
+
+def test_empty_input_gives_empty_output(
+    model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    src, out = write_lines(tmp_path / "empty.txt", []), tmp_path / "out.txt"
+    assert main(["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out)]) == 0
+    assert out.read_bytes() == b""
+    set_stdin(monkeypatch, b"")
+    assert main(["translate", "-m", str(model_dir)]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_progress_bar_on_a_terminal_when_reading_a_file(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    stderr = Terminal()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    src, out = write_lines(tmp_path / "in.txt", LINES[:3]), tmp_path / "out.txt"
+    assert main(["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out), *FAST]) == 0
+    assert "3/3" in stderr.getvalue()
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+def run_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(args) == 2
+    return capsys.readouterr().err
+
+
+def test_missing_model_dir_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = write_lines(tmp_path / "in.txt", ["hello"])
+    err = run_error(["translate", "-m", str(tmp_path / "nope"), "-i", str(src)], capsys)
+    assert "aiayn translate: error: model directory not found" in err and "nope" in err
+
+
+def test_model_dir_without_weights_is_a_clear_error(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for file in model_dir.iterdir():
+        if file.name != "model.safetensors":
+            (broken / file.name).write_bytes(file.read_bytes())
+    src = write_lines(tmp_path / "in.txt", ["hello"])
+    err = run_error(["translate", "-m", str(broken), "-i", str(src)], capsys)
+    assert "missing model.safetensors" in err
+
+
+def test_invalid_utf8_names_the_line(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"the cat\nthe \xff dog\n")
+    err = run_error(["translate", "-m", str(model_dir), "-i", str(src), *FAST], capsys)
+    assert "in.txt:2: invalid UTF-8" in err
+
+
+def test_missing_input_and_bad_options_are_clear_errors(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = run_error(["translate", "-m", str(model_dir), "-i", str(tmp_path / "no.txt")], capsys)
+    assert "no.txt does not exist" in err
+    src = write_lines(tmp_path / "in.txt", ["hello"])
+    args = ["translate", "-m", str(model_dir), "-i", str(src), "--n-best", "3", "--beam-size", "2"]
+    assert "n_best (3) must be <= beam_size (2)" in run_error(args, capsys)
+
+
+# -- evaluate ---------------------------------------------------------------------------------
+
+
+def test_evaluate_prints_scores_and_writes_hypotheses(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = write_lines(tmp_path / "dev.en", ["the cat", "a dog barked"])
+    ref = write_lines(tmp_path / "dev.de", ["die katze", "ein hund bellte"])
+    hyp = tmp_path / "dev.hyp"
+    args = ["evaluate", "-m", str(model_dir), "--src", str(src), "--ref", str(ref)]
+    assert main([*args, "-o", str(hyp), "--json", *FAST]) == 0
+    report = json.loads(capsys.readouterr().out)
+    hypotheses = hyp.read_text(encoding="utf-8").split("\n")[:-1]
+    assert hypotheses == expected_output(model_dir, ["the cat", "a dog barked"]).split("\n")[:-1]
+    expected = score(hypotheses, [["die katze", "ein hund bellte"]])
+    assert report["bleu"] == pytest.approx(expected.bleu)
+    assert report["chrf"] == pytest.approx(expected.chrf)
+    assert report["bleu_signature"] == expected.bleu_signature
+    assert report["hypotheses_file"] == str(hyp)
+
+    assert main([*args, "-o", str(hyp), *FAST]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("BLEU|nrefs:1|") and out[1].startswith("chrF2|nrefs:1|")
+
+
+def test_evaluate_with_mismatched_counts_names_files_and_counts(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    src = write_lines(tmp_path / "dev.en", ["the cat", "a dog", "hello"])
+    ref = write_lines(tmp_path / "dev.de", ["die katze", "ein hund"])
+    args = ["evaluate", "-m", str(model_dir), "--src", str(src), "--ref", str(ref)]
+    err = run_error([*args, "-o", str(tmp_path / "hyp"), *FAST], capsys)
+    assert "dev.en has 3 lines" in err and "dev.de has 2 lines" in err
+    assert not (tmp_path / "hyp").exists()

@@ -1,0 +1,370 @@
+"""Tests for aiayn.translator: batching is invisible (sorted, budgeted, order restored), cached
+decoding equals a from-scratch loop, attention equals a teacher-forced pass, long inputs are
+truncated, and model directories that cannot be loaded fail clearly.
+
+The models have random weights: outputs are garbage but deterministic, which is all these
+properties need.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aiayn import checkpoint, search
+from aiayn.checkpoint import CheckpointError
+from aiayn.config import preset
+from aiayn.data import DataError
+from aiayn.model import Transformer
+from aiayn.search import gnmt_length_penalty
+from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.translator import Translator, _SearchOptions, one_line, read_lines
+
+CORPUS = [
+    "the cat sat on the mat",
+    "a dog barked at the moon all night",
+    "hello world, this is a small test",
+    "die katze sass auf der matte",
+    "ein hund bellte die ganze nacht den mond an",
+    "hallo welt, das ist ein kleiner test",
+    "we translate short sentences quickly",
+    "wir übersetzen kurze sätze schnell",
+]
+SENTENCES = [
+    "the cat sat",
+    "",
+    "a dog barked at the moon all night and the cat sat on the mat",
+    "hello",
+    "   ",
+    "wir übersetzen kurze sätze",
+    "the mat",
+]
+FAST = {"max_len_b": 6}  # random models rarely emit EOS: keep outputs short
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    directory = tmp_path_factory.mktemp("tokenizer")
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
+    return Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
+
+
+def build_model(tokenizer: Tokenizer, **overrides: object) -> Transformer:
+    torch.manual_seed(1234)
+    values = {"max_positions": 64, **overrides}
+    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, **values)
+    return Transformer(config).eval()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer: Tokenizer) -> Transformer:
+    return build_model(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def translator(model: Transformer, tokenizer: Tokenizer) -> Translator:
+    return Translator.from_model(model, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def model_dir(
+    tmp_path_factory: pytest.TempPathFactory, model: Transformer, tokenizer: Tokenizer
+) -> Path:
+    directory = tmp_path_factory.mktemp("models") / "model"
+    checkpoint.save_model_dir(
+        directory,
+        model,
+        tokenizer_file=tokenizer.model_file,
+        metadata={"src_lang": "en", "tgt_lang": "de"},
+    )
+    return directory
+
+
+def assert_same_results(actual: list, expected: list) -> None:
+    """Same texts and tokens; scores equal up to float32 rounding (1e-5, relative for sums)."""
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected, strict=True):
+        assert a.text == e.text
+        assert a.token_ids == e.token_ids
+        assert a.score == pytest.approx(e.score, rel=1e-6, abs=1e-5)
+        assert a.log_prob == pytest.approx(e.log_prob, rel=1e-6, abs=1e-5)
+        assert [h.token_ids for h in a.hypotheses] == [h.token_ids for h in e.hypotheses]
+
+
+# -- batching ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("beam_size", [4, 1], ids=["beam", "greedy"])
+def test_batched_translation_equals_one_sentence_at_a_time(
+    translator: Translator, beam_size: int
+) -> None:
+    batched = translator.translate(SENTENCES, beam_size=beam_size, **FAST)
+    alone = [translator.translate([s], beam_size=beam_size, **FAST)[0] for s in SENTENCES]
+    assert_same_results(batched, alone)
+    assert [r.text for r in batched if r.token_ids]  # the model did run
+
+
+def test_input_order_is_restored(translator: Translator) -> None:
+    forward = translator.translate(SENTENCES, **FAST)
+    backward = translator.translate(SENTENCES[::-1], **FAST)
+    assert_same_results(backward[::-1], forward)
+    # Sources differ, so (with random weights) their outputs differ: order is observable.
+    assert len({tuple(r.token_ids) for r in forward if r.token_ids}) > 1
+
+
+def test_a_small_token_budget_splits_batches_without_changing_results(
+    model: Transformer, tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[int] = []
+    real = search.beam_search
+
+    def spy(model: Transformer, src_tokens: torch.Tensor, **kwargs: object) -> list:
+        calls.append(src_tokens.size(0))
+        return real(model, src_tokens, **kwargs)
+
+    monkeypatch.setattr(search, "beam_search", spy)
+    one_batch = Translator.from_model(model, tokenizer).translate(SENTENCES, **FAST)
+    assert calls == [5]  # the five non-blank sentences
+    calls.clear()
+    several = Translator.from_model(model, tokenizer, max_tokens=40).translate(SENTENCES, **FAST)
+    assert len(calls) > 1 and sum(calls) == 5
+    assert_same_results(several, one_batch)
+
+
+def test_blank_sentences_give_empty_results_without_running_the_model(
+    translator: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fail(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model ran")
+
+    monkeypatch.setattr(search, "beam_search", fail)
+    results = translator.translate(["", "  ", "\t"], n_best=2)
+    assert [r.text for r in results] == ["", "", ""]
+    assert all(r.hypotheses[0].text == "" and r.attention is None for r in results)
+    assert translator.translate([]) == []
+
+
+def test_translate_iterable_keeps_order_across_chunks(translator: Translator) -> None:
+    expected = translator.translate(SENTENCES, **FAST)
+    streamed = list(translator.translate_iterable(iter(SENTENCES), chunk_size=2, **FAST))
+    assert_same_results(streamed, expected)
+
+
+# -- search -----------------------------------------------------------------------------------
+
+
+def reference_greedy(model: Transformer, src_ids: list[int], max_len: int) -> tuple[list, float]:
+    """Greedy decoding that recomputes `model(src, prefix)` from scratch at every step."""
+    src = torch.tensor([src_ids])
+    prefix, log_prob = [BOS_ID], 0.0
+    for step in range(max_len + 1):
+        with torch.no_grad():
+            log_probs = F.log_softmax(model(src, torch.tensor([prefix]))[0, -1].float(), dim=-1)
+        log_probs[[PAD_ID, BOS_ID]] = -math.inf
+        token = EOS_ID if step == max_len else int(log_probs.argmax())
+        log_prob += float(log_probs[token])
+        if token == EOS_ID:
+            break
+        prefix.append(token)
+    return prefix[1:], log_prob
+
+
+def test_cached_greedy_decoding_equals_an_uncached_loop(
+    translator: Translator, model: Transformer, tokenizer: Tokenizer
+) -> None:
+    sentences = [s for s in SENTENCES if s.strip()]
+    results = translator.translate(sentences, beam_size=1, max_len_b=10)
+    for sentence, result in zip(sentences, results, strict=True):
+        src_ids = source_ids(translator, sentence)
+        tokens, log_prob = reference_greedy(model, src_ids, max_len=len(src_ids) + 10)
+        assert result.token_ids == tokens
+        assert result.log_prob == pytest.approx(log_prob, abs=1e-4)
+        assert result.score == result.log_prob  # no length penalty in greedy search
+
+
+def test_beam_scores_equal_a_teacher_forced_pass(
+    translator: Translator, model: Transformer
+) -> None:
+    results = translator.translate(SENTENCES, n_best=3, **FAST)
+    for sentence, result in zip(SENTENCES, results, strict=True):
+        if not sentence.strip():
+            continue
+        src = torch.tensor([source_ids(translator, sentence)])
+        for hyp in result.hypotheses:
+            tgt = torch.tensor([[BOS_ID, *hyp.token_ids]])
+            with torch.no_grad():
+                log_probs = F.log_softmax(model(src, tgt)[0].float(), dim=-1)  # (T, V)
+            labels = torch.tensor([*hyp.token_ids, EOS_ID])
+            log_prob = float(log_probs.gather(1, labels[:, None]).sum())
+            assert hyp.log_prob == pytest.approx(log_prob, abs=1e-4)
+            penalty = gnmt_length_penalty(len(hyp.token_ids) + 1, 0.6)
+            assert hyp.score == pytest.approx(hyp.log_prob / penalty, abs=1e-5)
+
+
+def source_ids(translator: Translator, sentence: str) -> list[int]:
+    return [*translator.tokenizer.encode(sentence), EOS_ID]
+
+
+def test_n_best_lists_are_sorted_and_headed_by_the_result(translator: Translator) -> None:
+    [result] = translator.translate(["the cat sat on the mat"], beam_size=4, n_best=3, **FAST)
+    scores = [h.score for h in result.hypotheses]
+    assert len(scores) == 3 and scores == sorted(scores, reverse=True)
+    best = result.hypotheses[0]
+    assert (best.text, best.token_ids, best.score) == (result.text, result.token_ids, result.score)
+    assert best.tokens == result.tokens == translator.tokenizer.pieces(result.token_ids)
+
+
+def test_sampling_is_reproducible_with_a_seed(translator: Translator) -> None:
+    options = dict(sampling=True, n_best=3, seed=7, top_k=20, **FAST)
+    first = translator.translate(SENTENCES, **options)
+    again = translator.translate(SENTENCES, **options)
+    assert_same_results(again, first)
+    for result in first:
+        scores = [h.log_prob for h in result.hypotheses]
+        assert scores == sorted(scores, reverse=True)
+        assert len(result.hypotheses) == (3 if result.token_ids else 1)
+
+
+# -- attention --------------------------------------------------------------------------------
+
+
+def test_attention_equals_a_teacher_forced_pass(translator: Translator, model: Transformer) -> None:
+    results = translator.translate(SENTENCES, return_attention=True, **FAST)
+    cfg = model.config
+    for sentence, result in zip(SENTENCES, results, strict=True):
+        if not sentence.strip():
+            assert result.attention is None and result.attention_maps is None
+            continue
+        src_ids = source_ids(translator, sentence)
+        assert result.src_tokens == translator.tokenizer.pieces(src_ids)
+        s, t = len(src_ids), len(result.token_ids) + 1
+        assert result.src_tokens[-1] == result.tgt_tokens[-1] == "</s>"
+        assert len(result.tgt_tokens) == t
+        maps = result.attention_maps
+        assert maps.encoder.shape == (cfg.n_encoder_layers, cfg.n_heads, s, s)
+        assert maps.decoder.shape == (cfg.n_decoder_layers, cfg.n_heads, t, t)
+        assert maps.cross.shape == (cfg.n_decoder_layers, cfg.n_heads, t, s)
+        assert result.attention.shape == (t, s)
+        torch.testing.assert_close(result.attention.sum(-1), torch.ones(t))
+        # Alone, without the batch's padding.
+        src = torch.tensor([src_ids])
+        tgt = torch.tensor([[BOS_ID, *result.token_ids]])
+        with torch.no_grad():
+            _, expected = model.forward_with_attention(src, tgt)
+        torch.testing.assert_close(maps.encoder, expected.encoder[:, 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(maps.decoder, expected.decoder[:, 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(maps.cross, expected.cross[:, 0], atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            result.attention, expected.cross[-1, 0].mean(0), atol=1e-5, rtol=0
+        )
+
+
+def test_attention_does_not_change_the_translation(translator: Translator) -> None:
+    plain = translator.translate(SENTENCES, **FAST)
+    with_attention = translator.translate(SENTENCES, return_attention=True, **FAST)
+    assert_same_results(with_attention, plain)
+
+
+# -- long inputs ------------------------------------------------------------------------------
+
+
+def test_long_sentences_are_truncated_with_a_warning(
+    translator: Translator, caplog: pytest.LogCaptureFixture
+) -> None:
+    long = " ".join(CORPUS * 4)
+    with caplog.at_level(logging.WARNING, logger="aiayn.translator"):
+        results = translator.translate(["the cat", long], beam_size=1, max_len_b=2)
+    assert not results[0].truncated and results[1].truncated
+    assert len(results[1].src_tokens) == translator.model.config.max_positions  # + </s>
+    assert "sentence 2 has" in caplog.text and "first 63 tokens" in caplog.text
+
+
+def test_learned_positions_cap_the_output_length(tokenizer: Tokenizer) -> None:
+    model = build_model(tokenizer, positional_encoding="learned", max_positions=12)
+    translator = Translator.from_model(model, tokenizer)
+    long = " ".join(CORPUS)
+    # "the cat" may produce len + 3 tokens; the long one would need far more than 11 positions.
+    results = translator.translate(["the cat", long], beam_size=2, max_len_b=3)
+    assert results[1].truncated and len(results[1].src_tokens) == 12
+    assert len(results[1].token_ids) <= 11
+    assert len(results[0].token_ids) <= len(results[0].src_tokens) + 3
+
+
+# -- options and construction -----------------------------------------------------------------
+
+
+def test_options_are_checked(translator: Translator) -> None:
+    with pytest.raises(ValueError, match=r"n_best \(5\) must be <= beam_size \(4\)"):
+        translator.translate(["x"], n_best=5)
+    with pytest.raises(ValueError, match="length_penalty_kind"):
+        translator.translate(["x"], length_penalty_kind="linear")
+    with pytest.raises(ValueError, match="beam_size"):
+        translator.translate(["x"], beam_size=0)
+    with pytest.raises(ValueError, match="top_p"):
+        translator.translate(["x"], sampling=True, top_p=0)
+    with pytest.raises(TypeError, match="not a single string"):
+        translator.translate("a sentence")  # type: ignore[arg-type]
+
+
+def test_translate_and_its_options_share_defaults() -> None:
+    parameters = inspect.signature(Translator.translate).parameters
+    defaults = _SearchOptions()
+    for name in _SearchOptions.__dataclass_fields__:
+        assert parameters[name].default == getattr(defaults, name), name
+
+
+def test_translate_restores_the_training_mode(model: Transformer, tokenizer: Tokenizer) -> None:
+    model.train()
+    try:
+        Translator.from_model(model, tokenizer).translate(["the cat"], beam_size=1, max_len_b=2)
+        assert model.training
+    finally:
+        model.eval()
+
+
+def test_a_model_directory_loads_and_translates_like_the_model(
+    model_dir: Path, translator: Translator
+) -> None:
+    loaded = Translator(model_dir, threads=1)
+    assert loaded.metadata["tgt_lang"] == "de"
+    assert_same_results(
+        loaded.translate(SENTENCES, **FAST), translator.translate(SENTENCES, **FAST)
+    )
+
+
+def test_missing_model_directory_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match="model directory not found"):
+        Translator(tmp_path / "nope")
+
+
+def test_incomplete_model_directory_is_a_clear_error(model_dir: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for file in model_dir.iterdir():
+        if file.name != "model.safetensors":
+            (broken / file.name).write_bytes(file.read_bytes())
+    with pytest.raises(CheckpointError, match=r"missing model\.safetensors"):
+        Translator(broken)
+
+
+# -- lines ------------------------------------------------------------------------------------
+
+
+def test_read_lines_names_the_line_of_invalid_utf8(tmp_path: Path) -> None:
+    path = tmp_path / "in.txt"
+    path.write_bytes("\ufeffok\r\n\nzwei\n".encode() + b"dr\xffei\n")
+    lines = read_lines(path)
+    assert [next(lines), next(lines), next(lines)] == ["ok", "", "zwei"]
+    with pytest.raises(DataError, match=r"in\.txt:4: invalid UTF-8"):
+        next(lines)
+
+
+def test_one_line_removes_line_breaks() -> None:
+    assert one_line("a\nb\r\nc") == "a b  c"
