@@ -406,6 +406,29 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- demo -----------------------------------------------------------------------------------
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="the whole job offline: numbers in English words → German, trained and evaluated",
+    )
+    p.add_argument("-o", "--out-dir", default="demo_run", help="output directory (demo_run)")
+    p.add_argument("--max-steps", type=int, default=None, help="optimizer updates")
+    p.add_argument("--seed", type=int, default=1, help="seed (default 1)")
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from aiayn.demo import format_report, run_demo
+
+    options = {} if args.max_steps is None else {"max_steps": args.max_steps}
+    result = run_demo(args.out_dir, seed=args.seed, **options)
+    print(format_report(result))
+    return 0
+
+
 # -- helpers --------------------------------------------------------------------------------
 
 
@@ -431,6 +454,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_info(sub)
     _add_train(sub)
     _add_average(sub)
+    _add_demo(sub)
     _add_translate(sub)
     _add_evaluate(sub)
     return parser
