@@ -1,4 +1,4 @@
-"""The `aiayn` command: info, train, average, translate, evaluate, demo.
+"""The `aiayn` command: info, train, average, translate, evaluate, demo, attention, plot.
 
 Each subcommand is a small function that turns flags into explicit arguments for the library;
 errors that a user can fix (bad config, bad data, missing files) are printed as one clear line
@@ -264,12 +264,32 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         "n-best style 'i ||| text ||| score': i is the 0-based input line number and score "
         "the hypothesis' log-probability divided by the length penalty (the plain "
         "log-probability for greedy search and sampling). An empty input line gives one "
-        "line 'i |||  ||| 0.0000'.",
+        "line 'i |||  ||| 0.0000'. --alignment appends to each output line a tab and hard "
+        "word alignments in the Pharaoh format of fast_align and Moses: space-separated "
+        "'i-j' pairs, i the 0-based source position and j the 0-based target position, "
+        "counted in subword pieces (SentencePiece pieces, not words). Each output token is "
+        "aligned to the source piece it attends to most (encoder-decoder attention of "
+        "--alignment-layer, averaged over heads); the EOS of source and output are left out, "
+        "so there is one pair per output piece. Tabs in the translation become spaces. An "
+        "empty input line gives a line with only the tab.",
     )
     p.add_argument("-i", "--input", help="input file (default: stdin; '-' = stdin)")
     p.add_argument("-o", "--output", help="output file (default: stdout)")
     p.add_argument(
         "--n-best", type=int, metavar="N", help="write the N best hypotheses in n-best format"
+    )
+    p.add_argument(
+        "--alignment",
+        action="store_true",
+        help="append a tab and source-target word alignments 'i-j ...' (see below)",
+    )
+    p.add_argument(
+        "--alignment-layer",
+        type=int,
+        default=-1,
+        metavar="L",
+        help="decoder layer whose attention gives the alignments; 0-based, negative counts "
+        "from the end (default -1, the last)",
     )
     _add_search_options(p)
     g = p.add_argument_group("sampling (instead of beam search)")
@@ -290,8 +310,11 @@ def _run_translate(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"input file {args.input} does not exist")
     if from_file and args.output and Path(args.output).resolve() == Path(args.input).resolve():
         raise ValueError(f"refusing to write the translation over its input {args.input}")
+    if args.alignment and args.n_best is not None:
+        raise ValueError("--alignment cannot be combined with --n-best")
     options = _search_options(args)
     options.update(
+        return_attention=args.alignment,
         n_best=args.n_best or 1,
         sampling=args.sampling,
         temperature=args.temperature,
@@ -301,9 +324,15 @@ def _run_translate(args: argparse.Namespace) -> int:
     )
     translator = _load_translator(args)
     translator.translate([], **options)  # checks the options before reading any input
+    alignment_layer = None
+    if args.alignment:
+        from aiayn.alignment import check_index
+
+        n_layers = translator.model.config.n_decoder_layers
+        alignment_layer = check_index(args.alignment_layer, n_layers, "layer", "decoder layers")
 
     if args.input is None and sys.stdin.isatty():
-        return _translate_interactively(translator, options, args.n_best)
+        return _translate_interactively(translator, options, args.n_best, alignment_layer)
     lines = read_lines(args.input) if from_file else read_lines(sys.stdin.buffer, name="<stdin>")
     results = translator.translate_iterable(lines, **options)
     if from_file and sys.stderr.isatty():
@@ -315,12 +344,14 @@ def _run_translate(args: argparse.Namespace) -> int:
         if args.output:
             out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
         for number, result in enumerate(results):
-            out.write(_format_translation(number, result, args.n_best))
+            out.write(_format_translation(number, result, args.n_best, alignment_layer))
         out.flush()
     return 0
 
 
-def _translate_interactively(translator: Any, options: dict[str, Any], n_best: int | None) -> int:
+def _translate_interactively(
+    translator: Any, options: dict[str, Any], n_best: int | None, alignment_layer: int | None
+) -> int:
     """A '> ' prompt on stderr, each translation on stdout, until end of input (Ctrl-D)."""
     print("Type a sentence and press Enter; Ctrl-D to quit.", file=sys.stderr)
     number = 0
@@ -331,15 +362,23 @@ def _translate_interactively(translator: Any, options: dict[str, Any], n_best: i
             print(file=sys.stderr)
             return 0
         [result] = translator.translate([line], **options)
-        sys.stdout.write(_format_translation(number, result, n_best))
+        sys.stdout.write(_format_translation(number, result, n_best, alignment_layer))
         sys.stdout.flush()
         number += 1
 
 
-def _format_translation(number: int, result: Any, n_best: int | None) -> str:
-    """One line of text, or with --n-best one 'i ||| text ||| score' line per hypothesis."""
+def _format_translation(
+    number: int, result: Any, n_best: int | None, alignment_layer: int | None = None
+) -> str:
+    """One line of text, or with --n-best one 'i ||| text ||| score' line per hypothesis, or
+    with --alignment 'text<TAB>i-j i-j ...'."""
     from aiayn.translator import one_line
 
+    if alignment_layer is not None:
+        from aiayn.alignment import format_alignment, hard_alignment
+
+        pairs = hard_alignment(result, layer=alignment_layer)
+        return f"{one_line(result.text).replace(chr(9), ' ')}\t{format_alignment(pairs)}\n"
     if n_best is None:
         return one_line(result.text) + "\n"
     return "".join(
@@ -406,6 +445,144 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- attention ------------------------------------------------------------------------------
+
+
+def _add_attention(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "attention",
+        help="translate a sentence and draw its attention maps (PNG or SVG)",
+        description="Translate one sentence and draw its attention with the subword pieces on "
+        "the axes. --kind alignment (default): encoder-decoder attention of one layer averaged "
+        "over heads, output (rows) x source (columns). encoder, decoder, cross: a grid of "
+        "every layer x head of encoder self-attention, masked decoder self-attention or "
+        "encoder-decoder attention. The format comes from the suffix of -o (.png, .svg).",
+    )
+    p.add_argument("sentence", nargs="+", help="the sentence (quoted, or as several words)")
+    p.add_argument("-o", "--output", required=True, help="image file, .png or .svg")
+    p.add_argument(
+        "--kind",
+        choices=["alignment", "encoder", "decoder", "cross"],
+        default="alignment",
+        help="which attention to draw (default: alignment)",
+    )
+    p.add_argument(
+        "--layer",
+        type=int,
+        help="0-based layer, negative from the end (default: the last for alignment, every "
+        "layer for grids)",
+    )
+    p.add_argument(
+        "--head", type=int, help="one head (default: mean over heads / every head in grids)"
+    )
+    p.add_argument("--dpi", type=int, default=150, help="image resolution (default 150)")
+    _add_search_options(p)
+    p.set_defaults(run=_run_attention)
+
+
+def _run_attention(args: argparse.Namespace) -> int:
+    from aiayn.plots import check_image_path, plot_attention, save_figure
+    from aiayn.translator import one_line
+
+    output = check_image_path(args.output)  # before the slow part
+    translator = _load_translator(args)
+    sentence = " ".join(args.sentence)
+    [result] = translator.translate([sentence], return_attention=True, **_search_options(args))
+    figure = plot_attention(result, args.kind, layer=args.layer, head=args.head)
+    save_figure(figure, output, dpi=args.dpi)
+    print(one_line(result.text))
+    logger.info("wrote %s", output)
+    return 0
+
+
+# -- plot -----------------------------------------------------------------------------------
+
+
+def _add_plot(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plot",
+        help="draw positional encodings, the learning-rate schedule or training curves",
+        description="Draw a picture as PNG or SVG (from the suffix of -o).",
+    )
+    what = p.add_subparsers(dest="what", required=True, metavar="WHAT")
+
+    pe = what.add_parser(
+        "positional-encoding", help="the sinusoids of §3.5: position x dimension heatmap"
+    )
+    pe.add_argument("--d-model", type=int, default=512, help="model width (default 512)")
+    pe.add_argument("--length", type=int, default=100, help="positions (default 100)")
+    pe.add_argument(
+        "--dims",
+        type=int,
+        nargs="*",
+        metavar="I",
+        help="dimensions to draw as curves (default 0, 1, d/8, d/4; none: heatmap only)",
+    )
+    pe.set_defaults(run=_run_plot_positional_encoding)
+
+    sc = what.add_parser("schedule", help="the learning-rate schedule of Eq. 3")
+    sc.add_argument(
+        "--d-model",
+        type=int,
+        action="append",
+        help="model width (default 512); repeat, with --warmup, to compare several",
+    )
+    sc.add_argument(
+        "--warmup", type=int, action="append", help="warmup steps (default 4000); repeatable"
+    )
+    sc.add_argument("--steps", type=int, default=100_000, help="steps (default 100000)")
+    sc.add_argument("--scale", type=float, default=1.0, help="multiplier (default 1.0)")
+    sc.set_defaults(run=_run_plot_schedule)
+
+    cu = what.add_parser("curves", help="loss, perplexity, BLEU and learning rate of a run")
+    cu.add_argument("run_dir", help="run directory (or its metrics.jsonl)")
+    cu.set_defaults(run=_run_plot_curves)
+
+    for q in (pe, sc, cu):
+        q.add_argument("-o", "--output", required=True, help="image file, .png or .svg")
+        q.add_argument("--dpi", type=int, default=150, help="image resolution (default 150)")
+
+
+def _save_plot(args: argparse.Namespace, draw: Any) -> int:
+    from aiayn.plots import check_image_path, save_figure
+
+    output = check_image_path(args.output)
+    save_figure(draw(), output, dpi=args.dpi)
+    logger.info("wrote %s", output)
+    return 0
+
+
+def _run_plot_positional_encoding(args: argparse.Namespace) -> int:
+    from aiayn.plots import plot_positional_encoding
+
+    return _save_plot(
+        args, lambda: plot_positional_encoding(args.d_model, args.length, dims=args.dims)
+    )
+
+
+def _run_plot_schedule(args: argparse.Namespace) -> int:
+    from aiayn.plots import plot_schedule
+
+    d_models, warmups = args.d_model or [512], args.warmup or [4000]
+    if len(d_models) == 1:
+        d_models = d_models * len(warmups)
+    if len(warmups) == 1:
+        warmups = warmups * len(d_models)
+    if len(d_models) != len(warmups):
+        raise ValueError(
+            f"--d-model is given {len(args.d_model)} times and --warmup {len(args.warmup)} "
+            "times: give each the same number of times (they pair up), or one of them once"
+        )
+    settings = list(zip(d_models, warmups, strict=True))
+    return _save_plot(args, lambda: plot_schedule(settings, steps=args.steps, scale=args.scale))
+
+
+def _run_plot_curves(args: argparse.Namespace) -> int:
+    from aiayn.plots import plot_curves
+
+    return _save_plot(args, lambda: plot_curves(args.run_dir))
+
+
 # -- demo -----------------------------------------------------------------------------------
 
 
@@ -457,6 +634,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_translate(sub)
     _add_evaluate(sub)
+    _add_attention(sub)
+    _add_plot(sub)
     return parser
 
 
