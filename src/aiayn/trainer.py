@@ -39,7 +39,15 @@ from torch.nn.parallel import DistributedDataParallel
 
 from aiayn import checkpoint as ckpt
 from aiayn.config import TrainConfig
-from aiayn.data import ParallelDataset, collate, load_or_build, make_batches, shard_batches
+from aiayn.data import (
+    ParallelDataset,
+    collate,
+    load_or_build,
+    make_batches,
+    read_parallel,
+    read_tsv,
+    shard_batches,
+)
 from aiayn.loss import label_smoothed_loss, perplexity
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
@@ -138,6 +146,16 @@ def _rng_states() -> dict[str, Any]:
     return states
 
 
+def _all_rng_states(ctx: Distributed) -> list[dict[str, Any]]:
+    """Every rank's RNG states, indexed by rank (each rank draws its own dropout masks)."""
+    states = _rng_states()
+    if not ctx.enabled:
+        return [states]
+    gathered: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, states)
+    return gathered
+
+
 def _restore_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
@@ -156,10 +174,15 @@ def _prepare_run_dir(config: TrainConfig, resume: bool, ctx: Distributed) -> Pat
                 "choose another --out-dir (nothing was overwritten)"
             )
         run_dir.mkdir(parents=True, exist_ok=True)
-        text = yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True)
-        (run_dir / "train_config.yaml").write_text(text, encoding="utf-8")
     ctx.barrier()
     return run_dir
+
+
+def _write_config(config: TrainConfig, run_dir: Path) -> None:
+    """Record the resolved config; only once the run starts, so that a refused `--resume`
+    does not leave a config in the directory that its checkpoints do not match."""
+    text = yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True)
+    (run_dir / "train_config.yaml").write_text(text, encoding="utf-8")
 
 
 def _prepare_tokenizer(config: TrainConfig, run_dir: Path, ctx: Distributed) -> Tokenizer:
@@ -173,6 +196,10 @@ def _prepare_tokenizer(config: TrainConfig, run_dir: Path, ctx: Distributed) -> 
             Tokenizer.load(source)  # validate before copying
             shutil.copyfile(source, model_file)
         else:
+            # A misaligned or undecodable corpus must fail before BPE training, not after it:
+            # else the error costs minutes, and a vocabulary learned from the bad files stays
+            # in the run directory, where the next run would reuse it.
+            _check_training_text(config)
             files = [config.tsv] if config.tsv else [config.src, config.tgt]
             logger.info("training a joint BPE vocabulary of %d pieces", config.vocab_size)
             Tokenizer.train(
@@ -180,6 +207,16 @@ def _prepare_tokenizer(config: TrainConfig, run_dir: Path, ctx: Distributed) -> 
             )
     ctx.barrier()
     return Tokenizer.load(model_file)
+
+
+def _check_training_text(config: TrainConfig) -> None:
+    """Read the training text once: line counts and UTF-8 (raises DataError, naming the file)."""
+    if config.tsv:
+        pairs = read_tsv(Path(config.tsv))
+    else:
+        pairs = read_parallel(Path(config.src), Path(config.tgt))
+    for _ in pairs:
+        pass
 
 
 def _load_data(
@@ -253,7 +290,7 @@ def _update(
     ]
     local_tokens = sum(b.n_tgt_tokens for b in batches)
     (n_tokens,) = ctx.sum([float(local_tokens)], device)
-    loss_sum = nll_sum = 0.0
+    sums_per_batch = []
     for i, batch in enumerate(batches):
         batch = batch.to(device)
         last = i == len(batches) - 1
@@ -265,8 +302,7 @@ def _update(
                 logits, batch.tgt_out, epsilon=config.label_smoothing, pad_id=PAD_ID
             )
             (sums.loss * (ctx.world_size / n_tokens)).backward()
-        loss_sum += float(sums.loss.detach())
-        nll_sum += float(sums.nll)
+        sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll]))
     lr = learning_rate(
         step, d_model=d_model, warmup_steps=config.warmup_steps, scale=config.lr_scale
     )
@@ -275,7 +311,9 @@ def _update(
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    loss_sum, nll_sum = ctx.sum([loss_sum, nll_sum], device)
+    # One device-to-host copy per update (not per batch); summed in float64 as before.
+    local_sums = torch.stack(sums_per_batch).double().sum(dim=0).tolist()
+    loss_sum, nll_sum = ctx.sum(local_sums, device)
     return loss_sum, nll_sum, int(n_tokens), lr
 
 
@@ -444,6 +482,10 @@ def _train(
 
     torch.manual_seed(config.seed)
     model = Transformer(model_config).to(device)
+    if ctx.rank > 0:
+        # Independent dropout masks on every rank; rank 0 keeps the single-process stream.
+        torch.manual_seed(config.seed + ctx.rank)
+    accumulate = _accumulation(config, ctx.world_size)
     optimizer = build_optimizer(
         model, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps
     )
@@ -451,7 +493,7 @@ def _train(
     metrics_path = run_dir / METRICS_FILE
     latest = ckpt.list_checkpoints(run_dir)[-1:] if resume else []
     if latest:
-        progress = _resume(latest[0], model, optimizer, model_config, device)
+        progress = _resume(latest[0], model, optimizer, model_config, device, ctx, accumulate)
         if ctx.is_main:
             _truncate_metrics(metrics_path, progress.step)
             logger.info("resumed from %s at step %d", latest[0], progress.step)
@@ -459,6 +501,8 @@ def _train(
         logger.info("no checkpoint in %s yet: starting from scratch", run_dir)
     if ctx.is_main and not latest and metrics_path.exists():
         metrics_path.unlink()
+    if ctx.is_main:
+        _write_config(config, run_dir)
     ctx.barrier()
 
     train_model: nn.Module = model
@@ -468,7 +512,6 @@ def _train(
         device_ids = [device.index] if device.type == "cuda" else None
         train_model = DistributedDataParallel(train_model, device_ids=device_ids)
 
-    accumulate = _accumulation(config, ctx.world_size)
     metadata = {"src_lang": config.src_lang, "tgt_lang": config.tgt_lang}
     n_params = sum(p.numel() for p in model.parameters())
     if ctx.is_main:
@@ -491,11 +534,12 @@ def _train(
 
     def save() -> None:
         nonlocal last_save_time
+        rng_states = _all_rng_states(ctx)  # a collective: every rank takes part
         if ctx.is_main:
             state = {
                 "optimizer": optimizer.state_dict(),
                 "progress": progress.to_dict(),
-                "rng": _rng_states(),
+                "rng": rng_states,
                 "world_size": ctx.world_size,
                 "accumulate": accumulate,
             }
@@ -601,19 +645,23 @@ def _train(
                     interval_start = time.monotonic()
                 if bar is not None:
                     bar.update(1)
-                (stop_now,) = ctx.sum([float(stop.requested)], device)
+                minutes = (time.monotonic() - last_save_time) / 60
+                timed = config.save_every_minutes > 0 and minutes >= config.save_every_minutes
+                # Every rank must take the same branch (save() and validation hold barriers),
+                # so the flags are agreed on: clocks and signals differ between processes.
+                stop_now, timed = (
+                    flag > 0 for flag in ctx.sum([float(stop.requested), float(timed)], device)
+                )
                 done = progress.step >= config.max_steps
                 if config.valid_every and progress.step % config.valid_every == 0 and not done:
                     run_validation()
-                minutes = (time.monotonic() - last_save_time) / 60
-                timed = config.save_every_minutes and minutes >= config.save_every_minutes
                 periodic = config.save_every and progress.step % config.save_every == 0
                 if (periodic or timed or stop_now) and not done:
                     save()
+                if done:
+                    break  # the final validation and save follow the loop
                 if stop_now:
                     interrupted = True
-                    break
-                if done:
                     break
             else:
                 progress.epoch += 1
@@ -650,12 +698,27 @@ def _resume(
     optimizer: torch.optim.Optimizer,
     model_config: Any,
     device: torch.device,
+    ctx: Distributed,
+    accumulate: int,
 ) -> Progress:
     ckpt.check_same_architecture(checkpoint, model_config)
     state = ckpt.load_training_state(checkpoint)
     ckpt.load_weights(model, checkpoint / ckpt.WEIGHTS_FILE)
     optimizer.load_state_dict(state["optimizer"])
-    _restore_rng_states(state["rng"])
+    saved_batches = state["world_size"] * state["accumulate"]
+    if saved_batches != ctx.world_size * accumulate:
+        # `position` counts updates, so it now points at different batches of the epoch.
+        logger.warning(
+            "%s was saved with %d process(es) × %d batch(es) per update, this run uses %d × %d: "
+            "the rest of this epoch's batches will not be exactly those the run would have seen",
+            checkpoint,
+            state["world_size"],
+            state["accumulate"],
+            ctx.world_size,
+            accumulate,
+        )
+    rng = state["rng"]
+    _restore_rng_states(rng[ctx.rank] if ctx.rank < len(rng) else rng[0])
     saved = state["progress"]
     progress = Progress(
         step=saved["step"],

@@ -1,0 +1,521 @@
+"""Tests for aiayn.trainer: the run directory, updates, checkpoints, resume and user errors.
+
+Every run here is a 1+1-layer, d_model=16 model on a few dozen copy pairs, so that a whole
+`train()` takes a fraction of a second; learning, resume after SIGKILL and data-parallel runs
+are tested end to end in tests/integration/test_train_e2e.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import random
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from aiayn import checkpoint as ckpt
+from aiayn import trainer
+from aiayn.cli import main
+from aiayn.config import TrainConfig
+from aiayn.data import collate, load_or_build
+from aiayn.loss import label_smoothed_loss
+from aiayn.model import Transformer
+from aiayn.optim import learning_rate
+from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+
+LETTERS = "abcdefgh"
+TINY_MODEL = {
+    "d_model": 16,
+    "d_ff": 32,
+    "n_heads": 2,
+    "n_encoder_layers": 1,
+    "n_decoder_layers": 1,
+    "max_positions": 32,
+}
+
+
+def write_copy_corpus(directory: Path, n_pairs: int, seed: int = 0) -> tuple[Path, Path]:
+    """`n_pairs` lines of 3-6 random letters, and the same lines as the target (a copy task)."""
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choices(LETTERS, k=rng.randint(3, 6))) for _ in range(n_pairs)]
+    directory.mkdir(parents=True, exist_ok=True)
+    src, tgt = directory / "train.src", directory / "train.tgt"
+    for path in (src, tgt):
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return src, tgt
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return write_copy_corpus(tmp_path_factory.mktemp("corpus"), 48)
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads() -> Iterator[None]:
+    """`train(threads=...)` sets the process-wide thread count; give the next test it back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_config(corpus: tuple[Path, Path], out_dir: Path, **overrides: Any) -> TrainConfig:
+    values: dict[str, Any] = dict(
+        out_dir=str(out_dir),
+        src=str(corpus[0]),
+        tgt=str(corpus[1]),
+        vocab_size=300,  # the smallest with byte fallback: 256 bytes + specials + letters
+        preset="tiny",
+        model=dict(TINY_MODEL),
+        max_len=16,
+        max_tokens=64,
+        max_steps=6,
+        warmup_steps=4,
+        log_every=1,
+        valid_every=0,
+        save_every=0,
+        threads=1,
+        progress=False,
+    )
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def cli_args(config: TrainConfig) -> list[str]:
+    """`aiayn train` flags for `config` (every field spelled out)."""
+    args = ["train"]
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if value is None:
+            continue
+        if f.name == "model":
+            for key, item in value.items():
+                args += ["--model", f"{key}={item}"]
+        elif isinstance(value, bool):
+            args.append(f"--{'' if value else 'no-'}{f.name.replace('_', '-')}")
+        else:
+            args += [f"--{f.name.replace('_', '-')}", str(value)]
+    return args
+
+
+def train_losses(run_dir: Path) -> list[tuple[int, float, float]]:
+    return [
+        (r["step"], r["loss"], r["nll"])
+        for r in trainer.read_metrics(run_dir)
+        if r["type"] == "train"
+    ]
+
+
+def weights(directory: Path) -> dict[str, torch.Tensor]:
+    return load_file(directory / ckpt.WEIGHTS_FILE)
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+
+
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    return [int(p.name.removeprefix("step_")) for p in ckpt.list_checkpoints(run_dir)]
+
+
+def run_dir_snapshot(run_dir: Path) -> dict[str, bytes]:
+    """Every file of a run directory but the data cache, with its bytes."""
+    return {
+        str(p.relative_to(run_dir)): p.read_bytes()
+        for p in sorted(run_dir.rglob("*"))
+        if p.is_file() and "data" not in p.relative_to(run_dir).parts
+    }
+
+
+def stop_at(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
+    """Deliver SIGTERM to this process during update `step` (as `kill` or a scheduler would)."""
+    update = trainer._update
+
+    def update_then_signal(*args: Any, **kwargs: Any) -> Any:
+        result = update(*args, **kwargs)
+        if kwargs["step"] == step:
+            signal.raise_signal(signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(trainer, "_update", update_then_signal)
+
+
+# -- a whole run ----------------------------------------------------------------------------
+
+
+def test_run_directory_contents(corpus: tuple[Path, Path], tmp_path: Path) -> None:
+    config = make_config(
+        corpus,
+        tmp_path / "run",
+        max_steps=6,
+        log_every=2,
+        save_every=3,
+        valid_every=3,
+        valid_src=str(corpus[0]),
+        valid_tgt=str(corpus[1]),
+    )
+    result = trainer.train(config)
+
+    run_dir = tmp_path / "run"
+    assert (result.run_dir, result.model_dir, result.step) == (run_dir, run_dir / "model", 6)
+    assert not result.interrupted
+    assert TrainConfig(**yaml.safe_load((run_dir / "train_config.yaml").read_text())) == config
+    assert checkpoint_steps(run_dir) == [3, 6]
+    records = trainer.read_metrics(run_dir)
+    assert [(r["type"], r["step"]) for r in records] == [
+        ("train", 2),
+        ("valid", 3),
+        ("train", 4),
+        ("train", 6),
+        ("valid", 6),
+    ]
+    for r in records:
+        if r["type"] == "train":
+            assert r["lr"] == learning_rate(r["step"], d_model=16, warmup_steps=4)
+            assert r["ppl"] == pytest.approx(math.exp(r["nll"]))
+            assert r["loss"] > r["nll"] > 0  # label smoothing adds to the NLL
+        else:
+            assert r["valid_ppl"] == pytest.approx(math.exp(r["valid_nll"]))
+    assert result.last_valid == {k: v for k, v in records[-1].items() if k.startswith("valid")}
+
+    model = ckpt.load_model_dir(run_dir)  # the run directory is enough for inference
+    assert model.metadata["step"] == 6
+    assert model.config.d_model == 16 and model.config.dropout == 0.1  # preset + overrides
+    assert ckpt.load_model_dir(run_dir / "best").metadata["step"] in (3, 6)
+    assert_same_weights(run_dir / "model", run_dir / "checkpoints" / "step_00000006")
+    state = ckpt.load_training_state(run_dir / "checkpoints" / "step_00000006")
+    assert state["progress"]["step"] == 6
+    assert state["progress"]["tokens_seen"] == records[-2]["tokens_seen"]
+
+
+def test_keep_last_and_timed_checkpoints(corpus: tuple[Path, Path], tmp_path: Path) -> None:
+    trainer.train(make_config(corpus, tmp_path / "a", max_steps=5, save_every=1, keep_last=2))
+    assert checkpoint_steps(tmp_path / "a") == [4, 5]
+    # save_every_minutes: a tiny period means a checkpoint after every update.
+    config = make_config(corpus, tmp_path / "b", max_steps=3, save_every_minutes=1e-9)
+    trainer.train(config)
+    assert checkpoint_steps(tmp_path / "b") == [1, 2, 3]
+
+
+def test_max_epochs_stops_at_the_end_of_an_epoch(corpus: tuple[Path, Path], tmp_path: Path) -> None:
+    result = trainer.train(make_config(corpus, tmp_path / "run", max_steps=1000, max_epochs=2))
+    records = [r for r in trainer.read_metrics(tmp_path / "run") if r["type"] == "train"]
+    per_epoch = [sum(r["epoch"] == e for r in records) for e in (1, 2)]
+    assert result.step == len(records) == sum(per_epoch)
+    assert per_epoch[0] > 1 and per_epoch[1] > 1
+    # Every pair is seen once per epoch: the target tokens of epoch 1 are the whole corpus.
+    tokenizer = Tokenizer.load(tmp_path / "run" / "tokenizer.model")
+    lines = corpus[1].read_text().splitlines()
+    corpus_tokens = sum(len(tokenizer.encode(line)) + 1 for line in lines)  # + EOS
+    assert records[per_epoch[0] - 1]["tokens_seen"] == corpus_tokens
+
+
+def test_tokens_per_update_sets_accumulation() -> None:
+    config = TrainConfig(src="a", tgt="b", max_tokens=1000, tokens_per_update=25_000)
+    assert trainer._accumulation(config, world_size=1) == 25
+    assert trainer._accumulation(config, world_size=8) == 4  # ceil(25000 / 8000)
+    assert trainer._accumulation(dataclasses.replace(config, tokens_per_update=0), 8) == 1
+
+
+# -- one update -----------------------------------------------------------------------------
+
+
+class _LetterEncoder:
+    """One id per letter (a stand-in tokenizer for building a data cache)."""
+
+    vocab_size = 4 + len(LETTERS)
+    sha256 = "letters"
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [[4 + LETTERS.index(c) for c in text.split()] for text in texts]
+
+
+class _GradientRecorder(torch.optim.SGD):
+    """An optimizer that records the gradients it is given and leaves the weights alone."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, lr=0.0)
+        self.grads: list[list[torch.Tensor]] = []
+
+    def step(self, closure: Callable | None = None) -> None:
+        self.grads.append([p.grad.clone() for g in self.param_groups for p in g["params"]])
+
+
+def test_update_normalises_by_the_target_tokens_of_the_whole_update(
+    corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Accumulating batches A and B gives the gradient of (loss(A) + loss(B)) / tokens(A ∪ B):
+    the same as one batch holding both, not the mean of two per-batch means."""
+    dataset, _ = load_or_build(*corpus, None, _LetterEncoder(), tmp_path / "data", max_len=16)
+    config = make_config(corpus, tmp_path / "run", label_smoothing=0.1)
+    model_config = config.model_config(_LetterEncoder.vocab_size).replace(dropout=0.0)
+    torch.manual_seed(0)
+    model = Transformer(model_config)
+    by_length = sorted(range(len(dataset)), key=lambda i: len(dataset[i][1]))
+    a, b = torch.tensor(by_length[:3]), torch.tensor(by_length[-7:])  # 3 short, 7 long pairs
+    batches = [collate([dataset[int(i)] for i in idx]) for idx in (a, b)]
+    assert batches[0].n_tgt_tokens != batches[1].n_tgt_tokens
+
+    def run(group: list[torch.Tensor]) -> tuple[tuple, list[torch.Tensor]]:
+        optimizer = _GradientRecorder(model.parameters())
+        result = trainer._update(
+            model,
+            optimizer,
+            dataset,
+            [g.numpy() for g in group],
+            step=3,
+            config=config,
+            d_model=16,
+            device=torch.device("cpu"),
+            ctx=trainer.Distributed(),
+        )
+        assert all(p.grad is None for p in model.parameters())  # cleared for the next update
+        return result, optimizer.grads[0]
+
+    (loss, nll, tokens, lr), accumulated = run([a, b])
+    _, joint = run([torch.cat([a, b])])
+
+    n_tokens = sum(batch.n_tgt_tokens for batch in batches)
+    total_loss = total_nll = 0.0
+    for batch in batches:
+        sums = label_smoothed_loss(
+            model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=0.1, pad_id=PAD_ID
+        )
+        (sums.loss / n_tokens).backward()
+        total_loss += sums.loss.item()
+        total_nll += sums.nll.item()
+    expected = [p.grad for p in model.parameters()]
+
+    assert tokens == n_tokens
+    assert lr == learning_rate(3, d_model=16, warmup_steps=4)
+    assert loss == pytest.approx(total_loss, rel=1e-6)
+    assert nll == pytest.approx(total_nll, rel=1e-6)
+    for got, want, one_batch in zip(accumulated, expected, joint, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(one_batch, want, rtol=1e-4, atol=1e-6)
+
+
+@torch.no_grad()
+def test_validate_reports_per_token_means_in_eval_mode(
+    corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    dataset, _ = load_or_build(*corpus, None, _LetterEncoder(), tmp_path / "data", max_len=16)
+    config = make_config(corpus, tmp_path / "run")
+    model = Transformer(config.model_config(_LetterEncoder.vocab_size))  # dropout 0.1
+    model.train()
+    metrics = trainer.validate(
+        model, dataset, max_tokens=64, device=torch.device("cpu"), label_smoothing=0.1
+    )
+    assert not model.training  # no dropout: the numbers below are reproducible
+    everything = collate([dataset[i] for i in range(len(dataset))], bos_id=BOS_ID, eos_id=EOS_ID)
+    sums = label_smoothed_loss(
+        model(everything.src, everything.tgt_in), everything.tgt_out, epsilon=0.1, pad_id=PAD_ID
+    )
+    assert metrics["valid_tokens"] == everything.n_tgt_tokens == sums.n_tokens
+    assert metrics["valid_loss"] == pytest.approx(sums.loss.item() / sums.n_tokens, rel=1e-5)
+    assert metrics["valid_nll"] == pytest.approx(sums.nll.item() / sums.n_tokens, rel=1e-5)
+    assert metrics["valid_ppl"] == pytest.approx(math.exp(metrics["valid_nll"]))
+
+
+# -- stopping and resuming ------------------------------------------------------------------
+
+
+def test_sigterm_saves_and_resume_is_exact(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stop after update 5 of 10 and resume: the same weights and losses as without the stop.
+
+    log_every 4 leaves update 5 in a half-filled metrics interval, which must be carried over;
+    the run crosses an epoch boundary after resuming, and dropout draws from the restored RNG.
+    """
+    config = make_config(corpus, tmp_path / "whole", max_steps=10, log_every=4, save_every=4)
+    trainer.train(config)
+
+    stopped_config = dataclasses.replace(config, out_dir=str(tmp_path / "stopped"))
+    with monkeypatch.context() as patch:
+        stop_at(patch, 5)
+        stopped = trainer.train(stopped_config)
+    assert (stopped.interrupted, stopped.step) == (True, 5)
+    assert checkpoint_steps(tmp_path / "stopped") == [4, 5]
+    assert ckpt.load_model_dir(stopped.model_dir).metadata["step"] == 5
+    assert [s for s, _, _ in train_losses(tmp_path / "stopped")] == [4]
+
+    resumed = trainer.train(stopped_config, resume=True)
+    assert (resumed.interrupted, resumed.step) == (False, 10)
+    assert_same_weights(tmp_path / "whole" / "model", tmp_path / "stopped" / "model")
+    assert train_losses(tmp_path / "whole") == train_losses(tmp_path / "stopped")
+    whole = trainer.read_metrics(tmp_path / "whole")
+    assert whole[-1]["epoch"] > 1  # the comparison covers an epoch boundary
+    assert [r["tokens_seen"] for r in whole] == [
+        r["tokens_seen"] for r in trainer.read_metrics(tmp_path / "stopped")
+    ]
+
+
+def test_a_stop_request_during_the_last_update_still_saves_it(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stop_at(monkeypatch, 4)
+    result = trainer.train(make_config(corpus, tmp_path / "run", max_steps=4, save_every=3))
+    assert (result.interrupted, result.step) == (False, 4)  # the run is complete
+    assert checkpoint_steps(tmp_path / "run") == [3, 4]
+    assert ckpt.load_model_dir(tmp_path / "run").metadata["step"] == 4
+
+
+def test_resume_without_a_checkpoint_starts_from_scratch(
+    corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    config = make_config(corpus, tmp_path / "run", max_steps=3)
+    result = trainer.train(config, resume=True)
+    assert result.step == 3
+    trainer.train(dataclasses.replace(config, out_dir=str(tmp_path / "fresh")))
+    assert train_losses(tmp_path / "run") == train_losses(tmp_path / "fresh")
+
+
+def test_resume_can_extend_a_finished_run(corpus: tuple[Path, Path], tmp_path: Path) -> None:
+    config = make_config(corpus, tmp_path / "short", max_steps=3)
+    trainer.train(config)
+    trainer.train(dataclasses.replace(config, max_steps=6), resume=True)
+    trainer.train(dataclasses.replace(config, out_dir=str(tmp_path / "long"), max_steps=6))
+    assert_same_weights(tmp_path / "short" / "model", tmp_path / "long" / "model")
+    assert train_losses(tmp_path / "short") == train_losses(tmp_path / "long")
+
+
+def test_resume_with_another_batch_layout_warns(
+    corpus: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = make_config(corpus, tmp_path / "run", max_steps=2)
+    trainer.train(config)
+    with caplog.at_level(logging.WARNING, logger="aiayn.trainer"):
+        trainer.train(dataclasses.replace(config, max_steps=3, accumulate=2), resume=True)
+    assert "saved with 1 process(es) × 1 batch(es) per update, this run uses 1 × 2" in caplog.text
+
+
+# -- errors a user can fix: one clear line, exit status 2, nothing half-done -------------------
+
+
+def _fails(args: list[str], capsys: pytest.CaptureFixture) -> str:
+    """Run `aiayn train`; expect exit status 2 and a one-line message (no traceback)."""
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    message = err.strip().splitlines()[-1]
+    assert message.startswith("aiayn train: error: "), err
+    return message
+
+
+def test_existing_run_is_not_overwritten(
+    corpus: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    config = make_config(corpus, tmp_path / "run", max_steps=2)
+    assert main(cli_args(config)) == 0
+    before = run_dir_snapshot(tmp_path / "run")
+    err = _fails(cli_args(config), capsys)
+    assert f"{tmp_path / 'run'} already holds checkpoints; pass --resume" in err
+    assert run_dir_snapshot(tmp_path / "run") == before
+
+
+def test_misaligned_files(corpus: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    short = tmp_path / "short.tgt"
+    short.write_text("".join(corpus[1].read_text().splitlines(keepends=True)[:5]))
+    config = make_config(corpus, tmp_path / "run", tgt=str(short))
+    err = _fails(cli_args(config), capsys)
+    assert f"{corpus[0]} has 48 lines but {short} has 5 lines" in err
+    assert not (tmp_path / "run" / "tokenizer.model").exists()  # no vocabulary of bad data
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_invalid_utf8(corpus: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "bad.src"
+    lines = corpus[0].read_bytes().splitlines(keepends=True)
+    bad.write_bytes(b"".join(lines[:6]) + b"a \xff b\n" + b"".join(lines[7:]))
+    err = _fails(cli_args(make_config(corpus, tmp_path / "run", src=str(bad))), capsys)
+    assert f"{bad}:7: invalid UTF-8" in err
+    assert not (tmp_path / "run" / "tokenizer.model").exists()
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_invalid_utf8_in_the_validation_set(
+    corpus: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    bad = tmp_path / "valid.tgt"
+    bad.write_bytes(b"a b\n\xc3\x28\n")
+    src = tmp_path / "valid.src"
+    src.write_text("a b\nc d\n")
+    config = make_config(corpus, tmp_path / "run", valid_src=str(src), valid_tgt=str(bad))
+    assert f"{bad}:2: invalid UTF-8" in _fails(cli_args(config), capsys)
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_empty_after_filtering(corpus: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    config = make_config(corpus, tmp_path / "run", max_len=2, max_tokens=8)
+    err = _fails(cli_args(config), capsys)
+    assert "is empty after filtering: kept 0 of 48 pairs" in err
+    assert str(corpus[0]) in err and "max_len=2" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_config_value_out_of_range(corpus: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    args = [*cli_args(make_config(corpus, tmp_path / "run")), "--max-tokens", "0"]
+    assert "max_tokens (0) must be >= 1" in _fails(args, capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_unknown_yaml_key(corpus: tuple[Path, Path], tmp_path: Path, capsys) -> None:
+    config_file = tmp_path / "train.yaml"
+    config_file.write_text("max_steps: 3\nwarmup_step: 10\n")
+    args = [*cli_args(make_config(corpus, tmp_path / "run")), "--config", str(config_file)]
+    err = _fails(args, capsys)
+    assert f"{config_file}: unknown key(s) warmup_step; valid keys:" in err
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_with_another_architecture(
+    corpus: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    config = make_config(corpus, tmp_path / "run", max_steps=2)
+    trainer.train(config)
+    before = run_dir_snapshot(tmp_path / "run")
+    wider = dataclasses.replace(config, model={**TINY_MODEL, "d_model": 32})
+    err = _fails([*cli_args(wider), "--resume"], capsys)
+    assert (
+        "step_00000002: it holds a different architecture (d_model: checkpoint 16, config 32" in err
+    )
+    assert run_dir_snapshot(tmp_path / "run") == before
+
+
+@pytest.mark.parametrize("name", [ckpt.WEIGHTS_FILE, ckpt.TRAINING_STATE_FILE])
+def test_resume_from_a_truncated_checkpoint(
+    name: str, corpus: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    config = make_config(corpus, tmp_path / "run", max_steps=2)
+    trainer.train(config)
+    damaged = tmp_path / "run" / "checkpoints" / "step_00000002" / name
+    damaged.write_bytes(damaged.read_bytes()[:100])
+    metrics = (tmp_path / "run" / "metrics.jsonl").read_bytes()
+    err = _fails([*cli_args(dataclasses.replace(config, max_steps=4)), "--resume"], capsys)
+    assert f"{damaged} is corrupt or truncated" in err
+    assert checkpoint_steps(tmp_path / "run") == [2]
+    assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == metrics
+
+
+# -- the metrics log ------------------------------------------------------------------------
+
+
+def test_read_metrics_stops_at_a_partly_written_line(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1}) + "\n" + json.dumps({"step": 2}) + "\n" + '{"st')
+    assert trainer.read_metrics(path) == [{"step": 1}, {"step": 2}]
+    assert trainer.read_metrics(tmp_path) == [{"step": 1}, {"step": 2}]
+    with pytest.raises(FileNotFoundError, match="metrics log not found"):
+        trainer.read_metrics(tmp_path / "nowhere")
