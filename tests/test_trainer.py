@@ -519,3 +519,29 @@ def test_read_metrics_stops_at_a_partly_written_line(tmp_path: Path) -> None:
     assert trainer.read_metrics(tmp_path) == [{"step": 1}, {"step": 2}]
     with pytest.raises(FileNotFoundError, match="metrics log not found"):
         trainer.read_metrics(tmp_path / "nowhere")
+
+
+def test_tsv_training_and_validation_bleu(tmp_path: Path, corpus: tuple[Path, Path]) -> None:
+    """A TSV corpus trains its vocabulary on the text columns (no tab pieces), and validation
+    reports sacreBLEU BLEU/chrF with a signature in metrics.jsonl."""
+    lines = corpus[0].read_text(encoding="utf-8").splitlines()
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{line}\t{line}\n" for line in lines), encoding="utf-8")
+    config = make_config(
+        corpus,
+        tmp_path / "run",
+        src=None,
+        tgt=None,
+        tsv=str(tsv),
+        valid_tsv=str(tsv),
+        valid_bleu=True,
+        max_steps=2,
+    )
+    result = trainer.train(config)
+    tokenizer = Tokenizer.load(result.run_dir / "tokenizer.model")
+    pieces = {tokenizer.pieces([i])[0] for i in range(tokenizer.vocab_size)}
+    assert not any("\t" in piece for piece in pieces)
+    [valid] = [r for r in trainer.read_metrics(result.run_dir) if r["type"] == "valid"]
+    assert 0.0 <= valid["valid_bleu"] <= 100.0
+    assert 0.0 <= valid["valid_chrf"] <= 100.0
+    assert valid["bleu_signature"].startswith("nrefs:1|")

@@ -15,6 +15,7 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from num2words import num2words
 
@@ -73,6 +74,7 @@ def run_demo(
     max_steps: int = 1200,
     seed: int = 1,
     progress: bool = True,
+    **overrides: Any,
 ) -> DemoResult:
     """Build the corpus, train a small Transformer on it, evaluate on held-out numbers.
 
@@ -82,6 +84,7 @@ def run_demo(
         max_steps: Optimizer updates.
         seed: Seeds the split, the model and the batch order.
         progress: Show the training progress bar.
+        **overrides: Other `TrainConfig` fields (e.g. a smaller model for tests).
     """
     from aiayn.config import TrainConfig
     from aiayn.evaluation import score
@@ -99,7 +102,7 @@ def run_demo(
         len(splits.test),
         out_dir / "corpus",
     )
-    config = TrainConfig(
+    settings: dict[str, Any] = dict(
         out_dir=str(out_dir / "run"),
         src=str(files["train"][0]),
         tgt=str(files["train"][1]),
@@ -122,6 +125,8 @@ def run_demo(
         keep_last=2,
         progress=progress,
     )
+    settings.update(overrides)
+    config = TrainConfig(**settings)
     result = train(config, resume=_has_checkpoints(out_dir / "run"))
     translator = Translator(result.model_dir)
     sources = files["test"][0].read_text(encoding="utf-8").splitlines()

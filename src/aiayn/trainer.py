@@ -25,6 +25,7 @@ import os
 import shutil
 import signal
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,11 +201,20 @@ def _prepare_tokenizer(config: TrainConfig, run_dir: Path, ctx: Distributed) -> 
             # else the error costs minutes, and a vocabulary learned from the bad files stays
             # in the run directory, where the next run would reuse it.
             _check_training_text(config)
-            files = [config.tsv] if config.tsv else [config.src, config.tgt]
             logger.info("training a joint BPE vocabulary of %d pieces", config.vocab_size)
-            Tokenizer.train(
-                [Path(f) for f in files], model_file, vocab_size=config.vocab_size, seed=config.seed
-            )
+            with tempfile.TemporaryDirectory(dir=run_dir) as tmp:
+                if config.tsv:  # SentencePiece reads lines: give it the two columns, not tabs
+                    files = [Path(tmp) / "src.txt", Path(tmp) / "tgt.txt"]
+                    with (
+                        open(files[0], "w", encoding="utf-8") as src,
+                        open(files[1], "w", encoding="utf-8") as tgt,
+                    ):
+                        for source, target in read_tsv(Path(config.tsv)):
+                            src.write(source + "\n")
+                            tgt.write(target + "\n")
+                else:
+                    files = [Path(config.src), Path(config.tgt)]
+                Tokenizer.train(files, model_file, vocab_size=config.vocab_size, seed=config.seed)
     ctx.barrier()
     return Tokenizer.load(model_file)
 
@@ -354,6 +364,26 @@ def validate(
         "valid_nll": nll / tokens,
         "valid_ppl": perplexity(nll, tokens),
         "valid_tokens": tokens,
+    }
+
+
+def validation_bleu(model: nn.Module, tokenizer: Tokenizer, config: TrainConfig) -> dict[str, Any]:
+    """Decode the validation sources with the paper's beam search (§6.1) and score them with
+    sacreBLEU, through the same code as `aiayn evaluate`."""
+    from aiayn.evaluation import score
+    from aiayn.translator import Translator
+
+    if config.valid_tsv:
+        pairs = list(read_tsv(Path(config.valid_tsv)))
+    else:
+        pairs = list(read_parallel(Path(config.valid_src), Path(config.valid_tgt)))
+    translator = Translator.from_model(model, tokenizer, max_tokens=config.max_tokens)
+    results = translator.translate([src for src, _ in pairs], beam_size=4, length_penalty=0.6)
+    scores = score([r.text for r in results], [[tgt for _, tgt in pairs]])
+    return {
+        "valid_bleu": scores.bleu,
+        "valid_chrf": scores.chrf,
+        "bleu_signature": scores.bleu_signature,
     }
 
 
@@ -575,13 +605,16 @@ def _train(
                 label_smoothing=config.label_smoothing,
                 bf16=config.bf16,
             )
+            if config.valid_bleu:
+                last_valid.update(validation_bleu(model, tokenizer, config))
             record = {"type": "valid", "step": progress.step, **last_valid}
             log.write(record)
             logger.info(
-                "step %d: valid loss %.4f, ppl %.2f",
+                "step %d: valid loss %.4f, ppl %.2f%s",
                 progress.step,
                 last_valid["valid_loss"],
                 last_valid["valid_ppl"],
+                f", BLEU {last_valid['valid_bleu']:.2f}" if "valid_bleu" in last_valid else "",
             )
             if last_valid["valid_nll"] < progress.best_valid_nll:
                 progress.best_valid_nll = last_valid["valid_nll"]
