@@ -1,0 +1,156 @@
+"""Decoding speed: beam-4 and greedy search with the KV cache, on random weights.
+
+Every sentence is forced to produce exactly `--out-len` tokens (EOS is masked until the maximum
+length, where search forces it), so all runs do the same work whatever the random weights
+prefer. Reports the median and min–max over `--repeats` runs of target tokens/s and
+sentences/s.
+
+    .venv/bin/python bench/bench_decode.py                      # base and small, batch 32
+    .venv/bin/python bench/bench_decode.py --update-benchmarks  # rewrite BENCHMARKS.md section
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import re
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from aiayn.config import preset
+from aiayn.model import DecoderCache, Transformer
+from aiayn.search import beam_search, greedy_search
+from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID
+
+START, END = "<!-- bench_decode:start -->", "<!-- bench_decode:end -->"
+
+
+class FixedLength(torch.nn.Module):
+    """The model with EOS masked out, so every hypothesis runs to the maximum length."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def encode(self, src_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.model.encode(src_tokens)
+
+    def init_cache(self, memory, src_key_mask, max_len: int) -> DecoderCache:
+        return self.model.init_cache(memory, src_key_mask, max_len)
+
+    def decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        log_probs = self.model.decode_step(tokens, cache)
+        log_probs[:, EOS_ID] = float("-inf")
+        return log_probs
+
+
+def time_search(model: FixedLength, src: torch.Tensor, mode: str, out_len: int) -> float:
+    options = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, max_len_a=0.0, max_len_b=out_len)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        if mode == "greedy":
+            greedy_search(model, src, **options)
+        else:
+            beam_search(model, src, beam_size=4, length_penalty=0.6, **options)
+    return time.perf_counter() - start
+
+
+def run(presets: list[str], batch: int, src_len: int, out_len: int, repeats: int) -> list[dict]:
+    rows = []
+    for name in presets:
+        torch.manual_seed(0)
+        model = FixedLength(Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval())
+        src = torch.randint(4, 8000, (batch, src_len))
+        for mode in ("greedy", "beam4"):
+            time_search(model, src, mode, out_len)  # warm-up
+            times = [time_search(model, src, mode, out_len) for _ in range(repeats)]
+            tok_s = [batch * out_len / t for t in times]
+            rows.append(
+                dict(
+                    preset=name,
+                    mode=mode,
+                    batch=batch,
+                    src_len=src_len,
+                    out_len=out_len,
+                    median_s=statistics.median(times),
+                    tok_s=statistics.median(tok_s),
+                    tok_s_min=min(tok_s),
+                    tok_s_max=max(tok_s),
+                    sent_s=batch / statistics.median(times),
+                )
+            )
+            print(
+                f"{name:6s} {mode:6s} {rows[-1]['tok_s']:8.0f} tok/s "
+                f"({rows[-1]['tok_s_min']:.0f}–{rows[-1]['tok_s_max']:.0f}), "
+                f"{rows[-1]['sent_s']:.1f} sentences/s",
+                flush=True,
+            )
+    return rows
+
+
+def machine() -> str:
+    cpu = platform.processor() or "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        found = re.search(r"model name\s*:\s*(.+)", cpuinfo.read_text())
+        cpu = found.group(1).strip() if found else cpu
+    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+
+
+def markdown(rows: list[dict], command: str) -> str:
+    lines = [
+        "| preset | search | batch × source tokens → output tokens | median target tok/s "
+        "| min–max | sentences/s |",
+        "| --- | --- | --- | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['preset']} | {r['mode']} | {r['batch']} × {r['src_len']} → {r['out_len']} "
+            f"| {r['tok_s']:.0f} | {r['tok_s_min']:.0f}–{r['tok_s_max']:.0f} "
+            f"| {r['sent_s']:.1f} |"
+        )
+    lines += ["", f"Machine: {machine()}. Command: `{command}`."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--presets", nargs="+", default=["base", "small"])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--src-len", type=int, default=24)
+    parser.add_argument("--out-len", type=int, default=24)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--json", help="write the rows as JSON here")
+    parser.add_argument("--update-benchmarks", action="store_true")
+    args = parser.parse_args()
+    rows = run(args.presets, args.batch, args.src_len, args.out_len, args.repeats)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    if args.update_benchmarks:
+        path = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+        text = path.read_text(encoding="utf-8")
+        command = "python bench/bench_decode.py " + " ".join(
+            f"--{k.replace('_', '-')} {v}"
+            for k, v in (
+                ("batch", args.batch),
+                ("src_len", args.src_len),
+                ("out_len", args.out_len),
+                ("repeats", args.repeats),
+            )
+        )
+        section = f"{START}\n{markdown(rows, command)}\n{END}"
+        if START in text:
+            text = re.sub(
+                re.escape(START) + ".*?" + re.escape(END), lambda _: section, text, flags=re.S
+            )
+        else:
+            text += "\n## Decoding: beam 4 and greedy with the KV cache\n\n" + section + "\n"
+        path.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
