@@ -13,19 +13,16 @@ import numpy as np
 import pytest
 import torch
 
+from aiayn.batching import Batch, collate, make_batches, shard_batches
 from aiayn.data import (
-    Batch,
     DataError,
     FilterStats,
     ParallelDataset,
     binarize,
-    collate,
     count_lines,
     load_or_build,
-    make_batches,
     read_parallel,
     read_tsv,
-    shard_batches,
 )
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 

@@ -24,9 +24,10 @@ from safetensors.torch import load_file
 
 from aiayn import checkpoint as ckpt
 from aiayn import trainer
+from aiayn.batching import collate
 from aiayn.cli import main
 from aiayn.config import TrainConfig
-from aiayn.data import collate, load_or_build
+from aiayn.data import load_or_build
 from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer
 from aiayn.optim import learning_rate

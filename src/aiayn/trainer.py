@@ -39,16 +39,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from aiayn import checkpoint as ckpt
+from aiayn.batching import collate, make_batches, shard_batches
 from aiayn.config import TrainConfig
-from aiayn.data import (
-    ParallelDataset,
-    collate,
-    load_or_build,
-    make_batches,
-    read_parallel,
-    read_tsv,
-    shard_batches,
-)
+from aiayn.data import ParallelDataset, load_or_build, read_parallel, read_tsv
 from aiayn.loss import label_smoothed_loss, perplexity
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, learning_rate, set_learning_rate

@@ -32,7 +32,7 @@ from torch import Tensor
 
 from aiayn import search
 from aiayn.checkpoint import CheckpointError, load_model_dir, unwrap
-from aiayn.data import _decode_line
+from aiayn.data import decode_line
 from aiayn.model import Transformer
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -617,7 +617,7 @@ def read_lines(source: str | Path | BinaryIO, name: str | None = None) -> Iterat
         return
     label = Path(name or getattr(source, "name", "<stream>"))
     for lineno, raw in enumerate(source, start=1):
-        yield _decode_line(raw, label, lineno).rstrip("\r\n")
+        yield decode_line(raw, label, lineno).rstrip("\r\n")
 
 
 def one_line(text: str) -> str:
