@@ -29,6 +29,7 @@ from aiayn.cli import main
 from aiayn.config import TrainConfig
 from aiayn.data import load_or_build
 from aiayn.loss import label_smoothed_loss
+from aiayn.metrics import read_metrics
 from aiayn.model import Transformer
 from aiayn.optim import learning_rate
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
@@ -108,11 +109,7 @@ def cli_args(config: TrainConfig) -> list[str]:
 
 
 def train_losses(run_dir: Path) -> list[tuple[int, float, float]]:
-    return [
-        (r["step"], r["loss"], r["nll"])
-        for r in trainer.read_metrics(run_dir)
-        if r["type"] == "train"
-    ]
+    return [(r["step"], r["loss"], r["nll"]) for r in read_metrics(run_dir) if r["type"] == "train"]
 
 
 def weights(directory: Path) -> dict[str, torch.Tensor]:
@@ -173,7 +170,7 @@ def test_run_directory_contents(corpus: tuple[Path, Path], tmp_path: Path) -> No
     assert not result.interrupted
     assert TrainConfig(**yaml.safe_load((run_dir / "train_config.yaml").read_text())) == config
     assert checkpoint_steps(run_dir) == [3, 6]
-    records = trainer.read_metrics(run_dir)
+    records = read_metrics(run_dir)
     assert [(r["type"], r["step"]) for r in records] == [
         ("train", 2),
         ("valid", 3),
@@ -211,7 +208,7 @@ def test_keep_last_and_timed_checkpoints(corpus: tuple[Path, Path], tmp_path: Pa
 
 def test_max_epochs_stops_at_the_end_of_an_epoch(corpus: tuple[Path, Path], tmp_path: Path) -> None:
     result = trainer.train(make_config(corpus, tmp_path / "run", max_steps=1000, max_epochs=2))
-    records = [r for r in trainer.read_metrics(tmp_path / "run") if r["type"] == "train"]
+    records = [r for r in read_metrics(tmp_path / "run") if r["type"] == "train"]
     per_epoch = [sum(r["epoch"] == e for r in records) for e in (1, 2)]
     assert result.step == len(records) == sum(per_epoch)
     assert per_epoch[0] > 1 and per_epoch[1] > 1
@@ -356,10 +353,10 @@ def test_sigterm_saves_and_resume_is_exact(
     assert (resumed.interrupted, resumed.step) == (False, 10)
     assert_same_weights(tmp_path / "whole" / "model", tmp_path / "stopped" / "model")
     assert train_losses(tmp_path / "whole") == train_losses(tmp_path / "stopped")
-    whole = trainer.read_metrics(tmp_path / "whole")
+    whole = read_metrics(tmp_path / "whole")
     assert whole[-1]["epoch"] > 1  # the comparison covers an epoch boundary
     assert [r["tokens_seen"] for r in whole] == [
-        r["tokens_seen"] for r in trainer.read_metrics(tmp_path / "stopped")
+        r["tokens_seen"] for r in read_metrics(tmp_path / "stopped")
     ]
 
 
@@ -516,10 +513,10 @@ def test_resume_from_a_truncated_checkpoint(
 def test_read_metrics_stops_at_a_partly_written_line(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text(json.dumps({"step": 1}) + "\n" + json.dumps({"step": 2}) + "\n" + '{"st')
-    assert trainer.read_metrics(path) == [{"step": 1}, {"step": 2}]
-    assert trainer.read_metrics(tmp_path) == [{"step": 1}, {"step": 2}]
+    assert read_metrics(path) == [{"step": 1}, {"step": 2}]
+    assert read_metrics(tmp_path) == [{"step": 1}, {"step": 2}]
     with pytest.raises(FileNotFoundError, match="metrics log not found"):
-        trainer.read_metrics(tmp_path / "nowhere")
+        read_metrics(tmp_path / "nowhere")
 
 
 def test_tsv_training_and_validation_bleu(tmp_path: Path, corpus: tuple[Path, Path]) -> None:
@@ -542,7 +539,7 @@ def test_tsv_training_and_validation_bleu(tmp_path: Path, corpus: tuple[Path, Pa
     tokenizer = Tokenizer.load(result.run_dir / "tokenizer.model")
     pieces = {tokenizer.pieces([i])[0] for i in range(tokenizer.vocab_size)}
     assert not any("\t" in piece for piece in pieces)
-    [valid] = [r for r in trainer.read_metrics(result.run_dir) if r["type"] == "valid"]
+    [valid] = [r for r in read_metrics(result.run_dir) if r["type"] == "valid"]
     assert 0.0 <= valid["valid_bleu"] <= 100.0
     assert 0.0 <= valid["valid_chrf"] <= 100.0
     assert valid["bleu_signature"].startswith("nrefs:1|")

@@ -18,10 +18,8 @@ share of the batches (DDP over NCCL on GPUs, gloo on CPUs) and rank 0 alone writ
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
-import os
 import shutil
 import signal
 import sys
@@ -42,68 +40,18 @@ from aiayn import checkpoint as ckpt
 from aiayn.batching import collate, make_batches, shard_batches
 from aiayn.config import TrainConfig
 from aiayn.data import ParallelDataset, load_or_build, read_parallel, read_tsv
+from aiayn.distributed import Distributed, init_distributed
 from aiayn.loss import label_smoothed_loss, perplexity
+from aiayn.metrics import METRICS_FILE, MetricsLog, truncate_metrics
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 logger = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
-
 
 class TrainingError(RuntimeError):
     """The run cannot start or continue (the message says why and what to do)."""
-
-
-# -- distributed context --------------------------------------------------------------------
-
-
-@dataclass
-class Distributed:
-    """Rank and world size from torchrun's environment (a single process without it)."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    def barrier(self) -> None:
-        if self.enabled:
-            dist.barrier()
-
-    def sum(self, values: list[float], device: torch.device) -> list[float]:
-        """Sum floats over all ranks (float64, so token counts stay exact)."""
-        if not self.enabled:
-            return values
-        tensor = torch.tensor(values, dtype=torch.float64, device=device)
-        dist.all_reduce(tensor)
-        return tensor.tolist()
-
-
-def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device_name == "auto":
-        device_name = "cuda" if torch.cuda.is_available() else "cpu"
-    if device_name == "cuda":
-        device_name = f"cuda:{local_rank}" if world_size > 1 else "cuda"
-    device = torch.device(device_name)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    context = Distributed(rank=rank, world_size=world_size, local_rank=local_rank)
-    if world_size > 1 and not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
-    return context, device
 
 
 # -- training state -------------------------------------------------------------------------
@@ -380,48 +328,6 @@ def validation_bleu(model: nn.Module, tokenizer: Tokenizer, config: TrainConfig)
     }
 
 
-# -- metrics log ----------------------------------------------------------------------------
-
-
-def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """Records of a metrics log up to its last complete line (a run may still be writing)."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / METRICS_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"metrics log not found: {path}")
-    records = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            if not line.endswith("\n"):
-                break  # partly written last line
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return records
-
-
-def _truncate_metrics(path: Path, step: int) -> None:
-    """On resume, forget records written after the checkpoint (they will be written again)."""
-    if not path.is_file():
-        return
-    kept = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
-    os.replace(tmp, path)
-
-
-class _MetricsLog:
-    def __init__(self, path: Path, enabled: bool) -> None:
-        self.path, self.enabled = path, enabled
-
-    def write(self, record: dict[str, Any]) -> None:
-        if self.enabled:
-            with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record) + "\n")
-
-
 # -- the loop -------------------------------------------------------------------------------
 
 
@@ -518,7 +424,7 @@ def _train(
     if latest:
         progress = _resume(latest[0], model, optimizer, model_config, device, ctx, accumulate)
         if ctx.is_main:
-            _truncate_metrics(metrics_path, progress.step)
+            truncate_metrics(metrics_path, progress.step)
             logger.info("resumed from %s at step %d", latest[0], progress.step)
     elif resume and ctx.is_main:
         logger.info("no checkpoint in %s yet: starting from scratch", run_dir)
@@ -548,7 +454,7 @@ def _train(
             config.max_tokens,
             device,
         )
-    log = _MetricsLog(metrics_path, ctx.is_main)
+    log = MetricsLog(metrics_path, ctx.is_main)
     bar = _progress_bar(config, progress.step, ctx)
     last_save_time = time.monotonic()
     interval_start = time.monotonic()

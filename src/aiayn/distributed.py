@@ -1,0 +1,61 @@
+"""Data-parallel context from torchrun's environment: rank, world size, device, collectives.
+
+`torchrun --nproc_per_node=K -m aiayn train ...` sets RANK, WORLD_SIZE and LOCAL_RANK; without
+them the run is a single process and every collective below is a no-op. GPUs talk over NCCL,
+CPUs over gloo.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class Distributed:
+    """Rank and world size from torchrun's environment (a single process without it)."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
+
+    def sum(self, values: list[float], device: torch.device) -> list[float]:
+        """Sum floats over all ranks (float64, so token counts stay exact)."""
+        if not self.enabled:
+            return values
+        tensor = torch.tensor(values, dtype=torch.float64, device=device)
+        dist.all_reduce(tensor)
+        return tensor.tolist()
+
+
+def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_name == "auto":
+        device_name = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_name == "cuda":
+        device_name = f"cuda:{local_rank}" if world_size > 1 else "cuda"
+    device = torch.device(device_name)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    context = Distributed(rank=rank, world_size=world_size, local_rank=local_rank)
+    if world_size > 1 and not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend=backend)
+    return context, device
