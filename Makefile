@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: demo test lint format bench clean
+.PHONY: demo test lint format bench bench-decode docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,26 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_train_step.py
+
+# Figures of docs/walkthrough.md, drawn by aiayn's own commands from the demo model.
+DEMO_MODEL := demo_run/run/model
+FIG := docs/figures
+EXAMPLE := four thousand, three hundred and twenty-one
+docs: $(STAMP)
+	test -f $(DEMO_MODEL)/config.json || $(BIN)/aiayn demo
+	mkdir -p $(FIG)
+	$(BIN)/aiayn info -m $(DEMO_MODEL) > $(FIG)/demo-model.txt
+	$(BIN)/aiayn plot positional-encoding --d-model 128 --length 64 -o $(FIG)/positional-encoding.png
+	$(BIN)/aiayn plot schedule --d-model 512 --warmup 4000 --d-model 128 --warmup 200 \
+		--steps 20000 -o $(FIG)/schedule.png
+	$(BIN)/aiayn plot curves demo_run/run -o $(FIG)/demo-curves.png
+	$(BIN)/aiayn attention -m $(DEMO_MODEL) "$(EXAMPLE)" -o $(FIG)/alignment.png
+	$(BIN)/aiayn attention -m $(DEMO_MODEL) "$(EXAMPLE)" --kind encoder -o $(FIG)/encoder-self-attention.png
+	$(BIN)/aiayn attention -m $(DEMO_MODEL) "$(EXAMPLE)" --kind decoder -o $(FIG)/decoder-self-attention.png
+	$(BIN)/aiayn attention -m $(DEMO_MODEL) "$(EXAMPLE)" --kind cross -o $(FIG)/encoder-decoder-attention.png
+
+bench-decode: $(STAMP)
+	$(BIN)/python bench/bench_decode.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

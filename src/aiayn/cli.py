@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -149,6 +150,8 @@ def _run_train(args: argparse.Namespace) -> int:
 
     config = train_config_from_args(args)
     result = train(config, resume=args.resume)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone reports
+        return 130 if result.interrupted else 0
     if result.interrupted:
         print(
             f"interrupted at step {result.step}; continue with: aiayn train --resume "
