@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: demo test lint format bench bench-decode docs clean
+.PHONY: demo test lint format bench bench-decode browser-deps docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,13 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_train_step.py
+
+# Debian's Chromium and chromedriver for tests/integration/test_browser.py (which skips, saying
+# so, where they are missing). Installs with apt-get (as root) only if either is missing.
+browser-deps:
+	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+			chromium chromium-driver)
 
 # Figures of docs/walkthrough.md, drawn by aiayn's own commands from the demo model.
 DEMO_MODEL := demo_run/run/model

@@ -1,4 +1,4 @@
-"""The `aiayn` command: info, train, average, translate, evaluate, demo, attention, plot.
+"""The `aiayn` command: info, train, average, translate, evaluate, serve, demo, attention, plot.
 
 Each subcommand is a small function that turns flags into explicit arguments for the library;
 errors that a user can fix (bad config, bad data, missing files) are printed as one clear line
@@ -448,6 +448,78 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- serve ----------------------------------------------------------------------------------
+
+
+def _add_serve(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a model over HTTP: JSON API, LibreTranslate API and a web page",
+        description="Serve translations over HTTP: POST /translate (aiayn's JSON API, and "
+        "LibreTranslate's), GET /languages, POST /detect, GET /info, GET /health, the OpenAPI "
+        "schema at /openapi.json, and at / a web page that translates and draws the "
+        "attention. Concurrent requests are batched into one model call. The search flags "
+        "set the defaults that requests may override (beam size, n-best, length penalty).",
+    )
+    _add_search_options(p)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="uvicorn's log level (default info)",
+    )
+    g = p.add_argument_group("batching")
+    g.add_argument(
+        "--batch-wait-ms",
+        type=float,
+        help="how long a request may wait for others to join its model call; no wait while "
+        "requests come one at a time (default 5)",
+    )
+    g.add_argument(
+        "--max-batch-tokens",
+        type=int,
+        help="budget of one model call over merged requests: source tokens x beam size "
+        "(default 4096); --max-tokens then cuts the call into padded batches",
+    )
+    g.add_argument(
+        "--no-batching", action="store_true", help="one model call per request (to compare)"
+    )
+    g = p.add_argument_group("limits (a request over one gets a 4xx error naming it)")
+    g.add_argument("--max-chars", type=int, help="characters per text (default 5000)")
+    g.add_argument("--max-texts", type=int, help="texts per request (default 64)")
+    g.add_argument("--max-queue", type=int, help="requests waiting for the model (default 256)")
+    g.add_argument("--max-beam-size", type=int, help="largest beam a request may ask (16)")
+    g.add_argument("--max-body-bytes", type=int, help="request body size (default 4 MiB)")
+    p.set_defaults(run=_run_serve)
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from aiayn.server import Decoding, ServerSettings, serve
+
+    given = {
+        name: getattr(args, name)
+        for name in (
+            "batch_wait_ms",
+            "max_batch_tokens",
+            "max_chars",
+            "max_texts",
+            "max_queue",
+            "max_beam_size",
+            "max_body_bytes",
+        )
+        if getattr(args, name) is not None
+    }
+    settings = ServerSettings(
+        decoding=Decoding(**_search_options(args)), batching=not args.no_batching, **given
+    )
+    translator = _load_translator(args)
+    translator.translate(["a"], beam_size=1, max_len_a=0, max_len_b=1)  # fail before listening
+    serve(translator, settings, host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
 # -- attention ------------------------------------------------------------------------------
 
 
@@ -637,6 +709,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_translate(sub)
     _add_evaluate(sub)
+    _add_serve(sub)
     _add_attention(sub)
     _add_plot(sub)
     return parser

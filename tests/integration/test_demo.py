@@ -34,7 +34,7 @@ def test_demo_reaches_95_percent_exact_match_on_held_out_numbers(demo) -> None:
     assert demo.exact_match >= 0.95
     assert demo.chrf > 90
     assert "nrefs:1" in demo.bleu_signature
-    assert [source for source, _, _ in demo.examples][0] == "twenty-one"
+    assert demo.examples[0][0] == "twenty-one"
 
 
 def test_every_example_shown_is_a_number_never_seen_in_training(demo) -> None:

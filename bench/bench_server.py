@@ -1,0 +1,271 @@
+"""HTTP serving under load: requests/s and latency of `aiayn serve`, with and without batching.
+
+Starts `aiayn serve` as a subprocess on 127.0.0.1 (so the load generator does not share its
+Python interpreter), on a model with **random weights** (a `--preset` Transformer and a
+SentencePiece vocabulary trained on English and German number words), then, for each setting
+(server-side batching on, then off) and each number of concurrent clients, sends `--requests`
+requests from that many asyncio clients, each request one English number sentence. Random
+weights rarely emit EOS, so outputs run to the length limit, `--out-len` tokens: each request
+does about the same work whatever the model prefers (the report says how many did).
+
+Reports requests/s, p50 and p99 latency, errors (any answer but 200, or a failed connection:
+the run fails if there is one), and how many requests the server put in each model call on
+average (from `GET /health`). Each cell is bounded in count (`--requests`) and time
+(`--max-seconds`: no new requests after that).
+
+    .venv/bin/python bench/bench_server.py                        # 1000 requests per cell
+    .venv/bin/python bench/bench_server.py --requests 300 --update-benchmarks
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import random
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import httpx
+import torch
+from num2words import num2words
+
+from aiayn import checkpoint
+from aiayn.config import preset
+from aiayn.model import Transformer
+from aiayn.tokenizer import Tokenizer
+
+START, END = "<!-- bench_server:start -->", "<!-- bench_server:end -->"
+HEADING = "## Serving: HTTP requests with and without server-side batching"
+
+
+def build_model_dir(directory: Path, preset_name: str) -> Path:
+    """A model directory with random weights and a vocabulary of number words."""
+    numbers = range(0, 10_000, 7)
+    lines = [num2words(n, lang="en") for n in numbers] + [num2words(n, lang="de") for n in numbers]
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=1000)
+    torch.manual_seed(0)
+    config = preset(preset_name, src_vocab_size=tokenizer.vocab_size, dropout=0.0)
+    return checkpoint.save_model_dir(
+        directory / "model",
+        Transformer(config),
+        tokenizer_file=tokenizer.model_file,
+        metadata={"src_lang": "en", "tgt_lang": "de"},
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_server(model_dir: Path, args: argparse.Namespace, batching: bool) -> tuple:
+    port = free_port()
+    command = [
+        sys.executable, "-m", "aiayn", "serve", "-m", str(model_dir), "--port", str(port),
+        "--beam-size", str(args.beam_size), "--max-len-a", "0", "--max-len-b", str(args.out_len),
+        "--threads", str(args.threads), "--batch-wait-ms", str(args.batch_wait_ms),
+        "--max-queue", "4096", "--log-level", "warning",
+    ]  # fmt: skip
+    if not batching:
+        command.append("--no-batching")
+    process = subprocess.Popen(command)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.HTTPError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"`{' '.join(command)}` did not start")
+        time.sleep(0.2)
+
+
+def sentences(count: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [num2words(rng.randrange(1, 100_000), lang="en") for _ in range(count)]
+
+
+async def load(url: str, texts: list[str], concurrency: int, max_seconds: float) -> dict:
+    """Sends every text once from `concurrency` clients; latency per request, errors."""
+    pending = iter(texts)
+    latencies: list[float] = []
+    errors: list[str] = []
+    out_lens: list[int] = []
+    stop_at = time.monotonic() + max_seconds
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+
+    async def client(http: httpx.AsyncClient) -> None:
+        for text in pending:
+            if time.monotonic() > stop_at:
+                return
+            start = time.perf_counter()
+            try:
+                response = await http.post("/translate", json={"text": text})
+                if response.status_code != 200:
+                    errors.append(f"{response.status_code}: {response.text[:200]}")
+                    continue
+            except httpx.HTTPError as error:
+                errors.append(repr(error))
+                continue
+            latencies.append(time.perf_counter() - start)
+            out_lens.append(len(response.json()["translations"][0]["tokens"]))
+
+    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as http:
+        start = time.perf_counter()
+        await asyncio.gather(*(client(http) for _ in range(concurrency)))
+        elapsed = time.perf_counter() - start
+    return {"latencies": latencies, "errors": errors, "elapsed": elapsed, "out_lens": out_lens}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def run(args: argparse.Namespace, model_dir: Path) -> list[dict]:
+    tokenizer = Tokenizer.load(model_dir / "tokenizer.model")
+    rows = []
+    for batching in (True, False):
+        process, url = start_server(model_dir, args, batching)
+        try:
+            asyncio.run(load(url, sentences(8, seed=99), 2, 60))  # warm-up
+            for concurrency in args.concurrency:
+                before = httpx.get(url + "/health").json()
+                texts = sentences(args.requests, seed=concurrency)
+                result = asyncio.run(load(url, texts, concurrency, args.max_seconds))
+                after = httpx.get(url + "/health").json()
+                done = len(result["latencies"])
+                calls = after["model_calls"] - before["model_calls"]
+                row = {
+                    "batching": batching,
+                    "concurrency": concurrency,
+                    "requests": done + len(result["errors"]),
+                    "errors": len(result["errors"]),
+                    "req_s": done / result["elapsed"],
+                    "p50_ms": 1000 * statistics.median(result["latencies"]),
+                    "p99_ms": 1000 * percentile(result["latencies"], 0.99),
+                    "per_call": (after["requests"] - before["requests"]) / max(calls, 1),
+                    "src_lens": [len(tokenizer.encode(text)) for text in texts],
+                    "out_lens": result["out_lens"],
+                }
+                rows.append(row)
+                print(
+                    f"batching={'on ' if batching else 'off'} clients={concurrency:3d} "
+                    f"{row['requests']:5d} requests {row['errors']} errors "
+                    f"{row['req_s']:7.1f} req/s  p50 {row['p50_ms']:7.1f} ms  "
+                    f"p99 {row['p99_ms']:7.1f} ms  {row['per_call']:.1f} requests/call",
+                    flush=True,
+                )
+                for error in result["errors"][:5]:
+                    print("   ", error, file=sys.stderr)
+        finally:
+            process.terminate()
+            process.wait(30)
+    return rows
+
+
+def machine(threads: int) -> str:
+    cpu = platform.processor() or "unknown CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        found = re.search(r"model name\s*:\s*(.+)", cpuinfo.read_text())
+        cpu = found.group(1).strip() if found else cpu
+    return (
+        f"{cpu}, {os.cpu_count()} cores, server with {threads} torch thread(s); "
+        f"torch {torch.__version__}, Python {platform.python_version()}"
+    )
+
+
+def markdown(rows: list[dict], args: argparse.Namespace, load_before: float) -> str:
+    search = "greedy search" if args.beam_size == 1 else f"beam search (beam {args.beam_size})"
+    src_lens = [n for r in rows for n in r["src_lens"]]
+    out_lens = [n for r in rows for n in r["out_lens"]]
+    at_limit = sum(n == args.out_len for n in out_lens) / max(len(out_lens), 1)
+    lines = [
+        "| server-side batching | concurrent clients | requests | errors | requests/s "
+        "| p50 latency (ms) | p99 latency (ms) | requests per model call |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {'on' if r['batching'] else 'off'} | {r['concurrency']} | {r['requests']} "
+            f"| {r['errors']} | {r['req_s']:.1f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} "
+            f"| {r['per_call']:.1f} |"
+        )
+    load_after = os.getloadavg()[0]
+    command = (
+        f"python bench/bench_server.py --preset {args.preset} --requests {args.requests} "
+        f"--concurrency {' '.join(map(str, args.concurrency))} --beam-size {args.beam_size} "
+        f"--out-len {args.out_len} --threads {args.threads} --batch-wait-ms {args.batch_wait_ms} "
+        "--update-benchmarks"
+    )
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines += [
+        "",
+        f"- Model: preset `{args.preset}` with **random weights** (vocabulary 1000), {search} "
+        f"with the output limited to {args.out_len} tokens, which random weights run into "
+        f"({100 * at_limit:.0f}% of the outputs had {args.out_len} tokens), so every request "
+        "does about the same work. One English number sentence per request (`num2words` of "
+        f"1–99,999: {min(src_lens)}–{max(src_lens)} subword tokens).",
+        f"- Server: `aiayn serve` in its own process, `--batch-wait-ms {args.batch_wait_ms}` "
+        "when batching; load generator: asyncio + httpx in another process, on the same "
+        "machine (it takes CPU from the server too).",
+        f"- Machine: {machine(args.threads)}; 1-minute load average {load_before:.1f} before, "
+        f"{load_after:.1f} after (the machine may be shared: compare rows of one run).",
+        f"- Command: `{command}`; run on {when}.",
+    ]
+    return "\n".join(lines)
+
+
+def update_benchmarks(section_body: str) -> None:
+    path = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
+    text = path.read_text(encoding="utf-8")
+    section = f"{START}\n{section_body}\n{END}"
+    if START in text and END in text:
+        pattern = re.escape(START) + ".*?" + re.escape(END)
+        text = re.sub(pattern, lambda _: section, text, count=1, flags=re.S)
+    else:
+        text = text.rstrip("\n") + f"\n\n{HEADING}\n\n{section}\n"
+    path.write_text(text, encoding="utf-8")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tiny", help="model preset (default tiny)")
+    parser.add_argument("--requests", type=int, default=1000, help="requests per cell (1000)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--max-seconds", type=float, default=300, help="time bound per cell")
+    parser.add_argument("--beam-size", type=int, default=4, help="1 = greedy (default 4)")
+    parser.add_argument("--out-len", type=int, default=16, help="output tokens (default 16)")
+    parser.add_argument("--threads", type=int, default=1, help="server torch threads (1)")
+    parser.add_argument("--batch-wait-ms", type=float, default=5.0)
+    parser.add_argument("--update-benchmarks", action="store_true")
+    args = parser.parse_args()
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="bench_server_") as tmp:
+        model_dir = build_model_dir(Path(tmp), args.preset)
+        rows = run(args, model_dir)
+    errors = sum(r["errors"] for r in rows)
+    if args.update_benchmarks:
+        update_benchmarks(markdown(rows, args, load_before))
+    if errors:
+        sys.exit(f"{errors} requests failed")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,273 @@
+"""Tests for aiayn.batcher with a fake translate function (no model): which jobs share a call,
+that every job gets its own results, and that failures, full queues, cancelled clients and
+shutdown are each answered without stopping the worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+import pytest
+
+from aiayn.batcher import Batcher, BatcherClosed, QueueFull
+
+
+class FakeModel:
+    """Records each call; translates by upper-casing; ``gate`` can hold the worker in a call."""
+
+    def __init__(self, fail_on: str | None = None) -> None:
+        self.calls: list[tuple[list[str], object]] = []
+        self.fail_on = fail_on
+        self.gate = threading.Event()
+        self.gate.set()
+        self.entered = threading.Event()
+
+    def translate(self, texts: list[str], options: object) -> list[str]:
+        self.calls.append((list(texts), options))
+        self.entered.set()
+        assert self.gate.wait(10), "the test never opened the gate"
+        if self.fail_on is not None and self.fail_on in texts:
+            raise RuntimeError(f"cannot translate {self.fail_on!r}")
+        return [f"{text.upper()}/{options}" for text in texts]
+
+
+def one_per_text(texts: list[str], options: object) -> int:
+    return len(texts)
+
+
+def make_batcher(model: FakeModel, cost: Callable = one_per_text, **kwargs) -> Batcher[str]:
+    return Batcher(model.translate, cost, **kwargs)
+
+
+async def submit_all(batcher: Batcher[str], jobs: list[tuple[list[str], object]]) -> list:
+    """Submits every job at once (one event loop turn) and gathers results or exceptions."""
+    tasks = [asyncio.ensure_future(batcher.submit(texts, options)) for texts, options in jobs]
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def run(coroutine):
+    return asyncio.run(coroutine)
+
+
+def test_concurrent_jobs_share_one_call_and_get_their_own_results() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=200)
+    jobs = [(["a", "b"], 1), (["c"], 1), (["d", "e", "f"], 1)]
+    try:
+        results = run(submit_all(batcher, jobs))
+    finally:
+        batcher.close()
+    assert model.calls == [(["a", "b", "c", "d", "e", "f"], 1)]
+    assert results == [["A/1", "B/1"], ["C/1"], ["D/1", "E/1", "F/1"]]
+    stats = batcher.stats()
+    assert (stats["model_calls"], stats["requests"], stats["sentences"]) == (1, 3, 6)
+    assert stats["largest_call"] == 3
+
+
+def test_jobs_with_different_options_get_separate_calls_in_arrival_order() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=200)
+    try:
+        results = run(submit_all(batcher, [(["a"], "x"), (["b"], "y"), (["c"], "x")]))
+    finally:
+        batcher.close()
+    assert model.calls == [(["a", "c"], "x"), (["b"], "y")]
+    assert results == [["A/x"], ["B/y"], ["C/x"]]
+
+
+def test_a_call_stops_at_the_token_budget() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=200, max_batch_tokens=3)
+    jobs = [(["a", "b"], 0), (["c"], 0), (["d"], 0), (["e", "f", "g", "h"], 0)]
+    try:
+        results = run(submit_all(batcher, jobs))
+    finally:
+        batcher.close()
+    # 2 + 1 fills the budget; "d" opens the next call, which the 4-text job would overflow;
+    # a job larger than the budget is translated alone.
+    assert [texts for texts, _ in model.calls] == [["a", "b", "c"], ["d"], ["e", "f", "g", "h"]]
+    assert results[3] == ["E/0", "F/0", "G/0", "H/0"]
+
+
+def test_without_batching_each_job_is_its_own_call() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=200, batching=False)
+    try:
+        results = run(submit_all(batcher, [(["a"], 0), (["b", "c"], 0), (["d"], 0)]))
+    finally:
+        batcher.close()
+    assert [texts for texts, _ in model.calls] == [["a"], ["b", "c"], ["d"]]
+    assert results == [["A/0"], ["B/0", "C/0"], ["D/0"]]
+
+
+def test_with_no_wait_jobs_that_queued_during_a_call_share_the_next() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=0)
+
+    async def scenario() -> list:
+        model.gate.clear()
+        first = asyncio.ensure_future(batcher.submit(["a"], 0))
+        while not model.entered.is_set():  # the worker is now inside the first call
+            await asyncio.sleep(0.001)
+        later = [asyncio.ensure_future(batcher.submit([t], 0)) for t in ("b", "c", "d")]
+        while batcher.stats()["queued"] < 3:
+            await asyncio.sleep(0.001)
+        model.gate.set()
+        return await asyncio.gather(first, *later)
+
+    try:
+        results = run(scenario())
+    finally:
+        batcher.close()
+    assert [texts for texts, _ in model.calls] == [["a"], ["b", "c", "d"]]
+    assert results == [["A/0"], ["B/0"], ["C/0"], ["D/0"]]
+
+
+def test_after_a_call_with_one_job_the_next_does_not_wait() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=300)
+
+    async def scenario() -> float:
+        await batcher.submit(["a"], 0)  # waits 300 ms for company that never comes
+        start = time.monotonic()
+        for text in ("b", "c", "d"):  # one client, one request at a time
+            await batcher.submit([text], 0)
+        return time.monotonic() - start
+
+    try:
+        elapsed = run(scenario())
+    finally:
+        batcher.close()
+    assert elapsed < 0.3  # three calls, none of which waited 300 ms
+    assert [texts for texts, _ in model.calls] == [["a"], ["b"], ["c"], ["d"]]
+
+
+def test_a_failing_job_fails_alone_and_the_worker_carries_on() -> None:
+    model = FakeModel(fail_on="bad")
+    batcher = make_batcher(model, max_wait_ms=200)
+    try:
+        results = run(submit_all(batcher, [(["a"], 0), (["bad"], 0), (["c"], 0)]))
+        assert batcher.alive
+        after = run(submit_all(batcher, [(["d"], 0)]))
+    finally:
+        batcher.close()
+    assert results[0] == ["A/0"] and results[2] == ["C/0"]
+    assert isinstance(results[1], RuntimeError) and "cannot translate 'bad'" in str(results[1])
+    # the shared call failed, then each job was retried alone
+    assert [texts for texts, _ in model.calls] == [["a", "bad", "c"], ["a"], ["bad"], ["c"], ["d"]]
+    assert after == [["D/0"]]
+    assert batcher.stats()["failed_calls"] == 2
+
+
+def test_a_wrong_number_of_results_is_an_error_not_a_hang() -> None:
+    batcher = Batcher(lambda texts, options: ["only one"], one_per_text)
+    try:
+        [result] = run(submit_all(batcher, [(["a", "b"], 0)]))
+    finally:
+        batcher.close()
+    assert isinstance(result, RuntimeError) and "returned 1 results for 2" in str(result)
+
+
+def test_a_full_queue_refuses_at_once_and_says_which_limit() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, max_queue=2)
+
+    async def scenario() -> tuple[list, Exception]:
+        model.gate.clear()
+        busy = asyncio.ensure_future(batcher.submit(["a"], 0))
+        while not model.entered.is_set():
+            await asyncio.sleep(0.001)
+        queued = [asyncio.ensure_future(batcher.submit([t], 0)) for t in ("b", "c")]
+        while batcher.stats()["queued"] < 2:
+            await asyncio.sleep(0.001)
+        with pytest.raises(QueueFull) as refused:
+            await batcher.submit(["d"], 0)
+        model.gate.set()
+        return await asyncio.gather(busy, *queued), refused.value
+
+    try:
+        results, error = run(scenario())
+    finally:
+        batcher.close()
+    assert results == [["A/0"], ["B/0"], ["C/0"]]
+    assert "2 requests are waiting" in str(error) and "--max-queue" in str(error)
+    assert batcher.stats()["rejected"] == 1
+
+
+def test_a_job_whose_client_went_away_is_not_translated() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=0)
+
+    async def scenario() -> list:
+        model.gate.clear()
+        busy = asyncio.ensure_future(batcher.submit(["a"], 0))
+        while not model.entered.is_set():
+            await asyncio.sleep(0.001)
+        gone = asyncio.ensure_future(batcher.submit(["gone"], 0))
+        kept = asyncio.ensure_future(batcher.submit(["kept"], 0))
+        while batcher.stats()["queued"] < 2:
+            await asyncio.sleep(0.001)
+        gone.cancel()
+        model.gate.set()
+        return await asyncio.gather(busy, kept)
+
+    try:
+        results = run(scenario())
+    finally:
+        batcher.close()
+    assert results == [["A/0"], ["KEPT/0"]]
+    assert [texts for texts, _ in model.calls] == [["a"], ["kept"]]
+
+
+def test_close_fails_waiting_jobs_and_stops_the_worker() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=0)
+
+    async def scenario() -> list:
+        model.gate.clear()
+        busy = asyncio.ensure_future(batcher.submit(["a"], 0))
+        while not model.entered.is_set():
+            await asyncio.sleep(0.001)
+        waiting = asyncio.ensure_future(batcher.submit(["b"], 0))
+        while batcher.stats()["queued"] < 1:
+            await asyncio.sleep(0.001)
+        closing = asyncio.ensure_future(asyncio.to_thread(batcher.close))
+        await asyncio.sleep(0.05)
+        model.gate.set()  # the call in progress finishes normally
+        await closing
+        return await asyncio.gather(busy, waiting, return_exceptions=True)
+
+    busy, waiting = run(scenario())
+    assert busy == ["A/0"]
+    assert isinstance(waiting, BatcherClosed)
+    assert not batcher.alive
+
+
+def test_a_failing_cost_function_does_not_stop_the_worker() -> None:
+    model = FakeModel()
+
+    def broken_cost(texts: list[str], options: object) -> int:
+        raise ValueError("no cost")
+
+    batcher = make_batcher(model, cost=broken_cost, max_wait_ms=50)
+    try:
+        results = run(submit_all(batcher, [(["a"], 0), (["b"], 0)]))
+    finally:
+        batcher.close()
+    assert results == [["A/0"], ["B/0"]]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_wait_ms": -1}, "max_wait_ms (-1) must be >= 0"),
+        ({"max_batch_tokens": 0}, "max_batch_tokens (0) must be an integer >= 1"),
+        ({"max_queue": True}, "max_queue (True) must be an integer >= 1"),
+    ],
+)
+def test_invalid_settings_name_the_field(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        make_batcher(FakeModel(), **kwargs)
