@@ -220,10 +220,15 @@ class Tokenizer:
         return self._sp.encode(text, out_type=int)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Encodes many sentences at once, in parallel threads inside SentencePiece."""
+        """Encodes many sentences at once, in parallel threads inside SentencePiece.
+
+        Starting those threads costs more than encoding a few sentences, so small batches
+        (a server request, an interactive line) are encoded on the calling thread.
+        """
         if not texts:
             return []
-        return self._sp.encode(list(texts), out_type=int)
+        threads = 1 if len(texts) < 256 else -1  # -1: SentencePiece's default
+        return self._sp.encode(list(texts), out_type=int, num_threads=threads)
 
     def decode(self, ids: Sequence[int]) -> str:
         """Turns ids back into text, skipping ``<pad>``, ``<s>`` and ``</s>``.
