@@ -30,11 +30,12 @@ START, END = "<!-- bench_decode:start -->", "<!-- bench_decode:end -->"
 
 
 class FixedLength(torch.nn.Module):
-    """The model with EOS masked out, so every hypothesis runs to the maximum length."""
+    """The model with EOS masked out before `out_len` tokens, so every hypothesis has exactly
+    `out_len` tokens (search then forces EOS)."""
 
-    def __init__(self, model: Transformer) -> None:
+    def __init__(self, model: Transformer, out_len: int) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.out_len = model, out_len
 
     def encode(self, src_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self.model.encode(src_tokens)
@@ -44,7 +45,8 @@ class FixedLength(torch.nn.Module):
 
     def decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
         log_probs = self.model.decode_step(tokens, cache)
-        log_probs[:, EOS_ID] = float("-inf")
+        if cache.length <= self.out_len:  # this step predicts output token cache.length - 1
+            log_probs[:, EOS_ID] = float("-inf")
         return log_probs
 
 
@@ -63,7 +65,8 @@ def run(presets: list[str], batch: int, src_len: int, out_len: int, repeats: int
     rows = []
     for name in presets:
         torch.manual_seed(0)
-        model = FixedLength(Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval())
+        transformer = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
+        model = FixedLength(transformer, out_len)
         src = torch.randint(4, 8000, (batch, src_len))
         for mode in ("greedy", "beam4"):
             time_search(model, src, mode, out_len)  # warm-up
