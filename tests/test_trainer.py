@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import random
+import shutil
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -543,3 +544,24 @@ def test_tsv_training_and_validation_bleu(tmp_path: Path, corpus: tuple[Path, Pa
     assert 0.0 <= valid["valid_bleu"] <= 100.0
     assert 0.0 <= valid["valid_chrf"] <= 100.0
     assert valid["bleu_signature"].startswith("nrefs:1|")
+
+
+def test_a_fresh_run_remakes_a_vocabulary_made_from_other_settings(
+    tmp_path: Path, corpus: tuple[Path, Path]
+) -> None:
+    """A run directory without checkpoints keeps its tokenizer only for the same settings."""
+    run_dir = tmp_path / "run"
+    trainer.train(make_config(corpus, run_dir, max_steps=1, save_every=0))
+    shutil.rmtree(run_dir / "checkpoints")  # as if the first run died before saving
+    first = (run_dir / "tokenizer.model").read_bytes()
+    trainer.train(make_config(corpus, run_dir, max_steps=1))  # same settings: reused
+    assert (run_dir / "tokenizer.model").read_bytes() == first
+    shutil.rmtree(run_dir / "checkpoints")
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("train.src", "train.tgt"):
+        (other / name).write_text("xyz uvw qrs\n" * 20, encoding="utf-8")
+    trainer.train(make_config((other / "train.src", other / "train.tgt"), run_dir, max_steps=1))
+    record = json.loads((run_dir / "tokenizer.json").read_text())
+    assert record["files"][0][0] == str((other / "train.src").resolve())
+    assert (run_dir / "tokenizer.model").read_bytes() != first

@@ -18,6 +18,7 @@ share of the batches (DDP over NCCL on GPUs, gloo on CPUs) and rank 0 alone writ
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import shutil
@@ -127,9 +128,36 @@ def _write_config(config: TrainConfig, run_dir: Path) -> None:
     (run_dir / "train_config.yaml").write_text(text, encoding="utf-8")
 
 
-def _prepare_tokenizer(config: TrainConfig, run_dir: Path, ctx: Distributed) -> Tokenizer:
-    """The joint vocabulary: reuse the run's, copy a given one, or train one (§5.1)."""
+TOKENIZER_RECORD = "tokenizer.json"
+
+
+def _tokenizer_recipe(config: TrainConfig) -> dict[str, Any]:
+    """What the run's vocabulary was made from; a fresh run with other settings makes a new one."""
+    if config.tokenizer:
+        return {"copied_from": str(Path(config.tokenizer).resolve())}
+    files = [config.tsv] if config.tsv else [config.src, config.tgt]
+    return {
+        "vocab_size": config.vocab_size,
+        "seed": config.seed,
+        "files": [[str(Path(f).resolve()), Path(f).stat().st_size] for f in files],
+    }
+
+
+def _prepare_tokenizer(
+    config: TrainConfig, run_dir: Path, ctx: Distributed, resume: bool
+) -> Tokenizer:
+    """The joint vocabulary: reuse the run's, copy a given one, or train one (§5.1).
+
+    A resumed run always keeps its vocabulary (its weights depend on it). A fresh run reuses one
+    left in the run directory only if it was made from the same settings and files.
+    """
     model_file = run_dir / ckpt.TOKENIZER_FILE
+    record = run_dir / TOKENIZER_RECORD
+    if ctx.is_main and model_file.exists() and not (resume and ckpt.list_checkpoints(run_dir)):
+        saved = json.loads(record.read_text()) if record.is_file() else None
+        if saved != _tokenizer_recipe(config):
+            logger.info("the vocabulary in %s was made from other settings: remaking it", run_dir)
+            model_file.unlink()
     if ctx.is_main and not model_file.exists():
         if config.tokenizer:
             source = Path(config.tokenizer)
@@ -156,6 +184,7 @@ def _prepare_tokenizer(config: TrainConfig, run_dir: Path, ctx: Distributed) -> 
                 else:
                     files = [Path(config.src), Path(config.tgt)]
                 Tokenizer.train(files, model_file, vocab_size=config.vocab_size, seed=config.seed)
+        record.write_text(json.dumps(_tokenizer_recipe(config), indent=2) + "\n")
     ctx.barrier()
     return Tokenizer.load(model_file)
 
@@ -405,7 +434,7 @@ def _train(
     if config.threads:
         torch.set_num_threads(config.threads)
     run_dir = _prepare_run_dir(config, resume, ctx)
-    tokenizer = _prepare_tokenizer(config, run_dir, ctx)
+    tokenizer = _prepare_tokenizer(config, run_dir, ctx, resume)
     train_data, valid_data = _load_data(config, tokenizer, run_dir, ctx)
     model_config = config.model_config(tokenizer.vocab_size, pad_id=PAD_ID)
 
