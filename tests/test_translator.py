@@ -368,3 +368,29 @@ def test_read_lines_names_the_line_of_invalid_utf8(tmp_path: Path) -> None:
 
 def test_one_line_removes_line_breaks() -> None:
     assert one_line("a\nb\r\nc") == "a b  c"
+
+
+def test_int8_quantizes_every_linear_layer_and_stays_close_to_fp32(
+    model_dir: Path, model: Transformer
+) -> None:
+    from aiayn.translator import quantize_int8
+
+    quantized = quantize_int8(model)
+    linears = [m for m in quantized.modules() if type(m) is torch.nn.Linear]
+    assert linears == []  # every nn.Linear was replaced by its dynamic int8 version
+    assert any(type(p) is torch.nn.Linear for p in model.modules())  # the original is intact
+    src = torch.tensor([[5, 6, 7, 8, EOS_ID]])
+    tgt = torch.tensor([[BOS_ID, 9, 10, 11]])
+    with torch.inference_mode():
+        reference = model.eval()(src, tgt).log_softmax(-1)
+        approx = quantized(src, tgt).log_softmax(-1)
+    assert not torch.equal(reference, approx)
+    torch.testing.assert_close(approx, reference, atol=0.01, rtol=0.03)  # within 3%
+    int8 = Translator(model_dir, int8=True)
+    [result] = int8.translate(["hello world"], beam_size=2)
+    assert isinstance(result.text, str)
+
+
+def test_int8_is_refused_off_the_cpu(model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="CPU only"):
+        Translator(model_dir, device="cuda", int8=True)

@@ -48,6 +48,21 @@ __all__ = [
 ]
 
 
+def quantize_int8(model: Transformer) -> Transformer:
+    """A copy of `model` whose `nn.Linear` layers hold int8 weights (dynamic quantization).
+
+    Attention, layer norms and embeddings stay float32; the pre-softmax projection is quantized
+    like every other linear layer (in the copy it no longer shares storage with the embedding).
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor
+        return torch.ao.quantization.quantize_dynamic(
+            model, {torch.nn.Linear}, dtype=torch.qint8, inplace=False
+        )
+
+
 # --------------------------------------------------------------------------------------------
 # Results
 # --------------------------------------------------------------------------------------------
@@ -221,6 +236,7 @@ class Translator:
         device: str | torch.device = "cpu",
         max_tokens: int = 4096,
         threads: int = 0,
+        int8: bool = False,
     ) -> None:
         """Loads a model directory (or a run directory's ``model/``), checksums verified.
 
@@ -231,6 +247,9 @@ class Translator:
                 exceeds it is translated in a batch of its own.
             threads: CPU threads for PyTorch (``torch.set_num_threads``, which is process-wide);
                 0 leaves PyTorch's default.
+            int8: Quantize every linear layer to int8 weights with dynamic int8 activations
+                (``torch.ao.quantization.quantize_dynamic``), CPU only: faster, slightly
+                different outputs (BENCHMARKS.md states the measured difference).
 
         Raises:
             CheckpointError: The directory is missing or incomplete (e.g. no model.safetensors),
@@ -241,9 +260,12 @@ class Translator:
             raise ValueError(f"threads ({threads}) must be >= 0 (0 = PyTorch's default)")
         if threads > 0:
             torch.set_num_threads(threads)
+        if int8 and torch.device(device).type != "cpu":
+            raise ValueError(f"int8 dynamic quantization runs on the CPU only, not on {device}")
         loaded = load_model_dir(model_dir, device=device)
         tokenizer = Tokenizer.load(loaded.tokenizer_file)
-        self._setup(loaded.model, tokenizer, max_tokens, loaded.metadata, loaded.directory)
+        model = quantize_int8(loaded.model) if int8 else loaded.model
+        self._setup(model, tokenizer, max_tokens, loaded.metadata, loaded.directory)
 
     @classmethod
     def from_model(
