@@ -6,6 +6,7 @@ can be compared with sacreBLEU on the same strings.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,14 @@ import pytest
 import sacrebleu
 
 from aiayn.data import DataError
-from aiayn.evaluation import EvaluationError, evaluate_files, score
+from aiayn.evaluation import (
+    TOKENIZED_BLEU_LABEL,
+    EvaluationError,
+    evaluate_files,
+    score,
+    split_hyphenated_compounds,
+    tokenized_bleu,
+)
 
 HYPOTHESES = [
     "The cat sat on the mat.",
@@ -162,3 +170,92 @@ def test_evaluate_files_rejects_missing_and_empty_inputs(
     empty_src, empty_ref = write(tmp_path / "e.de", []), write(tmp_path / "e.en", [])
     with pytest.raises(EvaluationError, match="nothing to score"):
         evaluate_files(translator, empty_src, [empty_ref], out_path=tmp_path / "hyp")
+
+
+# -- tokenized BLEU (the paper's EN-DE metric) -------------------------------------------------
+
+# One hypothesis that gets the compound half right. 13a keeps "Nord-Süd-Verbindung" as one
+# token and splits off the final ".".
+COMPOUND_HYP = "Die Nord-Süd-Verbindung ist sehr wichtig."
+COMPOUND_REF = "Die Nord-Süd-Achse ist sehr wichtig."
+
+
+def test_split_hyphenated_compounds_is_t2ts_rule() -> None:
+    assert split_hyphenated_compounds("Nord-Süd-Achse") == (
+        "Nord ##AT##-##AT## Süd ##AT##-##AT## Achse"
+    )
+    # Perl's s{(\S)-(\S)}{...}g does not overlap matches: after "a-b" the "-c" has no left char.
+    assert split_hyphenated_compounds("a-b-c") == "a ##AT##-##AT## b-c"
+    assert split_hyphenated_compounds("5 - 3 , -x x-") == "5 - 3 , -x x-"
+
+
+def test_tokenized_bleu_without_splitting_is_sacrebleu_13a() -> None:
+    # Hand count on the 13a tokens
+    #   hyp: Die | Nord-Süd-Verbindung | ist | sehr | wichtig | .     (6 tokens)
+    #   ref: Die | Nord-Süd-Achse      | ist | sehr | wichtig | .     (6 tokens)
+    # 1-grams 5/6 (all but the compound), 2-grams 3/5 (ist sehr, sehr wichtig, wichtig .),
+    # 3-grams 2/4, 4-grams 1/3 (ist sehr wichtig .); BP = 1.
+    expected = 100 * (5 / 6 * 3 / 5 * 2 / 4 * 1 / 3) ** 0.25  # = 100 * (1/12)^(1/4) = 53.73
+    result = tokenized_bleu([COMPOUND_HYP], [[COMPOUND_REF]], split_compounds=False)
+    assert result.bleu == pytest.approx(expected)
+    assert result.bleu == pytest.approx(score([COMPOUND_HYP], [[COMPOUND_REF]]).bleu)
+    assert result.bleu == pytest.approx(53.73, abs=0.01)
+    assert "no compound splitting" in result.label
+    many = tokenized_bleu(HYPOTHESES, [REFERENCES], split_compounds=False)
+    assert many.bleu == pytest.approx(score(HYPOTHESES, [REFERENCES]).bleu)
+
+
+def test_compound_splitting_adds_matches_around_hyphens() -> None:
+    # After splitting, with A = ##AT##-##AT##:
+    #   hyp: Die Nord A Süd A Verbindung ist sehr wichtig .   (10 tokens)
+    #   ref: Die Nord A Süd A Achse      ist sehr wichtig .   (10 tokens)
+    # 1-grams 9/10 (all but Verbindung)
+    # 2-grams 7/9: Die·Nord, Nord·A, A·Süd, Süd·A, ist·sehr, sehr·wichtig, wichtig·.
+    #   (misses A·Verbindung, Verbindung·ist)
+    # 3-grams 5/8: Die·Nord·A, Nord·A·Süd, A·Süd·A, ist·sehr·wichtig, sehr·wichtig·.
+    # 4-grams 3/7: Die·Nord·A·Süd, Nord·A·Süd·A, ist·sehr·wichtig·.
+    expected = 100 * (9 / 10 * 7 / 9 * 5 / 8 * 3 / 7) ** 0.25  # = 100 * (3/16)^(1/4) = 65.80
+    result = tokenized_bleu([COMPOUND_HYP], [[COMPOUND_REF]])
+    assert result.bleu == pytest.approx(expected)
+    assert result.bleu == pytest.approx(65.80, abs=0.01)
+    # The direction the paper's numbers lean: the right half of a compound now earns matches.
+    assert result.bleu > score([COMPOUND_HYP], [[COMPOUND_REF]]).bleu
+    assert result.label == TOKENIZED_BLEU_LABEL
+    assert "13a" in result.label and "compound splitting" in result.label
+    assert "tok:none" in result.bleu_text and "smooth:none" in result.bleu_text
+    assert str(result).startswith(f"{TOKENIZED_BLEU_LABEL} = 65.80")
+
+
+def test_tokenized_bleu_checks_counts() -> None:
+    with pytest.raises(EvaluationError, match="hypotheses has 3 sentences but reference 1 has 2"):
+        tokenized_bleu(HYPOTHESES, [REFERENCES[:2]])
+    with pytest.raises(EvaluationError, match="nothing to score"):
+        tokenized_bleu([], [[]])
+    with pytest.raises(EvaluationError, match="no references"):
+        tokenized_bleu(HYPOTHESES, [])
+
+
+def test_cli_evaluate_prints_tokenized_bleu_next_to_sacrebleu(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aiayn import cli
+
+    src = write(tmp_path / "test.en", ["north-south"])
+    ref = write(tmp_path / "test.de", [COMPOUND_REF])
+    translator = FakeTranslator({"north-south": COMPOUND_HYP})
+    translator.model_dir = tmp_path  # type: ignore[attr-defined]
+    monkeypatch.setattr(cli, "_load_translator", lambda args: translator)
+    args = ["evaluate", "-m", str(tmp_path), "--src", str(src), "--ref", str(ref)]
+    args += ["-o", str(tmp_path / "test.hyp"), "--tokenized-bleu"]
+
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("BLEU|nrefs:1|") and " = 53.73 " in out[0]
+    assert out[1].startswith("chrF2|")
+    assert out[2] == f"{TOKENIZED_BLEU_LABEL} = 65.80"
+
+    assert cli.main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["bleu"] == pytest.approx(53.73, abs=0.01)
+    assert report["tokenized_bleu"] == pytest.approx(65.80, abs=0.01)
+    assert report["tokenized_bleu_label"] == TOKENIZED_BLEU_LABEL

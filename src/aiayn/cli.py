@@ -413,6 +413,12 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         "directory)",
     )
     p.add_argument("--tokenize", help="sacreBLEU tokenizer for BLEU (default 13a; zh, intl...)")
+    p.add_argument(
+        "--tokenized-bleu",
+        action="store_true",
+        help="also print tokenized BLEU with compound splitting, as the paper reported on EN-DE "
+        "(13a tokenization approximating Moses; not comparable with sacreBLEU)",
+    )
     p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
     _add_search_options(p)
     p.set_defaults(run=_run_evaluate)
@@ -421,7 +427,8 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 def _run_evaluate(args: argparse.Namespace) -> int:
     import json
 
-    from aiayn.evaluation import evaluate_files
+    from aiayn.evaluation import evaluate_files, tokenized_bleu
+    from aiayn.translator import read_lines
 
     out_path = Path(args.output) if args.output else Path.cwd() / f"{Path(args.src).name}.hyp"
     for path in (args.src, *args.ref):
@@ -436,15 +443,27 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         tokenize=args.tokenize,
         **_search_options(args),
     )
+    tokenized = None
+    if args.tokenized_bleu:
+        tokenized = tokenized_bleu(
+            [line.strip() for line in read_lines(out_path)],
+            [[line.strip() for line in read_lines(path)] for path in args.ref],
+        )
     if args.json:
         report = {
             **scores.to_dict(),
             "hypotheses_file": str(out_path),
             "model_dir": str(translator.model_dir),
         }
+        if tokenized is not None:
+            report["tokenized_bleu"] = tokenized.bleu
+            report["tokenized_bleu_label"] = tokenized.label
+            report["tokenized_bleu_text"] = tokenized.bleu_text
         print(json.dumps(report, indent=2))
     else:
         print(scores)
+        if tokenized is not None:
+            print(tokenized)
     return 0
 
 
