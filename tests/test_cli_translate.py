@@ -239,3 +239,12 @@ def test_evaluate_with_mismatched_counts_names_files_and_counts(
     err = run_error([*args, "-o", str(tmp_path / "hyp"), *FAST], capsys)
     assert "dev.en has 3 lines" in err and "dev.de has 2 lines" in err
     assert not (tmp_path / "hyp").exists()
+
+
+def test_translate_int8_flag(model_dir: Path, tmp_path: Path) -> None:
+    source = tmp_path / "in.txt"
+    source.write_text("hello world\n\nthe cat\n", encoding="utf-8")
+    out = tmp_path / "out.txt"
+    args = ["translate", "-m", str(model_dir), "-i", str(source), "-o", str(out), "--int8"]
+    assert main(args) == 0
+    assert len(out.read_text(encoding="utf-8").split("\n")) == 4  # 3 lines + final newline

@@ -230,6 +230,12 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
     g.add_argument("--threads", type=int, default=0, help="CPU threads (default: PyTorch's)")
+    g.add_argument(
+        "--int8",
+        action="store_true",
+        help="int8 dynamic quantization of the linear layers (CPU only; faster, see "
+        "BENCHMARKS.md for the effect on BLEU)",
+    )
 
 
 def _load_translator(args: argparse.Namespace) -> Any:
@@ -237,11 +243,15 @@ def _load_translator(args: argparse.Namespace) -> Any:
 
     from aiayn.translator import Translator
 
-    device = args.device
+    device, int8 = args.device, getattr(args, "int8", False)
     if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
     return Translator(
-        args.model_dir, device=device, max_tokens=args.max_tokens, threads=args.threads
+        args.model_dir,
+        device=device,
+        max_tokens=args.max_tokens,
+        threads=args.threads,
+        int8=int8,
     )
 
 
