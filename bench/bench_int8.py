@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from aiayn.evaluation import score
 from aiayn.translator import Translator
@@ -21,8 +22,8 @@ def main() -> None:
     parser.add_argument("--ref", required=True)
     parser.add_argument("--beam-size", type=int, default=4)
     args = parser.parse_args()
-    sources = open(args.src, encoding="utf-8").read().splitlines()
-    references = open(args.ref, encoding="utf-8").read().splitlines()
+    sources = Path(args.src).read_text(encoding="utf-8").splitlines()
+    references = Path(args.ref).read_text(encoding="utf-8").splitlines()
     print("| weights | BLEU | chrF | exact match | decoding time (s) |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for int8 in (False, True):
