@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -57,5 +58,7 @@ def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
     context = Distributed(rank=rank, world_size=world_size, local_rank=local_rank)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"
-        dist.init_process_group(backend=backend)
+        # Rank 0 validates (and decodes, with valid_bleu) while the others wait at a barrier:
+        # allow that longer than the default collective timeout (10 minutes with NCCL).
+        dist.init_process_group(backend=backend, timeout=timedelta(hours=2))
     return context, device

@@ -679,7 +679,10 @@ def _resume(
             accumulate,
         )
     rng = state["rng"]
-    _restore_rng_states(rng[ctx.rank] if ctx.rank < len(rng) else rng[0])
+    if ctx.rank < len(rng):
+        _restore_rng_states(rng[ctx.rank])
+    # else: a rank the checkpoint did not have keeps the stream `_train` seeded for it
+    # (seed + rank), rather than drawing rank 0's dropout masks
     saved = state["progress"]
     progress = Progress(
         step=saved["step"],
