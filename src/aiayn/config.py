@@ -117,13 +117,9 @@ class ModelConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:
         """Build from a dict; unknown keys are an error that lists the valid ones."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
+        unknown, valid = _unknown_keys(cls, values)
         if unknown:
-            raise ConfigError(
-                f"unknown model config key(s): {', '.join(unknown)}; "
-                f"valid keys: {', '.join(sorted(known))}"
-            )
+            raise ConfigError(f"unknown model config key(s): {unknown}; valid keys: {valid}")
         return cls(**values)
 
     def replace(self, **changes: Any) -> ModelConfig:
@@ -168,6 +164,12 @@ def preset(name: str, *, src_vocab_size: int, tgt_vocab_size: int | None = None,
             **values,
         )
     )
+
+
+def _unknown_keys(cls: type, values: dict[str, Any]) -> tuple[str, str]:
+    """(the keys of `values` that are not fields of `cls`, all valid keys), comma-separated."""
+    known = {f.name for f in fields(cls)}
+    return ", ".join(sorted(set(values) - known)), ", ".join(sorted(known))
 
 
 def _require(condition: bool, message: str) -> None:
@@ -349,13 +351,9 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> TrainConfig:
         """Build from a dict; unknown keys are an error naming `source` and the valid keys."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
+        unknown, valid = _unknown_keys(cls, values)
         if unknown:
-            raise ConfigError(
-                f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: "
-                f"{', '.join(sorted(known))}"
-            )
+            raise ConfigError(f"{source}: unknown key(s) {unknown}; valid keys: {valid}")
         try:
             return cls(**values)
         except ConfigError as error:
