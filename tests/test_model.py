@@ -239,26 +239,36 @@ def test_reordered_cache_continues_like_the_reordered_batch(
 ) -> None:
     model = make_model(**overrides)
     src, tgt = batch(model)
-    index = torch.tensor([2, 0, 0, 1, 2])  # permuted, with repeats (as beam search does)
-    k = 3  # steps before the reorder
+    # As beam search does: expand each sentence to 2 beams, then drop sentence 1 and follow
+    # beams to (repeated, permuted) parents within their sentence.
+    steps = [(torch.tensor([0, 0, 1, 1, 2, 2]), None), (torch.tensor([1, 1, 4, 5]), [0, 2])]
+    rows = torch.arange(src.size(0))  # the batch row each cache row decodes
     with torch.no_grad():
         memory, src_key_mask = model.encode(src)
         cache = model.init_cache(memory, src_key_mask, max_len=T)
-        for t in range(k):
-            model.decode_step(tgt[:, t], cache)
-        reordered = cache.reorder(index)
-        assert reordered.batch_size == len(index) and reordered.length == k
+        k = 0
+        for index, sentences in steps:
+            for t in range(k, k + 2):
+                model.decode_step(tgt[rows, t], cache)
+            k += 2
+            kept = None if sentences is None else torch.tensor(sentences)
+            cache = cache.reorder(index, kept)
+            rows = rows[index]
+            assert cache.batch_size == len(index) and cache.length == k
         continued = torch.stack(
-            [model.decode_step(tgt[index, t], reordered) for t in range(k, T)], dim=1
+            [model.decode_step(tgt[rows, t], cache) for t in range(k, T)], dim=1
         )
-        from_scratch = model(src[index], tgt[index]).log_softmax(-1)[:, k:]
+        from_scratch = model(src[rows], tgt[rows]).log_softmax(-1)[:, k:]
         torch.testing.assert_close(continued, from_scratch, atol=1e-5, rtol=0)
 
-        # The original cache is untouched by the reordered one's steps.
-        original = torch.stack([model.decode_step(tgt[:, t], cache) for t in range(k, T)], dim=1)
-        torch.testing.assert_close(
-            original, model(src, tgt).log_softmax(-1)[:, k:], atol=1e-5, rtol=0
-        )
+
+def test_reorder_refuses_rows_that_cannot_be_grouped(make_model: MakeModel) -> None:
+    model = make_model()
+    src, _ = batch(model)
+    with torch.no_grad():
+        cache = model.init_cache(*model.encode(src), max_len=T)
+        with pytest.raises(ValueError, match="grouped"):
+            cache.reorder(torch.tensor([0, 1]))  # 2 rows for 3 sentences
 
 
 # -- causality and padding --------------------------------------------------------------------

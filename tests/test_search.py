@@ -36,17 +36,35 @@ Probs = Callable[[tuple[int, ...], tuple[int, ...]], list[float]]
 
 
 class FakeCache:
-    def __init__(self, sources: list[tuple[int, ...]], prefixes: list[list[int]], max_len: int):
+    """Per-row prefixes; checks that search keeps rows grouped by sentence (the protocol)."""
+
+    def __init__(
+        self,
+        sources: list[tuple[int, ...]],
+        prefixes: list[list[int]],
+        max_len: int,
+        row_sentence: list[int] | None = None,
+    ):
         self.sources = sources
         self.prefixes = prefixes
         self.max_len = max_len
         self.length = len(prefixes[0]) if prefixes else 0
+        self.row_sentence = list(range(len(sources))) if row_sentence is None else row_sentence
 
-    def reorder(self, index: torch.Tensor) -> FakeCache:
+    def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None) -> FakeCache:
         assert index.dtype == torch.long and index.dim() == 1
         rows = index.tolist()
+        n_old = len(set(self.row_sentence))
+        kept = list(range(n_old)) if sentences is None else sentences.tolist()
+        assert len(rows) % len(kept) == 0, "rows cannot be grouped by sentence"
+        k = len(rows) // len(kept)
+        for i, row in enumerate(rows):
+            assert self.row_sentence[row] == kept[i // k], "a row left its sentence's group"
         return FakeCache(
-            [self.sources[i] for i in rows], [list(self.prefixes[i]) for i in rows], self.max_len
+            [self.sources[i] for i in rows],
+            [list(self.prefixes[i]) for i in rows],
+            self.max_len,
+            [i // k for i in range(len(rows))],
         )
 
 

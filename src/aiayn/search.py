@@ -50,8 +50,13 @@ __all__ = [
 class DecoderCache(Protocol):
     """Per-row decoder state (self-attention K/V so far, cross-attention K/V of the memory)."""
 
-    def reorder(self, index: Tensor) -> DecoderCache:
-        """A new cache whose row i is row ``index[i]`` of this one (rows may repeat or vanish)."""
+    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> DecoderCache:
+        """Keep rows ``index`` (R',) and source sentences ``sentences`` (N',; None: all).
+
+        Row i of the result is row ``index[i]`` (rows may repeat or vanish). Rows stay grouped
+        by sentence: with K' = R'/N', rows j·K'..(j+1)·K'-1 are hypotheses of sentence
+        ``sentences[j]``. May work in place: only the returned cache is used afterwards.
+        """
         ...
 
 
@@ -373,7 +378,9 @@ def beam_search(
             break
         # One row selection follows beams to their parents and drops done sentences.
         first_row = torch.arange(n, device=device).unsqueeze(1) * k  # (N, 1)
-        cache = cache.reorder((first_row + parent)[keep].view(-1))
+        cache = cache.reorder(
+            (first_row + parent)[keep].view(-1), keep if keep.numel() < n else None
+        )
         sentence, max_len = sentence[keep], max_len[keep]
         tokens, beam_log_prob = tokens[keep], beam_log_prob[keep]
         prev = tokens[:, :, -1].reshape(-1)
@@ -433,7 +440,7 @@ def _decode_one_per_row(
             keep = (~ended).nonzero().squeeze(1)
             if keep.numel() == 0:
                 break
-            cache = cache.reorder(keep)
+            cache = cache.reorder(keep, keep)
             sentence, max_len, tokens = sentence[keep], max_len[keep], tokens[keep]
             log_prob, token = log_prob[keep], token[keep]
         tokens = torch.cat([tokens, token.unsqueeze(1)], dim=1)
