@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 
@@ -94,3 +95,24 @@ def test_set_learning_rate_drives_the_update(make_model) -> None:
     # Adam's first steps move every weight by about lr in the direction of -sign(grad).
     delta = next(model.parameters()).detach() - before[0]
     assert torch.allclose(delta, torch.full_like(delta, -1e-3), rtol=1e-3)
+
+
+def test_fused_adam_makes_the_same_updates_as_the_plain_loop() -> None:
+    """build_optimizer uses PyTorch's fused Adam for speed; it must update like the reference."""
+    torch.manual_seed(0)
+    fused_model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)
+    )
+    plain_model = copy.deepcopy(fused_model)
+    fused = build_optimizer(fused_model)
+    plain = torch.optim.Adam(plain_model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    assert fused.defaults["fused"] and not plain.defaults["fused"]
+    for step in range(1, 6):
+        x = torch.randn(32, 8)
+        for model, optimizer in ((fused_model, fused), (plain_model, plain)):
+            set_learning_rate(optimizer, learning_rate(step, d_model=16, warmup_steps=2))
+            optimizer.zero_grad()
+            model(x).pow(2).mean().backward()
+            optimizer.step()
+    for a, b in zip(fused_model.parameters(), plain_model.parameters(), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)

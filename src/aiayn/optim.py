@@ -21,8 +21,13 @@ def build_optimizer(
     model: nn.Module, *, betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9
 ) -> torch.optim.Adam:
     """Adam as in §5.3. The learning rate is set before every update from `learning_rate`, so
-    the schedule is a pure function of the step and resumes exactly."""
-    return torch.optim.Adam(model.parameters(), lr=0.0, betas=betas, eps=eps)
+    the schedule is a pure function of the step and resumes exactly.
+
+    PyTorch's fused Adam (one kernel for all parameters, on CPU and CUDA) does the same update as
+    the per-parameter loop, in a few percent of a training step less; a test checks that both
+    give the same weights to float32 rounding.
+    """
+    return torch.optim.Adam(model.parameters(), lr=0.0, betas=betas, eps=eps, fused=True)
 
 
 def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
