@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: demo test lint format bench bench-decode browser-deps docs clean
+.PHONY: demo test lint format bench bench-decode browser-deps bible-deps docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,15 @@ browser-deps:
 	command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
 		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
 			chromium chromium-driver)
+
+# Debian's SWORD Bible modules (World English Bible, Reina-Valera 1909) for `aiayn prepare
+# bible-en-es` and its end-to-end test in tests/test_prepare.py (which skips, saying so, where
+# they are missing). Installs with apt-get (as root) only if either is missing.
+SWORD_CONF := /usr/share/sword/mods.d
+bible-deps:
+	test -f $(SWORD_CONF)/engWEB2015eb.conf && test -f $(SWORD_CONF)/spaRV1909eb.conf || \
+		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
+			sword-text-web sword-text-sparv)
 
 # Figures of docs/walkthrough.md, drawn by aiayn's own commands from the demo model.
 DEMO_MODEL := demo_run/run/model
