@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from aiayn import attention
 from aiayn.attention import MultiHeadAttention, scaled_dot_product_attention
 
 B, H, T, S, D_K, D_V = 3, 2, 5, 7, 4, 6
@@ -26,6 +27,29 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Ten
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
     scores = scores.masked_fill(~allowed, float("-inf"))
     return scores.softmax(-1) @ v
+
+
+@pytest.fixture(autouse=True)
+def fused_kernel_for_every_length(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Short queries normally take the two-matmul path on CPU; here the fused kernel is what the
+    explicit path is compared with, whatever the length."""
+    monkeypatch.setattr(attention, "FEW_QUERIES", 0)
+
+
+@pytest.mark.parametrize("t", [1, 4])
+@pytest.mark.parametrize("masked", [False, True])
+def test_few_query_path_equals_the_fused_kernel(
+    monkeypatch: pytest.MonkeyPatch, t: int, masked: bool
+) -> None:
+    """Decoding steps (1 query per hypothesis, or a sentence's W beams) skip the fused kernel."""
+    monkeypatch.setattr(attention, "FEW_QUERIES", 8)
+    q, k, v = random_qkv(t=t)
+    mask = key_mask(LENGTHS, S)[:, None, None, :] if masked else None
+    assert attention._few_queries_on_cpu(q, 0.0)
+    out, probs = scaled_dot_product_attention(q, k, v, mask)
+    assert probs is None
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
 
 
 def random_qkv(t: int = T, s: int = S) -> tuple[Tensor, Tensor, Tensor]:
@@ -176,3 +200,30 @@ def test_attention_dropout_is_active_only_in_training() -> None:
     eval_a, _ = mha(x, x)
     eval_b, _ = mha(x, x)
     torch.testing.assert_close(eval_a, eval_b, atol=0, rtol=0)
+
+
+def test_stacked_qkv_projection_equals_the_three_projections() -> None:
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, n_heads=2, d_k=4, d_v=6)
+    x = torch.randn(B, T, 16)
+    separate = (mha.project_query(x), *mha.project_key_value(x))
+    with torch.no_grad():
+        stacked = mha.project_qkv(x)
+        for a, b in zip(stacked, separate, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+        mha.k_proj.weight.mul_(2.0)  # an update in place: the cached stack must follow
+        torch.testing.assert_close(mha.project_qkv(x)[1], mha.project_key_value(x)[0])
+
+
+def test_stacked_qkv_projection_passes_gradients_to_the_three_matrices() -> None:
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, n_heads=2, d_k=4, d_v=6)
+    x = torch.randn(B, T, 16)
+    q, k, v = mha.project_qkv(x)
+    (q.sum() + 2 * k.sum() + 3 * v.sum()).backward()
+    grads = [m.weight.grad.clone() for m in (mha.q_proj, mha.k_proj, mha.v_proj)]
+    mha.zero_grad()
+    q, (k, v) = mha.project_query(x), mha.project_key_value(x)
+    (q.sum() + 2 * k.sum() + 3 * v.sum()).backward()
+    for got, m in zip(grads, (mha.q_proj, mha.k_proj, mha.v_proj), strict=True):
+        torch.testing.assert_close(got, m.weight.grad)

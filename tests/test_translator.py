@@ -394,3 +394,28 @@ def test_int8_quantizes_every_linear_layer_and_stays_close_to_fp32(
 def test_int8_is_refused_off_the_cpu(model_dir: Path) -> None:
     with pytest.raises(ValueError, match="CPU only"):
         Translator(model_dir, device="cuda", int8=True)
+
+
+def test_bf16_runs_the_model_in_bfloat16_and_stays_close_to_fp32(
+    model_dir: Path, model: Transformer
+) -> None:
+    bf16 = Translator(model_dir, bf16=True)
+    assert {p.dtype for p in bf16.model.parameters()} == {torch.bfloat16}
+    src = torch.tensor([[5, 6, 7, 8, EOS_ID]])
+    with torch.inference_mode():
+        reference = model.eval()
+        memory, mask = reference.encode(src)
+        expected = reference.decode_step(
+            torch.tensor([BOS_ID]), reference.init_cache(memory, mask, 2)
+        )
+        memory, mask = bf16.model.encode(src)
+        got = bf16.model.decode_step(torch.tensor([BOS_ID]), bf16.model.init_cache(memory, mask, 2))
+    assert got.dtype == torch.float32  # log-probabilities in float32 whatever the model's dtype
+    torch.testing.assert_close(got, expected, atol=0.1, rtol=0.05)
+    [result] = bf16.translate(["hello world"], beam_size=2, return_attention=True)
+    assert isinstance(result.text, str) and result.attention is not None
+
+
+def test_int8_and_bf16_are_exclusive(model_dir: Path) -> None:
+    with pytest.raises(ValueError, match="one of int8 and bf16"):
+        Translator(model_dir, int8=True, bf16=True)

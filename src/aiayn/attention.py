@@ -48,7 +48,7 @@ def scaled_dot_product_attention(
     Returns:
         The attended values (B, H, T, d_v) and the probabilities or None.
     """
-    if not need_weights:
+    if not need_weights and not _few_queries_on_cpu(q, dropout_p):
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
         )
@@ -60,9 +60,19 @@ def scaled_dot_product_attention(
         scores = scores.masked_fill(~causal_mask, float("-inf"))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = scores.softmax(dim=-1)
+    probs = scores.float().softmax(dim=-1).to(v.dtype)  # softmax in float32, also for bf16
     attended = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
-    return attended @ v, probs
+    return attended @ v, (probs if need_weights else None)
+
+
+FEW_QUERIES = 8
+
+
+def _few_queries_on_cpu(q: Tensor, dropout_p: float) -> bool:
+    """Incremental decoding asks for a handful of queries per sequence (one per hypothesis, or
+    the W beams of a sentence). On a CPU, two batched matrix products then beat the fused
+    kernel, which is built for long sequences; the result is the same (a test checks)."""
+    return q.device.type == "cpu" and q.size(-2) <= FEW_QUERIES and dropout_p == 0.0
 
 
 class MultiHeadAttention(nn.Module):
@@ -84,11 +94,43 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, n_heads * d_k)
         self.v_proj = nn.Linear(d_model, n_heads * d_v)
         self.out_proj = nn.Linear(n_heads * d_v, d_model)
+        self._qkv_cache: tuple[tuple, Tensor, Tensor] | None = None  # see _stacked_qkv
 
     def split_heads(self, x: Tensor, head_size: int) -> Tensor:
         """(B, T, H·d) → (B, H, T, d)."""
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, head_size).transpose(1, 2)
+
+    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's three projections of the same x (B, T, D) as one matrix product.
+
+        [W^Q; W^K; W^V] stacked is the same linear map as the three apart; one GEMM of thrice
+        the width runs faster, most of all for the few rows of a decoding step. The stacked
+        matrix is rebuilt only when a weight changes (or in every call while gradients flow,
+        so that they reach the three matrices). Int8 layers keep three products.
+        """
+        linears = (self.q_proj, self.k_proj, self.v_proj)
+        if not all(isinstance(m, nn.Linear) for m in linears):
+            return self.project_query(x), *self.project_key_value(x)
+        weight, bias = self._stacked_qkv(linears)
+        q, k, v = F.linear(x, weight, bias).split(
+            [self.n_heads * self.d_k, self.n_heads * self.d_k, self.n_heads * self.d_v], dim=-1
+        )
+        return (
+            self.split_heads(q, self.d_k),
+            self.split_heads(k, self.d_k),
+            self.split_heads(v, self.d_v),
+        )
+
+    def _stacked_qkv(self, linears: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor]:
+        params = [m.weight for m in linears] + [m.bias for m in linears]
+        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
+            return torch.cat(params[:3]), torch.cat(params[3:])
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        if self._qkv_cache is None or self._qkv_cache[0] != key:
+            with torch.no_grad():
+                self._qkv_cache = (key, torch.cat(params[:3]), torch.cat(params[3:]))
+        return self._qkv_cache[1], self._qkv_cache[2]
 
     def project_query(self, x: Tensor) -> Tensor:
         """(B, T, D) → queries (B, H, T, d_k)."""
@@ -139,6 +181,9 @@ class MultiHeadAttention(nn.Module):
         Returns:
             Output (B, T, D) and, with need_weights, probabilities (B, H, T, S).
         """
-        q = self.project_query(query)
-        k, v = self.project_key_value(key_value)
+        if query is key_value:  # self-attention
+            q, k, v = self.project_qkv(query)
+        else:
+            q = self.project_query(query)
+            k, v = self.project_key_value(key_value)
         return self.attend(q, k, v, mask, is_causal=is_causal, need_weights=need_weights)

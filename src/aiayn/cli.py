@@ -237,6 +237,12 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
         help="int8 dynamic quantization of the linear layers (CPU only; faster, see "
         "BENCHMARKS.md for the effect on BLEU)",
     )
+    g.add_argument(
+        "--bf16",
+        action="store_true",
+        help="run the model in bfloat16 (faster on GPUs and CPUs with native bf16; see "
+        "BENCHMARKS.md for the effect on BLEU)",
+    )
 
 
 def _load_translator(args: argparse.Namespace) -> Any:
@@ -253,6 +259,7 @@ def _load_translator(args: argparse.Namespace) -> Any:
         max_tokens=args.max_tokens,
         threads=args.threads,
         int8=int8,
+        bf16=getattr(args, "bf16", False),
     )
 
 

@@ -211,8 +211,7 @@ class DecoderLayer(nn.Module):
         t = cache.length
 
         def self_attention(h: Tensor) -> tuple[Tensor, None]:
-            q = self.self_attn.project_query(h)  # (R, H, 1, d_k)
-            k, v = self.self_attn.project_key_value(h)
+            q, k, v = self.self_attn.project_qkv(h)  # (R, H, 1, d_k / d_v)
             cache.self_k[layer, :, :, t] = k[:, :, 0]
             cache.self_v[layer, :, :, t] = v[:, :, 0]
             keys = cache.self_k[layer, :, :, : t + 1]  # (R, H, t+1, d_k): no mask needed
