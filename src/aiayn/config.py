@@ -235,7 +235,8 @@ class TrainConfig:
         seed: Seeds model init, dropout and batch order.
         device: "auto", "cpu", "cuda" or "cuda:N".
         bf16: bf16 autocast on CUDA (ignored on CPU).
-        compile: Wrap the model in `torch.compile`.
+        compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
+            compile: aiayn.compiling).
         log_every: Updates between metric lines in metrics.jsonl.
         valid_every: Updates between validations (0 = only at the end).
         valid_bleu: Also decode the validation set and report sacreBLEU.

@@ -428,8 +428,14 @@ class Transformer(nn.Module):
     # -- the two halves of Figure 1 -------------------------------------------------------
 
     def src_key_mask(self, src_tokens: Tensor) -> Tensor | None:
-        """(B, S) True = real token; None when the batch has no padding (fast SDPA path)."""
+        """(B, S) True = real token; None when the batch has no padding (fast SDPA path).
+
+        Under `torch.compile` the mask is always returned: asking whether it is all True would
+        read a value back from the tensor and break the compiled graph in two.
+        """
         mask = src_tokens != self.config.pad_id
+        if torch.compiler.is_compiling():
+            return mask
         return None if bool(mask.all()) else mask
 
     def encode(

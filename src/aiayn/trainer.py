@@ -39,6 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from aiayn import checkpoint as ckpt
 from aiayn.batching import collate, make_batches, shard_batches
+from aiayn.compiling import maybe_compile
 from aiayn.config import TrainConfig
 from aiayn.data import ParallelDataset, load_or_build, read_parallel, read_tsv
 from aiayn.distributed import Distributed, init_distributed
@@ -465,7 +466,7 @@ def _train(
 
     train_model: nn.Module = model
     if config.compile:
-        train_model = torch.compile(train_model)
+        train_model = maybe_compile(train_model, device)
     if ctx.enabled:
         device_ids = [device.index] if device.type == "cuda" else None
         train_model = DistributedDataParallel(train_model, device_ids=device_ids)

@@ -1,0 +1,49 @@
+"""`torch.compile` where it can run, eager PyTorch where it cannot.
+
+TorchInductor turns the model into generated C++ (CPU) or Triton (CUDA) kernels, fusing the
+element-wise work around the matrix products (dropout, residual adds, ReLU, LayerNorm). It needs
+a C++ compiler on the CPU and Triton on a GPU; where either is missing, or compilation fails on
+this machine, training and decoding run eagerly, with one warning, instead of stopping. The
+compiled model computes the same function (tests/test_compiling.py).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import shutil
+
+import torch
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+
+def compiler_missing(device: torch.device) -> str | None:
+    """Why `torch.compile` cannot run on `device` here, or None if it can."""
+    if device.type == "cuda":
+        if importlib.util.find_spec("triton") is None:
+            return "Triton is not installed"
+        return None
+    if device.type != "cpu":
+        return f"no compiler backend for {device.type}"
+    candidates = [os.environ.get("CXX"), "c++", "g++", "clang++"]
+    if not any(c and shutil.which(c) for c in candidates):
+        return "no C++ compiler found (set CXX or install g++)"
+    return None
+
+
+def maybe_compile(module: nn.Module, device: torch.device) -> nn.Module:
+    """`torch.compile(module)`, or `module` itself (with a warning) where it cannot compile.
+
+    A compilation that fails later, at the first call, also falls back to eager execution
+    (`torch._dynamo.config.suppress_errors`), so a missing or broken toolchain never stops a
+    run; PyTorch logs what failed.
+    """
+    reason = compiler_missing(device)
+    if reason is not None:
+        logger.warning("torch.compile is not available (%s): running eagerly", reason)
+        return module
+    torch._dynamo.config.suppress_errors = True
+    return torch.compile(module)
