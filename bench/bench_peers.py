@@ -1,0 +1,564 @@
+"""aiayn against its peers, side by side in one run: training steps, decoding, and GEMM peak.
+
+Same shapes, same thread count, random weights, medians of repeated runs, with the runs of all
+systems interleaved (round r times every system once, in rotating order) so that noise from
+other processes hits all of them alike.
+
+- **GEMM peak**: float32 `torch.mm` of 2048×2048 by 2048×2048 (MKL), the yardstick for the
+  fraction of peak of the training step.
+- **Training step** (forward, label-smoothed cross-entropy, backward, Adam) at the `base`
+  shape (d_model 512, 6+6 layers, vocabulary 8000 shared, 32 × 32 tokens a side) and the
+  `small` one (d_model 256, d_ff 1024, 4 heads, 3+3 layers, 64 × 32): aiayn (its own loss and
+  optimizer, as `aiayn train` runs them), `torch.nn.Transformer` (bench_train_step's
+  reference) and HF `MarianMTModel`, each with `torch.optim.Adam` and `F.cross_entropy`.
+  Fraction of peak = the step's matrix-multiply FLOPs (forward ×3) / step time / GEMM peak.
+- **Decoding**, base shape, batch 32 × 24 source tokens, every output forced to 24 tokens:
+  aiayn fp32 / int8 (dynamic quantization) / bf16, HF `generate` (fp32), CTranslate2 fp32 and
+  int8 running *our model's weights* (converted by `peers.ct2_convert`; the run checks that
+  CTranslate2's greedy output equals ours). Beam 4 (α = 0.6) and greedy.
+
+    .venv/bin/python bench/bench_peers.py                       # everything (~15 min, 2 cores)
+    .venv/bin/python bench/bench_peers.py --sections decode --repeats 3
+    .venv/bin/python bench/bench_peers.py --update-benchmarks   # rewrite BENCHMARKS.md section
+    .venv/bin/python bench/bench_peers.py --profile             # + top operators per step
+
+Peers are optional extras: `pip install '.[bench]'`. One that does not import is reported as
+missing in the table, not skipped silently.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import peers
+from aiayn.compiling import maybe_compile
+from aiayn.config import ModelConfig, preset
+from aiayn.loss import label_smoothed_loss
+from aiayn.model import Transformer
+from aiayn.optim import build_optimizer
+from aiayn.search import beam_search, greedy_search
+from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from aiayn.translator import native_bf16_cpu, quantize_int8
+from bench_decode import FixedLength
+from bench_train_step import (
+    BENCHMARKS_MD,
+    ReferenceTransformer,
+    _load_average,
+    machine_info,
+    make_batch,
+)
+
+VOCAB = 8000
+TRAIN_SHAPES = {"base": (32, 32), "small": (64, 32)}  # sentences × tokens per side
+START, END = "<!-- bench_peers:start -->", "<!-- bench_peers:end -->"
+# The issue's targets (see BENCHMARKS.md): ratio over the best fp32 peer, per row.
+TARGETS = {
+    ("train", "base"): 1.15,
+    ("train", "small"): 1.25,
+    ("decode", "beam4"): 1.2,  # over CTranslate2 fp32
+    ("decode", "greedy"): 1.2,  # over HF generate
+}
+
+
+@dataclass
+class Runner:
+    """One system on one task: `run()` does the work once; `tokens` target tokens per run."""
+
+    name: str
+    run: Callable[[], object]
+    tokens: int
+    peer: bool = True  # a peer (vs aiayn)
+    fp32: bool = True
+    seconds: list[float] = field(default_factory=list)
+    missing: str | None = None
+
+    def median_tok_s(self) -> float:
+        return self.tokens / statistics.median(self.seconds)
+
+
+def interleave(runners: list[Runner], repeats: int, warmup: int) -> None:
+    """Warm every runner up, then time `repeats` rounds; round r starts at runner r mod n."""
+    live = [r for r in runners if r.missing is None]
+    for r in live:
+        for _ in range(warmup):
+            r.run()
+    for i in range(repeats):
+        shift = i % len(live)
+        for r in live[shift:] + live[:shift]:
+            start = time.perf_counter()
+            r.run()
+            r.seconds.append(time.perf_counter() - start)
+        print(
+            f"  round {i + 1}/{repeats}: "
+            + ", ".join(f"{r.name} {r.tokens / r.seconds[-1]:.0f}" for r in live)
+            + " tok/s",
+            flush=True,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# GEMM peak and FLOPs
+# --------------------------------------------------------------------------------------------
+
+
+def gemm_peak(n: int = 2048, repeats: int = 15) -> list[float]:
+    """GFLOP/s of float32 n×n by n×n matrix products, one value per repeat."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    out = torch.empty(n, n)
+    for _ in range(3):
+        torch.mm(a, b, out=out)
+    rates = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b, out=out)
+        rates.append(2 * n**3 / (time.perf_counter() - start) / 1e9)
+    return rates
+
+
+def forward_flops(c: ModelConfig, batch: int, s: int, t: int) -> int:
+    """Multiply-add FLOPs (2 per MAC) of one teacher-forced forward pass: every linear layer
+    and the attention products QKᵀ and AV (the causal half counted in full, as computed)."""
+    hk, hv, d = c.n_heads * c.d_k, c.n_heads * c.d_v, c.d_model
+
+    def attention(q_len: int, kv_len: int) -> int:
+        projections = q_len * d * hk + kv_len * d * (hk + hv) + q_len * hv * d
+        return 2 * (projections + q_len * kv_len * (hk + hv))
+
+    ffn = 2 * 2 * d * c.d_ff
+    encoder = c.n_encoder_layers * (attention(s, s) + s * ffn)
+    decoder = c.n_decoder_layers * (attention(t, t) + attention(t, s) + t * ffn)
+    return batch * (encoder + decoder + 2 * t * d * c.tgt_vocab_size)
+
+
+# --------------------------------------------------------------------------------------------
+# Training step
+# --------------------------------------------------------------------------------------------
+
+
+def _peer_step(model: nn.Module, batch) -> Callable[[], float]:
+    """The reference step of bench_train_step: F.cross_entropy + default torch.optim.Adam."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
+    src, tgt_in, tgt_out = batch
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(src, tgt_in)
+        loss = F.cross_entropy(
+            logits.float().view(-1, logits.size(-1)),
+            tgt_out.reshape(-1),
+            label_smoothing=0.1,
+            ignore_index=PAD_ID,
+        )
+        loss.backward()
+        optimizer.step()
+        return loss.item()
+
+    return step
+
+
+def _aiayn_step(
+    model: Transformer, batch, bf16: bool = False, forward: nn.Module | None = None
+) -> Callable[[], float]:
+    """aiayn's own step, as the trainer runs it: its loss, its (fused) Adam; `forward` is the
+    model or a compiled wrapper of it."""
+    forward = model if forward is None else forward
+    optimizer = build_optimizer(model)
+    for group in optimizer.param_groups:
+        group["lr"] = 1e-4
+    src, tgt_in, tgt_out = batch
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+
+    def step() -> float:
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            logits = forward(src, tgt_in)
+        sums = label_smoothed_loss(logits, tgt_out, epsilon=0.1, pad_id=PAD_ID)
+        (sums.loss / sums.n_tokens).backward()
+        optimizer.step()
+        return sums.loss.item()
+
+    return step
+
+
+def bench_train(shape: str, repeats: int, warmup: int, compile_model: bool = False) -> dict:
+    config = preset(shape, src_vocab_size=VOCAB, pad_id=PAD_ID)
+    sentences, length = TRAIN_SHAPES[shape]
+    batch = make_batch(sentences, length, VOCAB, torch.device("cpu"), seed=0)
+    tokens = sentences * length
+    runners = []
+    torch.manual_seed(0)
+    runners.append(Runner("aiayn", _aiayn_step(Transformer(config).train(), batch), tokens, False))
+    torch.manual_seed(0)
+    runners.append(
+        Runner("nn.Transformer", _peer_step(ReferenceTransformer(config).train(), batch), tokens)
+    )
+    missing = peers.available("transformers")
+    hf = Runner("HF Marian", lambda: None, tokens, missing=missing)
+    if missing is None:
+        torch.manual_seed(0)
+        hf.run = _peer_step(peers.MarianForTraining(peers.marian(config)).train(), batch)
+    runners.append(hf)
+    if compile_model:
+        torch.manual_seed(0)
+        model = Transformer(config).train()
+        step = _aiayn_step(model, batch, forward=maybe_compile(model, torch.device("cpu")))
+        runners.append(Runner("aiayn torch.compile", step, tokens, False))
+    if native_bf16_cpu():
+        torch.manual_seed(0)
+        step = _aiayn_step(Transformer(config).train(), batch, bf16=True)
+        runners.append(Runner("aiayn bf16 autocast", step, tokens, False, fp32=False))
+    print(f"[train {shape}] batch {sentences} × {length}", flush=True)
+    interleave(runners, repeats, warmup)
+    return {
+        "task": "train",
+        "shape": shape,
+        "runners": runners,
+        "flops": 3 * forward_flops(config, sentences, length, length),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Decoding
+# --------------------------------------------------------------------------------------------
+
+
+def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: int, out_len: int):
+    config = preset("base", src_vocab_size=VOCAB, pad_id=PAD_ID, dropout=0.0)
+    torch.manual_seed(0)
+    model = Transformer(config).eval()
+    src = torch.randint(4, VOCAB, (batch, src_len), generator=torch.Generator().manual_seed(1))
+    tokens = batch * out_len
+    # Ours: out_len - 1 tokens, then EOS (forced): out_len decoding steps, like the peers'.
+    options = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, max_len_a=0.0)
+    options["max_len_b"] = out_len - 1
+    outputs: dict[str, list[list[int]]] = {}
+
+    def ours(m: nn.Module, mode: str, name: str, bf16: bool = False) -> Callable[[], None]:
+        fixed = FixedLength(m, out_len - 1)
+
+        def run() -> None:
+            autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+            with torch.inference_mode(), autocast:
+                if mode == "greedy":
+                    hyps = greedy_search(fixed, src, **options)
+                else:
+                    hyps = [h[0] for h in beam_search(fixed, src, beam_size=4, **options)]
+            outputs[name] = [h.tokens for h in hyps]
+
+        return run
+
+    int8_model = quantize_int8(model)
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        ct2_missing = peers.available("ctranslate2")
+        ct2 = {}
+        if ct2_missing is None:
+            for compute_type, quantization in (("float32", None), ("int8", "int8")):
+                path = peers.ct2_convert(model, Path(tmp) / compute_type, quantization)
+                ct2[compute_type] = peers.ct2_translator(path, compute_type, threads)
+        hf_missing = peers.available("transformers")
+        hf = None
+        if hf_missing is None:
+            torch.manual_seed(0)
+            hf = peers.marian(config).eval()
+        source_tokens = peers.ct2_tokens(src, VOCAB)
+
+        for mode, beam in (("beam4", 4), ("greedy", 1)):
+
+            def ct2_run(compute_type: str, name: str, beam: int = beam) -> Callable[[], None]:
+                def run() -> None:
+                    out = ct2[compute_type].translate_batch(
+                        source_tokens,
+                        beam_size=beam,
+                        length_penalty=0.6,
+                        min_decoding_length=out_len,
+                        max_decoding_length=out_len,
+                        max_batch_size=batch,
+                    )
+                    outputs[name] = peers.ct2_ids(out, VOCAB)
+
+                return run
+
+            def hf_run(beam: int = beam) -> None:
+                with torch.inference_mode():
+                    hf.generate(
+                        input_ids=src,
+                        attention_mask=torch.ones_like(src),
+                        num_beams=beam,
+                        do_sample=False,
+                        min_new_tokens=out_len,
+                        max_new_tokens=out_len,
+                        early_stopping=False,
+                    )
+
+            runners = [
+                Runner("aiayn fp32", ours(model, mode, f"aiayn {mode}"), tokens, False),
+                Runner("aiayn int8", ours(int8_model, mode, "int8"), tokens, False, fp32=False),
+                Runner("HF generate fp32", hf_run, tokens, missing=hf_missing),
+                Runner(
+                    "CTranslate2 fp32",
+                    ct2_run("float32", f"ct2 {mode}"),
+                    tokens,
+                    missing=ct2_missing,
+                ),
+                Runner(
+                    "CTranslate2 int8",
+                    ct2_run("int8", "ct2 int8"),
+                    tokens,
+                    fp32=False,
+                    missing=ct2_missing,
+                ),
+            ]
+            if native_bf16_cpu():
+                runners.insert(
+                    2,
+                    Runner(
+                        "aiayn bf16",
+                        ours(model, mode, "bf16", bf16=True),
+                        tokens,
+                        False,
+                        fp32=False,
+                    ),
+                )
+            print(f"[decode {mode}] batch {batch} × {src_len} → {out_len}", flush=True)
+            interleave(runners, repeats, warmup)
+            same = None
+            if f"ct2 {mode}" in outputs:
+                a, b = outputs[f"aiayn {mode}"], outputs[f"ct2 {mode}"]
+                same = sum(x == y[: len(x)] for x, y in zip(a, b, strict=True)) / len(a)
+                print(f"  CTranslate2 fp32 output = aiayn's for {100 * same:.0f}% of sentences")
+            results.append({"task": "decode", "shape": mode, "runners": runners, "same": same})
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# Profile
+# --------------------------------------------------------------------------------------------
+
+
+def profile_decode(batch: int, src_len: int, out_len: int, rows: int = 12) -> str:
+    """torch.profiler table of aiayn's beam-4 decoding: top operators, time per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    config = preset("base", src_vocab_size=VOCAB, pad_id=PAD_ID, dropout=0.0)
+    torch.manual_seed(0)
+    model = FixedLength(Transformer(config).eval(), out_len - 1)
+    src = torch.randint(4, VOCAB, (batch, src_len), generator=torch.Generator().manual_seed(1))
+    options = dict(
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        pad_id=PAD_ID,
+        max_len_a=0.0,
+        max_len_b=out_len - 1,
+        beam_size=4,
+    )
+    with torch.inference_mode():
+        beam_search(model, src, **options)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            beam_search(model, src, **options)
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events)
+    lines = [
+        "| operator | calls per step | self time per step (ms) | share |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for e in events[:rows]:
+        lines.append(
+            f"| `{e.key}` | {e.count / out_len:.0f} | "
+            f"{e.self_cpu_time_total / 1e3 / out_len:.2f} "
+            f"| {100 * e.self_cpu_time_total / total:.0f}% |"
+        )
+    lines.append(f"| all operators | | {total / 1e3 / out_len:.2f} | 100% |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def _spread(r: Runner) -> str:
+    values = sorted(r.tokens / s for s in r.seconds)
+    return f"{values[0]:.0f}–{values[-1]:.0f}"
+
+
+def table(results: list[dict], peak: float) -> str:
+    lines = [
+        "| task | shape | system | target tok/s (median) | min–max | vs best fp32 peer "
+        "| % of GEMM peak | target |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for res in results:
+        live = [r for r in res["runners"] if r.missing is None]
+        fp32_peers = [r for r in live if r.peer and r.fp32]
+        int8_peers = [r for r in live if r.peer and not r.fp32]
+        best = max(fp32_peers, key=Runner.median_tok_s, default=None)
+        target = TARGETS.get((res["task"], res["shape"]))
+        if res["task"] == "decode" and res["shape"] == "beam4":
+            best = next((r for r in fp32_peers if r.name.startswith("CTranslate2")), best)
+        elif res["task"] == "decode":
+            best = next((r for r in fp32_peers if r.name.startswith("HF")), best)
+        for r in res["runners"]:
+            if r.missing is not None:
+                lines.append(
+                    f"| {res['task']} | {res['shape']} | {r.name} | not measured: "
+                    f"{r.missing} | | | | |"
+                )
+                continue
+            ratio = f"{r.median_tok_s() / best.median_tok_s():.2f}×" if best else ""
+            frac = ""
+            if res["task"] == "train" and r.fp32:
+                flops_per_s = res["flops"] / statistics.median(r.seconds)
+                frac = f"{100 * flops_per_s / 1e9 / peak:.0f}%"
+            goal = ""
+            if not r.peer and r.fp32 and target and best:
+                met = r.median_tok_s() / best.median_tok_s() >= target
+                goal = f"≥ {target}× {best.name}: {'met' if met else 'not met'}"
+            if not r.peer and not r.fp32 and "int8" in r.name and int8_peers:
+                ct2_int8 = int8_peers[0]
+                met = r.median_tok_s() >= ct2_int8.median_tok_s()
+                goal = f"≥ {ct2_int8.name}: {'met' if met else 'not met'} " + (
+                    f"({r.median_tok_s() / ct2_int8.median_tok_s():.2f}×)"
+                )
+            name = f"**{r.name}**" if not r.peer else r.name
+            lines.append(
+                f"| {res['task']} | {res['shape']} | {name} | {r.median_tok_s():.0f} "
+                f"| {_spread(r)} | {ratio} | {frac} | {goal} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--sections", nargs="+", default=["train", "decode"], choices=["train", "decode"]
+    )
+    parser.add_argument("--train-shapes", nargs="+", default=["base", "small"])
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--src-len", type=int, default=24)
+    parser.add_argument("--out-len", type=int, default=24)
+    parser.add_argument("--profile", action="store_true", help="add a profile of aiayn beam 4")
+    parser.add_argument(
+        "--compile", action="store_true", help="add aiayn under torch.compile (training)"
+    )
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument("--update-benchmarks", action="store_true")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    info = machine_info(torch.device("cpu"))
+    load_before = _load_average()
+    versions = {"torch": torch.__version__}
+    for module in ("transformers", "ctranslate2"):
+        versions[module] = "missing" if peers.available(module) else peers.version(module)
+    print(
+        f"{info['cpu']}, {args.threads} threads; "
+        + ", ".join(f"{k} {v}" for k, v in versions.items())
+    )
+    peak_rates = gemm_peak()
+    peak = statistics.median(peak_rates)
+    print(
+        f"fp32 GEMM peak: {peak:.0f} GFLOP/s (median; {min(peak_rates):.0f}–{max(peak_rates):.0f})"
+    )
+    results = []
+    if "train" in args.sections:
+        for shape in args.train_shapes:
+            results.append(bench_train(shape, args.repeats, args.warmup, args.compile))
+    if "decode" in args.sections:
+        results += bench_decode(
+            args.repeats, args.warmup, args.threads, args.batch, args.src_len, args.out_len
+        )
+    peak_after = statistics.median(gemm_peak())
+    text = table(results, peak)
+    print()
+    print(text)
+    profile = profile_decode(args.batch, args.src_len, args.out_len) if args.profile else ""
+    if profile:
+        print()
+        print(profile)
+    if args.json:
+        args.json.write_text(
+            json.dumps(
+                [
+                    {
+                        **r,
+                        "runners": [
+                            {
+                                "name": x.name,
+                                "seconds": x.seconds,
+                                "tokens": x.tokens,
+                                "missing": x.missing,
+                            }
+                            for x in r["runners"]
+                        ],
+                    }
+                    for r in results
+                ],
+                indent=2,
+            )
+        )
+    if args.update_benchmarks:
+        argv_text = shlex.join(sys.argv[1:] if argv is None else argv)
+        same = [r["same"] for r in results if r.get("same") is not None]
+        notes = [
+            f"- Machine: {info['cpu']}, {info['cores']} cores, {args.threads} threads for every "
+            f"system; "
+            + ", ".join(f"{k} {v}" for k, v in versions.items())
+            + f", Python {info['python']}.",
+            f"- fp32 GEMM peak (2048³ `torch.mm`): {peak:.0f} GFLOP/s before the run, "
+            f"{peak_after:.0f} after; 1-minute load average {load_before} before, "
+            f"{_load_average()} after.",
+            f"- {args.repeats} timed rounds after {args.warmup} warm-up, systems interleaved; "
+            "decoding: batch "
+            f"{args.batch} × {args.src_len} source tokens, every output forced to "
+            f"{args.out_len} tokens.",
+        ]
+        if same:
+            notes.append(
+                "- CTranslate2 runs aiayn's own weights: its fp32 output equals aiayn's for "
+                + " / ".join(f"{100 * s:.0f}%" for s in same)
+                + " of the sentences (beam 4 / greedy)."
+            )
+        notes.append(
+            f"- Command: `.venv/bin/python bench/bench_peers.py {argv_text}`; run on "
+            f"{time.strftime('%Y-%m-%d %H:%M %Z')}."
+        )
+        section = text + "\n\n" + "\n".join(notes)
+        if profile:
+            section += "\n\nTop operators of aiayn's beam-4 decoding (base, fp32), per step:\n\n"
+            section += profile
+        update_benchmarks_section(BENCHMARKS_MD, section)
+        print(f"\nupdated {BENCHMARKS_MD}")
+
+
+def update_benchmarks_section(path: Path, section: str) -> None:
+    """Replace the text between this script's markers (appending them if absent)."""
+    block = f"{START}\n{section.strip()}\n{END}"
+    text = path.read_text()
+    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text, count=1)
+    else:
+        text = text.rstrip("\n") + "\n\n## Peers, side by side\n\n" + block + "\n"
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
