@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: demo test lint format bench bench-decode browser-deps bible-deps docs clean
+.PHONY: demo test lint format bench bench-peers bench-decode browser-deps bible-deps docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_train_step.py
+
+# aiayn against nn.Transformer, HF Marian and CTranslate2 (the optional `bench` extra).
+bench-peers: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python bench/bench_peers.py --compile --profile
 
 # Debian's Chromium and chromedriver for tests/integration/test_browser.py (which skips, saying
 # so, where they are missing). Installs with apt-get (as root) only if either is missing.
