@@ -552,3 +552,49 @@ def test_weight_sharing_uses_one_parameter(
         torch.testing.assert_close(after[1], after[2], atol=0, rtol=0)
     for old, new in zip(before, after, strict=True):
         assert not torch.equal(old, new)
+
+
+# -- search on the real model: the batched, pruned cache = one sentence at a time -----------
+
+
+class _CountingModel:
+    """A Transformer seen through search's protocol, recording the rows of every step."""
+
+    def __init__(self, model: Transformer) -> None:
+        self.model, self.rows = model, []
+
+    def encode(self, src: Tensor):
+        return self.model.encode(src)
+
+    def init_cache(self, memory: Tensor, mask: Tensor | None, max_len: int):
+        return self.model.init_cache(memory, mask, max_len)
+
+    def decode_step(self, tokens: Tensor, cache) -> Tensor:
+        self.rows.append(tokens.numel())
+        return self.model.decode_step(tokens, cache)
+
+
+@pytest.mark.parametrize("beam_size", [1, 4])
+def test_search_on_the_model_is_the_same_batched_and_pruned_as_alone(
+    make_model: MakeModel, beam_size: int
+) -> None:
+    """Finished sentences leave the batch (their cache rows and encoder K/V are dropped);
+    what remains must decode exactly as it would alone. Maximum lengths = source lengths, so
+    the sentences end at different steps."""
+    from aiayn.search import beam_search
+
+    model = make_model().eval()
+    perturb_(model)
+    src, _ = batch(model)
+    options = dict(bos_id=2, eos_id=3, pad_id=PAD, beam_size=beam_size, max_len_a=1.0, max_len_b=0)
+    with torch.no_grad():
+        counting = _CountingModel(model)
+        batched = beam_search(counting, src, **options)
+        widest = counting.rows.index(max(counting.rows))
+        assert min(counting.rows[widest:]) < max(counting.rows), "no sentence left the batch"
+        for row, hyps in enumerate(batched):
+            length = int((src[row] != PAD).sum())
+            [alone] = beam_search(_CountingModel(model), src[row : row + 1, :length], **options)
+            assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+            for a, b in zip(hyps, alone, strict=True):
+                assert a.score == pytest.approx(b.score, abs=1e-4)
