@@ -13,9 +13,10 @@ other processes hits all of them alike.
   reference) and HF `MarianMTModel`, each with `torch.optim.Adam` and `F.cross_entropy`.
   Fraction of peak = the step's matrix-multiply FLOPs (forward ×3) / step time / GEMM peak.
 - **Decoding**, base shape, batch 32 × 24 source tokens, every output forced to 24 tokens:
-  aiayn fp32 / int8 (dynamic quantization) / bf16, HF `generate` (fp32), CTranslate2 fp32 and
-  int8 running *our model's weights* (converted by `peers.ct2_convert`; the run checks that
-  CTranslate2's greedy output equals ours). Beam 4 (α = 0.6) and greedy.
+  aiayn fp32 / int8 (dynamic quantization) / bf16 (the model in bfloat16), HF `generate`
+  (fp32), CTranslate2 fp32 and int8 running *our model's weights* (converted by
+  `peers.ct2_convert`; the run checks that CTranslate2's fp32 output equals ours). Beam 4
+  (α = 0.6) and greedy.
 
     .venv/bin/python bench/bench_peers.py                       # everything (~15 min, 2 cores)
     .venv/bin/python bench/bench_peers.py --sections decode --repeats 3
@@ -29,6 +30,7 @@ missing in the table, not skipped silently.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import re
 import shlex
@@ -248,12 +250,11 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
     options["max_len_b"] = out_len - 1
     outputs: dict[str, list[list[int]]] = {}
 
-    def ours(m: nn.Module, mode: str, name: str, bf16: bool = False) -> Callable[[], None]:
+    def ours(m: nn.Module, mode: str, name: str) -> Callable[[], None]:
         fixed = FixedLength(m, out_len - 1)
 
         def run() -> None:
-            autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
-            with torch.inference_mode(), autocast:
+            with torch.inference_mode():
                 if mode == "greedy":
                     hyps = greedy_search(fixed, src, **options)
                 else:
@@ -262,7 +263,8 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
 
         return run
 
-    int8_model = quantize_int8(model)
+    int8_model = quantize_int8(model)  # as Translator(int8=True)
+    bf16_model = copy.deepcopy(model).to(torch.bfloat16)  # as Translator(bf16=True)
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         ct2_missing = peers.available("ctranslate2")
@@ -329,7 +331,7 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
                     2,
                     Runner(
                         "aiayn bf16",
-                        ours(model, mode, "bf16", bf16=True),
+                        ours(bf16_model, mode, "bf16"),
                         tokens,
                         False,
                         fp32=False,

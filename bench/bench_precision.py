@@ -1,7 +1,7 @@
-"""fp32 vs int8 (dynamic quantization of the linear layers) on a real test set: BLEU, chrF,
-exact match and decoding time, side by side in one run.
+"""fp32 vs int8 (dynamic quantization of the linear layers) vs bf16 on a real test set: BLEU,
+chrF, exact match and decoding time, side by side in one run.
 
-    .venv/bin/python bench/bench_int8.py -m demo_run/run/model \\
+    .venv/bin/python bench/bench_precision.py -m demo_run/run/model \\
         --src demo_run/corpus/test.en --ref demo_run/corpus/test.de
 """
 
@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from aiayn.evaluation import score
-from aiayn.translator import Translator
+from aiayn.translator import Translator, native_bf16_cpu
 
 
 def main() -> None:
@@ -21,22 +21,37 @@ def main() -> None:
     parser.add_argument("--src", required=True)
     parser.add_argument("--ref", required=True)
     parser.add_argument("--beam-size", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "int8", "bf16"])
     args = parser.parse_args()
     sources = Path(args.src).read_text(encoding="utf-8").splitlines()
     references = Path(args.ref).read_text(encoding="utf-8").splitlines()
-    print("| weights | BLEU | chrF | exact match | decoding time (s) |")
-    print("| --- | ---: | ---: | ---: | ---: |")
-    for int8 in (False, True):
-        translator = Translator(args.model_dir, int8=int8)
+    print(f"native bf16 on this CPU: {native_bf16_cpu()}")
+    print("| weights | BLEU | chrF | exact match | same output as fp32 | decoding time (s) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    fp32_outputs: list[str] | None = None
+    for precision in args.precisions:
+        translator = Translator(
+            args.model_dir,
+            threads=args.threads,
+            int8=precision == "int8",
+            bf16=precision == "bf16",
+        )
         start = time.perf_counter()
         results = translator.translate(sources, beam_size=args.beam_size)
         seconds = time.perf_counter() - start
         hypotheses = [r.text for r in results]
+        if precision == "fp32":
+            fp32_outputs = hypotheses
+        same = "—"
+        if fp32_outputs is not None:
+            agree = sum(a == b for a, b in zip(hypotheses, fp32_outputs, strict=True))
+            same = f"{100 * agree / len(hypotheses):.1f}%"
         scores = score(hypotheses, [references])
         exact = sum(h == r for h, r in zip(hypotheses, references, strict=True)) / len(references)
         print(
-            f"| {'int8' if int8 else 'fp32'} | {scores.bleu:.2f} | {scores.chrf:.2f} "
-            f"| {100 * exact:.1f}% | {seconds:.1f} |",
+            f"| {precision} | {scores.bleu:.2f} | {scores.chrf:.2f} | {100 * exact:.1f}% "
+            f"| {same} | {seconds:.1f} |",
             flush=True,
         )
 
