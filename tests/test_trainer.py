@@ -565,3 +565,32 @@ def test_a_fresh_run_remakes_a_vocabulary_made_from_other_settings(
     record = json.loads((run_dir / "tokenizer.json").read_text())
     assert record["files"][0][0] == str((other / "train.src").resolve())
     assert (run_dir / "tokenizer.model").read_bytes() != first
+
+
+def test_bf16_autocast_is_opt_in_on_cpu(corpus: tuple[Path, Path], tmp_path: Path) -> None:
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    config = make_config(corpus, tmp_path / "run")
+    assert trainer.uses_bf16(cuda, config) and not trainer.uses_bf16(cpu, config)
+    opted_in = dataclasses.replace(config, cpu_bf16=True)
+    assert trainer.uses_bf16(cpu, opted_in)
+    assert not trainer.uses_bf16(cuda, dataclasses.replace(opted_in, bf16=False))
+
+
+def test_cpu_bf16_training_runs_in_bf16_and_learns(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With cpu_bf16 the forward runs under bf16 autocast; weights and losses stay float32."""
+    seen: list[torch.dtype] = []
+    forward = Transformer.forward
+
+    def recording_forward(self: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
+        logits = forward(self, src, tgt)
+        seen.append(logits.dtype)
+        return logits
+
+    monkeypatch.setattr(Transformer, "forward", recording_forward)
+    result = trainer.train(make_config(corpus, tmp_path / "run", max_steps=8, cpu_bf16=True))
+    assert seen and set(seen) == {torch.bfloat16}
+    assert all(w.dtype == torch.float32 for w in weights(result.model_dir).values())
+    losses = [loss for _, loss, _ in train_losses(result.run_dir)]
+    assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]

@@ -235,6 +235,9 @@ class TrainConfig:
         seed: Seeds model init, dropout and batch order.
         device: "auto", "cpu", "cuda" or "cuda:N".
         bf16: bf16 autocast on CUDA (ignored on CPU).
+        cpu_bf16: bf16 autocast on a CPU (opt-in: it changes CPU numerics). Worth it only where
+            the CPU computes in bf16 natively (AVX512-BF16, AMX): 1.4-1.9x faster steps there
+            (BENCHMARKS.md); elsewhere it is slower, and training warns.
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
             compile: aiayn.compiling).
         log_every: Updates between metric lines in metrics.jsonl.
@@ -277,6 +280,7 @@ class TrainConfig:
     seed: int = 1
     device: str = "auto"
     bf16: bool = True
+    cpu_bf16: bool = False
     compile: bool = False
     log_every: int = 100
     valid_every: int = 1000

@@ -48,6 +48,7 @@ from aiayn.metrics import METRICS_FILE, MetricsLog, truncate_metrics
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.translator import native_bf16_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -237,9 +238,17 @@ def _load_data(
 # -- one update -----------------------------------------------------------------------------
 
 
+def uses_bf16(device: torch.device, config: TrainConfig) -> bool:
+    """bf16 autocast: on CUDA unless `bf16` is off; on a CPU only with `cpu_bf16` (opt-in)."""
+    if device.type == "cuda":
+        return config.bf16
+    return device.type == "cpu" and config.cpu_bf16
+
+
 def _autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
-    if device.type == "cuda" and bf16:
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    """Mixed precision: matrix products in bf16, weights, optimizer and loss in float32."""
+    if bf16:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
@@ -277,7 +286,7 @@ def _update(
         last = i == len(batches) - 1
         sync = contextlib.nullcontext() if last or not ctx.enabled else model.no_sync()
         with sync:
-            with _autocast(device, config.bf16):
+            with _autocast(device, uses_bf16(device, config)):
                 logits = model(batch.src, batch.tgt_in)
             sums = label_smoothed_loss(
                 logits, batch.tgt_out, epsilon=config.label_smoothing, pad_id=PAD_ID
@@ -464,6 +473,8 @@ def _train(
         _write_config(config, run_dir)
     ctx.barrier()
 
+    if uses_bf16(device, config) and device.type == "cpu" and not native_bf16_cpu():
+        logger.warning("cpu_bf16: this CPU has no native bf16 arithmetic; steps will be slower")
     train_model: nn.Module = model
     if config.compile:
         train_model = maybe_compile(train_model, device)
@@ -532,7 +543,7 @@ def _train(
                 max_tokens=config.max_tokens,
                 device=device,
                 label_smoothing=config.label_smoothing,
-                bf16=config.bf16,
+                bf16=uses_bf16(device, config),
             )
             if config.valid_bleu:
                 last_valid.update(validation_bleu(model, tokenizer, config))
