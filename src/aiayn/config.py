@@ -235,9 +235,10 @@ class TrainConfig:
         seed: Seeds model init, dropout and batch order.
         device: "auto", "cpu", "cuda" or "cuda:N".
         bf16: bf16 autocast on CUDA (ignored on CPU).
-        cpu_bf16: bf16 autocast on a CPU (opt-in: it changes CPU numerics). Worth it only where
-            the CPU computes in bf16 natively (AVX512-BF16, AMX): 1.4-1.9x faster steps there
-            (BENCHMARKS.md); elsewhere it is slower, and training warns.
+        cpu_bf16: bf16 autocast on a CPU (opt-in: it changes CPU numerics). Only where the CPU
+            computes in bf16 natively (AVX512-BF16, AMX; elsewhere training warns): 1.35-1.9x
+            faster steps at fixed shapes, but no gain measured yet in a real run with
+            token-bucketed batches (BENCHMARKS.md, precision section).
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
             compile: aiayn.compiling).
         log_every: Updates between metric lines in metrics.jsonl.
