@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import re
 import shlex
 import statistics
 import sys
@@ -58,12 +57,12 @@ from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from aiayn.translator import native_bf16_cpu, quantize_int8
 from bench_decode import FixedLength
 from bench_train_step import (
-    BENCHMARKS_MD,
     ReferenceTransformer,
     _load_average,
     machine_info,
     make_batch,
 )
+from benchmarks_md import BENCHMARKS_MD, replace_section
 
 VOCAB = 8000
 TRAIN_SHAPES = {"base": (32, 32), "small": (64, 32)}  # sentences × tokens per side
@@ -546,20 +545,8 @@ def main(argv: list[str] | None = None) -> None:
         if profile:
             section += "\n\nTop operators of aiayn's beam-4 decoding (base, fp32), per step:\n\n"
             section += profile
-        update_benchmarks_section(BENCHMARKS_MD, section)
+        replace_section(BENCHMARKS_MD, START, END, section, "## Speed: aiayn and its peers")
         print(f"\nupdated {BENCHMARKS_MD}")
-
-
-def update_benchmarks_section(path: Path, section: str) -> None:
-    """Replace the text between this script's markers (appending them if absent)."""
-    block = f"{START}\n{section.strip()}\n{END}"
-    text = path.read_text()
-    pattern = re.compile(re.escape(START) + r".*?" + re.escape(END), re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n## Peers, side by side\n\n" + block + "\n"
-    path.write_text(text)
 
 
 if __name__ == "__main__":

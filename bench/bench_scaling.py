@@ -43,7 +43,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import shlex
 import statistics
@@ -61,17 +60,17 @@ from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, set_learning_rate
 from aiayn.tokenizer import PAD_ID
-
-# bench/ scripts import each other: running one puts bench/ on sys.path
 from bench_decode import FixedLength, time_search
 from bench_train_step import _load_average, machine_info, make_batch
+
+# bench/ scripts import each other: running one puts bench/ on sys.path
+from benchmarks_md import BENCHMARKS_MD, replace_section
 
 VOCAB_SIZE = 8000  # joint vocabulary, shared embeddings (§3.4)
 DROPOUT = 0.1  # training points; decoding runs in eval mode
 LABEL_SMOOTHING = 0.1
 DECODE_WARMUP_LEN = 8  # output tokens of the warm-up search
 MIB = 2**20
-BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 START_MARK = "<!-- bench_scaling:start -->"
 END_MARK = "<!-- bench_scaling:end -->"
 HEADING = "## Scaling: throughput and peak memory vs sequence length and batch size"
@@ -398,18 +397,6 @@ its peak RSS is its own. The default run (`small`) takes about a quarter of an h
 """
 
 
-def update_benchmarks(path: Path, section: str) -> None:
-    """Replace the text between our markers; the first time, append heading, text and markers."""
-    block = f"{START_MARK}\n{section.strip()}\n{END_MARK}"
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(START_MARK) + r".*?" + re.escape(END_MARK), re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + EXPLANATION + "\n" + block + "\n"
-    path.write_text(text, encoding="utf-8")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", nargs="+", default=["small"])
@@ -470,7 +457,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.json is not None:
         args.json.write_text(json.dumps({"machine": info, "rows": rows}, indent=2))
     if args.update_benchmarks:
-        update_benchmarks(BENCHMARKS_MD, render_section(rows, info, args))
+        replace_section(
+            BENCHMARKS_MD, START_MARK, END_MARK, render_section(rows, info, args), EXPLANATION
+        )
         print(f"updated {BENCHMARKS_MD}")
 
 

@@ -48,12 +48,12 @@ import torch
 import yaml
 
 from aiayn.metrics import read_metrics
-
-# bench/ scripts import each other: running one puts bench/ on sys.path
 from bench_train_step import _load_average, machine_info
 
+# bench/ scripts import each other: running one puts bench/ on sys.path
+from benchmarks_md import BENCHMARKS_MD, replace_section
+
 REPO = Path(__file__).resolve().parent.parent
-BENCHMARKS_MD = REPO / "BENCHMARKS.md"
 START_MARK = "<!-- bench_train_run:start -->"
 END_MARK = "<!-- bench_train_run:end -->"
 HEADING = "## Full training run: `aiayn train` on real data"
@@ -203,18 +203,6 @@ the whole run. It needs the data files on the command line, e.g. the Bible corpu
 """
 
 
-def update_benchmarks(path: Path, section: str) -> None:
-    """Replace the text between our markers; the first time, append heading, text and markers."""
-    block = f"{START_MARK}\n{section.strip()}\n{END_MARK}"
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(START_MARK) + r".*?" + re.escape(END_MARK), re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + EXPLANATION + "\n" + block + "\n"
-    path.write_text(text, encoding="utf-8")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--src", required=True, help="training source text, one line per pair")
@@ -284,7 +272,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.json is not None:
         args.json.write_text(json.dumps({"machine": info, **result}, indent=2, default=str))
     if args.update_benchmarks:
-        update_benchmarks(BENCHMARKS_MD, render_section(result, info, args))
+        replace_section(
+            BENCHMARKS_MD, START_MARK, END_MARK, render_section(result, info, args), EXPLANATION
+        )
         print(f"updated {BENCHMARKS_MD}")
 
 

@@ -42,13 +42,13 @@ from torch import Tensor, nn
 
 from aiayn.config import ModelConfig, preset
 from aiayn.model import Transformer, sinusoidal_positional_encoding
+from benchmarks_md import BENCHMARKS_MD, replace_section
 
 VOCAB_SIZE = 8000  # joint source/target vocabulary, shared embeddings (§3.4)
 SEQ_LEN = 32  # tokens per sentence, each side
 BATCH_SIZES = {"base": 32, "small": 64, "tiny": 64, "big": 16}  # sentences per batch
 LABEL_SMOOTHING = 0.1
 PAD_ID = 0
-BENCHMARKS_MD = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
 START_MARK = "<!-- bench_train_step:start -->"
 END_MARK = "<!-- bench_train_step:end -->"
 
@@ -318,18 +318,6 @@ def markdown_table(results: list[dict[str, object]]) -> str:
     return "\n".join(rows)
 
 
-def update_benchmarks(path: Path, section: str) -> None:
-    """Replace the text between the markers in `path` (appending the section if they are absent)."""
-    block = f"{START_MARK}\n{section.strip()}\n{END_MARK}"
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(re.escape(START_MARK) + r".*?" + re.escape(END_MARK), re.DOTALL)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: block, text, count=1)
-    else:
-        text = text.rstrip("\n") + "\n\n" + block + "\n"
-    path.write_text(text)
-
-
 def render_section(
     results: list[dict[str, object]], info: dict[str, object], args: argparse.Namespace
 ) -> str:
@@ -398,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json is not None:
         args.json.write_text(json.dumps({"machine": info, "results": results}, indent=2))
     if args.update_benchmarks:
-        update_benchmarks(BENCHMARKS_MD, render_section(results, info, args))
+        replace_section(BENCHMARKS_MD, START_MARK, END_MARK, render_section(results, info, args))
         print(f"\nupdated {BENCHMARKS_MD}")
 
 
