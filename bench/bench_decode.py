@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import re
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +23,8 @@ from aiayn.config import preset
 from aiayn.model import DecoderCache, Transformer
 from aiayn.search import beam_search, greedy_search
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from bench_train_step import machine_info
+from benchmarks_md import BENCHMARKS_MD, replace_section
 
 START, END = "<!-- bench_decode:start -->", "<!-- bench_decode:end -->"
 
@@ -96,12 +96,8 @@ def run(presets: list[str], batch: int, src_len: int, out_len: int, repeats: int
 
 
 def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        found = re.search(r"model name\s*:\s*(.+)", cpuinfo.read_text())
-        cpu = found.group(1).strip() if found else cpu
-    return f"{cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}"
+    info = machine_info(torch.device("cpu"))
+    return f"{info['cpu']}, {info['threads']} threads, torch {info['torch']}"
 
 
 def markdown(rows: list[dict], command: str) -> str:
@@ -134,8 +130,6 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     if args.update_benchmarks:
-        path = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
-        text = path.read_text(encoding="utf-8")
         command = "python bench/bench_decode.py " + " ".join(
             f"--{k.replace('_', '-')} {v}"
             for k, v in (
@@ -145,14 +139,13 @@ def main() -> None:
                 ("repeats", args.repeats),
             )
         )
-        section = f"{START}\n{markdown(rows, command)}\n{END}"
-        if START in text:
-            text = re.sub(
-                re.escape(START) + ".*?" + re.escape(END), lambda _: section, text, flags=re.S
-            )
-        else:
-            text += "\n## Decoding: beam 4 and greedy with the KV cache\n\n" + section + "\n"
-        path.write_text(text, encoding="utf-8")
+        replace_section(
+            BENCHMARKS_MD,
+            START,
+            END,
+            markdown(rows, command),
+            "## Decoding: beam 4 and greedy with the KV cache",
+        )
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ import argparse
 import time
 from pathlib import Path
 
+from aiayn.compiling import native_bf16_cpu
 from aiayn.evaluation import score
-from aiayn.translator import Translator, native_bf16_cpu
+from aiayn.translator import Translator
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""`torch.compile` where it can run, eager PyTorch where it cannot.
+"""What this machine can speed up: `torch.compile` where it can run (eager PyTorch where it
+cannot), and whether the CPU computes in bf16 natively.
 
 TorchInductor turns the model into generated C++ (CPU) or Triton (CUDA) kernels, fusing the
 element-wise work around the matrix products (dropout, residual adds, ReLU, LayerNorm). It needs
@@ -47,3 +48,11 @@ def maybe_compile(module: nn.Module, device: torch.device) -> nn.Module:
         return module
     torch._dynamo.config.suppress_errors = True
     return torch.compile(module)
+
+
+def native_bf16_cpu() -> bool:
+    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), as oneDNN sees it."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False

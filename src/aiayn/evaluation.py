@@ -72,6 +72,26 @@ class EvalScores:
         return f"{self.bleu_text}\n{self.chrf_text}"
 
 
+def _check_streams(
+    hypotheses: list[str], references: list[list[str]], names: Sequence[str] | None = None
+) -> None:
+    """Something to score, at least one reference, and every stream as long as the hypotheses.
+
+    `names`: the hypotheses' name, then the references' (default "hypotheses", "reference k").
+    """
+    hyp_name, *ref_names = names or ["hypotheses"]
+    ref_names += [f"reference {k + 1}" for k in range(len(ref_names), len(references))]
+    if not references:
+        raise EvaluationError("no references to score against")
+    for stream, ref_name in zip(references, ref_names, strict=False):
+        if len(stream) != len(hypotheses):
+            raise EvaluationError(
+                f"{hyp_name} has {len(hypotheses)} sentences but {ref_name} has {len(stream)}"
+            )
+    if not hypotheses:
+        raise EvaluationError(f"nothing to score: {hyp_name} is empty")
+
+
 def score(
     hypotheses: Sequence[str],
     references: Sequence[Sequence[str]],
@@ -95,17 +115,7 @@ def score(
     """
     hypotheses = list(hypotheses)
     references = [list(stream) for stream in references]
-    hyp_name, *ref_names = names or ["hypotheses"]
-    ref_names += [f"reference {k + 1}" for k in range(len(ref_names), len(references))]
-    if not references:
-        raise EvaluationError("no references to score against")
-    for stream, ref_name in zip(references, ref_names, strict=False):
-        if len(stream) != len(hypotheses):
-            raise EvaluationError(
-                f"{hyp_name} has {len(hypotheses)} sentences but {ref_name} has {len(stream)}"
-            )
-    if not hypotheses:
-        raise EvaluationError(f"nothing to score: {hyp_name} is empty")
+    _check_streams(hypotheses, references, names)
 
     bleu = BLEU(tokenize=tokenize)
     chrf = CHRF()
@@ -191,16 +201,7 @@ def tokenized_bleu(
     """
     hypotheses = list(hypotheses)
     references = [list(stream) for stream in references]
-    if not references:
-        raise EvaluationError("no references to score against")
-    for k, stream in enumerate(references):
-        if len(stream) != len(hypotheses):
-            raise EvaluationError(
-                f"hypotheses has {len(hypotheses)} sentences but reference {k + 1} has "
-                f"{len(stream)}"
-            )
-    if not hypotheses:
-        raise EvaluationError("nothing to score: hypotheses is empty")
+    _check_streams(hypotheses, references)
 
     tokenizer = Tokenizer13a()
 

@@ -52,7 +52,7 @@ class Tokenizer:
     """A trained SentencePiece model with the fixed special ids of this package.
 
     Build one with :meth:`train` or :meth:`load`. Encoding never adds BOS/EOS: the model adds
-    them where it needs them (see ``aiayn.data.collate``), so lengths reported here are the
+    them where it needs them (see ``aiayn.batching.collate``), so lengths reported here are the
     lengths that ``max_len`` limits refer to.
 
     Attributes:

@@ -39,7 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from aiayn import checkpoint as ckpt
 from aiayn.batching import collate, make_batches, shard_batches
-from aiayn.compiling import maybe_compile
+from aiayn.compiling import maybe_compile, native_bf16_cpu
 from aiayn.config import TrainConfig
 from aiayn.data import ParallelDataset, load_or_build, read_parallel, read_tsv
 from aiayn.distributed import Distributed, init_distributed
@@ -48,7 +48,6 @@ from aiayn.metrics import METRICS_FILE, MetricsLog, truncate_metrics
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from aiayn.translator import native_bf16_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -170,8 +169,8 @@ def _prepare_tokenizer(
         else:
             # A misaligned or undecodable corpus must fail before BPE training, not after it:
             # else the error costs minutes, and a vocabulary learned from the bad files stays
-            # in the run directory, where the next run would reuse it.
-            _check_training_text(config)
+            # in the run directory, where the next run would reuse it. (A TSV corpus is
+            # checked by the one pass that splits its columns, below.)
             logger.info("training a joint BPE vocabulary of %d pieces", config.vocab_size)
             with tempfile.TemporaryDirectory(dir=run_dir) as tmp:
                 if config.tsv:  # SentencePiece reads lines: give it the two columns, not tabs
@@ -184,6 +183,7 @@ def _prepare_tokenizer(
                             src.write(source + "\n")
                             tgt.write(target + "\n")
                 else:
+                    _check_training_text(config)
                     files = [Path(config.src), Path(config.tgt)]
                 Tokenizer.train(files, model_file, vocab_size=config.vocab_size, seed=config.seed)
         record.write_text(json.dumps(_tokenizer_recipe(config), indent=2) + "\n")
@@ -192,12 +192,8 @@ def _prepare_tokenizer(
 
 
 def _check_training_text(config: TrainConfig) -> None:
-    """Read the training text once: line counts and UTF-8 (raises DataError, naming the file)."""
-    if config.tsv:
-        pairs = read_tsv(Path(config.tsv))
-    else:
-        pairs = read_parallel(Path(config.src), Path(config.tgt))
-    for _ in pairs:
+    """Read the training files once: line counts and UTF-8 (raises DataError, naming the file)."""
+    for _ in read_parallel(Path(config.src), Path(config.tgt)):
         pass
 
 

@@ -9,7 +9,7 @@ keyword-only search options and returns one :class:`TranslationResult` per sente
     result.text, result.score, result.attention  # (T, S) encoder-decoder attention
 
 How a call runs. Each sentence is encoded with the tokenizer and followed by EOS, exactly as
-training presents sources (``aiayn.data.collate``). Blank sentences get an empty result without
+training presents sources (``aiayn.batching.collate``). Blank sentences get an empty result without
 running the model. The others are sorted by length, so that a batch holds sentences of similar
 length and little padding, grouped into batches of at most ``max_tokens`` padded source tokens
 × rows per sentence (the beam size), decoded with :mod:`aiayn.search` under
@@ -32,6 +32,7 @@ from torch import Tensor
 
 from aiayn import search
 from aiayn.checkpoint import CheckpointError, load_model_dir, unwrap
+from aiayn.compiling import native_bf16_cpu
 from aiayn.data import decode_line
 from aiayn.model import Transformer
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
@@ -61,14 +62,6 @@ def quantize_int8(model: Transformer) -> Transformer:
         return torch.ao.quantization.quantize_dynamic(
             model, {torch.nn.Linear}, dtype=torch.qint8, inplace=False
         )
-
-
-def native_bf16_cpu() -> bool:
-    """Whether this CPU computes in bfloat16 natively (AVX512-BF16 or AMX), as oneDNN sees it."""
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
-        return False
 
 
 # --------------------------------------------------------------------------------------------
@@ -575,14 +568,17 @@ class Translator:
         """
         tgt = _pad([[BOS_ID, *tokens] for tokens in outputs], self.device)  # (B, T)
         _, maps = self.model.forward_with_attention(src, tgt)
+        encoder, decoder, cross = (
+            m.float().cpu() for m in (maps.encoder, maps.decoder, maps.cross)
+        )
         cut: list[SentenceAttention | None] = []
         for row, (source, tokens) in enumerate(zip(batch, outputs, strict=True)):
             s, t = len(source.ids), len(tokens) + 1
             cut.append(
                 SentenceAttention(
-                    encoder=maps.encoder[:, row, :, :s, :s].float().cpu(),  # (L, H, S, S)
-                    decoder=maps.decoder[:, row, :, :t, :t].float().cpu(),  # (L, H, T, T)
-                    cross=maps.cross[:, row, :, :t, :s].float().cpu(),  # (L, H, T, S)
+                    encoder=encoder[:, row, :, :s, :s],  # (L, H, S, S)
+                    decoder=decoder[:, row, :, :t, :t],  # (L, H, T, T)
+                    cross=cross[:, row, :, :t, :s],  # (L, H, T, S)
                 )
             )
         return cut
