@@ -42,6 +42,7 @@ from aiayn import checkpoint
 from aiayn.config import preset
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
+from benchmarks_md import BENCHMARKS_MD, replace_section
 
 START, END = "<!-- bench_server:start -->", "<!-- bench_server:end -->"
 HEADING = "## Serving: HTTP requests with and without server-side batching"
@@ -232,18 +233,6 @@ def markdown(rows: list[dict], args: argparse.Namespace, load_before: float) -> 
     return "\n".join(lines)
 
 
-def update_benchmarks(section_body: str) -> None:
-    path = Path(__file__).resolve().parent.parent / "BENCHMARKS.md"
-    text = path.read_text(encoding="utf-8")
-    section = f"{START}\n{section_body}\n{END}"
-    if START in text and END in text:
-        pattern = re.escape(START) + ".*?" + re.escape(END)
-        text = re.sub(pattern, lambda _: section, text, count=1, flags=re.S)
-    else:
-        text = text.rstrip("\n") + f"\n\n{HEADING}\n\n{section}\n"
-    path.write_text(text, encoding="utf-8")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny", help="model preset (default tiny)")
@@ -262,7 +251,7 @@ def main() -> None:
         rows = run(args, model_dir)
     errors = sum(r["errors"] for r in rows)
     if args.update_benchmarks:
-        update_benchmarks(markdown(rows, args, load_before))
+        replace_section(BENCHMARKS_MD, START, END, markdown(rows, args, load_before), HEADING)
     if errors:
         sys.exit(f"{errors} requests failed")
 
