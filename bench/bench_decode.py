@@ -19,8 +19,9 @@ from pathlib import Path
 
 import torch
 
+from aiayn.cache import DecoderCache
 from aiayn.config import preset
-from aiayn.model import DecoderCache, Transformer
+from aiayn.model import Transformer
 from aiayn.search import beam_search, greedy_search
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from bench_train_step import machine_info

@@ -211,8 +211,26 @@ def test_stacked_qkv_projection_equals_the_three_projections() -> None:
         stacked = mha.project_qkv(x)
         for a, b in zip(stacked, separate, strict=True):
             torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
-        mha.k_proj.weight.mul_(2.0)  # an update in place: the cached stack must follow
+        mha.k_proj.weight.mul_(2.0)  # an update in place: the stack must follow
         torch.testing.assert_close(mha.project_qkv(x)[1], mha.project_key_value(x)[0])
+
+
+def test_projections_follow_a_fused_adam_step_between_two_no_grad_passes() -> None:
+    """Fused Adam updates weights without bumping `Tensor._version`; a stacked-weight cache
+    keyed on it made every validation after the first use the first one's Q/K/V weights."""
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, n_heads=2, d_k=4, d_v=6)
+    optimizer = torch.optim.Adam(mha.parameters(), lr=0.1, fused=True)
+    x = torch.randn(B, T, 16)
+    with torch.no_grad():
+        mha.project_qkv(x)  # a first validation
+    mha(x, x)[0].square().sum().backward()
+    optimizer.step()
+    with torch.no_grad():
+        after = mha.project_qkv(x)  # a second one, after the update
+        separate = (mha.project_query(x), *mha.project_key_value(x))
+    for a, b in zip(after, separate, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
 
 
 def test_stacked_qkv_projection_passes_gradients_to_the_three_matrices() -> None:

@@ -222,6 +222,31 @@ def test_cached_decoding_equals_full_forward(
     torch.testing.assert_close(stepwise, expected, atol=1e-5, rtol=0)
 
 
+def test_decoding_and_forward_follow_fused_adam_updates_between_searches(
+    make_model: MakeModel,
+) -> None:
+    """Validate, update with fused Adam (which leaves `Tensor._version` alone), validate again:
+    the second pass must see the new weights, as a freshly loaded copy of the model does."""
+    model = make_model()
+    src, tgt = batch(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.05, fused=True)
+    for _ in range(2):
+        with torch.no_grad():
+            model(src, tgt)
+            decode_stepwise(model, src, tgt)
+        model.train()
+        model(src, tgt).log_softmax(-1).mean().neg().backward()
+        optimizer.step()
+        model.eval()
+    fresh = make_model()
+    fresh.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        torch.testing.assert_close(model(src, tgt), fresh(src, tgt), atol=0, rtol=0)
+        torch.testing.assert_close(
+            decode_stepwise(model, src, tgt), decode_stepwise(fresh, src, tgt), atol=0, rtol=0
+        )
+
+
 def test_decode_step_refuses_a_full_cache(make_model: MakeModel) -> None:
     model = make_model()
     src, tgt = batch(model)

@@ -361,6 +361,50 @@ def test_sigterm_saves_and_resume_is_exact(
     ]
 
 
+def test_validation_records_of_a_resumed_run_equal_an_uninterrupted_one(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """Through the CLI: validation every 2 updates, stopped after update 5 and resumed. Every
+    validation record, before and after the stop, equals the uninterrupted run's, and the last
+    one equals a fresh validation of the saved model: no validation reuses stale weights."""
+    config = make_config(
+        corpus,
+        tmp_path / "whole",
+        max_steps=8,
+        valid_every=2,
+        save_every=4,
+        valid_src=str(corpus[0]),
+        valid_tgt=str(corpus[1]),
+    )
+    assert main(cli_args(config)) == 0
+    stopped = dataclasses.replace(config, out_dir=str(tmp_path / "stopped"))
+    with monkeypatch.context() as patch:
+        stop_at(patch, 5)
+        main(cli_args(stopped))
+    assert main([*cli_args(stopped), "--resume"]) == 0
+    capsys.readouterr()
+
+    def valid_records(run_dir: Path) -> list[dict[str, Any]]:
+        return [r for r in read_metrics(run_dir) if r["type"] == "valid"]
+
+    whole = valid_records(tmp_path / "whole")
+    assert [r["step"] for r in whole] == [2, 4, 6, 8]
+    assert valid_records(tmp_path / "stopped") == whole
+    loaded = ckpt.load_model_dir(tmp_path / "whole" / "model")
+    tokenizer = Tokenizer.load(tmp_path / "whole" / "tokenizer.model")
+    dataset, _ = load_or_build(
+        corpus[0], corpus[1], None, tokenizer, tmp_path / "data", max_len=config.max_len
+    )
+    fresh = trainer.validate(
+        loaded.model,
+        dataset,
+        max_tokens=config.max_tokens,
+        device=torch.device("cpu"),
+        label_smoothing=config.label_smoothing,
+    )
+    assert {k: whole[-1][k] for k in fresh} == pytest.approx(fresh, rel=1e-6)
+
+
 def test_a_stop_request_during_the_last_update_still_saves_it(
     corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

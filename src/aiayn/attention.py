@@ -94,25 +94,40 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, n_heads * d_k)
         self.v_proj = nn.Linear(d_model, n_heads * d_v)
         self.out_proj = nn.Linear(n_heads * d_v, d_model)
-        self._qkv_cache: tuple[tuple, Tensor, Tensor] | None = None  # see _stacked_qkv
 
     def split_heads(self, x: Tensor, head_size: int) -> Tensor:
         """(B, T, H·d) → (B, H, T, d)."""
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, head_size).transpose(1, 2)
 
-    def project_qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Self-attention's three projections of the same x (B, T, D) as one matrix product.
+    def stacked_qkv_weights(self) -> tuple[Tensor, Tensor] | None:
+        """[W^Q; W^K; W^V] and their biases stacked: (H·(2·d_k + d_v), D) and (H·(2·d_k + d_v),).
 
-        [W^Q; W^K; W^V] stacked is the same linear map as the three apart; one GEMM of thrice
-        the width runs faster, most of all for the few rows of a decoding step. The stacked
-        matrix is rebuilt only when a weight changes (or in every call while gradients flow,
-        so that they reach the three matrices). Int8 layers keep three products.
+        The same linear map as the three projections apart, in one GEMM of thrice the width,
+        which runs faster, most of all for the few rows of a decoding step. Built anew on each
+        call, so it is always the current weights (nothing is kept on the module); a decoding
+        search builds it once and keeps it in its `DecoderCache`. None for int8 layers, which
+        keep three products.
         """
         linears = (self.q_proj, self.k_proj, self.v_proj)
         if not all(isinstance(m, nn.Linear) for m in linears):
+            return None
+        return torch.cat([m.weight for m in linears]), torch.cat([m.bias for m in linears])
+
+    def project_qkv(
+        self, x: Tensor, stacked: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Self-attention's three projections of the same x (B, T, D) → q, k, v (B, H, T, d).
+
+        Args:
+            x: The input (B, T, D).
+            stacked: `stacked_qkv_weights()` built earlier for the current weights (a decoding
+                search passes the ones its cache holds); None builds them here.
+        """
+        stacked = stacked if stacked is not None else self.stacked_qkv_weights()
+        if stacked is None:
             return self.project_query(x), *self.project_key_value(x)
-        weight, bias = self._stacked_qkv(linears)
+        weight, bias = stacked
         q, k, v = F.linear(x, weight, bias).split(
             [self.n_heads * self.d_k, self.n_heads * self.d_k, self.n_heads * self.d_v], dim=-1
         )
@@ -121,16 +136,6 @@ class MultiHeadAttention(nn.Module):
             self.split_heads(k, self.d_k),
             self.split_heads(v, self.d_v),
         )
-
-    def _stacked_qkv(self, linears: tuple[nn.Linear, ...]) -> tuple[Tensor, Tensor]:
-        params = [m.weight for m in linears] + [m.bias for m in linears]
-        if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-            return torch.cat(params[:3]), torch.cat(params[3:])
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-        if self._qkv_cache is None or self._qkv_cache[0] != key:
-            with torch.no_grad():
-                self._qkv_cache = (key, torch.cat(params[:3]), torch.cat(params[3:]))
-        return self._qkv_cache[1], self._qkv_cache[2]
 
     def project_query(self, x: Tensor) -> Tensor:
         """(B, T, D) → queries (B, H, T, d_k)."""

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import MultiHeadAttention
+from aiayn.cache import DecoderCache
 from aiayn.config import ModelConfig
 
 
@@ -208,24 +209,18 @@ class DecoderLayer(nn.Module):
 
         R = N·K rows: the K hypotheses of each of N source sentences, sentence-major.
         """
-        t = cache.length
 
         def self_attention(h: Tensor) -> tuple[Tensor, None]:
-            q, k, v = self.self_attn.project_qkv(h)  # (R, H, 1, d_k / d_v)
-            cache.self_k[layer, :, :, t] = k[:, :, 0]
-            cache.self_v[layer, :, :, t] = v[:, :, 0]
-            keys = cache.self_k[layer, :, :, : t + 1]  # (R, H, t+1, d_k): no mask needed
-            values = cache.self_v[layer, :, :, : t + 1]
+            stacked = cache.self_qkv_weights(layer)
+            q, k, v = self.self_attn.project_qkv(h, stacked)  # (R, H, 1, d_k / d_v)
+            keys, values = cache.append_self(layer, k, v)  # (R, H, t+1, d_k / d_v)
             return self.self_attn.attend(q, keys, values)
 
         def cross_attention(h: Tensor) -> tuple[Tensor, None]:
             # The K hypotheses of a sentence attend over the same memory, so they are its K
             # queries: (R, 1, D) → (N, K, D), and the memory's K/V are never copied per beam.
-            n = cache.n_sentences
-            q = self.cross_attn.project_query(h.view(n, -1, h.size(-1)))  # (N, H, K, d_k)
-            k, v = cache.cross_k[layer], cache.cross_v[layer]  # projected once per source
-            mask = cache.src_key_mask
-            mask = None if mask is None else mask[:, None, None, :]  # (N, 1, 1, S)
+            q = self.cross_attn.project_query(h.view(cache.n_sentences, -1, h.size(-1)))
+            k, v, mask = cache.cross(layer)  # projected once per source: (N, H, S, d)
             out, _ = self.cross_attn.attend(q, k, v, mask)  # (N, K, D)
             return out.view(h.shape), None
 
@@ -233,87 +228,6 @@ class DecoderLayer(nn.Module):
         x, _ = self.cross_attn_sublayer(x, cross_attention)
         x, _ = self.feed_forward_sublayer(x, lambda h: (self.feed_forward(h), None))
         return x
-
-
-class DecoderCache:
-    """Everything incremental decoding keeps between steps, as one typed object.
-
-    Rows are hypotheses, grouped by source sentence: R = N·K rows hold the K hypotheses of
-    each of N sentences, sentence-major (K = 1 for greedy search, the beam size for beam
-    search). Self-attention keys/values are per row, preallocated for `max_len` positions and
-    filled one position per step. Encoder-decoder keys/values are per *sentence*, projected
-    once from `memory`: the K hypotheses of a sentence attend over them as K queries, so they
-    are never copied per beam.
-
-    `reorder` gathers rows into a second, preallocated buffer and swaps the two, so a
-    decoding step allocates no cache memory (fresh multi-megabyte buffers on every step cost
-    more than the gather itself on a CPU).
-
-    Attributes:
-        self_k: (L, R, H, max_len, d_k) self-attention keys, valid up to `length`.
-        self_v: (L, R, H, max_len, d_v).
-        cross_k: (L, N, H, S, d_k) encoder-decoder keys.
-        cross_v: (L, N, H, S, d_v).
-        src_key_mask: (N, S) True = real source token, or None without padding.
-        length: Number of target positions already fed.
-    """
-
-    def __init__(
-        self,
-        self_k: Tensor,
-        self_v: Tensor,
-        cross_k: Tensor,
-        cross_v: Tensor,
-        src_key_mask: Tensor | None,
-        length: int = 0,
-    ) -> None:
-        self._buffers = [(self_k, self_v), (torch.empty_like(self_k), torch.empty_like(self_v))]
-        self.self_k, self.self_v = self_k, self_v
-        self.cross_k, self.cross_v = cross_k, cross_v
-        self.src_key_mask = src_key_mask
-        self.length = length
-
-    @property
-    def batch_size(self) -> int:
-        """R, the number of rows (hypotheses)."""
-        return self.self_k.size(1)
-
-    @property
-    def n_sentences(self) -> int:
-        """N, the number of source sentences."""
-        return self.cross_k.size(1)
-
-    @property
-    def max_len(self) -> int:
-        return self.self_k.size(3)
-
-    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> DecoderCache:
-        """Keep rows `index` (R',) and sentences `sentences` (N',), in place; returns self.
-
-        Row i of the result is row `index[i]`; rows may repeat (beam search expands a beam
-        into several) or vanish. `sentences` selects the source sentences that stay (None: all
-        of them, in order). The new rows must stay grouped: rows j·K'..(j+1)·K'-1, with
-        K' = R'/N', must be hypotheses of sentence `sentences[j]`.
-        """
-        n_rows = index.numel()
-        if sentences is not None:
-            self.cross_k = self.cross_k.index_select(1, sentences)
-            self.cross_v = self.cross_v.index_select(1, sentences)
-            if self.src_key_mask is not None:
-                self.src_key_mask = self.src_key_mask.index_select(0, sentences)
-        if n_rows % max(self.n_sentences, 1):
-            raise ValueError(f"{n_rows} rows cannot be grouped into {self.n_sentences} sentences")
-        t = self.length
-        spare_k, spare_v = self._buffers[1]
-        if spare_k.size(1) < n_rows:  # more rows than ever before (beam expansion): grow once
-            spare_k = self.self_k.new_empty(self.self_k.size(0), n_rows, *self.self_k.shape[2:])
-            spare_v = self.self_v.new_empty(self.self_v.size(0), n_rows, *self.self_v.shape[2:])
-        new_k, new_v = spare_k[:, :n_rows], spare_v[:, :n_rows]
-        torch.index_select(self.self_k[:, :, :, :t], 1, index, out=new_k[:, :, :, :t])
-        torch.index_select(self.self_v[:, :, :, :t], 1, index, out=new_v[:, :, :, :t])
-        self._buffers = [(spare_k, spare_v), self._buffers[0]]
-        self.self_k, self.self_v = new_k, new_v
-        return self
 
 
 @dataclass
@@ -506,6 +420,7 @@ class Transformer(nn.Module):
             cross_k=torch.stack([k for k, _ in cross]),
             cross_v=torch.stack([v for _, v in cross]),
             src_key_mask=src_key_mask,
+            self_qkv=[layer.self_attn.stacked_qkv_weights() for layer in self.decoder.layers],
         )
 
     def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:

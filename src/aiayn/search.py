@@ -29,9 +29,9 @@ from torch import Tensor
 
 __all__ = [
     "LENGTH_PENALTIES",
-    "DecoderCache",
     "Hypothesis",
     "IncrementalModel",
+    "ReorderableCache",
     "beam_search",
     "gnmt_length_penalty",
     "greedy_search",
@@ -47,10 +47,10 @@ __all__ = [
 # --------------------------------------------------------------------------------------------
 
 
-class DecoderCache(Protocol):
+class ReorderableCache(Protocol):
     """Per-row decoder state (self-attention K/V so far, cross-attention K/V of the memory)."""
 
-    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> DecoderCache:
+    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> ReorderableCache:
         """Keep rows ``index`` (R',) and source sentences ``sentences`` (N',; None: all).
 
         Row i of the result is row ``index[i]`` (rows may repeat or vanish). Rows stay grouped
@@ -67,11 +67,13 @@ class IncrementalModel(Protocol):
         """(B, S) source ids -> memory (B, S, D) and src_key_mask (B, S), True = real token."""
         ...
 
-    def init_cache(self, memory: Tensor, src_key_mask: Tensor | None, max_len: int) -> DecoderCache:
+    def init_cache(
+        self, memory: Tensor, src_key_mask: Tensor | None, max_len: int
+    ) -> ReorderableCache:
         """A cache for up to ``max_len`` target positions (BOS included)."""
         ...
 
-    def decode_step(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+    def decode_step(self, tokens: Tensor, cache: ReorderableCache) -> Tensor:
         """Feed (B,) tokens at position ``cache.length`` (updating the cache in place) and
         return (B, V) float32 log-probabilities of the next token."""
         ...

@@ -1,0 +1,128 @@
+"""The incremental-decoding cache: everything a search keeps between decoder steps.
+
+`Transformer.init_cache` builds one per search; `Transformer.decode_step` reads and writes it
+only through its methods (`self_qkv_weights`, `append_self`, `cross`), so no layer knows the
+tensor layout; the search sees it only through `reorder` (`search.ReorderableCache`).
+
+Shapes use the glossary of `attention.py`; R = N·K rows are the K hypotheses of each of N
+source sentences, sentence-major.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class DecoderCache:
+    """Everything incremental decoding keeps between steps, as one typed object.
+
+    Rows are hypotheses, grouped by source sentence: R = N·K rows hold the K hypotheses of
+    each of N sentences, sentence-major (K = 1 for greedy search, the beam size for beam
+    search). Self-attention keys/values are per row, preallocated for `max_len` positions and
+    filled one position per step. Encoder-decoder keys/values are per *sentence*, projected
+    once from `memory`: the K hypotheses of a sentence attend over them as K queries, so they
+    are never copied per beam.
+
+    The stacked self-attention projections [W^Q; W^K; W^V] of each decoder layer are built
+    once per search and live here, not on the model: weights cannot change during one search,
+    while between two searches an optimizer may update them in place without any trace a
+    cache on the module could key on (fused Adam leaves `Tensor._version` alone).
+
+    `reorder` gathers rows into a second, preallocated buffer and swaps the two, so a
+    decoding step allocates no cache memory (fresh multi-megabyte buffers on every step cost
+    more than the gather itself on a CPU).
+
+    Attributes:
+        self_k: (L, R, H, max_len, d_k) self-attention keys, valid up to `length`.
+        self_v: (L, R, H, max_len, d_v).
+        cross_k: (L, N, H, S, d_k) encoder-decoder keys.
+        cross_v: (L, N, H, S, d_v).
+        src_key_mask: (N, S) True = real source token, or None without padding.
+        length: Number of target positions already fed.
+    """
+
+    def __init__(
+        self,
+        self_k: Tensor,
+        self_v: Tensor,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        src_key_mask: Tensor | None,
+        length: int = 0,
+        self_qkv: list[tuple[Tensor, Tensor] | None] | None = None,
+    ) -> None:
+        self._buffers = [(self_k, self_v), (torch.empty_like(self_k), torch.empty_like(self_v))]
+        self.self_k, self.self_v = self_k, self_v
+        self.cross_k, self.cross_v = cross_k, cross_v
+        self.src_key_mask = src_key_mask
+        self.length = length
+        self._self_qkv = self_qkv or [None] * self_k.size(0)
+
+    @property
+    def batch_size(self) -> int:
+        """R, the number of rows (hypotheses)."""
+        return self.self_k.size(1)
+
+    @property
+    def n_sentences(self) -> int:
+        """N, the number of source sentences."""
+        return self.cross_k.size(1)
+
+    @property
+    def max_len(self) -> int:
+        return self.self_k.size(3)
+
+    def self_qkv_weights(self, layer: int) -> tuple[Tensor, Tensor] | None:
+        """Layer `layer`'s stacked [W^Q; W^K; W^V] weight and bias for this search, or None
+        (int8 layers keep three products)."""
+        return self._self_qkv[layer]
+
+    def append_self(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Store the new position's self-attention k, v (R, H, 1, d) of `layer`; return the
+        keys and values of every position so far, (R, H, length + 1, d).
+
+        No mask is needed over them: every stored position may be attended (§3.2.3).
+        """
+        t = self.length
+        self.self_k[layer, :, :, t] = k[:, :, 0]
+        self.self_v[layer, :, :, t] = v[:, :, 0]
+        return self.self_k[layer, :, :, : t + 1], self.self_v[layer, :, :, : t + 1]
+
+    def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Encoder-decoder keys and values (N, H, S, d) of `layer`, and the mask (N, 1, 1, S)
+        over the source (None without padding)."""
+        mask = self.src_key_mask
+        return (
+            self.cross_k[layer],
+            self.cross_v[layer],
+            None if mask is None else mask[:, None, None, :],
+        )
+
+    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> DecoderCache:
+        """Keep rows `index` (R',) and sentences `sentences` (N',), in place; returns self.
+
+        Row i of the result is row `index[i]`; rows may repeat (beam search expands a beam
+        into several) or vanish. `sentences` selects the source sentences that stay (None: all
+        of them, in order). The new rows must stay grouped: rows j·K'..(j+1)·K'-1, with
+        K' = R'/N', must be hypotheses of sentence `sentences[j]`.
+        """
+        n_rows = index.numel()
+        if sentences is not None:
+            self.cross_k = self.cross_k.index_select(1, sentences)
+            self.cross_v = self.cross_v.index_select(1, sentences)
+            if self.src_key_mask is not None:
+                self.src_key_mask = self.src_key_mask.index_select(0, sentences)
+        if n_rows % max(self.n_sentences, 1):
+            raise ValueError(f"{n_rows} rows cannot be grouped into {self.n_sentences} sentences")
+        t = self.length
+        spare_k, spare_v = self._buffers[1]
+        if spare_k.size(1) < n_rows:  # more rows than ever before (beam expansion): grow once
+            spare_k = self.self_k.new_empty(self.self_k.size(0), n_rows, *self.self_k.shape[2:])
+            spare_v = self.self_v.new_empty(self.self_v.size(0), n_rows, *self.self_v.shape[2:])
+        new_k, new_v = spare_k[:, :n_rows], spare_v[:, :n_rows]
+        torch.index_select(self.self_k[:, :, :, :t], 1, index, out=new_k[:, :, :, :t])
+        torch.index_select(self.self_v[:, :, :, :t], 1, index, out=new_v[:, :, :, :t])
+        self._buffers = [(spare_k, spare_v), self._buffers[0]]
+        self.self_k, self.self_v = new_k, new_v
+        return self
