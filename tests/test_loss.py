@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.loss import label_smoothed_loss, perplexity
+from aiayn.loss import label_smoothed_loss, perplexity, projected_label_smoothed_loss
 
 PAD = 0
 LN2 = math.log(2)
@@ -104,3 +104,39 @@ def test_perplexity() -> None:
     assert perplexity(0.0, 5) == 1.0
     assert perplexity(1e9, 1) == pytest.approx(math.exp(100.0), rel=1e-6)  # capped, finite
     assert math.isnan(perplexity(0.0, 0))
+
+
+@pytest.mark.parametrize("chunk_tokens", [1, 5, 1024])
+def test_projected_loss_equals_projection_then_loss_with_its_gradients(chunk_tokens: int) -> None:
+    """Chunked projection + loss: the same sums and the same gradients for hidden and weight
+    as the plain path, padding included (rows 2.. of sentence 1 are padding)."""
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 7, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(11, 16, dtype=torch.float64, requires_grad=True)
+    target = torch.randint(1, 11, (2, 7))
+    target[1, 2:] = 0
+    plain = label_smoothed_loss(hidden @ weight.t(), target, epsilon=0.1, pad_id=0)
+    (3.0 * plain.loss).backward()
+    expected_grads = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    chunked = projected_label_smoothed_loss(
+        hidden, weight, target, epsilon=0.1, pad_id=0, chunk_tokens=chunk_tokens
+    )
+    (3.0 * chunked.loss).backward()
+    assert chunked.n_tokens == plain.n_tokens == 9
+    torch.testing.assert_close(chunked.loss, plain.loss, rtol=1e-6, atol=0)
+    torch.testing.assert_close(chunked.nll, plain.nll, rtol=1e-6, atol=0)
+    torch.testing.assert_close(hidden.grad, expected_grads[0], rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(weight.grad, expected_grads[1], rtol=1e-5, atol=1e-7)
+
+
+def test_projected_loss_without_gradients_keeps_none() -> None:
+    hidden, weight = torch.randn(1, 3, 4), torch.randn(5, 4)
+    with torch.no_grad():
+        sums = projected_label_smoothed_loss(
+            hidden, weight, torch.tensor([[1, 2, 0]]), epsilon=0.1, pad_id=0
+        )
+    plain = label_smoothed_loss(
+        hidden @ weight.t(), torch.tensor([[1, 2, 0]]), epsilon=0.1, pad_id=0
+    )
+    torch.testing.assert_close(sums.loss, plain.loss)
