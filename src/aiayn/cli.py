@@ -63,8 +63,8 @@ def _run_info(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.config import preset
+    from aiayn.describe import describe
     from aiayn.model import Transformer
-    from aiayn.summary import describe
 
     if args.model_dir:
         from aiayn.checkpoint import read_model_config, resolve_model_dir
