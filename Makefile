@@ -44,8 +44,8 @@ browser-deps:
 			chromium chromium-driver)
 
 # Debian's SWORD Bible modules (World English Bible, Reina-Valera 1909) for `aiayn prepare
-# bible-en-es` and its end-to-end test in tests/test_prepare.py (which skips, saying so, where
-# they are missing). Installs with apt-get (as root) only if either is missing.
+# bible-en-es` and its end-to-end test in tests/prepare/test_bible.py (which skips, saying so,
+# where they are missing). Installs with apt-get (as root) only if either is missing.
 SWORD_CONF := /usr/share/sword/mods.d
 bible-deps:
 	test -f $(SWORD_CONF)/engWEB2015eb.conf && test -f $(SWORD_CONF)/spaRV1909eb.conf || \

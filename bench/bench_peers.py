@@ -47,7 +47,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import peers
-from aiayn.compiling import maybe_compile, native_bf16_cpu
+from aiayn.acceleration import maybe_compile, native_bf16_cpu
 from aiayn.config import ModelConfig, preset
 from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer

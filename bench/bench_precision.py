@@ -11,7 +11,7 @@ import argparse
 import time
 from pathlib import Path
 
-from aiayn.compiling import native_bf16_cpu
+from aiayn.acceleration import native_bf16_cpu
 from aiayn.evaluation import score
 from aiayn.translator import Translator
 

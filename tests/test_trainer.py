@@ -30,9 +30,9 @@ from aiayn.cli import main
 from aiayn.config import TrainConfig
 from aiayn.data import load_or_build
 from aiayn.loss import label_smoothed_loss
-from aiayn.metrics import read_metrics
 from aiayn.model import Transformer
 from aiayn.optim import learning_rate
+from aiayn.runlog import read_metrics
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 LETTERS = "abcdefgh"
@@ -550,18 +550,6 @@ def test_resume_from_a_truncated_checkpoint(
     assert f"{damaged} is corrupt or truncated" in err
     assert checkpoint_steps(tmp_path / "run") == [2]
     assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == metrics
-
-
-# -- the metrics log ------------------------------------------------------------------------
-
-
-def test_read_metrics_stops_at_a_partly_written_line(tmp_path: Path) -> None:
-    path = tmp_path / "metrics.jsonl"
-    path.write_text(json.dumps({"step": 1}) + "\n" + json.dumps({"step": 2}) + "\n" + '{"st')
-    assert read_metrics(path) == [{"step": 1}, {"step": 2}]
-    assert read_metrics(tmp_path) == [{"step": 1}, {"step": 2}]
-    with pytest.raises(FileNotFoundError, match="metrics log not found"):
-        read_metrics(tmp_path / "nowhere")
 
 
 def test_tsv_training_and_validation_bleu(tmp_path: Path, corpus: tuple[Path, Path]) -> None:

@@ -63,8 +63,8 @@ def _run_info(args: argparse.Namespace) -> int:
     import torch
 
     from aiayn.config import preset
+    from aiayn.describe import describe
     from aiayn.model import Transformer
-    from aiayn.summary import describe
 
     if args.model_dir:
         from aiayn.checkpoint import read_model_config, resolve_model_dir
@@ -700,7 +700,7 @@ def _run_plot_curves(args: argparse.Namespace) -> int:
 
 def _add_prepare(sub: argparse._SubParsersAction) -> None:
     from aiayn.prepare import DEFAULT_MAX_CHARS
-    from aiayn.prepare_bible import DEFAULT_SWORD_DIR
+    from aiayn.prepare.bible import DEFAULT_SWORD_DIR
 
     p = sub.add_parser(
         "prepare",
@@ -746,15 +746,15 @@ def _add_prepare(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from aiayn.prepare import summary
+    from aiayn.prepare import describe_manifest
 
     options = dict(max_chars=args.max_chars, force=args.force)
     if args.what == "bible-en-es":
-        from aiayn.prepare_bible import prepare_bible
+        from aiayn.prepare.bible import prepare_bible
 
         manifest = prepare_bible(args.out_dir, sword_dir=Path(args.sword_dir), **options)
     else:
-        from aiayn.prepare_hf import RECIPES, HubSource, Recipe, prepare_hub
+        from aiayn.prepare.hf import RECIPES, HubSource, Recipe, prepare_hub
 
         recipe = RECIPES.get(args.what) or Recipe(
             HubSource(
@@ -775,7 +775,7 @@ def _run_prepare(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             **options,
         )
-    print(summary(manifest, args.out_dir))
+    print(describe_manifest(manifest, args.out_dir))
     return 0
 
 

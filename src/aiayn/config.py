@@ -240,7 +240,7 @@ class TrainConfig:
             faster steps at fixed shapes, but no gain measured yet in a real run with
             token-bucketed batches (BENCHMARKS.md, precision section).
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
-            compile: aiayn.compiling).
+            compile: aiayn.acceleration).
         log_every: Updates between metric lines in metrics.jsonl.
         valid_every: Updates between validations (0 = only at the end).
         valid_bleu: Also decode the validation set and report sacreBLEU.

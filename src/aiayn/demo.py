@@ -44,8 +44,12 @@ def split_numbers(limit: int, *, n_valid: int, n_test: int, seed: int) -> DemoSp
     return DemoSplits(train=train, valid=valid, test=test)
 
 
-def write_corpus(directory: Path, splits: DemoSplits) -> dict[str, tuple[Path, Path]]:
-    """Write `{train,valid,test}.{en,de}`; returns split → (English file, German file)."""
+def write_demo_corpus(directory: Path, splits: DemoSplits) -> dict[str, tuple[Path, Path]]:
+    """Write `{train,valid,test}.{en,de}`; returns split → (English file, German file).
+
+    Not `aiayn.prepare.write_corpus`: the numbers are generated clean, one per line, so there is
+    nothing to clean, drop or record in a manifest.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     files = {}
     for name, numbers in (("train", splits.train), ("valid", splits.valid), ("test", splits.test)):
@@ -85,6 +89,7 @@ def run_demo(
         progress: Show the training progress bar.
         **overrides: Other `TrainConfig` fields (e.g. a smaller model for tests).
     """
+    from aiayn.checkpoint import list_checkpoints
     from aiayn.config import TrainConfig
     from aiayn.evaluation import score
     from aiayn.trainer import train
@@ -93,7 +98,7 @@ def run_demo(
     start = time.monotonic()
     out_dir = Path(out_dir)
     splits = split_numbers(limit, n_valid=200, n_test=500, seed=seed)
-    files = write_corpus(out_dir / "corpus", splits)
+    files = write_demo_corpus(out_dir / "corpus", splits)
     logger.info(
         "corpus: %d train / %d valid / %d test pairs in %s",
         len(splits.train),
@@ -129,7 +134,8 @@ def run_demo(
     )
     settings.update(overrides)
     config = TrainConfig(**settings)
-    result = train(config, resume=_has_checkpoints(out_dir / "run"))
+    # Continue an interrupted demo exactly when the trainer would find a checkpoint to resume.
+    result = train(config, resume=bool(list_checkpoints(out_dir / "run")))
     translator = Translator(result.model_dir)
     sources = files["test"][0].read_text(encoding="utf-8").splitlines()
     references = files["test"][1].read_text(encoding="utf-8").splitlines()
@@ -146,10 +152,6 @@ def run_demo(
         minutes=(time.monotonic() - start) / 60,
         examples=shown,
     )
-
-
-def _has_checkpoints(run_dir: Path) -> bool:
-    return (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
 
 
 def format_report(result: DemoResult) -> str:

@@ -391,7 +391,7 @@ def plot_curves(run: str | Path) -> Figure:
         FileNotFoundError: No metrics log.
         ValueError: The log has no complete record yet.
     """
-    from aiayn.metrics import METRICS_FILE, read_metrics
+    from aiayn.runlog import METRICS_FILE, read_metrics
 
     path = Path(run)
     records = read_metrics(path)

@@ -38,15 +38,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from aiayn import checkpoint as ckpt
+from aiayn.acceleration import maybe_compile, native_bf16_cpu
 from aiayn.batching import collate, make_batches, shard_batches
-from aiayn.compiling import maybe_compile, native_bf16_cpu
 from aiayn.config import TrainConfig
 from aiayn.data import ParallelDataset, load_or_build, read_parallel, read_tsv
 from aiayn.distributed import Distributed, init_distributed
 from aiayn.loss import label_smoothed_loss, perplexity
-from aiayn.metrics import METRICS_FILE, MetricsLog, truncate_metrics
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
+from aiayn.runlog import METRICS_FILE, MetricsLog, truncate_metrics
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 logger = logging.getLogger(__name__)

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor
 
 from aiayn import search
+from aiayn.acceleration import native_bf16_cpu
 from aiayn.checkpoint import CheckpointError, load_model_dir, unwrap
-from aiayn.compiling import native_bf16_cpu
 from aiayn.data import decode_line
 from aiayn.model import Transformer
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer

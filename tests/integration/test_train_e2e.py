@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 from aiayn import checkpoint as ckpt
 from aiayn.batching import collate
 from aiayn.config import TrainConfig
-from aiayn.metrics import read_metrics
+from aiayn.runlog import read_metrics
 from aiayn.search import greedy_search
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from aiayn.trainer import train

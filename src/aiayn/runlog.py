@@ -1,4 +1,7 @@
-"""The metrics log of a run: one JSON object per line in RUN_DIR/metrics.jsonl.
+"""The run log: one JSON object per line in RUN_DIR/metrics.jsonl, what a run measured as it went.
+
+Named for what it holds (a log), not ``metrics``: the metrics themselves (BLEU, chrF) are in
+:mod:`aiayn.evaluation`.
 
 Records have `type` "train" (step, epoch, loss, nll, ppl, lr, tokens_per_s, tokens_seen) or
 "valid" (step, valid_loss, valid_nll, valid_ppl, and valid_bleu/valid_chrf when enabled).
@@ -45,10 +48,13 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 
 class MetricsLog:
+    """Appends records to a run's metrics log; disabled on all but the main process of a job."""
+
     def __init__(self, path: Path, enabled: bool) -> None:
         self.path, self.enabled = path, enabled
 
     def write(self, record: dict[str, Any]) -> None:
+        """Appends one record as a line and closes the file: a crash loses at most that line."""
         if self.enabled:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")

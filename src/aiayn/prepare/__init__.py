@@ -1,7 +1,7 @@
 """Parallel corpora → the line-aligned plain text that ``aiayn train --src/--tgt`` reads.
 
 Every recipe of ``aiayn prepare`` (``wmt14-en-de``, ``iwslt14-de-en``, ``hf`` in
-:mod:`aiayn.prepare_hf`; ``bible-en-es`` in :mod:`aiayn.prepare_bible`) turns its records into
+:mod:`aiayn.prepare.hf`; ``bible-en-es`` in :mod:`aiayn.prepare.bible`) turns its records into
 ``(source, target)`` pairs and hands them, split by split, to :func:`write_corpus`, which does the
 same for all of them:
 
@@ -210,8 +210,12 @@ def _drop_reason(src: str, tgt: str, src_lang: str, tgt_lang: str, max_chars: in
     return None
 
 
-def summary(manifest: Mapping[str, Any], out_dir: Path) -> str:
-    """One line per split: pairs and dropped pairs, then where the manifest is."""
+def describe_manifest(manifest: Mapping[str, Any], out_dir: Path) -> str:
+    """One line per split: pairs and dropped pairs, then where the manifest is.
+
+    What ``aiayn prepare`` prints when it is done, so that a dropped-pairs count that looks wrong
+    is seen before a day of training on the corpus.
+    """
     lines = []
     for name, report in manifest["splits"].items():
         dropped = ", ".join(f"{n} {reason}" for reason, n in report["dropped"].items())

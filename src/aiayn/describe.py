@@ -1,4 +1,9 @@
-"""A readable summary of a model: its architecture and a parameter count per component."""
+"""A readable description of a model: its architecture and a parameter count per component.
+
+What ``aiayn info`` prints: the hyperparameters in the paper's names and where the parameters
+go (embeddings, attention, feed-forward), so a config can be checked against Table 3 before
+training.
+"""
 
 from __future__ import annotations
 

@@ -1,11 +1,14 @@
 """What this machine can speed up: `torch.compile` where it can run (eager PyTorch where it
 cannot), and whether the CPU computes in bf16 natively.
 
+One module for the speed-ups that change how the model runs but not what it computes, so that
+training and translation ask the same questions of the machine in the same place.
+
 TorchInductor turns the model into generated C++ (CPU) or Triton (CUDA) kernels, fusing the
 element-wise work around the matrix products (dropout, residual adds, ReLU, LayerNorm). It needs
 a C++ compiler on the CPU and Triton on a GPU; where either is missing, or compilation fails on
 this machine, training and decoding run eagerly, with one warning, instead of stopping. The
-compiled model computes the same function (tests/test_compiling.py).
+compiled model computes the same function (tests/test_acceleration.py).
 """
 
 from __future__ import annotations

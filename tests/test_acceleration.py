@@ -8,8 +8,8 @@ import shutil
 import pytest
 import torch
 
-from aiayn import compiling
-from aiayn.compiling import compiler_missing, maybe_compile
+from aiayn import acceleration
+from aiayn.acceleration import compiler_missing, maybe_compile
 from aiayn.config import preset
 from aiayn.model import Transformer
 
@@ -19,17 +19,17 @@ CPU = torch.device("cpu")
 def test_without_a_cxx_compiler_the_model_runs_eagerly(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(compiling.shutil, "which", lambda name: None)
+    monkeypatch.setattr(acceleration.shutil, "which", lambda name: None)
     monkeypatch.delenv("CXX", raising=False)
     assert "no C++ compiler" in (compiler_missing(CPU) or "")
     model = torch.nn.Linear(2, 2)
-    with caplog.at_level(logging.WARNING, logger="aiayn.compiling"):
+    with caplog.at_level(logging.WARNING, logger="aiayn.acceleration"):
         assert maybe_compile(model, CPU) is model
     assert "running eagerly" in caplog.text
 
 
 def test_without_triton_cuda_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(compiling.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(acceleration.importlib.util, "find_spec", lambda name: None)
     assert compiler_missing(torch.device("cuda")) == "Triton is not installed"
 
 

@@ -1,0 +1,44 @@
+"""The run log (metrics.jsonl): written a line at a time, read while a run is still writing it,
+cut back to a checkpoint on resume."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from aiayn.runlog import METRICS_FILE, MetricsLog, read_metrics, truncate_metrics
+
+
+def test_read_metrics_stops_at_a_partly_written_line(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(json.dumps({"step": 1}) + "\n" + json.dumps({"step": 2}) + "\n" + '{"st')
+    assert read_metrics(path) == [{"step": 1}, {"step": 2}]
+    assert read_metrics(tmp_path) == [{"step": 1}, {"step": 2}]
+    with pytest.raises(FileNotFoundError, match="metrics log not found"):
+        read_metrics(tmp_path / "nowhere")
+
+
+def test_the_log_appends_one_line_per_record_on_the_main_process_only(tmp_path: Path) -> None:
+    path = tmp_path / METRICS_FILE
+    log = MetricsLog(path, enabled=True)
+    records = [{"type": "train", "step": 1, "loss": 2.5}, {"type": "valid", "step": 1}]
+    for record in records:
+        log.write(record)
+    assert read_metrics(tmp_path) == records
+    assert path.read_text(encoding="utf-8").count("\n") == 2
+    MetricsLog(tmp_path / "other.jsonl", enabled=False).write(records[0])
+    assert not (tmp_path / "other.jsonl").exists()
+
+
+def test_truncate_keeps_the_records_up_to_the_checkpoint(tmp_path: Path) -> None:
+    path = tmp_path / METRICS_FILE
+    log = MetricsLog(path, enabled=True)
+    for step in (1, 2, 3, 4):
+        log.write({"type": "train", "step": step})
+    truncate_metrics(path, step=2)
+    assert [r["step"] for r in read_metrics(path)] == [1, 2]
+    assert not list(tmp_path.glob("*.tmp"))
+    truncate_metrics(tmp_path / "none.jsonl", step=2)  # no log yet: nothing to do
+    assert not (tmp_path / "none.jsonl").exists()
