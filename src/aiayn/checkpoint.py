@@ -43,6 +43,7 @@ METADATA_FILE = "metadata.json"
 CHECKSUMS_FILE = "checksums.json"
 TRAINING_STATE_FILE = "training_state.pt"
 MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, METADATA_FILE)
+_MODEL_DIR_FILES = (*MODEL_FILES, CHECKSUMS_FILE)
 
 
 class CheckpointError(RuntimeError):
@@ -133,6 +134,38 @@ def save_checkpoint(
     for old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return path
+
+
+def is_run_dir(directory: Path) -> bool:
+    """Whether `directory` is a training run's (it holds checkpoints/ or its train config)."""
+    return (directory / "checkpoints").is_dir() or (directory / "train_config.yaml").is_file()
+
+
+def check_replaceable(directory: str | Path) -> None:
+    """Refuse an output directory whose contents writing a model directory would destroy.
+
+    `save_model_dir` replaces whatever is at its target. Only an aiayn model directory (its own
+    files and nothing else, e.g. an earlier `aiayn average` output) or an empty directory may
+    be replaced: a directory holding any other file may be the user's work, and a run directory
+    or one inside it (its `model/`, `best/`) belongs to the run.
+    """
+    directory = Path(directory)
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory} exists and is not a directory (nothing was changed)")
+    if is_run_dir(directory) or is_run_dir(directory.resolve().parent):
+        raise CheckpointError(
+            f"{directory} is a training run directory or inside one; choose another output "
+            "directory (nothing was changed)"
+        )
+    foreign = sorted(p.name for p in directory.iterdir() if p.name not in _MODEL_DIR_FILES)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise CheckpointError(
+            f"{directory} already holds files that aiayn did not write ({shown}); choose another "
+            "output directory (nothing was changed)"
+        )
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
