@@ -8,9 +8,11 @@ are tested end to end in tests/integration/test_train_e2e.py.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import math
+import os
 import random
 import shutil
 import signal
@@ -21,6 +23,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from aiayn import checkpoint as ckpt
@@ -506,6 +509,61 @@ def test_resume_from_a_truncated_checkpoint(
     assert f"{damaged} is corrupt or truncated" in err
     assert checkpoint_steps(tmp_path / "run") == [2]
     assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == metrics
+
+
+def _fill_the_disk(monkeypatch: pytest.MonkeyPatch, writer: str, after: int) -> None:
+    """Make the `after`+1-th write by `writer` fail half-way as on a full disk.
+
+    torch.save and safetensors report a full disk differently (torch raises OSError through a
+    Python file, or "unexpected pos" when given a path; safetensors a SafetensorError).
+    """
+    calls = 0
+    original = torch.save if writer == "torch" else ckpt.save_model
+
+    def full(obj: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls <= after:
+            return original(obj, target, *args, **kwargs)
+        if isinstance(target, (str, Path)):
+            Path(target).write_bytes(b"partial")
+        else:
+            target.write(b"partial")
+        if writer == "torch":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
+
+    if writer == "torch":
+        monkeypatch.setattr(torch, "save", full)
+    else:
+        monkeypatch.setattr(ckpt, "save_model", full)
+
+
+@pytest.mark.parametrize("writer", ["torch", "safetensors"])
+def test_a_full_disk_is_one_line_and_leaves_no_partial_checkpoint(
+    writer: str,
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    run = tmp_path / "run"
+    config = make_config(corpus, run, max_steps=4, save_every=2)
+    with monkeypatch.context() as patch:
+        # safetensors writes each save twice (checkpoint, model/): the second save fails
+        _fill_the_disk(patch, writer, after=1 if writer == "torch" else 2)
+        err = _fails(cli_args(config), capsys)
+    assert "No space left on device" in err
+    assert ".step_00000004.tmp-" in err and "partial checkpoint removed" in err
+    assert f"last good checkpoint: {run / 'checkpoints' / 'step_00000002'}" in err
+    assert [p.name for p in run.rglob("*") if ".tmp" in p.name] == []
+    assert checkpoint_steps(run) == [2]
+
+    assert main([*cli_args(config), "--resume"]) == 0
+    assert checkpoint_steps(run) == [2, 4]
+    assert ckpt.load_model_dir(run).metadata["step"] == 4
 
 
 # -- the metrics log ------------------------------------------------------------------------

@@ -16,6 +16,7 @@ under a temporary name and renamed into place, so a killed run never leaves a ha
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
@@ -48,6 +49,10 @@ _MODEL_DIR_FILES = (*MODEL_FILES, CHECKSUMS_FILE)
 
 class CheckpointError(RuntimeError):
     """A model directory or checkpoint is missing, incomplete, corrupt or incompatible."""
+
+
+class DiskFullError(CheckpointError):
+    """A save ran out of disk space or quota; what it had written was removed."""
 
 
 @dataclass
@@ -89,25 +94,55 @@ def save_model_dir(
         tokenizer_file: The SentencePiece model to copy in.
         metadata: JSON-serialisable facts (languages, step, ...).
         extra_files: name → object saved with `torch.save` (e.g. the training state).
+
+    Raises:
+        DiskFullError: The disk or quota filled up; the partial directory was removed and an
+            existing `directory` is untouched.
     """
     directory = Path(directory)
     model = unwrap(model)
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+        _write_model_files(tmp, model, tokenizer_file, metadata, extra_files)
+    except BaseException as error:
+        # A partial directory would only fill the disk further (and a full disk is the
+        # usual cause): nothing reads it, so remove it before saying what happened.
+        shutil.rmtree(tmp, ignore_errors=True)
+        code = _disk_full_errno(error)
+        if code is None:
+            raise
+        what = "checkpoint" if extra_files else "model directory"
+        raise DiskFullError(
+            f"no space left on device writing {tmp}: {os.strerror(code)}; partial {what} removed"
+        ) from None
+    _replace_dir(tmp, directory)
+    return directory
+
+
+def _write_model_files(
+    tmp: Path,
+    model: nn.Module,
+    tokenizer_file: str | Path,
+    metadata: dict[str, Any] | None,
+    extra_files: dict[str, Any] | None,
+) -> None:
     (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-    save_model(model, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "aiayn": __version__})
+    weights = tmp / WEIGHTS_FILE
+    save_model(model, str(weights), metadata={"format": "pt", "aiayn": __version__})
     shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
     meta = {"aiayn_version": __version__, **(metadata or {})}
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     for name, obj in (extra_files or {}).items():
-        torch.save(obj, tmp / name)
+        # Through a Python file, a full disk raises OSError(ENOSPC); given a path, torch.save
+        # raises "RuntimeError: [enforce fail ...] unexpected pos", which hides the cause.
+        with open(tmp / name, "wb") as f:
+            torch.save(obj, f)
     names = sorted(p.name for p in tmp.iterdir())
     checksums = {name: _sha256(tmp / name) for name in names}
     (tmp / CHECKSUMS_FILE).write_text(json.dumps(checksums, indent=2) + "\n")
     _fsync_dir(tmp)
-    _replace_dir(tmp, directory)
-    return directory
 
 
 def save_checkpoint(
@@ -309,6 +344,20 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_full_errno(error: BaseException) -> int | None:
+    """ENOSPC/EDQUOT if `error` comes from a full disk or quota, else None.
+
+    safetensors (Rust) reports I/O errors as a SafetensorError whose text ends with
+    "(os error N)" rather than as an OSError.
+    """
+    if isinstance(error, OSError) and error.errno in _DISK_FULL:
+        return error.errno
+    return next((code for code in _DISK_FULL if f"(os error {code})" in str(error)), None)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -18,6 +18,7 @@ share of the batches (DDP over NCCL on GPUs, gloo on CPUs) and rank 0 alone writ
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -429,6 +430,19 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
     ctx, device = init_distributed(config.device)
     try:
         return _train(config, resume, ctx, device)
+    except (ckpt.DiskFullError, OSError) as error:
+        if isinstance(error, ckpt.DiskFullError):
+            message = str(error)
+        elif error.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = error.filename or config.out_dir  # a failed write() names no file
+            message = f"no space left on device writing {where}: {error.strerror}"
+        else:
+            raise
+        # What matters now is where the run can continue from once space is freed.
+        last = ckpt.list_checkpoints(config.out_dir)[-1:]
+        raise TrainingError(
+            f"{message}; last good checkpoint: {last[0] if last else 'none'}"
+        ) from None
     finally:
         if ctx.enabled and dist.is_initialized():
             dist.destroy_process_group()
