@@ -400,3 +400,17 @@ def test_average_replaces_a_model_directory_it_wrote(
     empty.mkdir()
     assert main(["average", str(tmp_path / "run"), "-o", str(empty)]) == 0
     assert ckpt.load_model_dir(empty).metadata["averaged"] == ["step_00000100"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_weights_get_the_same_mode_as_the_other_files(
+    umask: int, make_model: Callable, tokenizer_file: Path, tmp_path: Path
+) -> None:
+    _save_steps(tmp_path / "run", [make_model()], tokenizer_file)
+    previous = os.umask(umask)
+    try:
+        assert main(["average", str(tmp_path / "run"), "-o", str(tmp_path / "out")]) == 0
+    finally:
+        os.umask(previous)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()}
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask)

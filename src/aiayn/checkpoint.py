@@ -131,6 +131,9 @@ def _write_model_files(
     (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
     weights = tmp / WEIGHTS_FILE
     save_model(model, str(weights), metadata={"format": "pt", "aiayn": __version__})
+    # safetensors writes through a private temporary file (mode 0600): give the weights the
+    # mode every other file here got from the umask, so whoever may read the config may load.
+    os.chmod(weights, (tmp / CONFIG_FILE).stat().st_mode & 0o777)
     shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
     meta = {"aiayn_version": __version__, **(metadata or {})}
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
