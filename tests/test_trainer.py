@@ -16,6 +16,8 @@ import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -564,6 +566,67 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_checkpoint(
     assert main([*cli_args(config), "--resume"]) == 0
     assert checkpoint_steps(run) == [2, 4]
     assert ckpt.load_model_dir(run).metadata["step"] == 4
+
+
+# -- what killed runs leave behind ------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    """The id of a process that has exited (so its temporary files are nobody's)."""
+    process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **_OUT)
+    return int(process.stdout)
+
+
+_OUT: dict[str, Any] = dict(capture_output=True, text=True, check=True)
+
+
+def _kill_while_replacing_model(run: Path, pid: int) -> None:
+    """The state a kill between `_replace_dir`'s two renames leaves: no `model/`, the old one
+    moved aside and the new one complete under its temporary name."""
+    old = run / f".model.old-{pid}"
+    shutil.copytree(run / "checkpoints" / "step_00000001", old)
+    os.utime(old / ckpt.CHECKSUMS_FILE, (0, 0))
+    os.replace(run / "model", run / f".model.tmp-{pid}")
+
+
+def test_a_kill_while_replacing_model_leaves_the_run_translatable(
+    corpus: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    trainer.train(make_config(corpus, run, max_steps=2, save_every=1))
+    _kill_while_replacing_model(run, _dead_pid())
+    (tmp_path / "in.txt").write_text("a b c\n")
+    args = ["-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.txt"), "--beam-size", "1"]
+    assert main(["translate", "-m", str(run), *args, "--max-len-b", "2"]) == 0, capsys.readouterr()
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 1
+
+
+def test_resume_restores_what_an_interrupted_save_moved_aside_and_removes_debris(
+    corpus: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    config = make_config(corpus, run, max_steps=2, save_every=1)
+    trainer.train(config)
+    pid = _dead_pid()
+    _kill_while_replacing_model(run, pid)
+    os.replace(
+        run / "checkpoints" / "step_00000002", run / "checkpoints" / f".step_00000002.old-{pid}"
+    )
+    partial = run / "checkpoints" / f".step_00000003.tmp-{pid}"
+    partial.mkdir()
+    (partial / ckpt.WEIGHTS_FILE).write_bytes(b"half")
+    (run / f".best.tmp-{pid}").mkdir()
+    (run / "metrics.tmp").write_text("{}\n")
+    live = run / f".best.tmp-{os.getppid()}"  # a process that is still running: not ours
+    live.mkdir()
+
+    with caplog.at_level(logging.INFO):
+        assert main([*cli_args(dataclasses.replace(config, max_steps=3)), "--resume"]) == 0
+    assert f"resumed from {run / 'checkpoints' / 'step_00000002'} at step 2" in caplog.text
+    assert checkpoint_steps(run) == [1, 2, 3]
+    leftovers = [p.name for p in run.rglob("*") if ".tmp" in p.name or ".old" in p.name]
+    assert leftovers == [live.name]
+    assert ckpt.load_model_dir(run).metadata["step"] == 3
 
 
 # -- the metrics log ------------------------------------------------------------------------

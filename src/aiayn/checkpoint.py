@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,7 @@ from torch import nn
 
 from aiayn import __version__
 from aiayn.config import ConfigError, ModelConfig
+from aiayn.metrics import METRICS_FILE
 from aiayn.model import Transformer
 
 logger = logging.getLogger(__name__)
@@ -206,6 +208,76 @@ def check_replaceable(directory: str | Path) -> None:
         )
 
 
+def remove_debris(run_dir: str | Path) -> None:
+    """Clean up after saves that were killed, first putting back what they were replacing.
+
+    A save writes `.NAME.tmp-PID` and, to replace an existing NAME, moves it to
+    `.NAME.old-PID` for an instant: a kill there leaves no NAME at all (no `model/` for
+    `aiayn translate`, or no latest checkpoint). The newest complete, verified copy is moved
+    back into place; every other leftover is deleted, since nothing reads them and they grow
+    with the model. Leftovers of another live process (a concurrent writer) are kept.
+    """
+    run_dir = Path(run_dir)
+    for parent in (run_dir, run_dir / "checkpoints"):
+        for name in sorted({name for _, name in _abandoned(parent)}):
+            target = parent / name
+            if not target.exists() and (copy := _stranded_copy(target)) is not None:
+                os.replace(copy, target)
+                logger.warning(
+                    "%s was missing (a save was killed while replacing it): restored it from %s",
+                    target,
+                    copy.name,
+                )
+        for path, _ in _abandoned(parent):
+            logger.info("removing %s, left by a killed save", path)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    (run_dir / METRICS_FILE).with_suffix(".tmp").unlink(missing_ok=True)
+
+
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)")
+
+
+def _abandoned(parent: Path) -> list[tuple[Path, str]]:
+    """`save_model_dir`'s temporary and moved-aside entries in `parent` whose writer is gone
+    (or is this process, which starts no save before it has looked), with their target names."""
+    if not parent.is_dir():
+        return []
+    found = []
+    for path in sorted(parent.iterdir()):
+        match = _LEFTOVER.fullmatch(path.name)
+        if match and not _other_live_process(int(match["pid"])):
+            found.append((path, match["name"]))
+    return found
+
+
+def _other_live_process(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _stranded_copy(target: Path) -> Path | None:
+    """The newest complete, verified copy of `target` that a killed replacement left."""
+    complete = []
+    for path, name in _abandoned(target.parent):
+        if name == target.name:
+            try:
+                verify(path)
+            except CheckpointError:
+                continue
+            complete.append(path)
+    return max(complete, key=lambda p: (p / CHECKSUMS_FILE).stat().st_mtime_ns, default=None)
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Complete step checkpoints of a run, oldest first (temporary directories are ignored)."""
     checkpoints = Path(run_dir) / "checkpoints"
@@ -219,13 +291,32 @@ def list_checkpoints(run_dir: str | Path) -> list[Path]:
 
 
 def resolve_model_dir(path: str | Path) -> Path:
-    """Accept a model directory, or a run directory (→ its `model/` subdirectory)."""
+    """Accept a model directory, or a run directory (→ its `model/` subdirectory).
+
+    A directory that a killed save left moved aside (see `remove_debris`) is read from where
+    it lies, without moving it back: a reader must not rearrange a run another process owns.
+    """
     path = Path(path)
     if not path.exists():
+        if (copy := _stranded_copy(path)) is not None:
+            return _read_stranded(path, copy)
         raise CheckpointError(f"model directory not found: {path}")
-    if not (path / CONFIG_FILE).exists() and (path / "model" / CONFIG_FILE).exists():
-        return path / "model"
+    if not (path / CONFIG_FILE).exists():
+        if (path / "model" / CONFIG_FILE).exists():
+            return path / "model"
+        if not (path / "model").exists() and (copy := _stranded_copy(path / "model")) is not None:
+            return _read_stranded(path / "model", copy)
     return path
+
+
+def _read_stranded(target: Path, copy: Path) -> Path:
+    logger.warning(
+        "%s is missing (a save was killed while replacing it): reading %s; "
+        "`aiayn train --resume` puts it back",
+        target,
+        copy,
+    )
+    return copy
 
 
 def verify(directory: Path) -> None:

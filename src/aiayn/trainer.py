@@ -454,6 +454,8 @@ def _train(
     if config.threads:
         torch.set_num_threads(config.threads)
     run_dir = _prepare_run_dir(config, resume, ctx)
+    if ctx.is_main:
+        ckpt.remove_debris(run_dir)  # before anything in the run directory is read
     tokenizer = _prepare_tokenizer(config, run_dir, ctx, resume)
     train_data, valid_data = _load_data(config, tokenizer, run_dir, ctx)
     model_config = config.model_config(tokenizer.vocab_size, pad_id=PAD_ID)
