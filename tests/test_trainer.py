@@ -629,6 +629,44 @@ def test_resume_restores_what_an_interrupted_save_moved_aside_and_removes_debris
     assert ckpt.load_model_dir(run).metadata["step"] == 3
 
 
+def test_a_corrupt_latest_checkpoint_names_the_previous_one_and_how_to_use_it(
+    corpus: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture, caplog
+) -> None:
+    run = tmp_path / "run"
+    config = make_config(corpus, run, max_steps=4, save_every=2)
+    trainer.train(config)
+    latest, previous = run / "checkpoints" / "step_00000004", run / "checkpoints" / "step_00000002"
+    (latest / ckpt.WEIGHTS_FILE).write_bytes(b"truncated")
+    resume = [*cli_args(dataclasses.replace(config, max_steps=5)), "--resume"]
+    err = _fails(resume, capsys)
+    assert f"{latest / ckpt.WEIGHTS_FILE} is corrupt or truncated" in err
+    assert f"to resume from the previous checkpoint {previous}, move this one aside" in err
+    assert f"(mv {latest} {latest}.corrupt) and run again with --resume" in err
+
+    os.replace(latest, f"{latest}.corrupt")  # what the message says to do
+    with caplog.at_level(logging.INFO, logger="aiayn.trainer"):
+        assert main(resume) == 0
+    assert f"resumed from {previous} at step 2" in caplog.text
+    assert checkpoint_steps(run) == [2, 4, 5]  # step 4 trained and saved again
+    assert (run / "checkpoints" / "step_00000004.corrupt" / ckpt.WEIGHTS_FILE).read_bytes() == (
+        b"truncated"
+    )
+
+
+def test_a_latest_checkpoint_without_checksums_is_named_when_skipped(
+    corpus: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    config = make_config(corpus, run, max_steps=4, save_every=2)
+    trainer.train(config)
+    latest = run / "checkpoints" / "step_00000004"
+    (latest / ckpt.CHECKSUMS_FILE).unlink()
+    with caplog.at_level(logging.INFO):
+        assert main([*cli_args(dataclasses.replace(config, max_steps=5)), "--resume"]) == 0
+    assert f"{latest} has no checksums.json (cut short or damaged): skipped" in caplog.text
+    assert f"resumed from {run / 'checkpoints' / 'step_00000002'} at step 2" in caplog.text
+
+
 # -- the metrics log ------------------------------------------------------------------------
 
 

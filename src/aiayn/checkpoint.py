@@ -53,6 +53,11 @@ class CheckpointError(RuntimeError):
     """A model directory or checkpoint is missing, incomplete, corrupt or incompatible."""
 
 
+class CorruptCheckpointError(CheckpointError):
+    """A file of a model directory or checkpoint is missing, truncated or does not match its
+    checksum (as opposed to a sound directory that does not fit, e.g. another architecture)."""
+
+
 class DiskFullError(CheckpointError):
     """A save ran out of disk space or quota; what it had written was removed."""
 
@@ -279,12 +284,47 @@ def _stranded_copy(target: Path) -> Path | None:
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete step checkpoints of a run, oldest first (temporary directories are ignored)."""
+    """Complete step checkpoints of a run, oldest first.
+
+    Temporary directories and ones moved aside by hand (`step_00000400.corrupt`) are ignored.
+    """
+    return [path for path in _step_dirs(run_dir) if (path / CHECKSUMS_FILE).is_file()]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint, naming any newer one that is skipped as incomplete.
+
+    Saves rename a checkpoint into place only once its checksums.json is written, so a newer
+    one without it was cut short or damaged by something else (a copy, a sync, a hand):
+    continuing from an older one must not go unnoticed.
+    """
+    complete = list_checkpoints(run_dir)
+    latest = complete[-1] if complete else None
+    for path in _step_dirs(run_dir):
+        if path not in complete and (latest is None or _step(path) > _step(latest)):
+            logger.warning(
+                "%s has no %s (cut short or damaged): skipped; the newest complete checkpoint "
+                "is %s",
+                path,
+                CHECKSUMS_FILE,
+                latest or "none",
+            )
+    return latest
+
+
+_STEP_DIR = re.compile(r"step_\d+")
+
+
+def _step_dirs(run_dir: str | Path) -> list[Path]:
     checkpoints = Path(run_dir) / "checkpoints"
     if not checkpoints.is_dir():
         return []
-    found = [p for p in checkpoints.glob("step_*") if (p / CHECKSUMS_FILE).is_file()]
-    return sorted(found, key=lambda p: p.name)
+    found = [p for p in checkpoints.iterdir() if _STEP_DIR.fullmatch(p.name) and p.is_dir()]
+    return sorted(found, key=_step)
+
+
+def _step(checkpoint: Path) -> int:
+    return int(checkpoint.name.removeprefix("step_"))
 
 
 # -- reading ------------------------------------------------------------------------------
@@ -325,19 +365,19 @@ def verify(directory: Path) -> None:
         raise CheckpointError(f"model directory not found: {directory}")
     missing = [name for name in (*MODEL_FILES, CHECKSUMS_FILE) if not (directory / name).is_file()]
     if missing:
-        raise CheckpointError(
+        raise CorruptCheckpointError(
             f"{directory} is not a complete aiayn model directory: missing {', '.join(missing)}"
         )
     try:
         checksums = json.loads((directory / CHECKSUMS_FILE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{directory / CHECKSUMS_FILE} is corrupt: {error}") from None
+        raise CorruptCheckpointError(f"{directory / CHECKSUMS_FILE} is corrupt: {error}") from None
     for name, expected in checksums.items():
         file = directory / name
         if not file.is_file():
-            raise CheckpointError(f"{directory}: missing {name}")
+            raise CorruptCheckpointError(f"{directory}: missing {name}")
         if _sha256(file) != expected:
-            raise CheckpointError(
+            raise CorruptCheckpointError(
                 f"{file} is corrupt or truncated (SHA-256 does not match checksums.json)"
             )
 
@@ -389,7 +429,7 @@ def load_training_state(checkpoint: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for truncated/corrupt files
-        raise CheckpointError(f"cannot read {path}: {error}") from None
+        raise CorruptCheckpointError(f"cannot read {path}: {error}") from None
 
 
 def check_same_architecture(checkpoint: Path, config: ModelConfig) -> None:

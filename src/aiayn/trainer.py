@@ -471,9 +471,14 @@ def _train(
     )
     progress = Progress()
     metrics_path = run_dir / METRICS_FILE
-    latest = ckpt.list_checkpoints(run_dir)[-1:] if resume else []
+    latest = [found] if resume and (found := ckpt.latest_checkpoint(run_dir)) else []
     if latest:
-        progress = _resume(latest[0], model, optimizer, model_config, device, ctx, accumulate)
+        try:
+            progress = _resume(latest[0], model, optimizer, model_config, device, ctx, accumulate)
+        except ckpt.CorruptCheckpointError as error:
+            raise TrainingError(
+                f"{error}; {_earlier_checkpoint_hint(run_dir, latest[0])}"
+            ) from None
         if ctx.is_main:
             truncate_metrics(metrics_path, progress.step)
             logger.info("resumed from %s at step %d", latest[0], progress.step)
@@ -677,6 +682,17 @@ def _train_record(progress: Progress, lr: float, elapsed: float) -> dict[str, An
     }
 
 
+def _earlier_checkpoint_hint(run_dir: Path, corrupt: Path) -> str:
+    """How to continue from the checkpoint before a corrupt one (the run has no other way)."""
+    earlier = [path for path in ckpt.list_checkpoints(run_dir) if path != corrupt]
+    if not earlier:
+        return "there is no earlier checkpoint to resume from"
+    return (
+        f"to resume from the previous checkpoint {earlier[-1]}, move this one aside "
+        f"(mv {corrupt} {corrupt}.corrupt) and run again with --resume"
+    )
+
+
 def _resume(
     checkpoint: Path,
     model: Transformer,
@@ -686,8 +702,8 @@ def _resume(
     ctx: Distributed,
     accumulate: int,
 ) -> Progress:
+    state = ckpt.load_training_state(checkpoint)  # verifies every file: corrupt comes first
     ckpt.check_same_architecture(checkpoint, model_config)
-    state = ckpt.load_training_state(checkpoint)
     ckpt.load_weights(model, checkpoint / ckpt.WEIGHTS_FILE)
     optimizer.load_state_dict(state["optimizer"])
     saved_batches = state["world_size"] * state["accumulate"]
