@@ -556,12 +556,13 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_checkpoint(
     with monkeypatch.context() as patch:
         # safetensors writes each save twice (checkpoint, model/): the second save fails
         _fill_the_disk(patch, writer, after=1 if writer == "torch" else 2)
-        err = _fails(cli_args(config), capsys)
-    assert "No space left on device" in err
-    assert ".step_00000004.tmp-" in err and "partial checkpoint removed" in err
-    assert f"last good checkpoint: {run / 'checkpoints' / 'step_00000002'}" in err
-    assert [p.name for p in run.rglob("*") if ".tmp" in p.name] == []
-    assert checkpoint_steps(run) == [2]
+        for args in (cli_args(config), [*cli_args(config), "--resume"]):  # still full
+            err = _fails(args, capsys)
+            assert "No space left on device" in err
+            assert ".step_00000004.tmp-" in err and "partial checkpoint removed" in err
+            assert f"last good checkpoint: {run / 'checkpoints' / 'step_00000002'}" in err
+            assert [p.name for p in run.rglob("*") if ".tmp" in p.name] == []
+            assert checkpoint_steps(run) == [2]
 
     assert main([*cli_args(config), "--resume"]) == 0
     assert checkpoint_steps(run) == [2, 4]

@@ -11,7 +11,10 @@ A *model directory* is self-describing and is all inference needs:
 A *checkpoint* (`RUN_DIR/checkpoints/step_00001000/`) is a model directory plus
 `training_state.pt`: optimizer state, step, RNG states and data position. It is read with
 `torch.load(weights_only=True)`, which refuses to run pickled code. Every directory is written
-under a temporary name and renamed into place, so a killed run never leaves a half-written one.
+under a temporary name and renamed into place, so a killed run never leaves a half-written one;
+what a kill does leave (temporary names, a directory moved aside while being replaced) is put
+back or removed by `remove_debris` when the run starts again. A full disk is reported as such
+(`DiskFullError`), with the partial directory removed.
 """
 
 from __future__ import annotations
