@@ -348,3 +348,69 @@ def test_average_command_errors(tmp_path: Path, capsys: pytest.CaptureFixture) -
     assert main(["average", str(tmp_path / "run"), "-o", str(tmp_path / "out")]) == 2
     assert "no checkpoints in" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def _average_fails(args: list[str], capsys: pytest.CaptureFixture) -> str:
+    """Run `aiayn average`; expect exit status 2 and a one-line message (no traceback)."""
+    assert main(["average", *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err, err
+    (message,) = err.strip().splitlines()
+    assert message.startswith("aiayn average: error: "), err
+    return message
+
+
+def _tree(directory: Path) -> dict[str, bytes]:
+    files = (p for p in directory.rglob("*") if p.is_file())
+    return {str(p.relative_to(directory)): p.read_bytes() for p in files}
+
+
+def test_average_never_deletes_a_directory_it_did_not_write(
+    make_model: Callable, tokenizer_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    _save_steps(tmp_path / "run", [_randomised(make_model(), 30)], tokenizer_file)
+    (tmp_path / "run" / "train_config.yaml").write_text("max_steps: 100\n")
+    ckpt.save_model_dir(tmp_path / "run" / "model", make_model(), tokenizer_file=tokenizer_file)
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    run_before, notes_before = _tree(tmp_path / "run"), _tree(notes)
+
+    err = _average_fails([str(tmp_path / "run"), "-o", str(notes)], capsys)
+    assert f"{notes} already holds files that aiayn did not write (todo.txt)" in err
+    for target in (tmp_path / "run", tmp_path / "run" / "model"):
+        err = _average_fails([str(tmp_path / "run"), "-o", str(target)], capsys)
+        assert f"{target} is a training run directory or inside one" in err
+    (tmp_path / "file").write_text("mine")
+    err = _average_fails([str(tmp_path / "run"), "-o", str(tmp_path / "file")], capsys)
+    assert f"{tmp_path / 'file'} exists and is not a directory" in err
+    assert _tree(tmp_path / "run") == run_before
+    assert _tree(notes) == notes_before
+    assert (tmp_path / "file").read_text() == "mine"
+
+
+def test_average_replaces_a_model_directory_it_wrote(
+    make_model: Callable, tokenizer_file: Path, tmp_path: Path
+) -> None:
+    _save_steps(tmp_path / "run", [_randomised(make_model(), 31)], tokenizer_file)
+    out = tmp_path / "averaged"
+    for _ in range(2):
+        assert main(["average", str(tmp_path / "run"), "-o", str(out)]) == 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["average", str(tmp_path / "run"), "-o", str(empty)]) == 0
+    assert ckpt.load_model_dir(empty).metadata["averaged"] == ["step_00000100"]
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_weights_get_the_same_mode_as_the_other_files(
+    umask: int, make_model: Callable, tokenizer_file: Path, tmp_path: Path
+) -> None:
+    _save_steps(tmp_path / "run", [make_model()], tokenizer_file)
+    previous = os.umask(umask)
+    try:
+        assert main(["average", str(tmp_path / "run"), "-o", str(tmp_path / "out")]) == 0
+    finally:
+        os.umask(previous)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()}
+    assert modes == dict.fromkeys(modes, 0o666 & ~umask)

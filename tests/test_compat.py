@@ -14,7 +14,7 @@ import torch
 
 from aiayn import checkpoint
 from aiayn.cli import main
-from aiayn.metrics import read_metrics
+from aiayn.runlog import read_metrics
 
 RELEASE = Path(__file__).parent / "fixtures" / "release-e3eaae9"
 # The flags the fixture's run was made with (its README), as a resume repeats them.

@@ -8,12 +8,16 @@ are tested end to end in tests/integration/test_train_e2e.py.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import math
+import os
 import random
 import shutil
 import signal
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from aiayn import checkpoint as ckpt
@@ -550,6 +555,164 @@ def test_resume_from_a_truncated_checkpoint(
     assert f"{damaged} is corrupt or truncated" in err
     assert checkpoint_steps(tmp_path / "run") == [2]
     assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == metrics
+
+
+def _fill_the_disk(monkeypatch: pytest.MonkeyPatch, writer: str, after: int) -> None:
+    """Make the `after`+1-th write by `writer` fail half-way as on a full disk.
+
+    torch.save and safetensors report a full disk differently (torch raises OSError through a
+    Python file, or "unexpected pos" when given a path; safetensors a SafetensorError).
+    """
+    calls = 0
+    original = torch.save if writer == "torch" else ckpt.save_model
+
+    def full(obj: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls <= after:
+            return original(obj, target, *args, **kwargs)
+        if isinstance(target, (str, Path)):
+            Path(target).write_bytes(b"partial")
+        else:
+            target.write(b"partial")
+        if writer == "torch":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        raise SafetensorError(
+            "Error while serializing: I/O error: No space left on device (os error 28)"
+        )
+
+    if writer == "torch":
+        monkeypatch.setattr(torch, "save", full)
+    else:
+        monkeypatch.setattr(ckpt, "save_model", full)
+
+
+@pytest.mark.parametrize("writer", ["torch", "safetensors"])
+def test_a_full_disk_is_one_line_and_leaves_no_partial_checkpoint(
+    writer: str,
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    run = tmp_path / "run"
+    config = make_config(corpus, run, max_steps=4, save_every=2)
+    with monkeypatch.context() as patch:
+        # safetensors writes each save twice (checkpoint, model/): the second save fails
+        _fill_the_disk(patch, writer, after=1 if writer == "torch" else 2)
+        for args in (cli_args(config), [*cli_args(config), "--resume"]):  # still full
+            err = _fails(args, capsys)
+            assert "No space left on device" in err
+            assert ".step_00000004.tmp-" in err and "partial checkpoint removed" in err
+            assert f"last good checkpoint: {run / 'checkpoints' / 'step_00000002'}" in err
+            assert [p.name for p in run.rglob("*") if ".tmp" in p.name] == []
+            assert checkpoint_steps(run) == [2]
+
+    assert main([*cli_args(config), "--resume"]) == 0
+    assert checkpoint_steps(run) == [2, 4]
+    assert ckpt.load_model_dir(run).metadata["step"] == 4
+
+
+# -- what killed runs leave behind ------------------------------------------------------------
+
+
+def _dead_pid() -> int:
+    """The id of a process that has exited (so its temporary files are nobody's)."""
+    process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], **_OUT)
+    return int(process.stdout)
+
+
+_OUT: dict[str, Any] = dict(capture_output=True, text=True, check=True)
+
+
+def _kill_while_replacing_model(run: Path, pid: int) -> None:
+    """The state a kill between `_replace_dir`'s two renames leaves: no `model/`, the old one
+    moved aside and the new one complete under its temporary name."""
+    old = run / f".model.old-{pid}"
+    shutil.copytree(run / "checkpoints" / "step_00000001", old)
+    os.utime(old / ckpt.CHECKSUMS_FILE, (0, 0))
+    os.replace(run / "model", run / f".model.tmp-{pid}")
+
+
+def test_a_kill_while_replacing_model_leaves_the_run_translatable(
+    corpus: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    trainer.train(make_config(corpus, run, max_steps=2, save_every=1))
+    _kill_while_replacing_model(run, _dead_pid())
+    (tmp_path / "in.txt").write_text("a b c\n")
+    args = ["-i", str(tmp_path / "in.txt"), "-o", str(tmp_path / "out.txt"), "--beam-size", "1"]
+    assert main(["translate", "-m", str(run), *args, "--max-len-b", "2"]) == 0, capsys.readouterr()
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 1
+
+
+def test_resume_restores_what_an_interrupted_save_moved_aside_and_removes_debris(
+    corpus: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    config = make_config(corpus, run, max_steps=2, save_every=1)
+    trainer.train(config)
+    pid = _dead_pid()
+    _kill_while_replacing_model(run, pid)
+    os.replace(
+        run / "checkpoints" / "step_00000002", run / "checkpoints" / f".step_00000002.old-{pid}"
+    )
+    partial = run / "checkpoints" / f".step_00000003.tmp-{pid}"
+    partial.mkdir()
+    (partial / ckpt.WEIGHTS_FILE).write_bytes(b"half")
+    (run / f".best.tmp-{pid}").mkdir()
+    (run / "metrics.tmp").write_text("{}\n")
+    live = run / f".best.tmp-{os.getppid()}"  # a process that is still running: not ours
+    live.mkdir()
+
+    with caplog.at_level(logging.INFO):
+        assert main([*cli_args(dataclasses.replace(config, max_steps=3)), "--resume"]) == 0
+    assert f"resumed from {run / 'checkpoints' / 'step_00000002'} at step 2" in caplog.text
+    assert checkpoint_steps(run) == [1, 2, 3]
+    leftovers = [p.name for p in run.rglob("*") if ".tmp" in p.name or ".old" in p.name]
+    assert leftovers == [live.name]
+    assert ckpt.load_model_dir(run).metadata["step"] == 3
+
+
+def test_a_corrupt_latest_checkpoint_names_the_previous_one_and_how_to_use_it(
+    corpus: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture, caplog
+) -> None:
+    run = tmp_path / "run"
+    config = make_config(corpus, run, max_steps=4, save_every=2)
+    trainer.train(config)
+    latest, previous = run / "checkpoints" / "step_00000004", run / "checkpoints" / "step_00000002"
+    (latest / ckpt.WEIGHTS_FILE).write_bytes(b"truncated")
+    resume = [*cli_args(dataclasses.replace(config, max_steps=5)), "--resume"]
+    err = _fails(resume, capsys)
+    assert f"{latest / ckpt.WEIGHTS_FILE} is corrupt or truncated" in err
+    assert f"to resume from the previous checkpoint {previous}, move this one aside" in err
+    assert f"(mv {latest} {latest}.corrupt) and run again with --resume" in err
+
+    os.replace(latest, f"{latest}.corrupt")  # what the message says to do
+    with caplog.at_level(logging.INFO, logger="aiayn.trainer"):
+        assert main(resume) == 0
+    assert f"resumed from {previous} at step 2" in caplog.text
+    assert checkpoint_steps(run) == [2, 4, 5]  # step 4 trained and saved again
+    assert (run / "checkpoints" / "step_00000004.corrupt" / ckpt.WEIGHTS_FILE).read_bytes() == (
+        b"truncated"
+    )
+
+
+def test_a_latest_checkpoint_without_checksums_is_named_when_skipped(
+    corpus: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    config = make_config(corpus, run, max_steps=4, save_every=2)
+    trainer.train(config)
+    latest = run / "checkpoints" / "step_00000004"
+    (latest / ckpt.CHECKSUMS_FILE).unlink()
+    with caplog.at_level(logging.INFO):
+        assert main([*cli_args(dataclasses.replace(config, max_steps=5)), "--resume"]) == 0
+    assert f"{latest} has no checksums.json (cut short or damaged): skipped" in caplog.text
+    assert f"resumed from {run / 'checkpoints' / 'step_00000002'} at step 2" in caplog.text
+
+
+# -- the metrics log ------------------------------------------------------------------------
 
 
 def test_tsv_training_and_validation_bleu(tmp_path: Path, corpus: tuple[Path, Path]) -> None:

@@ -11,15 +11,20 @@ A *model directory* is self-describing and is all inference needs:
 A *checkpoint* (`RUN_DIR/checkpoints/step_00001000/`) is a model directory plus
 `training_state.pt`: optimizer state, step, RNG states and data position. It is read with
 `torch.load(weights_only=True)`, which refuses to run pickled code. Every directory is written
-under a temporary name and renamed into place, so a killed run never leaves a half-written one.
+under a temporary name and renamed into place, so a killed run never leaves a half-written one;
+what a kill does leave (temporary names, a directory moved aside while being replaced) is put
+back or removed by `remove_debris` when the run starts again. A full disk is reported as such
+(`DiskFullError`), with the partial directory removed.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +37,7 @@ from torch import nn
 
 from aiayn import __version__
 from aiayn.config import ConfigError, ModelConfig
+from aiayn.metrics import METRICS_FILE
 from aiayn.model import Transformer
 
 logger = logging.getLogger(__name__)
@@ -43,10 +49,20 @@ METADATA_FILE = "metadata.json"
 CHECKSUMS_FILE = "checksums.json"
 TRAINING_STATE_FILE = "training_state.pt"
 MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, METADATA_FILE)
+_MODEL_DIR_FILES = (*MODEL_FILES, CHECKSUMS_FILE)
 
 
 class CheckpointError(RuntimeError):
     """A model directory or checkpoint is missing, incomplete, corrupt or incompatible."""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A file of a model directory or checkpoint is missing, truncated or does not match its
+    checksum (as opposed to a sound directory that does not fit, e.g. another architecture)."""
+
+
+class DiskFullError(CheckpointError):
+    """A save ran out of disk space or quota; what it had written was removed."""
 
 
 @dataclass
@@ -88,25 +104,58 @@ def save_model_dir(
         tokenizer_file: The SentencePiece model to copy in.
         metadata: JSON-serialisable facts (languages, step, ...).
         extra_files: name → object saved with `torch.save` (e.g. the training state).
+
+    Raises:
+        DiskFullError: The disk or quota filled up; the partial directory was removed and an
+            existing `directory` is untouched.
     """
     directory = Path(directory)
     model = unwrap(model)
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    try:
+        tmp.mkdir(parents=True)
+        _write_model_files(tmp, model, tokenizer_file, metadata, extra_files)
+    except BaseException as error:
+        # A partial directory would only fill the disk further (and a full disk is the
+        # usual cause): nothing reads it, so remove it before saying what happened.
+        shutil.rmtree(tmp, ignore_errors=True)
+        code = _disk_full_errno(error)
+        if code is None:
+            raise
+        what = "checkpoint" if extra_files else "model directory"
+        raise DiskFullError(
+            f"no space left on device writing {tmp}: {os.strerror(code)}; partial {what} removed"
+        ) from None
+    _replace_dir(tmp, directory)
+    return directory
+
+
+def _write_model_files(
+    tmp: Path,
+    model: nn.Module,
+    tokenizer_file: str | Path,
+    metadata: dict[str, Any] | None,
+    extra_files: dict[str, Any] | None,
+) -> None:
     (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-    save_model(model, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "aiayn": __version__})
+    weights = tmp / WEIGHTS_FILE
+    save_model(model, str(weights), metadata={"format": "pt", "aiayn": __version__})
+    # safetensors writes through a private temporary file (mode 0600): give the weights the
+    # mode every other file here got from the umask, so whoever may read the config may load.
+    os.chmod(weights, (tmp / CONFIG_FILE).stat().st_mode & 0o777)
     shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
     meta = {"aiayn_version": __version__, **(metadata or {})}
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     for name, obj in (extra_files or {}).items():
-        torch.save(obj, tmp / name)
+        # Through a Python file, a full disk raises OSError(ENOSPC); given a path, torch.save
+        # raises "RuntimeError: [enforce fail ...] unexpected pos", which hides the cause.
+        with open(tmp / name, "wb") as f:
+            torch.save(obj, f)
     names = sorted(p.name for p in tmp.iterdir())
     checksums = {name: _sha256(tmp / name) for name in names}
     (tmp / CHECKSUMS_FILE).write_text(json.dumps(checksums, indent=2) + "\n")
     _fsync_dir(tmp)
-    _replace_dir(tmp, directory)
-    return directory
 
 
 def save_checkpoint(
@@ -135,26 +184,182 @@ def save_checkpoint(
     return path
 
 
+def is_run_dir(directory: Path) -> bool:
+    """Whether `directory` is a training run's (it holds checkpoints/ or its train config)."""
+    return (directory / "checkpoints").is_dir() or (directory / "train_config.yaml").is_file()
+
+
+def check_replaceable(directory: str | Path) -> None:
+    """Refuse an output directory whose contents writing a model directory would destroy.
+
+    `save_model_dir` replaces whatever is at its target. Only an aiayn model directory (its own
+    files and nothing else, e.g. an earlier `aiayn average` output) or an empty directory may
+    be replaced: a directory holding any other file may be the user's work, and a run directory
+    or one inside it (its `model/`, `best/`) belongs to the run.
+    """
+    directory = Path(directory)
+    if not directory.exists():
+        return
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory} exists and is not a directory (nothing was changed)")
+    if is_run_dir(directory) or is_run_dir(directory.resolve().parent):
+        raise CheckpointError(
+            f"{directory} is a training run directory or inside one; choose another output "
+            "directory (nothing was changed)"
+        )
+    foreign = sorted(p.name for p in directory.iterdir() if p.name not in _MODEL_DIR_FILES)
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
+        raise CheckpointError(
+            f"{directory} already holds files that aiayn did not write ({shown}); choose another "
+            "output directory (nothing was changed)"
+        )
+
+
+def remove_debris(run_dir: str | Path) -> None:
+    """Clean up after saves that were killed, first putting back what they were replacing.
+
+    A save writes `.NAME.tmp-PID` and, to replace an existing NAME, moves it to
+    `.NAME.old-PID` for an instant: a kill there leaves no NAME at all (no `model/` for
+    `aiayn translate`, or no latest checkpoint). The newest complete, verified copy is moved
+    back into place; every other leftover is deleted, since nothing reads them and they grow
+    with the model. Leftovers of another live process (a concurrent writer) are kept.
+    """
+    run_dir = Path(run_dir)
+    for parent in (run_dir, run_dir / "checkpoints"):
+        for name in sorted({name for _, name in _abandoned(parent)}):
+            target = parent / name
+            if not target.exists() and (copy := _stranded_copy(target)) is not None:
+                os.replace(copy, target)
+                logger.warning(
+                    "%s was missing (a save was killed while replacing it): restored it from %s",
+                    target,
+                    copy.name,
+                )
+        for path, _ in _abandoned(parent):
+            logger.info("removing %s, left by a killed save", path)
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+    (run_dir / METRICS_FILE).with_suffix(".tmp").unlink(missing_ok=True)
+
+
+_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)")
+
+
+def _abandoned(parent: Path) -> list[tuple[Path, str]]:
+    """`save_model_dir`'s temporary and moved-aside entries in `parent` whose writer is gone
+    (or is this process, which starts no save before it has looked), with their target names."""
+    if not parent.is_dir():
+        return []
+    found = []
+    for path in sorted(parent.iterdir()):
+        match = _LEFTOVER.fullmatch(path.name)
+        if match and not _other_live_process(int(match["pid"])):
+            found.append((path, match["name"]))
+    return found
+
+
+def _other_live_process(pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def _stranded_copy(target: Path) -> Path | None:
+    """The newest complete, verified copy of `target` that a killed replacement left."""
+    complete = []
+    for path, name in _abandoned(target.parent):
+        if name == target.name:
+            try:
+                verify(path)
+            except CheckpointError:
+                continue
+            complete.append(path)
+    return max(complete, key=lambda p: (p / CHECKSUMS_FILE).stat().st_mtime_ns, default=None)
+
+
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
-    """Complete step checkpoints of a run, oldest first (temporary directories are ignored)."""
+    """Complete step checkpoints of a run, oldest first.
+
+    Temporary directories and ones moved aside by hand (`step_00000400.corrupt`) are ignored.
+    """
+    return [path for path in _step_dirs(run_dir) if (path / CHECKSUMS_FILE).is_file()]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint, naming any newer one that is skipped as incomplete.
+
+    Saves rename a checkpoint into place only once its checksums.json is written, so a newer
+    one without it was cut short or damaged by something else (a copy, a sync, a hand):
+    continuing from an older one must not go unnoticed.
+    """
+    complete = list_checkpoints(run_dir)
+    latest = complete[-1] if complete else None
+    for path in _step_dirs(run_dir):
+        if path not in complete and (latest is None or _step(path) > _step(latest)):
+            logger.warning(
+                "%s has no %s (cut short or damaged): skipped; the newest complete checkpoint "
+                "is %s",
+                path,
+                CHECKSUMS_FILE,
+                latest or "none",
+            )
+    return latest
+
+
+_STEP_DIR = re.compile(r"step_\d+")
+
+
+def _step_dirs(run_dir: str | Path) -> list[Path]:
     checkpoints = Path(run_dir) / "checkpoints"
     if not checkpoints.is_dir():
         return []
-    found = [p for p in checkpoints.glob("step_*") if (p / CHECKSUMS_FILE).is_file()]
-    return sorted(found, key=lambda p: p.name)
+    found = [p for p in checkpoints.iterdir() if _STEP_DIR.fullmatch(p.name) and p.is_dir()]
+    return sorted(found, key=_step)
+
+
+def _step(checkpoint: Path) -> int:
+    return int(checkpoint.name.removeprefix("step_"))
 
 
 # -- reading ------------------------------------------------------------------------------
 
 
 def resolve_model_dir(path: str | Path) -> Path:
-    """Accept a model directory, or a run directory (→ its `model/` subdirectory)."""
+    """Accept a model directory, or a run directory (→ its `model/` subdirectory).
+
+    A directory that a killed save left moved aside (see `remove_debris`) is read from where
+    it lies, without moving it back: a reader must not rearrange a run another process owns.
+    """
     path = Path(path)
     if not path.exists():
+        if (copy := _stranded_copy(path)) is not None:
+            return _read_stranded(path, copy)
         raise CheckpointError(f"model directory not found: {path}")
-    if not (path / CONFIG_FILE).exists() and (path / "model" / CONFIG_FILE).exists():
-        return path / "model"
+    if not (path / CONFIG_FILE).exists():
+        if (path / "model" / CONFIG_FILE).exists():
+            return path / "model"
+        if not (path / "model").exists() and (copy := _stranded_copy(path / "model")) is not None:
+            return _read_stranded(path / "model", copy)
     return path
+
+
+def _read_stranded(target: Path, copy: Path) -> Path:
+    logger.warning(
+        "%s is missing (a save was killed while replacing it): reading %s; "
+        "`aiayn train --resume` puts it back",
+        target,
+        copy,
+    )
+    return copy
 
 
 def verify(directory: Path) -> None:
@@ -163,19 +368,19 @@ def verify(directory: Path) -> None:
         raise CheckpointError(f"model directory not found: {directory}")
     missing = [name for name in (*MODEL_FILES, CHECKSUMS_FILE) if not (directory / name).is_file()]
     if missing:
-        raise CheckpointError(
+        raise CorruptCheckpointError(
             f"{directory} is not a complete aiayn model directory: missing {', '.join(missing)}"
         )
     try:
         checksums = json.loads((directory / CHECKSUMS_FILE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise CheckpointError(f"{directory / CHECKSUMS_FILE} is corrupt: {error}") from None
+        raise CorruptCheckpointError(f"{directory / CHECKSUMS_FILE} is corrupt: {error}") from None
     for name, expected in checksums.items():
         file = directory / name
         if not file.is_file():
-            raise CheckpointError(f"{directory}: missing {name}")
+            raise CorruptCheckpointError(f"{directory}: missing {name}")
         if _sha256(file) != expected:
-            raise CheckpointError(
+            raise CorruptCheckpointError(
                 f"{file} is corrupt or truncated (SHA-256 does not match checksums.json)"
             )
 
@@ -227,7 +432,7 @@ def load_training_state(checkpoint: Path) -> dict[str, Any]:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for truncated/corrupt files
-        raise CheckpointError(f"cannot read {path}: {error}") from None
+        raise CorruptCheckpointError(f"cannot read {path}: {error}") from None
 
 
 def check_same_architecture(checkpoint: Path, config: ModelConfig) -> None:
@@ -276,6 +481,20 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _disk_full_errno(error: BaseException) -> int | None:
+    """ENOSPC/EDQUOT if `error` comes from a full disk or quota, else None.
+
+    safetensors (Rust) reports I/O errors as a SafetensorError whose text ends with
+    "(os error N)" rather than as an OSError.
+    """
+    if isinstance(error, OSError) and error.errno in _DISK_FULL:
+        return error.errno
+    return next((code for code in _DISK_FULL if f"(os error {code})" in str(error)), None)
 
 
 def _fsync_dir(directory: Path) -> None:

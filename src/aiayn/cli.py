@@ -180,6 +180,7 @@ def _run_average(args: argparse.Namespace) -> int:
 
     from aiayn import checkpoint as ckpt
 
+    ckpt.check_replaceable(args.output)  # refused before averaging, not after
     paths = ckpt.list_checkpoints(args.run_dir)
     if not paths:
         raise ckpt.CheckpointError(f"no checkpoints in {Path(args.run_dir) / 'checkpoints'}")

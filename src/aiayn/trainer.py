@@ -18,6 +18,7 @@ share of the batches (DDP over NCCL on GPUs, gloo on CPUs) and rank 0 alone writ
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import math
@@ -429,6 +430,19 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
     ctx, device = init_distributed(config.device)
     try:
         return _train(config, resume, ctx, device)
+    except (ckpt.DiskFullError, OSError) as error:
+        if isinstance(error, ckpt.DiskFullError):
+            message = str(error)
+        elif error.errno in (errno.ENOSPC, errno.EDQUOT):
+            where = error.filename or config.out_dir  # a failed write() names no file
+            message = f"no space left on device writing {where}: {error.strerror}"
+        else:
+            raise
+        # What matters now is where the run can continue from once space is freed.
+        last = ckpt.list_checkpoints(config.out_dir)[-1:]
+        raise TrainingError(
+            f"{message}; last good checkpoint: {last[0] if last else 'none'}"
+        ) from None
     finally:
         if ctx.enabled and dist.is_initialized():
             dist.destroy_process_group()
@@ -440,6 +454,8 @@ def _train(
     if config.threads:
         torch.set_num_threads(config.threads)
     run_dir = _prepare_run_dir(config, resume, ctx)
+    if ctx.is_main:
+        ckpt.remove_debris(run_dir)  # before anything in the run directory is read
     tokenizer = _prepare_tokenizer(config, run_dir, ctx, resume)
     train_data, valid_data = _load_data(config, tokenizer, run_dir, ctx)
     model_config = config.model_config(tokenizer.vocab_size, pad_id=PAD_ID)
@@ -455,9 +471,14 @@ def _train(
     )
     progress = Progress()
     metrics_path = run_dir / METRICS_FILE
-    latest = ckpt.list_checkpoints(run_dir)[-1:] if resume else []
+    latest = [found] if resume and (found := ckpt.latest_checkpoint(run_dir)) else []
     if latest:
-        progress = _resume(latest[0], model, optimizer, model_config, device, ctx, accumulate)
+        try:
+            progress = _resume(latest[0], model, optimizer, model_config, device, ctx, accumulate)
+        except ckpt.CorruptCheckpointError as error:
+            raise TrainingError(
+                f"{error}; {_earlier_checkpoint_hint(run_dir, latest[0])}"
+            ) from None
         if ctx.is_main:
             truncate_metrics(metrics_path, progress.step)
             logger.info("resumed from %s at step %d", latest[0], progress.step)
@@ -661,6 +682,17 @@ def _train_record(progress: Progress, lr: float, elapsed: float) -> dict[str, An
     }
 
 
+def _earlier_checkpoint_hint(run_dir: Path, corrupt: Path) -> str:
+    """How to continue from the checkpoint before a corrupt one (the run has no other way)."""
+    earlier = [path for path in ckpt.list_checkpoints(run_dir) if path != corrupt]
+    if not earlier:
+        return "there is no earlier checkpoint to resume from"
+    return (
+        f"to resume from the previous checkpoint {earlier[-1]}, move this one aside "
+        f"(mv {corrupt} {corrupt}.corrupt) and run again with --resume"
+    )
+
+
 def _resume(
     checkpoint: Path,
     model: Transformer,
@@ -670,8 +702,8 @@ def _resume(
     ctx: Distributed,
     accumulate: int,
 ) -> Progress:
+    state = ckpt.load_training_state(checkpoint)  # verifies every file: corrupt comes first
     ckpt.check_same_architecture(checkpoint, model_config)
-    state = ckpt.load_training_state(checkpoint)
     ckpt.load_weights(model, checkpoint / ckpt.WEIGHTS_FILE)
     optimizer.load_state_dict(state["optimizer"])
     saved_batches = state["world_size"] * state["accumulate"]
