@@ -37,8 +37,8 @@ from torch import nn
 
 from aiayn import __version__
 from aiayn.config import ConfigError, ModelConfig
-from aiayn.metrics import METRICS_FILE
 from aiayn.model import Transformer
+from aiayn.runlog import METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
