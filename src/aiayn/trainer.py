@@ -2,7 +2,8 @@
 
 One function, `train`, runs a whole job from a `TrainConfig`:
 
-1. the run directory (resolved config, tokenizer, binarised data cache, metrics, checkpoints);
+1. the run directory (resolved config, tokenizer, binarised data cache, metrics, checkpoints),
+   locked against a second trainer while this one runs (aiayn.runlock);
 2. a joint SentencePiece vocabulary, trained once (§5.1);
 3. batches of about `max_tokens` tokens, grouped by length, shuffled per epoch from the seed;
 4. updates that accumulate batches and normalise by the true number of target tokens, so one
@@ -47,6 +48,7 @@ from aiayn.loss import label_smoothed_loss, perplexity
 from aiayn.metrics import METRICS_FILE, MetricsLog, truncate_metrics
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
+from aiayn.runlock import hold_run_lock
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -109,17 +111,28 @@ def _restore_rng_states(states: dict[str, Any]) -> None:
 # -- the run directory ----------------------------------------------------------------------
 
 
-def _prepare_run_dir(config: TrainConfig, resume: bool, ctx: Distributed) -> Path:
+def _prepare_run_dir(
+    config: TrainConfig, resume: bool, ctx: Distributed, held: contextlib.ExitStack
+) -> Path:
+    """Create and lock the run directory (rank 0 alone: the ranks of one run share it).
+
+    The lock comes before anything is written and before the checkpoint check, so that a
+    second trainer is told who is in the way and changes nothing.
+    """
     run_dir = Path(config.out_dir)
     if ctx.is_main:
-        if ckpt.list_checkpoints(run_dir) and not resume:
-            raise TrainingError(
-                f"{run_dir} already holds checkpoints; pass --resume to continue that run or "
-                "choose another --out-dir (nothing was overwritten)"
-            )
         run_dir.mkdir(parents=True, exist_ok=True)
+        held.enter_context(hold_run_lock(run_dir, lambda: _refuse_existing_run(run_dir, resume)))
     ctx.barrier()
     return run_dir
+
+
+def _refuse_existing_run(run_dir: Path, resume: bool) -> None:
+    if ckpt.list_checkpoints(run_dir) and not resume:
+        raise TrainingError(
+            f"{run_dir} already holds checkpoints; pass --resume to continue that run or "
+            "choose another --out-dir (nothing was overwritten)"
+        )
 
 
 def _write_config(config: TrainConfig, run_dir: Path) -> None:
@@ -428,18 +441,23 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
     """Run (or continue, with `resume`) the training job described by `config`."""
     ctx, device = init_distributed(config.device)
     try:
-        return _train(config, resume, ctx, device)
+        with contextlib.ExitStack() as held:  # the run directory's lock, while training
+            return _train(config, resume, ctx, device, held)
     finally:
         if ctx.enabled and dist.is_initialized():
             dist.destroy_process_group()
 
 
 def _train(
-    config: TrainConfig, resume: bool, ctx: Distributed, device: torch.device
+    config: TrainConfig,
+    resume: bool,
+    ctx: Distributed,
+    device: torch.device,
+    held: contextlib.ExitStack,
 ) -> TrainResult:
     if config.threads:
         torch.set_num_threads(config.threads)
-    run_dir = _prepare_run_dir(config, resume, ctx)
+    run_dir = _prepare_run_dir(config, resume, ctx, held)
     tokenizer = _prepare_tokenizer(config, run_dir, ctx, resume)
     train_data, valid_data = _load_data(config, tokenizer, run_dir, ctx)
     model_config = config.model_config(tokenizer.vocab_size, pad_id=PAD_ID)

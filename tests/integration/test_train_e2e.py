@@ -269,6 +269,42 @@ def test_sigterm_saves_exits_130_and_resumes_exactly(
     assert train_losses(run_dir) == train_losses(uninterrupted)
 
 
+def test_a_second_trainer_on_a_run_directory_is_refused_until_the_first_dies(
+    resume_corpus: tuple[Path, Path], tmp_path: Path, start
+) -> None:
+    """Two trainers on one directory would mix their metrics and checkpoints: the second is
+    refused, naming the first; a lock left by a killed run blocks nothing."""
+    run_dir = tmp_path / "run"
+    flags = [*RESUME_FLAGS, "--max-steps", "100000", "--save-every", "5"]
+    first = start(aiayn_train(resume_corpus, run_dir, *flags), tmp_path / "log1")
+    wait_for(first, lambda: last_checkpoint(run_dir) >= 5)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for extra in ([], ["--resume"]):
+        second = subprocess.run(
+            aiayn_train(resume_corpus, run_dir, *flags, *extra),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert second.returncode == 2, second.stderr[-3000:]
+        message = second.stderr.strip().splitlines()[-1]
+        assert f"{run_dir} is in use by another trainer (PID {first.pid} on " in message
+    assert first.poll() is None  # the first run goes on
+
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    saved = last_checkpoint(run_dir)
+    resume = ["--resume", "--max-steps", str(saved + 2)]
+    run(aiayn_train(resume_corpus, run_dir, *flags, *resume), tmp_path / "log2")
+    assert (
+        f"resumed from {run_dir / 'checkpoints'}/step_{saved:08d}"
+        in (tmp_path / "log2").read_text()
+    )
+    assert last_logged_step(run_dir) == saved + 2
+
+
 # -- 3. data parallel -----------------------------------------------------------------------
 
 DDP_FLAGS = [
