@@ -14,6 +14,7 @@ import math
 import random
 import shutil
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from aiayn.metrics import read_metrics
 from aiayn.model import Transformer
 from aiayn.optim import learning_rate
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.translator import Translator
 
 LETTERS = "abcdefgh"
 TINY_MODEL = {
@@ -359,6 +361,73 @@ def test_sigterm_saves_and_resume_is_exact(
     assert [r["tokens_seen"] for r in whole] == [
         r["tokens_seen"] for r in read_metrics(tmp_path / "stopped")
     ]
+
+
+@pytest.mark.parametrize("phase", ["loss", "bleu"])
+def test_sigterm_during_validation_abandons_it_saves_once_and_exits_143(
+    phase: str,
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """SIGTERM while validating at step 2: no waiting for the rest of the validation (0.3 s a
+    batch here, a whole dev set in real life), no valid record, no `best/`, no update 3, and
+    one save of update 2 (where `save_every` also falls)."""
+    signalled: list[float] = []
+
+    def slowly(items: list[Any]) -> Iterator[Any]:
+        for i, item in enumerate(items):
+            if i == 1 and not signalled:
+                signalled.append(time.monotonic())
+                signal.raise_signal(signal.SIGTERM)
+            yield item
+            time.sleep(0.3)
+
+    if phase == "loss":
+        make_batches = trainer.make_batches
+
+        def slow_batches(*args: Any, shuffle: bool = True, **kwargs: Any) -> Any:
+            batches = make_batches(*args, shuffle=shuffle, **kwargs)
+            return batches if shuffle else slowly(batches)  # validation does not shuffle
+
+        monkeypatch.setattr(trainer, "make_batches", slow_batches)
+    else:
+        translate = Translator.translate
+        calls = iter(slowly(list(range(1000))))
+
+        def slow_translate(self: Translator, *args: Any, **kwargs: Any) -> Any:
+            next(calls)
+            return translate(self, *args, **kwargs)
+
+        monkeypatch.setattr(Translator, "translate", slow_translate)
+    saves: list[int] = []
+    save_checkpoint = ckpt.save_checkpoint
+
+    def counted_save(*args: Any, **kwargs: Any) -> Path:
+        saves.append(kwargs["step"])
+        return save_checkpoint(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", counted_save)
+    config = make_config(
+        corpus,
+        tmp_path / "run",
+        valid_src=str(corpus[0]),
+        valid_tgt=str(corpus[1]),
+        valid_every=2,
+        save_every=2,
+        valid_bleu=phase == "bleu",
+    )
+    assert main(cli_args(config)) == 128 + signal.SIGTERM
+    seconds = time.monotonic() - signalled[0]
+    assert seconds < 1.5, f"{seconds:.1f} s from the signal to the exit"
+    assert "interrupted at step 2; continue with: aiayn train --resume" in capsys.readouterr().err
+    assert saves == [2]
+    assert [(r["type"], r["step"]) for r in read_metrics(tmp_path / "run")] == [
+        ("train", 1),
+        ("train", 2),
+    ]
+    assert not (tmp_path / "run" / "best").exists()
 
 
 def test_a_stop_request_during_the_last_update_still_saves_it(

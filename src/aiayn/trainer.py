@@ -27,6 +27,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -325,8 +326,13 @@ def validate(
     device: torch.device,
     label_smoothing: float,
     bf16: bool = False,
-) -> dict[str, float]:
-    """Loss, NLL per token and perplexity on a validation set (eval mode, no dropout)."""
+    should_stop: Callable[[], bool] = lambda: False,
+) -> dict[str, float] | None:
+    """Loss, NLL per token and perplexity on a validation set (eval mode, no dropout).
+
+    Returns None, abandoning the pass, as soon as `should_stop()` says so between batches: a
+    real dev set takes longer than a scheduler waits between SIGTERM and SIGKILL.
+    """
     model.eval()
     batches = make_batches(
         dataset.src_lengths,
@@ -339,6 +345,8 @@ def validate(
     loss = nll = 0.0
     tokens = 0
     for indices in batches:
+        if should_stop():
+            return None
         batch = collate(
             [dataset[int(i)] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID
         ).to(device)
@@ -356,9 +364,19 @@ def validate(
     }
 
 
-def validation_bleu(model: nn.Module, tokenizer: Tokenizer, config: TrainConfig) -> dict[str, Any]:
+def validation_bleu(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    config: TrainConfig,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> dict[str, Any] | None:
     """Decode the validation sources with the paper's beam search (§6.1) and score them with
-    sacreBLEU, through the same code as `aiayn evaluate`."""
+    sacreBLEU, through the same code as `aiayn evaluate`.
+
+    The sources go to the translator longest first, about one beam batch at a time (the
+    batches it would make itself from the whole set), so that `should_stop()` is asked
+    between batches; None when it said stop.
+    """
     from aiayn.evaluation import score
     from aiayn.translator import Translator
 
@@ -366,9 +384,25 @@ def validation_bleu(model: nn.Module, tokenizer: Tokenizer, config: TrainConfig)
         pairs = list(read_tsv(Path(config.valid_tsv)))
     else:
         pairs = list(read_parallel(Path(config.valid_src), Path(config.valid_tgt)))
+    sources = [src for src, _ in pairs]
     translator = Translator.from_model(model, tokenizer, max_tokens=config.max_tokens)
-    results = translator.translate([src for src, _ in pairs], beam_size=4, length_penalty=0.6)
-    scores = score([r.text for r in results], [[tgt for _, tgt in pairs]])
+    lengths = [len(ids) + 1 for ids in tokenizer.encode_batch(sources)]  # + EOS
+    order = sorted(range(len(sources)), key=lambda i: -lengths[i])
+    beam_size = 4
+    hypotheses = [""] * len(sources)
+    start = 0
+    while start < len(order):
+        if should_stop():
+            return None
+        per_batch = max(1, config.max_tokens // (beam_size * lengths[order[start]]))
+        chunk = order[start : start + per_batch]
+        results = translator.translate(
+            [sources[i] for i in chunk], beam_size=beam_size, length_penalty=0.6
+        )
+        for i, result in zip(chunk, results, strict=True):
+            hypotheses[i] = result.text
+        start += len(chunk)
+    scores = score(hypotheses, [[tgt for _, tgt in pairs]])
     return {
         "valid_bleu": scores.bleu,
         "valid_chrf": scores.chrf,
@@ -380,10 +414,12 @@ def validation_bleu(model: nn.Module, tokenizer: Tokenizer, config: TrainConfig)
 
 
 class _StopFlag:
-    """SIGINT/SIGTERM set a flag; the loop saves and exits after the current update."""
+    """SIGINT/SIGTERM set a flag; the loop saves and exits after the current update, or
+    abandons a validation under way."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _StopFlag:
@@ -396,6 +432,7 @@ class _StopFlag:
         if self.requested:  # second signal: give up immediately
             raise KeyboardInterrupt
         self.requested = True
+        self.signum = signum
         logger.warning(
             "received %s: saving a checkpoint after this update", signal.strsignal(signum)
         )
@@ -412,6 +449,7 @@ class TrainResult:
     step: int
     interrupted: bool
     last_valid: dict[str, float] | None
+    stop_signal: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM)
 
 
 def _updates(batches: list[np.ndarray], accumulate: int) -> list[list[np.ndarray]]:
@@ -546,39 +584,52 @@ def _train(
         ctx.barrier()
         last_save_time = time.monotonic()
 
-    def run_validation() -> None:
-        nonlocal last_valid
+    def run_validation(stop: _StopFlag) -> bool:
+        """Validate (rank 0) unless a stop request comes first; False if one did, on every
+        rank. An abandoned validation logs nothing and leaves `best/` alone."""
         if valid_data is None:
-            return
+            return True
         if ctx.is_main:
-            last_valid = validate(
-                model,
-                valid_data,
-                max_tokens=config.max_tokens,
-                device=device,
-                label_smoothing=config.label_smoothing,
-                bf16=uses_bf16(device, config),
-            )
-            if config.valid_bleu:
-                last_valid.update(validation_bleu(model, tokenizer, config))
-            record = {"type": "valid", "step": progress.step, **last_valid}
-            log.write(record)
-            logger.info(
-                "step %d: valid loss %.4f, ppl %.2f%s",
-                progress.step,
-                last_valid["valid_loss"],
-                last_valid["valid_ppl"],
-                f", BLEU {last_valid['valid_bleu']:.2f}" if "valid_bleu" in last_valid else "",
-            )
-            if last_valid["valid_nll"] < progress.best_valid_nll:
-                progress.best_valid_nll = last_valid["valid_nll"]
-                ckpt.save_model_dir(
-                    run_dir / "best",
-                    model,
-                    tokenizer_file=tokenizer.model_file,
-                    metadata={**metadata, "step": progress.step, **last_valid},
-                )
+            _validate(stop)
         ctx.barrier()
+        (stopped,) = ctx.sum([float(stop.requested)], device)
+        return stopped == 0
+
+    def _validate(stop: _StopFlag) -> None:
+        nonlocal last_valid
+        valid = validate(
+            model,
+            valid_data,
+            max_tokens=config.max_tokens,
+            device=device,
+            label_smoothing=config.label_smoothing,
+            bf16=uses_bf16(device, config),
+            should_stop=lambda: stop.requested,
+        )
+        if valid is not None and config.valid_bleu:
+            bleu = validation_bleu(model, tokenizer, config, lambda: stop.requested)
+            valid = None if bleu is None else {**valid, **bleu}
+        if valid is None:
+            logger.warning("step %d: validation abandoned on the stop request", progress.step)
+            return
+        last_valid = valid
+        record = {"type": "valid", "step": progress.step, **last_valid}
+        log.write(record)
+        logger.info(
+            "step %d: valid loss %.4f, ppl %.2f%s",
+            progress.step,
+            last_valid["valid_loss"],
+            last_valid["valid_ppl"],
+            f", BLEU {last_valid['valid_bleu']:.2f}" if "valid_bleu" in last_valid else "",
+        )
+        if last_valid["valid_nll"] < progress.best_valid_nll:
+            progress.best_valid_nll = last_valid["valid_nll"]
+            ckpt.save_model_dir(
+                run_dir / "best",
+                model,
+                tokenizer_file=tokenizer.model_file,
+                metadata={**metadata, "step": progress.step, **last_valid},
+            )
 
     with _StopFlag() as stop:
         while progress.step < config.max_steps and not interrupted:
@@ -640,8 +691,10 @@ def _train(
                     flag > 0 for flag in ctx.sum([float(stop.requested), float(timed)], device)
                 )
                 done = progress.step >= config.max_steps
-                if config.valid_every and progress.step % config.valid_every == 0 and not done:
-                    run_validation()
+                due = config.valid_every and progress.step % config.valid_every == 0
+                if due and not done and not stop_now:
+                    # A stop during validation abandons it: save now, not after one more update.
+                    stop_now = not run_validation(stop)
                 periodic = config.save_every and progress.step % config.save_every == 0
                 if (periodic or timed or stop_now) and not done:
                     save()
@@ -653,14 +706,24 @@ def _train(
             else:
                 progress.epoch += 1
                 progress.position = 0
-    if bar is not None:
-        bar.close()
-    if not interrupted:
-        run_validation()
-        save()
-    else:
+        if bar is not None:
+            bar.close()
+        if not interrupted:
+            # A stop request skips or abandons the final validation (resuming makes it up);
+            # the last update is saved either way. Still under the stop flag, so that a
+            # signal here cannot kill the process halfway through the save.
+            interrupted = not run_validation(stop)
+            save()
+    if interrupted:
         logger.warning("stopped at step %d; continue with --resume", progress.step)
-    return TrainResult(run_dir, run_dir / "model", progress.step, interrupted, last_valid)
+    return TrainResult(
+        run_dir,
+        run_dir / "model",
+        progress.step,
+        interrupted,
+        last_valid,
+        stop.signum if interrupted else None,
+    )
 
 
 def _train_record(progress: Progress, lr: float, elapsed: float) -> dict[str, Any]:
