@@ -798,10 +798,14 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from aiayn.demo import format_report, run_demo
+    from aiayn.demo import DemoStopped, format_report, run_demo
 
     options = {} if args.max_steps is None else {"max_steps": args.max_steps}
-    result = run_demo(args.out_dir, seed=args.seed, **options)
+    try:
+        result = run_demo(args.out_dir, seed=args.seed, **options)
+    except DemoStopped as stopped:
+        print(stopped, file=sys.stderr)
+        return 128 + (stopped.signum or signal.SIGINT)
     print(format_report(result))
     return 0
 
