@@ -525,6 +525,50 @@ def test_invalid_utf8_in_the_validation_set(
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+@pytest.mark.parametrize(
+    ("content", "cause"),
+    [
+        (None, "is a directory, not a file"),
+        ("a b\nc d\n".encode("utf-16"), "looks like UTF-16; convert it to UTF-8"),
+        (b"a b\nc\0d\n", ":2: NUL byte at byte 1 of the line"),
+    ],
+    ids=["directory", "utf-16", "nul"],
+)
+def test_unusable_corpus_files_are_named_before_anything_is_written(
+    content: bytes | None, cause: str, corpus: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    bad = tmp_path / "valid.src"
+    if content is None:
+        bad.mkdir()
+    else:
+        bad.write_bytes(content)
+    (tmp_path / "valid.tgt").write_text("a b\nc d\n")
+    for overrides in (
+        {"src": str(bad), "tgt": str(tmp_path / "valid.tgt")},
+        {"valid_src": str(bad), "valid_tgt": str(tmp_path / "valid.tgt")},
+    ):
+        config = make_config(corpus, tmp_path / "run", **overrides)
+        err = _fails(cli_args(config), capsys)
+        assert f"{bad}{'' if cause.startswith(':') else ' '}{cause}" in err
+        assert "does not exist" not in err and "lines but" not in err
+        if content is None or b"\0" not in content:  # seen in the first bytes: before the lock
+            assert not (tmp_path / "run").exists()
+        else:  # seen when the text is read: before BPE training for the training set
+            assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_tokenizer_that_disagrees_with_vocab_size_is_refused(
+    corpus: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    model_file = tmp_path / "other" / "tokenizer.model"
+    pieces = Tokenizer.train(list(corpus), model_file, vocab_size=300).vocab_size
+    config = make_config(corpus, tmp_path / "run", tokenizer=str(model_file), vocab_size=400)
+    err = _fails(cli_args(config), capsys)
+    assert f"tokenizer {model_file} has {pieces} pieces but vocab_size is 400" in err
+    assert not (tmp_path / "run").exists()
+    assert main(cli_args(dataclasses.replace(config, vocab_size=pieces))) == 0
+
+
 def test_empty_after_filtering(corpus: tuple[Path, Path], tmp_path: Path, capsys) -> None:
     config = make_config(corpus, tmp_path / "run", max_len=2, max_tokens=8)
     err = _fails(cli_args(config), capsys)

@@ -43,7 +43,13 @@ from aiayn import checkpoint as ckpt
 from aiayn.batching import collate, make_batches, shard_batches
 from aiayn.compiling import maybe_compile, native_bf16_cpu
 from aiayn.config import TrainConfig
-from aiayn.data import ParallelDataset, load_or_build, read_parallel, read_tsv
+from aiayn.data import (
+    ParallelDataset,
+    check_corpus_files,
+    load_or_build,
+    read_parallel,
+    read_tsv,
+)
 from aiayn.distributed import Distributed, init_distributed
 from aiayn.loss import label_smoothed_loss, perplexity
 from aiayn.metrics import METRICS_FILE, MetricsLog, truncate_metrics
@@ -134,6 +140,25 @@ def _refuse_existing_run(run_dir: Path, resume: bool) -> None:
             f"{run_dir} already holds checkpoints; pass --resume to continue that run or "
             "choose another --out-dir (nothing was overwritten)"
         )
+
+
+def _check_inputs(config: TrainConfig) -> None:
+    """What can be checked of the inputs without reading them whole, before the run directory
+    is touched: the corpus files (missing, directories, UTF-16) and a given tokenizer."""
+    files = (config.src, config.tgt, config.tsv, config.valid_src, config.valid_tgt)
+    check_corpus_files(*(Path(name) for name in (*files, config.valid_tsv) if name))
+    if config.tokenizer:
+        source = Path(config.tokenizer)
+        if not source.is_file():
+            raise TrainingError(f"tokenizer not found: {source}")
+        pieces = Tokenizer.load(source).vocab_size
+        if pieces != config.vocab_size:
+            # The model's vocabulary is the tokenizer's: a silent mismatch would train another
+            # model than train_config.yaml records.
+            raise TrainingError(
+                f"tokenizer {source} has {pieces} pieces but vocab_size is "
+                f"{config.vocab_size}; set vocab_size to {pieces} to use it"
+            )
 
 
 def _write_config(config: TrainConfig, run_dir: Path) -> None:
@@ -495,6 +520,7 @@ def _train(
 ) -> TrainResult:
     if config.threads:
         torch.set_num_threads(config.threads)
+    _check_inputs(config)
     run_dir = _prepare_run_dir(config, resume, ctx, held)
     tokenizer = _prepare_tokenizer(config, run_dir, ctx, resume)
     train_data, valid_data = _load_data(config, tokenizer, run_dir, ctx)
