@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ from aiayn.model import Transformer
 from aiayn.optim import learning_rate
 from aiayn.runlog import read_metrics
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.translator import Translator
 
 LETTERS = "abcdefgh"
 TINY_MODEL = {
@@ -410,6 +412,73 @@ def test_validation_records_of_a_resumed_run_equal_an_uninterrupted_one(
     assert {k: whole[-1][k] for k in fresh} == pytest.approx(fresh, rel=1e-6)
 
 
+@pytest.mark.parametrize("phase", ["loss", "bleu"])
+def test_sigterm_during_validation_abandons_it_saves_once_and_exits_143(
+    phase: str,
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    """SIGTERM while validating at step 2: no waiting for the rest of the validation (0.3 s a
+    batch here, a whole dev set in real life), no valid record, no `best/`, no update 3, and
+    one save of update 2 (where `save_every` also falls)."""
+    signalled: list[float] = []
+
+    def slowly(items: list[Any]) -> Iterator[Any]:
+        for i, item in enumerate(items):
+            if i == 1 and not signalled:
+                signalled.append(time.monotonic())
+                signal.raise_signal(signal.SIGTERM)
+            yield item
+            time.sleep(0.3)
+
+    if phase == "loss":
+        make_batches = trainer.make_batches
+
+        def slow_batches(*args: Any, shuffle: bool = True, **kwargs: Any) -> Any:
+            batches = make_batches(*args, shuffle=shuffle, **kwargs)
+            return batches if shuffle else slowly(batches)  # validation does not shuffle
+
+        monkeypatch.setattr(trainer, "make_batches", slow_batches)
+    else:
+        translate = Translator.translate
+        calls = iter(slowly(list(range(1000))))
+
+        def slow_translate(self: Translator, *args: Any, **kwargs: Any) -> Any:
+            next(calls)
+            return translate(self, *args, **kwargs)
+
+        monkeypatch.setattr(Translator, "translate", slow_translate)
+    saves: list[int] = []
+    save_checkpoint = ckpt.save_checkpoint
+
+    def counted_save(*args: Any, **kwargs: Any) -> Path:
+        saves.append(kwargs["step"])
+        return save_checkpoint(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt, "save_checkpoint", counted_save)
+    config = make_config(
+        corpus,
+        tmp_path / "run",
+        valid_src=str(corpus[0]),
+        valid_tgt=str(corpus[1]),
+        valid_every=2,
+        save_every=2,
+        valid_bleu=phase == "bleu",
+    )
+    assert main(cli_args(config)) == 128 + signal.SIGTERM
+    seconds = time.monotonic() - signalled[0]
+    assert seconds < 1.5, f"{seconds:.1f} s from the signal to the exit"
+    assert "interrupted at step 2; continue with: aiayn train --resume" in capsys.readouterr().err
+    assert saves == [2]
+    assert [(r["type"], r["step"]) for r in read_metrics(tmp_path / "run")] == [
+        ("train", 1),
+        ("train", 2),
+    ]
+    assert not (tmp_path / "run" / "best").exists()
+
+
 def test_a_stop_request_during_the_last_update_still_saves_it(
     corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -503,6 +572,50 @@ def test_invalid_utf8_in_the_validation_set(
     config = make_config(corpus, tmp_path / "run", valid_src=str(src), valid_tgt=str(bad))
     assert f"{bad}:2: invalid UTF-8" in _fails(cli_args(config), capsys)
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "cause"),
+    [
+        (None, "is a directory, not a file"),
+        ("a b\nc d\n".encode("utf-16"), "looks like UTF-16; convert it to UTF-8"),
+        (b"a b\nc\0d\n", ":2: NUL byte at byte 1 of the line"),
+    ],
+    ids=["directory", "utf-16", "nul"],
+)
+def test_unusable_corpus_files_are_named_before_anything_is_written(
+    content: bytes | None, cause: str, corpus: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    bad = tmp_path / "valid.src"
+    if content is None:
+        bad.mkdir()
+    else:
+        bad.write_bytes(content)
+    (tmp_path / "valid.tgt").write_text("a b\nc d\n")
+    for overrides in (
+        {"src": str(bad), "tgt": str(tmp_path / "valid.tgt")},
+        {"valid_src": str(bad), "valid_tgt": str(tmp_path / "valid.tgt")},
+    ):
+        config = make_config(corpus, tmp_path / "run", **overrides)
+        err = _fails(cli_args(config), capsys)
+        assert f"{bad}{'' if cause.startswith(':') else ' '}{cause}" in err
+        assert "does not exist" not in err and "lines but" not in err
+        if content is None or b"\0" not in content:  # seen in the first bytes: before the lock
+            assert not (tmp_path / "run").exists()
+        else:  # seen when the text is read: before BPE training for the training set
+            assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_a_tokenizer_that_disagrees_with_vocab_size_is_refused(
+    corpus: tuple[Path, Path], tmp_path: Path, capsys
+) -> None:
+    model_file = tmp_path / "other" / "tokenizer.model"
+    pieces = Tokenizer.train(list(corpus), model_file, vocab_size=300).vocab_size
+    config = make_config(corpus, tmp_path / "run", tokenizer=str(model_file), vocab_size=400)
+    err = _fails(cli_args(config), capsys)
+    assert f"tokenizer {model_file} has {pieces} pieces but vocab_size is 400" in err
+    assert not (tmp_path / "run").exists()
+    assert main(cli_args(dataclasses.replace(config, vocab_size=pieces))) == 0
 
 
 def test_empty_after_filtering(corpus: tuple[Path, Path], tmp_path: Path, capsys) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -151,15 +152,18 @@ def _run_train(args: argparse.Namespace) -> int:
 
     config = train_config_from_args(args)
     result = train(config, resume=args.resume)
+    # A run stopped by a signal exits as the shell reports one: 128 + its number (143 for
+    # SIGTERM, 130 for SIGINT), which schedulers and wrappers read as "stopped, not failed".
+    status = 128 + (result.stop_signal or signal.SIGINT) if result.interrupted else 0
     if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone reports
-        return 130 if result.interrupted else 0
+        return status
     if result.interrupted:
         print(
             f"interrupted at step {result.step}; continue with: aiayn train --resume "
             f"--out-dir {result.run_dir} ...",
             file=sys.stderr,
         )
-        return 130
+        return status
     print(f"model directory: {result.model_dir}")
     return 0
 
@@ -795,10 +799,14 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
-    from aiayn.demo import format_report, run_demo
+    from aiayn.demo import DemoStopped, format_report, run_demo
 
     options = {} if args.max_steps is None else {"max_steps": args.max_steps}
-    result = run_demo(args.out_dir, seed=args.seed, **options)
+    try:
+        result = run_demo(args.out_dir, seed=args.seed, **options)
+    except DemoStopped as stopped:
+        print(stopped, file=sys.stderr)
+        return 128 + (stopped.signum or signal.SIGINT)
     print(format_report(result))
     return 0
 

@@ -90,7 +90,7 @@ def read_parallel(src_path: Path, tgt_path: Path) -> Iterator[tuple[str, str]]:
             named), or a line is not valid UTF-8 (file and 1-based line number are named).
     """
     src_path, tgt_path = Path(src_path), Path(tgt_path)
-    _check_exists(src_path, tgt_path)
+    check_corpus_files(src_path, tgt_path)
     n_src, n_tgt = count_lines(src_path), count_lines(tgt_path)
     if n_src != n_tgt:
         raise DataError(
@@ -120,7 +120,7 @@ def read_tsv(path: Path) -> Iterator[tuple[str, str]]:
             not valid UTF-8; the message names the file and the 1-based line number.
     """
     path = Path(path)
-    _check_exists(path)
+    check_corpus_files(path)
     return _read_tsv(path)
 
 
@@ -137,6 +137,13 @@ def _read_tsv(path: Path) -> Iterator[tuple[str, str]]:
 
 
 def decode_line(raw: bytes, path: Path, lineno: int) -> str:
+    """One line of a corpus as text, or a DataError naming the file, line and cause.
+
+    NUL is valid UTF-8, but in a corpus it means binary data or a broken conversion, and the
+    tokenizer would learn it as a character: it is refused too.
+    """
+    if (nul := raw.find(b"\0")) >= 0:
+        raise DataError(f"{path}:{lineno}: NUL byte at byte {nul} of the line (binary data?)")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -146,10 +153,21 @@ def decode_line(raw: bytes, path: Path, lineno: int) -> str:
     return text.removeprefix("\ufeff") if lineno == 1 else text
 
 
-def _check_exists(*paths: Path) -> None:
+def check_corpus_files(*paths: Path) -> None:
+    """Each path is a readable UTF-8 text file, as far as its first bytes tell.
+
+    A UTF-16 file (Windows tools write them) would otherwise be reported as misaligned, since
+    its newlines are two bytes wide, or as invalid UTF-8 somewhere inside.
+    """
     for path in paths:
+        if path.is_dir():
+            raise DataError(f"data file {path} is a directory, not a file")
         if not path.is_file():
             raise DataError(f"data file {path} does not exist")
+        with path.open("rb") as f:
+            head = f.read(4096)
+        if head.startswith((b"\xff\xfe", b"\xfe\xff")) or head.count(b"\0") > len(head) // 4:
+            raise DataError(f"data file {path} looks like UTF-16; convert it to UTF-8")
 
 
 # --------------------------------------------------------------------------------------------
@@ -451,7 +469,7 @@ def load_or_build(
     """
     _check_filter_settings(max_len, min_len, max_ratio)
     inputs = _input_files(src_path, tgt_path, tsv_path)
-    _check_exists(*inputs)
+    check_corpus_files(*inputs)
     key_fields = {
         "format": CACHE_FORMAT_VERSION,
         "inputs": [_file_identity(path) for path in inputs],

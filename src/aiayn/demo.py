@@ -60,6 +60,17 @@ def write_demo_corpus(directory: Path, splits: DemoSplits) -> dict[str, tuple[Pa
     return files
 
 
+class DemoStopped(Exception):
+    """Training stopped on a signal (and saved): the demo stops too instead of evaluating a
+    half-trained model while the user or a scheduler waits for it to end."""
+
+    def __init__(self, step: int, signum: int | None, out_dir: Path) -> None:
+        super().__init__(
+            f"interrupted at step {step}; run the same command again to continue ({out_dir})"
+        )
+        self.signum = signum
+
+
 @dataclass
 class DemoResult:
     model_dir: Path
@@ -136,6 +147,8 @@ def run_demo(
     config = TrainConfig(**settings)
     # Continue an interrupted demo exactly when the trainer would find a checkpoint to resume.
     result = train(config, resume=bool(list_checkpoints(out_dir / "run")))
+    if result.interrupted:
+        raise DemoStopped(result.step, result.stop_signal, out_dir)
     translator = Translator(result.model_dir)
     sources = files["test"][0].read_text(encoding="utf-8").splitlines()
     references = files["test"][1].read_text(encoding="utf-8").splitlines()

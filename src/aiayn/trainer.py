@@ -2,7 +2,8 @@
 
 One function, `train`, runs a whole job from a `TrainConfig`:
 
-1. the run directory (resolved config, tokenizer, binarised data cache, metrics, checkpoints);
+1. the run directory (resolved config, tokenizer, binarised data cache, metrics, checkpoints),
+   locked against a second trainer while this one runs (aiayn.runlock);
 2. a joint SentencePiece vocabulary, trained once (§5.1);
 3. batches of about `max_tokens` tokens, grouped by length, shuffled per epoch from the seed;
 4. updates that accumulate batches and normalise by the true number of target tokens, so one
@@ -27,6 +28,7 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,12 +44,19 @@ from aiayn import checkpoint as ckpt
 from aiayn.acceleration import maybe_compile, native_bf16_cpu
 from aiayn.batching import collate, make_batches, shard_batches
 from aiayn.config import TrainConfig
-from aiayn.data import ParallelDataset, load_or_build, read_parallel, read_tsv
+from aiayn.data import (
+    ParallelDataset,
+    check_corpus_files,
+    load_or_build,
+    read_parallel,
+    read_tsv,
+)
 from aiayn.distributed import Distributed, init_distributed
 from aiayn.loss import label_smoothed_loss, perplexity
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
 from aiayn.runlog import METRICS_FILE, MetricsLog, truncate_metrics
+from aiayn.runlock import hold_run_lock
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -110,17 +119,47 @@ def _restore_rng_states(states: dict[str, Any]) -> None:
 # -- the run directory ----------------------------------------------------------------------
 
 
-def _prepare_run_dir(config: TrainConfig, resume: bool, ctx: Distributed) -> Path:
+def _prepare_run_dir(
+    config: TrainConfig, resume: bool, ctx: Distributed, held: contextlib.ExitStack
+) -> Path:
+    """Create and lock the run directory (rank 0 alone: the ranks of one run share it).
+
+    The lock comes before anything is written and before the checkpoint check, so that a
+    second trainer is told who is in the way and changes nothing.
+    """
     run_dir = Path(config.out_dir)
     if ctx.is_main:
-        if ckpt.list_checkpoints(run_dir) and not resume:
-            raise TrainingError(
-                f"{run_dir} already holds checkpoints; pass --resume to continue that run or "
-                "choose another --out-dir (nothing was overwritten)"
-            )
         run_dir.mkdir(parents=True, exist_ok=True)
+        held.enter_context(hold_run_lock(run_dir, lambda: _refuse_existing_run(run_dir, resume)))
     ctx.barrier()
     return run_dir
+
+
+def _refuse_existing_run(run_dir: Path, resume: bool) -> None:
+    if ckpt.list_checkpoints(run_dir) and not resume:
+        raise TrainingError(
+            f"{run_dir} already holds checkpoints; pass --resume to continue that run or "
+            "choose another --out-dir (nothing was overwritten)"
+        )
+
+
+def _check_inputs(config: TrainConfig) -> None:
+    """What can be checked of the inputs without reading them whole, before the run directory
+    is touched: the corpus files (missing, directories, UTF-16) and a given tokenizer."""
+    files = (config.src, config.tgt, config.tsv, config.valid_src, config.valid_tgt)
+    check_corpus_files(*(Path(name) for name in (*files, config.valid_tsv) if name))
+    if config.tokenizer:
+        source = Path(config.tokenizer)
+        if not source.is_file():
+            raise TrainingError(f"tokenizer not found: {source}")
+        pieces = Tokenizer.load(source).vocab_size
+        if pieces != config.vocab_size:
+            # The model's vocabulary is the tokenizer's: a silent mismatch would train another
+            # model than train_config.yaml records.
+            raise TrainingError(
+                f"tokenizer {source} has {pieces} pieces but vocab_size is "
+                f"{config.vocab_size}; set vocab_size to {pieces} to use it"
+            )
 
 
 def _write_config(config: TrainConfig, run_dir: Path) -> None:
@@ -313,8 +352,13 @@ def validate(
     device: torch.device,
     label_smoothing: float,
     bf16: bool = False,
-) -> dict[str, float]:
-    """Loss, NLL per token and perplexity on a validation set (eval mode, no dropout)."""
+    should_stop: Callable[[], bool] = lambda: False,
+) -> dict[str, float] | None:
+    """Loss, NLL per token and perplexity on a validation set (eval mode, no dropout).
+
+    Returns None, abandoning the pass, as soon as `should_stop()` says so between batches: a
+    real dev set takes longer than a scheduler waits between SIGTERM and SIGKILL.
+    """
     model.eval()
     batches = make_batches(
         dataset.src_lengths,
@@ -327,6 +371,8 @@ def validate(
     loss = nll = 0.0
     tokens = 0
     for indices in batches:
+        if should_stop():
+            return None
         batch = collate(
             [dataset[int(i)] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID
         ).to(device)
@@ -344,9 +390,19 @@ def validate(
     }
 
 
-def validation_bleu(model: nn.Module, tokenizer: Tokenizer, config: TrainConfig) -> dict[str, Any]:
+def validation_bleu(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    config: TrainConfig,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> dict[str, Any] | None:
     """Decode the validation sources with the paper's beam search (§6.1) and score them with
-    sacreBLEU, through the same code as `aiayn evaluate`."""
+    sacreBLEU, through the same code as `aiayn evaluate`.
+
+    The sources go to the translator longest first, about one beam batch at a time (the
+    batches it would make itself from the whole set), so that `should_stop()` is asked
+    between batches; None when it said stop.
+    """
     from aiayn.evaluation import score
     from aiayn.translator import Translator
 
@@ -354,9 +410,25 @@ def validation_bleu(model: nn.Module, tokenizer: Tokenizer, config: TrainConfig)
         pairs = list(read_tsv(Path(config.valid_tsv)))
     else:
         pairs = list(read_parallel(Path(config.valid_src), Path(config.valid_tgt)))
+    sources = [src for src, _ in pairs]
     translator = Translator.from_model(model, tokenizer, max_tokens=config.max_tokens)
-    results = translator.translate([src for src, _ in pairs], beam_size=4, length_penalty=0.6)
-    scores = score([r.text for r in results], [[tgt for _, tgt in pairs]])
+    lengths = [len(ids) + 1 for ids in tokenizer.encode_batch(sources)]  # + EOS
+    order = sorted(range(len(sources)), key=lambda i: -lengths[i])
+    beam_size = 4
+    hypotheses = [""] * len(sources)
+    start = 0
+    while start < len(order):
+        if should_stop():
+            return None
+        per_batch = max(1, config.max_tokens // (beam_size * lengths[order[start]]))
+        chunk = order[start : start + per_batch]
+        results = translator.translate(
+            [sources[i] for i in chunk], beam_size=beam_size, length_penalty=0.6
+        )
+        for i, result in zip(chunk, results, strict=True):
+            hypotheses[i] = result.text
+        start += len(chunk)
+    scores = score(hypotheses, [[tgt for _, tgt in pairs]])
     return {
         "valid_bleu": scores.bleu,
         "valid_chrf": scores.chrf,
@@ -368,10 +440,12 @@ def validation_bleu(model: nn.Module, tokenizer: Tokenizer, config: TrainConfig)
 
 
 class _StopFlag:
-    """SIGINT/SIGTERM set a flag; the loop saves and exits after the current update."""
+    """SIGINT/SIGTERM set a flag; the loop saves and exits after the current update, or
+    abandons a validation under way."""
 
     def __init__(self) -> None:
         self.requested = False
+        self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> _StopFlag:
@@ -384,6 +458,7 @@ class _StopFlag:
         if self.requested:  # second signal: give up immediately
             raise KeyboardInterrupt
         self.requested = True
+        self.signum = signum
         logger.warning(
             "received %s: saving a checkpoint after this update", signal.strsignal(signum)
         )
@@ -400,6 +475,7 @@ class TrainResult:
     step: int
     interrupted: bool
     last_valid: dict[str, float] | None
+    stop_signal: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM)
 
 
 def _updates(batches: list[np.ndarray], accumulate: int) -> list[list[np.ndarray]]:
@@ -429,7 +505,8 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
     """Run (or continue, with `resume`) the training job described by `config`."""
     ctx, device = init_distributed(config.device)
     try:
-        return _train(config, resume, ctx, device)
+        with contextlib.ExitStack() as held:  # the run directory's lock, while training
+            return _train(config, resume, ctx, device, held)
     except (ckpt.DiskFullError, OSError) as error:
         if isinstance(error, ckpt.DiskFullError):
             message = str(error)
@@ -449,11 +526,16 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
 
 
 def _train(
-    config: TrainConfig, resume: bool, ctx: Distributed, device: torch.device
+    config: TrainConfig,
+    resume: bool,
+    ctx: Distributed,
+    device: torch.device,
+    held: contextlib.ExitStack,
 ) -> TrainResult:
     if config.threads:
         torch.set_num_threads(config.threads)
-    run_dir = _prepare_run_dir(config, resume, ctx)
+    _check_inputs(config)
+    run_dir = _prepare_run_dir(config, resume, ctx, held)
     if ctx.is_main:
         ckpt.remove_debris(run_dir)  # before anything in the run directory is read
     tokenizer = _prepare_tokenizer(config, run_dir, ctx, resume)
@@ -549,39 +631,52 @@ def _train(
         ctx.barrier()
         last_save_time = time.monotonic()
 
-    def run_validation() -> None:
-        nonlocal last_valid
+    def run_validation(stop: _StopFlag) -> bool:
+        """Validate (rank 0) unless a stop request comes first; False if one did, on every
+        rank. An abandoned validation logs nothing and leaves `best/` alone."""
         if valid_data is None:
-            return
+            return True
         if ctx.is_main:
-            last_valid = validate(
-                model,
-                valid_data,
-                max_tokens=config.max_tokens,
-                device=device,
-                label_smoothing=config.label_smoothing,
-                bf16=uses_bf16(device, config),
-            )
-            if config.valid_bleu:
-                last_valid.update(validation_bleu(model, tokenizer, config))
-            record = {"type": "valid", "step": progress.step, **last_valid}
-            log.write(record)
-            logger.info(
-                "step %d: valid loss %.4f, ppl %.2f%s",
-                progress.step,
-                last_valid["valid_loss"],
-                last_valid["valid_ppl"],
-                f", BLEU {last_valid['valid_bleu']:.2f}" if "valid_bleu" in last_valid else "",
-            )
-            if last_valid["valid_nll"] < progress.best_valid_nll:
-                progress.best_valid_nll = last_valid["valid_nll"]
-                ckpt.save_model_dir(
-                    run_dir / "best",
-                    model,
-                    tokenizer_file=tokenizer.model_file,
-                    metadata={**metadata, "step": progress.step, **last_valid},
-                )
+            _validate(stop)
         ctx.barrier()
+        (stopped,) = ctx.sum([float(stop.requested)], device)
+        return stopped == 0
+
+    def _validate(stop: _StopFlag) -> None:
+        nonlocal last_valid
+        valid = validate(
+            model,
+            valid_data,
+            max_tokens=config.max_tokens,
+            device=device,
+            label_smoothing=config.label_smoothing,
+            bf16=uses_bf16(device, config),
+            should_stop=lambda: stop.requested,
+        )
+        if valid is not None and config.valid_bleu:
+            bleu = validation_bleu(model, tokenizer, config, lambda: stop.requested)
+            valid = None if bleu is None else {**valid, **bleu}
+        if valid is None:
+            logger.warning("step %d: validation abandoned on the stop request", progress.step)
+            return
+        last_valid = valid
+        record = {"type": "valid", "step": progress.step, **last_valid}
+        log.write(record)
+        logger.info(
+            "step %d: valid loss %.4f, ppl %.2f%s",
+            progress.step,
+            last_valid["valid_loss"],
+            last_valid["valid_ppl"],
+            f", BLEU {last_valid['valid_bleu']:.2f}" if "valid_bleu" in last_valid else "",
+        )
+        if last_valid["valid_nll"] < progress.best_valid_nll:
+            progress.best_valid_nll = last_valid["valid_nll"]
+            ckpt.save_model_dir(
+                run_dir / "best",
+                model,
+                tokenizer_file=tokenizer.model_file,
+                metadata={**metadata, "step": progress.step, **last_valid},
+            )
 
     with _StopFlag() as stop:
         while progress.step < config.max_steps and not interrupted:
@@ -643,8 +738,10 @@ def _train(
                     flag > 0 for flag in ctx.sum([float(stop.requested), float(timed)], device)
                 )
                 done = progress.step >= config.max_steps
-                if config.valid_every and progress.step % config.valid_every == 0 and not done:
-                    run_validation()
+                due = config.valid_every and progress.step % config.valid_every == 0
+                if due and not done and not stop_now:
+                    # A stop during validation abandons it: save now, not after one more update.
+                    stop_now = not run_validation(stop)
                 periodic = config.save_every and progress.step % config.save_every == 0
                 if (periodic or timed or stop_now) and not done:
                     save()
@@ -656,14 +753,24 @@ def _train(
             else:
                 progress.epoch += 1
                 progress.position = 0
-    if bar is not None:
-        bar.close()
-    if not interrupted:
-        run_validation()
-        save()
-    else:
+        if bar is not None:
+            bar.close()
+        if not interrupted:
+            # A stop request skips or abandons the final validation (resuming makes it up);
+            # the last update is saved either way. Still under the stop flag, so that a
+            # signal here cannot kill the process halfway through the save.
+            interrupted = not run_validation(stop)
+            save()
+    if interrupted:
         logger.warning("stopped at step %d; continue with --resume", progress.step)
-    return TrainResult(run_dir, run_dir / "model", progress.step, interrupted, last_valid)
+    return TrainResult(
+        run_dir,
+        run_dir / "model",
+        progress.step,
+        interrupted,
+        last_valid,
+        stop.signum if interrupted else None,
+    )
 
 
 def _train_record(progress: Progress, lr: float, elapsed: float) -> dict[str, Any]:

@@ -8,12 +8,15 @@ checked on a model that has actually learned to translate.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 
+from aiayn import trainer
 from aiayn.alignment import alignment_matrix
+from aiayn.cli import main
 from aiayn.demo import EXAMPLES, run_demo
 from aiayn.translator import Translator
 
@@ -69,3 +72,27 @@ def test_alignment_strongest_cells_fall_on_the_translated_word(
         f"{target_piece!r} attends most to {strongest!r}, not {source_word!r} "
         f"(source {source}, output {result.tokens})"
     )
+
+
+def test_sigterm_stops_the_demo_after_training_saved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """`aiayn demo` under SIGTERM exits 143 once training has saved, evaluating nothing."""
+    update = trainer._update
+
+    def update_then_signal(*args, **kwargs):
+        result = update(*args, **kwargs)
+        if kwargs["step"] == 1:
+            signal.raise_signal(signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(trainer, "_update", update_then_signal)
+    threads = torch.get_num_threads()
+    try:
+        status = main(["demo", "-o", str(tmp_path), "--max-steps", "50"])
+    finally:
+        torch.set_num_threads(threads)
+    assert status == 128 + signal.SIGTERM
+    assert "interrupted at step 1" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").iterdir()] == ["step_00000001"]
+    assert not (tmp_path / "test.hyp.de").exists()

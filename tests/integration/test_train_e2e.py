@@ -3,8 +3,9 @@
 What these show:
 * a small Transformer learns a synthetic copy task on a CPU in a few hundred updates (§5 as a
   whole: tokenizer, data cache, token-bucketed batches, Adam with Eq. 3, label smoothing);
-* a run killed with SIGKILL, or stopped with SIGTERM, and continued with `--resume` ends with
-  bit-for-bit the weights and logged losses of a run that was never interrupted;
+* a run killed with SIGKILL, or stopped with SIGTERM (exit status 143), and continued with
+  `--resume` ends with bit-for-bit the weights and logged losses of a run that was never
+  interrupted;
 * two data-parallel processes (gloo, CPU) compute the updates of one process that accumulates
   two batches, and a two-process run also resumes exactly.
 """
@@ -250,14 +251,14 @@ def test_sigkill_then_resume_is_exact(
     assert [s for s, _, _ in train_losses(run_dir)] == list(range(1, 151))
 
 
-def test_sigterm_saves_exits_130_and_resumes_exactly(
+def test_sigterm_saves_exits_143_and_resumes_exactly(
     resume_corpus: tuple[Path, Path], uninterrupted: Path, tmp_path: Path, start
 ) -> None:
     run_dir = tmp_path / "run"
     process = start(aiayn_train(resume_corpus, run_dir, *RESUME_FLAGS), tmp_path / "log1")
     wait_for(process, lambda: last_checkpoint(run_dir) >= 40)
     process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == 130
+    assert process.wait(timeout=60) == 128 + signal.SIGTERM
     output = (tmp_path / "log1").read_text()
     stopped_at = checkpoint_steps(run_dir)[-1]
     assert f"interrupted at step {stopped_at}; continue with: aiayn train --resume" in output
@@ -267,6 +268,42 @@ def test_sigterm_saves_exits_130_and_resumes_exactly(
     run(aiayn_train(resume_corpus, run_dir, *RESUME_FLAGS, "--resume"), tmp_path / "log2")
     assert_same_weights(uninterrupted / "model", run_dir / "model")
     assert train_losses(run_dir) == train_losses(uninterrupted)
+
+
+def test_a_second_trainer_on_a_run_directory_is_refused_until_the_first_dies(
+    resume_corpus: tuple[Path, Path], tmp_path: Path, start
+) -> None:
+    """Two trainers on one directory would mix their metrics and checkpoints: the second is
+    refused, naming the first; a lock left by a killed run blocks nothing."""
+    run_dir = tmp_path / "run"
+    flags = [*RESUME_FLAGS, "--max-steps", "100000", "--save-every", "5"]
+    first = start(aiayn_train(resume_corpus, run_dir, *flags), tmp_path / "log1")
+    wait_for(first, lambda: last_checkpoint(run_dir) >= 5)
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for extra in ([], ["--resume"]):
+        second = subprocess.run(
+            aiayn_train(resume_corpus, run_dir, *flags, *extra),
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+        )
+        assert second.returncode == 2, second.stderr[-3000:]
+        message = second.stderr.strip().splitlines()[-1]
+        assert f"{run_dir} is in use by another trainer (PID {first.pid} on " in message
+    assert first.poll() is None  # the first run goes on
+
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    saved = last_checkpoint(run_dir)
+    resume = ["--resume", "--max-steps", str(saved + 2)]
+    run(aiayn_train(resume_corpus, run_dir, *flags, *resume), tmp_path / "log2")
+    assert (
+        f"resumed from {run_dir / 'checkpoints'}/step_{saved:08d}"
+        in (tmp_path / "log2").read_text()
+    )
+    assert last_logged_step(run_dir) == saved + 2
 
 
 # -- 3. data parallel -----------------------------------------------------------------------
