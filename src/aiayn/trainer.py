@@ -55,8 +55,8 @@ from aiayn.distributed import Distributed, init_distributed
 from aiayn.loss import label_smoothed_loss, perplexity
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
-from aiayn.runlog import METRICS_FILE, MetricsLog, truncate_metrics
 from aiayn.runlock import hold_run_lock
+from aiayn.runlog import METRICS_FILE, MetricsLog, truncate_metrics
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 logger = logging.getLogger(__name__)
