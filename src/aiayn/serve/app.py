@@ -24,8 +24,8 @@
   Swagger UI, which loads its scripts from a CDN: the one page that needs the internet).
 * ``GET /`` — a page that translates and draws the attention (``static/``, no libraries).
 
-Concurrent requests are batched by :class:`aiayn.batcher.Batcher`; bodies are read and
-validated by :mod:`aiayn.http_api`. Every error is a JSON object ``{"error": "..."}`` with a
+Concurrent requests are batched by :class:`aiayn.serve.batcher.Batcher`; bodies are read and
+validated by :mod:`aiayn.serve.schemas`. Every error is a JSON object ``{"error": "..."}`` with a
 4xx status saying what to fix (400 unreadable body, 413 a size limit, 415 content type, 422
 invalid fields, 429 queue full) or 500 if the model failed; limits name the flag that sets
 them. The API key is accepted and ignored: put the server behind
@@ -54,8 +54,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn import __version__
-from aiayn.batcher import Batcher, BatcherClosed, QueueFull
-from aiayn.http_api import (
+from aiayn.serve.batcher import Batcher, BatcherClosed, QueueFull
+from aiayn.serve.schemas import (
     ApiError,
     Detection,
     ErrorResponse,
@@ -113,7 +113,7 @@ class ServerSettings:
         max_body_bytes: Largest request body.
         batching: Merge concurrent requests into one model call (False: one call each).
         batch_wait_ms: How long a request may wait for others to join its call (no wait while
-            requests come one at a time; see :mod:`aiayn.batcher`).
+            requests come one at a time; see :mod:`aiayn.serve.batcher`).
         max_batch_tokens: Budget of one call: source tokens (EOS included) × beam size.
     """
 

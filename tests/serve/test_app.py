@@ -1,4 +1,4 @@
-"""Tests for aiayn.server: every endpoint, every error case (status code and message), the
+"""Tests for aiayn.serve.app: every endpoint, every error case (status code and message), the
 LibreTranslate API through the real `libretranslatepy` client, batching of concurrent requests
 on a live server, and `aiayn serve`'s flags.
 
@@ -34,7 +34,8 @@ from aiayn import checkpoint
 from aiayn.cli import main
 from aiayn.config import preset
 from aiayn.model import Transformer
-from aiayn.server import STATIC_DIR, Decoding, ServerSettings, create_app, serve_in_background
+from aiayn.serve import Decoding, ServerSettings, create_app, serve_in_background
+from aiayn.serve.app import STATIC_DIR
 from aiayn.tokenizer import Tokenizer
 from aiayn.translator import Translator
 
@@ -462,7 +463,7 @@ def test_serve_flags_become_settings(model_dir: Path, monkeypatch) -> None:
     def fake_serve(translator, settings, *, host, port, log_level) -> None:
         seen.update(settings=settings, host=host, port=port, log_level=log_level)
 
-    monkeypatch.setattr("aiayn.server.serve", fake_serve)
+    monkeypatch.setattr("aiayn.serve.serve", fake_serve)
     args = ["serve", "-m", str(model_dir), "--port", "8123", "--beam-size", "2", "--max-len-b",
             "7", "--batch-wait-ms", "2.5", "--max-batch-tokens", "512", "--no-batching",
             "--max-chars", "100", "--max-texts", "3", "--max-queue", "5", "--max-beam-size",
