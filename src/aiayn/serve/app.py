@@ -161,7 +161,7 @@ def create_app(translator: Translator, settings: ServerSettings | None = None) -
     settings = settings or ServerSettings()
     batcher: Batcher[TranslationResult] = Batcher(
         lambda texts, decoding: translator.translate(texts, **asdict(decoding)),
-        lambda texts, decoding: _cost(translator, texts, decoding),
+        lambda texts, decoding: translator.cost(texts, decoding.beam_size),
         max_wait_ms=settings.batch_wait_ms,
         max_batch_tokens=settings.max_batch_tokens,
         max_queue=settings.max_queue,
@@ -336,13 +336,6 @@ def create_app(translator: Translator, settings: ServerSettings | None = None) -
 
 def _default(value: Any, default: Any) -> Any:
     return default if value is None else value
-
-
-def _cost(translator: Translator, texts: list[str], decoding: Decoding) -> int:
-    """Source tokens (EOS included, after truncation) × beam size: the batch budget's unit."""
-    limit = translator.max_source_tokens
-    lengths = (len(ids) for ids in translator.tokenizer.encode_batch(texts))
-    return decoding.beam_size * sum(min(n, limit) + 1 for n in lengths)
 
 
 def _check_decoding(decoding: Decoding, settings: ServerSettings) -> None:
