@@ -15,17 +15,16 @@
     the answer is ``{"translatedText": ...}``, a string or a list like ``q``. A JSON body
     with ``q`` is a LibreTranslate request; form data always is.
 
-* ``GET /languages``, ``POST /detect``, ``GET /frontend/settings`` — LibreTranslate's. The
-  model translates one language into one other, so ``/detect`` cannot identify languages: it
-  always answers the model's source language (confidence 100, as LibreTranslate reports a
-  language it was told), and ``source: "auto"`` means that language.
+* ``GET /languages``, ``POST /detect``, ``GET /frontend/settings`` — LibreTranslate's
+  (:mod:`aiayn.serve.libretranslate`, which also answers its ``POST /translate`` bodies).
 * ``GET /info`` (model, parameters, languages, decoding defaults, limits), ``GET /health``
   (worker state and batching counters), ``GET /openapi.json``, and ``GET /docs`` (FastAPI's
   Swagger UI, which loads its scripts from a CDN: the one page that needs the internet).
 * ``GET /`` — a page that translates and draws the attention (``static/``, no libraries).
 
-Concurrent requests are batched by :class:`aiayn.serve.batcher.Batcher`; bodies are read and
-validated by :mod:`aiayn.serve.schemas`. Every error is a JSON object ``{"error": "..."}`` with a
+Concurrent requests are batched by :class:`aiayn.serve.batcher.Batcher`; bodies are read by
+:mod:`aiayn.serve.requests` and validated, and answers built, by the pydantic models of
+:mod:`aiayn.serve.schemas`. Every error is a JSON object ``{"error": "..."}`` with a
 4xx status saying what to fix (400 unreadable body, 413 a size limit, 415 content type, 422
 invalid fields, 429 queue full) or 500 if the model failed; limits name the flag that sets
 them. The API key is accepted and ignored: put the server behind
@@ -46,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse
@@ -54,26 +53,24 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn import __version__
+from aiayn.serve import libretranslate
 from aiayn.serve.batcher import Batcher, BatcherClosed, QueueFull
+from aiayn.serve.requests import read_request
 from aiayn.serve.schemas import (
+    ERROR_RESPONSES,
     ApiError,
-    Detection,
-    ErrorResponse,
-    Language,
-    LibreTranslateRequest,
-    LibreTranslateResponse,
     TranslateRequest,
     TranslateResponse,
+    Translation,
+    add_to_openapi,
     check_texts,
-    read_request,
-    translation_json,
-    validate,
+    parse_body,
 )
 from aiayn.translator import TranslationResult, Translator
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Decoding", "ServerSettings", "create_app", "serve", "serve_in_background"]
+__all__ = ["Decoding", "ServerSettings", "Service", "create_app", "serve", "serve_in_background"]
 
 STATIC_DIR = Path(__file__).parent / "static"
 
@@ -152,48 +149,42 @@ class ServerSettings:
 # --------------------------------------------------------------------------------------------
 
 
-def create_app(translator: Translator, settings: ServerSettings | None = None) -> FastAPI:
-    """The FastAPI application serving ``translator``; see the module docstring for the API.
-
-    The batching worker starts with the application's lifespan (and, failing that, on the first
-    request) and stops with it.
+class Service:
+    """What the routes share: the translator behind its batcher, the settings, and the model's
+    languages. One per application, on ``app.state.service``, so that routes are plain module
+    functions (in :data:`router` and :data:`aiayn.serve.libretranslate.router`), not closures.
     """
-    settings = settings or ServerSettings()
-    batcher: Batcher[TranslationResult] = Batcher(
-        lambda texts, decoding: translator.translate(texts, **asdict(decoding)),
-        lambda texts, decoding: translator.cost(texts, decoding.beam_size),
-        max_wait_ms=settings.batch_wait_ms,
-        max_batch_tokens=settings.max_batch_tokens,
-        max_queue=settings.max_queue,
-        batching=settings.batching,
-    )
-    src_lang = str(translator.metadata.get("src_lang") or "src")
-    tgt_lang = str(translator.metadata.get("tgt_lang") or "tgt")
-    info = _info(translator, settings, src_lang, tgt_lang)
 
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        batcher.start()
-        yield
-        await asyncio.to_thread(batcher.close)
+    def __init__(self, translator: Translator, settings: ServerSettings) -> None:
+        self.translator = translator
+        self.settings = settings
+        self.batcher: Batcher[TranslationResult] = Batcher(
+            lambda texts, decoding: translator.translate(texts, **asdict(decoding)),
+            lambda texts, decoding: translator.cost(texts, decoding.beam_size),
+            max_wait_ms=settings.batch_wait_ms,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_queue=settings.max_queue,
+            batching=settings.batching,
+        )
+        self.src_lang = str(translator.metadata.get("src_lang") or "src")
+        self.tgt_lang = str(translator.metadata.get("tgt_lang") or "tgt")
+        self.info = _info(self)
 
-    app = FastAPI(
-        title="aiayn",
-        version=__version__,
-        summary="Transformer translation with request batching; LibreTranslate-compatible.",
-        lifespan=lifespan,
-    )
-    app.state.batcher = batcher
-    app.state.translator = translator
-    app.state.settings = settings
-    _add_error_handlers(app)
-    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    errors = {code: {"model": ErrorResponse} for code in (400, 413, 415, 422, 429, 500, 503)}
-    limits = {"max_texts": settings.max_texts, "max_chars": settings.max_chars}
+    async def read(self, request: Request) -> tuple[str, dict[str, Any]]:
+        """The body as ("json" | "form", fields), under ``--max-body-bytes``."""
+        return await read_request(request, self.settings.max_body_bytes)
 
-    async def translate_texts(texts: list[str], decoding: Decoding) -> list[TranslationResult]:
+    def check_texts(self, texts: list[str], name: str, *, single: bool) -> None:
+        """Refuses texts over the limits, or blank (see :func:`schemas.check_texts`)."""
+        limits = self.settings
+        check_texts(
+            texts, name, single=single, max_texts=limits.max_texts, max_chars=limits.max_chars
+        )
+
+    async def translate(self, texts: list[str], decoding: Decoding) -> list[TranslationResult]:
+        """The results from the batcher, its refusals and the model's failures as ApiErrors."""
         try:
-            return await batcher.submit(texts, decoding)
+            return await self.batcher.submit(texts, decoding)
         except QueueFull as error:
             raise ApiError(429, str(error), {"Retry-After": "1"}) from None
         except BatcherClosed as error:
@@ -201,144 +192,81 @@ def create_app(translator: Translator, settings: ServerSettings | None = None) -
         except Exception as error:
             raise ApiError(500, f"translation failed: {type(error).__name__}: {error}") from None
 
-    def check_language(name: str, code: str | None, allowed: tuple[str, ...]) -> None:
-        if code not in (None, "", *allowed):
-            raise ApiError(
-                400,
-                f"{name} language {code!r} is not supported: this model translates "
-                f"{src_lang} → {tgt_lang} (see GET /languages)",
-            )
 
-    @app.post("/translate", responses={200: {"model": TranslateResponse}, **errors})
-    async def translate(request: Request) -> JSONResponse:
-        """Translate with aiayn's API (JSON ``text``/``texts``) or LibreTranslate's (``q``)."""
-        kind, data = await read_request(request, settings.max_body_bytes)
-        if kind == "json" and "q" not in data:
-            return await translate_aiayn(data)
-        return await translate_libre(data)
+def create_app(translator: Translator, settings: ServerSettings | None = None) -> FastAPI:
+    """The FastAPI application serving ``translator``; see the module docstring for the API.
 
-    async def translate_aiayn(data: dict[str, Any]) -> JSONResponse:
-        body = validate(TranslateRequest, data)
-        if body.text is not None and body.texts is not None:
-            raise ApiError(422, "give either 'text' or 'texts', not both")
-        if body.text is None and body.texts is None:
-            raise ApiError(
-                422,
-                "missing 'text' (a string) or 'texts' (a list of strings); "
-                "LibreTranslate clients send 'q'",
-            )
-        texts, name = ([body.text], "text") if body.text is not None else (body.texts, "texts")
-        check_texts(texts, name, single=body.text is not None, **limits)
-        decoding = replace(
-            settings.decoding,
-            beam_size=_default(body.beam_size, settings.decoding.beam_size),
-            n_best=_default(body.n_best, settings.decoding.n_best),
-            length_penalty=_default(body.length_penalty, settings.decoding.length_penalty),
-            return_attention=body.return_attention,
-        )
-        _check_decoding(decoding, settings)
-        results = await translate_texts(texts, decoding)
-        return JSONResponse(
-            {"translations": [translation_json(r, decoding.return_attention) for r in results]}
-        )
+    The batching worker starts with the application's lifespan (and, failing that, on the first
+    request) and stops with it.
+    """
+    service = Service(translator, settings or ServerSettings())
 
-    async def translate_libre(data: dict[str, Any]) -> JSONResponse:
-        body = validate(LibreTranslateRequest, data)
-        single = isinstance(body.q, str)
-        texts = [body.q] if single else list(body.q)
-        check_texts(texts, "q", single=single, **limits)
-        check_language("source", body.source, ("auto", src_lang))
-        check_language("target", body.target, (tgt_lang,))
-        if body.format not in (None, "", "text"):
-            raise ApiError(
-                400, f"format {body.format!r} is not supported: this server translates plain text"
-            )
-        n_best = body.alternatives + 1
-        if n_best > settings.max_beam_size:
-            raise ApiError(
-                422,
-                f"alternatives ({body.alternatives}) must be at most "
-                f"{settings.max_beam_size - 1}: the n-best list comes from a beam of at most "
-                f"{settings.max_beam_size} (--max-beam-size)",
-            )
-        decoding = replace(
-            settings.decoding,
-            n_best=n_best,
-            beam_size=max(settings.decoding.beam_size, n_best),
-            return_attention=False,
-        )
-        results = await translate_texts(texts, decoding)
-        answer: dict[str, Any] = {"translatedText": [r.text for r in results]}
-        if body.alternatives:
-            answer["alternatives"] = [[h.text for h in r.hypotheses[1:]] for r in results]
-        if body.source == "auto":
-            answer["detectedLanguage"] = [_detection(src_lang) for _ in results]
-        if single:
-            answer = {key: value[0] for key, value in answer.items()}
-        return JSONResponse(answer)
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.batcher.start()
+        yield
+        await asyncio.to_thread(service.batcher.close)
 
-    @app.get("/languages", responses={200: {"model": list[Language]}})
-    async def languages() -> JSONResponse:
-        """LibreTranslate's language list: the model's source language and its one target."""
-        found = [{"code": src_lang, "name": _language_name(src_lang), "targets": [tgt_lang]}]
-        if tgt_lang != src_lang:
-            found.append({"code": tgt_lang, "name": _language_name(tgt_lang), "targets": []})
-        return JSONResponse(found)
-
-    @app.post("/detect", responses={200: {"model": list[Detection]}, **errors})
-    async def detect(request: Request) -> JSONResponse:
-        """LibreTranslate's language detection; always the model's source language."""
-        _, data = await read_request(request, settings.max_body_bytes)
-        body = validate(LibreTranslateRequest, data)
-        texts = [body.q] if isinstance(body.q, str) else list(body.q)
-        check_texts(texts, "q", single=isinstance(body.q, str), **limits)
-        return JSONResponse([_detection(src_lang)])
-
-    @app.get("/frontend/settings")
-    async def frontend_settings() -> JSONResponse:
-        """LibreTranslate's settings for its web page and clients that read them."""
-        language = {
-            "source": {"code": src_lang, "name": _language_name(src_lang)},
-            "target": {"code": tgt_lang, "name": _language_name(tgt_lang)},
-        }
-        return JSONResponse(
-            {
-                "charLimit": settings.max_chars,
-                "frontendTimeout": 500,
-                "apiKeys": False,
-                "keyRequired": False,
-                "suggestions": False,
-                "filesTranslation": False,
-                "supportedFilesFormat": [],
-                "language": language,
-            }
-        )
-
-    @app.get("/info")
-    async def get_info() -> JSONResponse:
-        """The model (config, parameter count, languages), decoding defaults and limits."""
-        return JSONResponse(info)
-
-    @app.get("/health")
-    async def health() -> JSONResponse:
-        """200 while the batching worker runs (503 otherwise), with its counters."""
-        alive = batcher.alive
-        body = {"status": "ok" if alive else "unavailable", "worker_alive": alive}
-        return JSONResponse({**body, **batcher.stats()}, status_code=200 if alive else 503)
-
-    @app.get("/", include_in_schema=False)
-    async def index() -> FileResponse:
-        return FileResponse(STATIC_DIR / "index.html")
-
+    app = FastAPI(
+        title="aiayn",
+        version=__version__,
+        summary="Transformer translation with request batching; LibreTranslate-compatible.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.state.batcher = service.batcher
+    app.state.translator = translator
+    app.state.settings = service.settings
+    _add_error_handlers(app)
+    app.include_router(router)
+    app.include_router(libretranslate.router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
 
 
-def _default(value: Any, default: Any) -> Any:
-    return default if value is None else value
+router = APIRouter()  # aiayn's own routes; LibreTranslate's are in its module
 
 
-def _check_decoding(decoding: Decoding, settings: ServerSettings) -> None:
+@router.post("/translate", responses={200: {"model": TranslateResponse}, **ERROR_RESPONSES})
+async def translate(request: Request) -> JSONResponse:
+    """Translate with aiayn's API (JSON ``text``/``texts``) or LibreTranslate's (``q``)."""
+    service: Service = request.app.state.service
+    kind, data = await service.read(request)
+    if kind == "json" and "q" not in data:
+        return await _translate_aiayn(service, data)
+    return await libretranslate.translate(service, data)
+
+
+async def _translate_aiayn(service: Service, data: dict[str, Any]) -> JSONResponse:
+    body = parse_body(TranslateRequest, data)
+    if body.text is not None and body.texts is not None:
+        raise ApiError(422, "give either 'text' or 'texts', not both")
+    if body.text is None and body.texts is None:
+        raise ApiError(
+            422,
+            "missing 'text' (a string) or 'texts' (a list of strings); "
+            "LibreTranslate clients send 'q'",
+        )
+    texts, name = ([body.text], "text") if body.text is not None else (body.texts, "texts")
+    service.check_texts(texts, name, single=body.text is not None)
+    decoding = _decoding(body, service.settings)
+    results = await service.translate(texts, decoding)
+    translations = [Translation.from_result(r, decoding.return_attention) for r in results]
+    answer = TranslateResponse(translations=translations)
+    return JSONResponse(answer.model_dump(exclude_unset=True))
+
+
+def _decoding(body: TranslateRequest, settings: ServerSettings) -> Decoding:
+    """The server's defaults with the request's options, within the limits."""
+    defaults = settings.decoding
+    decoding = replace(
+        defaults,
+        beam_size=_default(body.beam_size, defaults.beam_size),
+        n_best=_default(body.n_best, defaults.n_best),
+        length_penalty=_default(body.length_penalty, defaults.length_penalty),
+        return_attention=body.return_attention,
+    )
     if decoding.beam_size > settings.max_beam_size:
         raise ApiError(
             422,
@@ -349,10 +277,31 @@ def _check_decoding(decoding: Decoding, settings: ServerSettings) -> None:
         raise ApiError(
             422, f"n_best ({decoding.n_best}) must be <= beam_size ({decoding.beam_size})"
         )
+    return decoding
 
 
-def _detection(language: str) -> dict[str, Any]:
-    return {"language": language, "confidence": 100.0}
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+@router.get("/info")
+async def get_info(request: Request) -> JSONResponse:
+    """The model (config, parameter count, languages), decoding defaults and limits."""
+    return JSONResponse(request.app.state.service.info)
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 while the batching worker runs (503 otherwise), with its counters."""
+    batcher = request.app.state.service.batcher
+    alive = batcher.alive
+    body = {"status": "ok" if alive else "unavailable", "worker_alive": alive}
+    return JSONResponse({**body, **batcher.stats()}, status_code=200 if alive else 503)
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> FileResponse:
+    return FileResponse(STATIC_DIR / "index.html")
 
 
 def _add_error_handlers(app: FastAPI) -> None:
@@ -379,70 +328,40 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
-    """FastAPI's schema, plus the two request bodies that ``POST /translate`` reads itself."""
+    """FastAPI's schema, plus the request bodies that ``POST /translate`` reads itself."""
     if app.openapi_schema:
         return app.openapi_schema
     schema = get_openapi(
         title=app.title, version=app.version, summary=app.summary, routes=app.routes
     )
-    components = schema.setdefault("components", {}).setdefault("schemas", {})
-    for model in (TranslateRequest, LibreTranslateRequest, LibreTranslateResponse):
-        definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
-        components.update(definition.pop("$defs", {}))
-        components[model.__name__] = definition
-    ref = "#/components/schemas/{}".format
-    libre = {"$ref": ref("LibreTranslateRequest")}
-    for path in ("/translate", "/detect"):
-        operation = schema["paths"][path]["post"]
-        json_schema = {"oneOf": [{"$ref": ref("TranslateRequest")}, libre]}
-        operation["requestBody"] = {
-            "required": True,
-            "content": {
-                "application/json": {"schema": json_schema if path == "/translate" else libre},
-                "application/x-www-form-urlencoded": {"schema": libre},
-                "multipart/form-data": {"schema": libre},
-            },
-        }
-    answers = [{"$ref": ref("TranslateResponse")}, {"$ref": ref("LibreTranslateResponse")}]
-    ok = schema["paths"]["/translate"]["post"]["responses"]["200"]["content"]["application/json"]
-    ok["schema"] = {"oneOf": answers}
+    add_to_openapi(schema, TranslateRequest)
+    operation = schema["paths"]["/translate"]["post"]
+    body = {"oneOf": [{"$ref": "#/components/schemas/TranslateRequest"}]}
+    operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    ok = operation["responses"]["200"]["content"]["application/json"]
+    ok["schema"] = {"oneOf": [ok["schema"]]}
+    libretranslate.patch_openapi(schema)
     app.openapi_schema = schema
     return schema
 
 
-# -- facts about the model ----------------------------------------------------------------------
-
-LANGUAGE_NAMES = {
-    "ar": "Arabic", "cs": "Czech", "da": "Danish", "de": "German", "el": "Greek",
-    "en": "English", "es": "Spanish", "et": "Estonian", "fa": "Persian", "fi": "Finnish",
-    "fr": "French", "he": "Hebrew", "hi": "Hindi", "hu": "Hungarian", "id": "Indonesian",
-    "it": "Italian", "ja": "Japanese", "ko": "Korean", "la": "Latin", "lt": "Lithuanian",
-    "lv": "Latvian", "nb": "Norwegian Bokmål", "nl": "Dutch", "pl": "Polish",
-    "pt": "Portuguese", "ro": "Romanian", "ru": "Russian", "sv": "Swedish", "tr": "Turkish",
-    "uk": "Ukrainian", "vi": "Vietnamese", "zh": "Chinese",
-}  # fmt: skip
-
-
-def _language_name(code: str) -> str:
-    return LANGUAGE_NAMES.get(code.lower(), code)
-
-
-def _info(
-    translator: Translator, settings: ServerSettings, src_lang: str, tgt_lang: str
-) -> dict[str, Any]:
+def _info(service: Service) -> dict[str, Any]:
+    """``GET /info``'s answer, computed once: the model, languages, defaults and limits."""
+    translator, settings = service.translator, service.settings
     decoding = asdict(settings.decoding)
     del decoding["return_attention"]
     limits = {
         name: getattr(settings, name)
         for name in ("max_chars", "max_texts", "max_queue", "max_beam_size", "max_body_bytes")
     }
+    name = libretranslate.language_name
     return {
         "version": __version__,
         "model": translator.model.config.to_dict(),
         "parameters": sum(p.numel() for p in translator.model.parameters()),
         "languages": {
-            "source": {"code": src_lang, "name": _language_name(src_lang)},
-            "target": {"code": tgt_lang, "name": _language_name(tgt_lang)},
+            "source": {"code": service.src_lang, "name": name(service.src_lang)},
+            "target": {"code": service.tgt_lang, "name": name(service.tgt_lang)},
         },
         "metadata": translator.metadata,
         "device": str(translator.device),

@@ -1,37 +1,42 @@
-"""The messages of the HTTP API: request bodies read and validated into clear errors, results
-written as JSON.
+"""The messages of the HTTP API as pydantic models: one description serves three purposes.
+
+Request bodies are validated by the models (:func:`parse_body` turns pydantic's errors into
+one clear 422 message), answers are *built* from them (so the payload cannot drift from the
+schema), and FastAPI writes the OpenAPI schema from them.
 
 Two request schemas share ``POST /translate``: :class:`TranslateRequest` (aiayn's, strict:
 unknown fields and wrong types are errors) and :class:`LibreTranslateRequest` (LibreTranslate's,
-lenient as LibreTranslate is: unknown fields are ignored, form values are strings). Bodies may be
-JSON or form data; :func:`read_request` turns any unreadable body into an :class:`ApiError` with
-a 4xx status and a message that says what to fix, and :func:`validate` does the same for fields.
-The pydantic models also describe the API in the OpenAPI schema.
+lenient as LibreTranslate is: unknown fields are ignored, form values are strings). How bodies
+are read (JSON or form data) is :mod:`aiayn.serve.requests`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import AsyncIterator, Sequence
 from typing import Any
-from urllib.parse import parse_qsl
 
-from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
-from starlette.datastructures import UploadFile
-from starlette.formparsers import MultiPartParser
 
-from aiayn.translator import TranslationResult
+from aiayn.translator import TranslationHypothesis, TranslationResult
 
 __all__ = [
+    "ERROR_RESPONSES",
     "ApiError",
+    "Attention",
+    "Detection",
+    "ErrorResponse",
+    "HypothesisJSON",
+    "Language",
     "LibreTranslateRequest",
+    "LibreTranslateResponse",
     "TranslateRequest",
+    "TranslateResponse",
+    "Translation",
+    "add_to_openapi",
     "check_texts",
-    "read_request",
-    "translation_json",
-    "validate",
+    "describe_json",
+    "parse_body",
 ]
 
 ATTENTION_DECIMALS = 4  # enough for a heatmap; keeps (L, H, T, S) JSON-sized
@@ -84,15 +89,30 @@ class LibreTranslateRequest(BaseModel):
             isinstance(value, list) and all(isinstance(v, str) for v in value)
         )
         if not ok:
-            raise ValueError(f"must be a string or a list of strings, got {_describe(value)}")
+            raise ValueError(f"must be a string or a list of strings, got {describe_json(value)}")
         return value
 
 
-class Hypothesis(BaseModel):
+class HypothesisJSON(BaseModel):
+    """One hypothesis: its text, its scores and its subword pieces."""
+
+    # Docstrings of these models are descriptions in the OpenAPI schema: notes for readers of
+    # the code are comments. Answers are dumped with ``exclude_unset=True``, so that optional
+    # fields never set (``attention``; LibreTranslate's extras) are absent, not null.
+
     text: str
     score: float | None = Field(description="log_prob / length penalty (beam search).")
     log_prob: float | None
     tokens: list[str] = Field(description="Output subword pieces, without EOS.")
+
+    @classmethod
+    def from_hypothesis(cls, hypothesis: TranslationHypothesis) -> HypothesisJSON:
+        return cls(
+            text=hypothesis.text,
+            score=_finite(hypothesis.score),
+            log_prob=_finite(hypothesis.log_prob),
+            tokens=hypothesis.tokens,
+        )
 
 
 class Attention(BaseModel):
@@ -103,20 +123,48 @@ class Attention(BaseModel):
     )
 
 
-class Translation(Hypothesis):
+class Translation(HypothesisJSON):
+    """One entry of aiayn's answer: the best hypothesis, the n-best list, and on request the
+    cross-attention."""
+
     truncated: bool = Field(description="The text was longer than the model accepts and was cut.")
-    hypotheses: list[Hypothesis] = Field(description="The n-best list, best first.")
+    hypotheses: list[HypothesisJSON] = Field(description="The n-best list, best first.")
     attention: Attention | None = None
+
+    @classmethod
+    def from_result(cls, result: TranslationResult, with_attention: bool) -> Translation:
+        """``result`` as sent; with ``with_attention`` its cross-attention of every layer and
+        head, rounded to :data:`ATTENTION_DECIMALS` places."""
+        hypotheses = [HypothesisJSON.from_hypothesis(h) for h in result.hypotheses]
+        fields: dict[str, Any] = {}
+        if with_attention and result.attention_maps is not None:
+            cross = result.attention_maps.cross.double()  # (L, H, T, S); float64 rounds exactly
+            scale = 10**ATTENTION_DECIMALS
+            fields["attention"] = Attention(
+                src_tokens=result.src_tokens,
+                tgt_tokens=result.tgt_tokens,
+                cross=(cross * scale).round().div(scale).tolist(),
+            )
+        best = hypotheses[0].model_dump()
+        return cls(**best, truncated=result.truncated, hypotheses=hypotheses, **fields)
 
 
 class TranslateResponse(BaseModel):
     translations: list[Translation]
 
 
+class Detection(BaseModel):
+    language: str
+    confidence: float
+
+
 class LibreTranslateResponse(BaseModel):
+    """LibreTranslate's answer: each field is a list when ``q`` was a list; fields with
+    nothing to say are left out, as LibreTranslate does."""
+
     translatedText: str | list[str]  # LibreTranslate's names
     alternatives: list[str] | list[list[str]] | None = None
-    detectedLanguage: dict[str, Any] | list[dict[str, Any]] | None = None
+    detectedLanguage: Detection | list[Detection] | None = None
 
 
 class Language(BaseModel):
@@ -125,13 +173,23 @@ class Language(BaseModel):
     targets: list[str]
 
 
-class Detection(BaseModel):
-    language: str
-    confidence: float
-
-
 class ErrorResponse(BaseModel):
     error: str = Field(description="What was wrong, and which limit or field it concerns.")
+
+
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorResponse} for code in (400, 413, 415, 422, 429, 500, 503)
+}  # for a route's ``responses=``: the errors it may answer, as documented in OpenAPI
+
+
+def add_to_openapi(schema: dict[str, Any], *models: type[BaseModel]) -> None:
+    """Adds ``models`` to the schema's components: the bodies that routes read themselves
+    (:mod:`aiayn.serve.requests`) are not seen by FastAPI."""
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in models:
+        definition = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components.update(definition.pop("$defs", {}))
+        components[model.__name__] = definition
 
 
 def check_texts(
@@ -166,129 +224,7 @@ def check_texts(
             ) from None
 
 
-# -- reading requests ---------------------------------------------------------------------------
-
-
-async def read_request(request: Request, limit: int) -> tuple[str, dict[str, Any]]:
-    """("json", object) or ("form", fields) from the body, with 4xx errors for bad bodies.
-
-    JSON is read as UTF-8 (NaN and Infinity refused); form data (urlencoded or multipart) is
-    LibreTranslate's, and fields in the query string count too, as in LibreTranslate. A
-    urlencoded body that starts with ``{`` is taken as JSON: it is what ``curl -d '{...}'``
-    sends.
-    """
-    body = await _read_body(request, limit)
-    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if not body.strip() and request.query_params:  # POST /translate?q=...&target=...
-        return "form", dict(request.query_params)
-    if content_type == "multipart/form-data":
-        return "form", {**dict(request.query_params), **await _parse_multipart(request, body)}
-    urlencoded = content_type == "application/x-www-form-urlencoded"
-    if urlencoded and not body.lstrip().startswith(b"{"):
-        return "form", {**dict(request.query_params), **_parse_urlencoded(body)}
-    json_type = content_type in ("", "application/json") or content_type.endswith("+json")
-    if not (urlencoded or json_type):
-        raise ApiError(
-            415,
-            f"unsupported Content-Type {content_type!r}: send application/json (or form data "
-            "for the LibreTranslate API)",
-        )
-    data = _parse_json(body)
-    if not isinstance(data, dict):
-        raise ApiError(422, f"the request body must be a JSON object, got {_describe(data)}")
-    return "json", data
-
-
-async def _read_body(request: Request, limit: int) -> bytes:
-    too_big = f"the request body is larger than {limit} bytes (--max-body-bytes)"
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, too_big)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, too_big)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _decode_utf8(body: bytes) -> str:
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ApiError(
-            400,
-            f"the request body is not valid UTF-8: byte 0x{body[error.start]:02x} at "
-            f"position {error.start}",
-        ) from None
-
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not allowed in JSON")
-
-
-def _parse_json(body: bytes) -> Any:
-    text = _decode_utf8(body).removeprefix("\ufeff")
-    if not text.strip():
-        raise ApiError(
-            400,
-            'the request body is empty: send a JSON object such as {"text": "Hello"} '
-            '(or {"q": "Hello"} for the LibreTranslate API)',
-        )
-    try:
-        return json.loads(text, parse_constant=_reject_constant)
-    except json.JSONDecodeError as error:
-        raise ApiError(
-            400,
-            f"the request body is not valid JSON: {error.msg} (line {error.lineno}, "
-            f"column {error.colno})",
-        ) from None
-    except (ValueError, RecursionError) as error:
-        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)
-        raise ApiError(400, f"the request body is not valid JSON: {reason}") from None
-
-
-def _parse_urlencoded(body: bytes) -> dict[str, Any]:
-    text = _decode_utf8(body)
-    try:
-        pairs = parse_qsl(text, keep_blank_values=True, encoding="utf-8", errors="strict")
-    except UnicodeDecodeError as error:
-        raise ApiError(
-            400, f"the form data is not valid UTF-8 once percent-decoded: {error.reason}"
-        ) from None
-    return _fields(pairs)
-
-
-async def _parse_multipart(request: Request, body: bytes) -> dict[str, Any]:
-    async def stream() -> AsyncIterator[bytes]:
-        yield body
-
-    try:
-        form = await MultiPartParser(request.headers, stream()).parse()
-    except Exception as error:  # python-multipart's and Starlette's parse errors
-        raise ApiError(400, f"cannot read the multipart form data: {error}") from None
-    pairs = []
-    for key, value in form.multi_items():
-        if isinstance(value, UploadFile):
-            raise ApiError(422, f"{key}: file uploads are not supported; send the text itself")
-        pairs.append((key, value))
-    return _fields(pairs)
-
-
-def _fields(pairs: Sequence[tuple[str, str]]) -> dict[str, Any]:
-    """Form fields as a dict; a repeated ``q`` becomes a list."""
-    fields: dict[str, Any] = {}
-    for key, value in pairs:
-        if key == "q" and key in fields:
-            previous = fields[key]
-            fields[key] = [*previous, value] if isinstance(previous, list) else [previous, value]
-        else:
-            fields[key] = value
-    return fields
-
-
-def validate(model: type[BaseModel], data: dict[str, Any]) -> Any:
+def parse_body(model: type[BaseModel], data: dict[str, Any]) -> Any:
     """``model`` filled from ``data``, or a 422 ApiError listing every problem."""
     try:
         return model.model_validate(data)
@@ -310,12 +246,12 @@ def _validation_message(error: ValidationError, model: type[BaseModel]) -> str:
             parts.append(f"missing {location!r}")
         else:
             message = item["msg"].removeprefix("Value error, ")
-            got = "" if item["type"] == "value_error" else f" (got {_describe(item['input'])})"
+            got = "" if item["type"] == "value_error" else f" (got {describe_json(item['input'])})"
             parts.append(f"{location}: {message}{got}")
     return "; ".join(parts)
 
 
-def _describe(value: Any) -> str:
+def describe_json(value: Any) -> str:
     """A short description of a JSON value for error messages: 3, "abc", true, a list."""
     if isinstance(value, dict):
         return "an object"
@@ -328,33 +264,6 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-# -- writing answers ----------------------------------------------------------------------------
-
-
 def _finite(x: float) -> float | None:
     """JSON has no infinities or NaN: such a score becomes null."""
     return x if math.isfinite(x) else None
-
-
-def translation_json(result: TranslationResult, with_attention: bool) -> dict[str, Any]:
-    """One entry of aiayn's answer (:class:`Translation`): the best hypothesis, the n-best
-    list, and with ``with_attention`` the cross-attention of every layer and head, rounded."""
-    hypotheses = [
-        {
-            "text": h.text,
-            "score": _finite(h.score),
-            "log_prob": _finite(h.log_prob),
-            "tokens": h.tokens,
-        }
-        for h in result.hypotheses
-    ]
-    answer = {**hypotheses[0], "truncated": result.truncated, "hypotheses": hypotheses}
-    if with_attention and result.attention_maps is not None:
-        cross = result.attention_maps.cross.double()  # (L, H, T, S); float64 rounds exactly
-        scale = 10**ATTENTION_DECIMALS
-        answer["attention"] = {
-            "src_tokens": result.src_tokens,
-            "tgt_tokens": result.tgt_tokens,
-            "cross": (cross * scale).round().div(scale).tolist(),
-        }
-    return answer
