@@ -286,6 +286,14 @@ def test_long_sentences_are_truncated_with_a_warning(
     assert "sentence 2 has" in caplog.text and "first 63 tokens" in caplog.text
 
 
+def test_cost_counts_the_source_tokens_translate_feeds_the_model(translator: Translator) -> None:
+    sentences = ["the cat", " ", " ".join(CORPUS * 4), "  a dog  "]
+    results = translator.translate(sentences, beam_size=1, max_len_b=1)
+    fed = sum(len(r.src_tokens) for r in results if r.src_tokens)  # truncated, with </s>
+    assert translator.cost(sentences, rows_per_sentence=3) == 3 * fed
+    assert translator.cost([" "], rows_per_sentence=4) == 0
+
+
 def test_learned_positions_cap_the_output_length(tokenizer: Tokenizer) -> None:
     model = build_model(tokenizer, positional_encoding="learned", max_positions=12)
     translator = Translator.from_model(model, tokenizer)

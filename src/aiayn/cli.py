@@ -538,7 +538,7 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    from aiayn.server import Decoding, ServerSettings, serve
+    from aiayn.serve import Decoding, ServerSettings, serve
 
     given = {
         name: getattr(args, name)

@@ -21,6 +21,10 @@ Axes of the attention maps (see :class:`aiayn.translator.SentenceAttention`):
   included), columns with the decoder input (``<s>``, then the output shifted right); the
   map is zero above the diagonal (§3.2.3).
 * ``cross`` and ``alignment``: output tokens (rows) × source pieces (columns).
+
+matplotlib is the optional extra ``aiayn[viz]``: nothing else in aiayn imports this module (the
+CLI imports it inside the commands that draw), and without matplotlib importing it raises a
+one-line :class:`aiayn.extras.MissingExtra` saying how to install it, before any slow work.
 """
 
 from __future__ import annotations
@@ -31,10 +35,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
 
 from aiayn.alignment import alignment_matrix, attention_maps, check_index
+from aiayn.extras import require
+
+require("viz", "matplotlib", needed_by="aiayn's pictures (aiayn plot, aiayn attention)")
+
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 
 if TYPE_CHECKING:
     from aiayn.translator import TranslationResult

@@ -326,6 +326,18 @@ class Translator:
         """Longest source the model accepts, in subword tokens before EOS: max_positions − 1."""
         return self.model.config.max_positions - 1
 
+    def cost(self, sentences: Sequence[str], rows_per_sentence: int) -> int:
+        """Source tokens the model will see (after truncation, EOS included) × decoder rows
+        per sentence (the beam size, or the samples): the unit of a batch budget.
+
+        It follows :meth:`_prepare`'s rules (blank sentences cost nothing, long ones count
+        as truncated) so that a caller that budgets work, such as the server's batcher, cannot
+        drift from what :meth:`translate` runs.
+        """
+        texts = [text for text in (s.strip() for s in sentences) if text]
+        lengths = (len(ids) for ids in self.tokenizer.encode_batch(texts))
+        return rows_per_sentence * sum(min(n, self.max_source_tokens) + 1 for n in lengths)
+
     # -- the public API ------------------------------------------------------------------------
 
     def translate(

@@ -24,7 +24,7 @@ import torch
 from aiayn import checkpoint
 from aiayn.config import preset
 from aiayn.model import Transformer
-from aiayn.server import Decoding, ServerSettings, create_app, serve_in_background
+from aiayn.serve import Decoding, ServerSettings, create_app, serve_in_background
 from aiayn.tokenizer import Tokenizer
 from aiayn.translator import Translator
 

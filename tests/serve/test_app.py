@@ -1,6 +1,6 @@
-"""Tests for aiayn.server: every endpoint, every error case (status code and message), the
-LibreTranslate API through the real `libretranslatepy` client, batching of concurrent requests
-on a live server, and `aiayn serve`'s flags.
+"""Tests for aiayn.serve.app: aiayn's endpoints, every error case (status code and message),
+batching of concurrent requests on a live server, and `aiayn serve`'s flags. LibreTranslate's
+API is in test_libretranslate.py.
 
 The model is tiny with random weights: its translations are garbage, but deterministic, so the
 server's answers can be compared with `Translator.translate` called directly. Live servers
@@ -18,9 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -28,76 +26,23 @@ from typing import Any
 import pytest
 import torch
 from fastapi.testclient import TestClient
-from libretranslatepy import LibreTranslateAPI
 
-from aiayn import checkpoint
 from aiayn.cli import main
-from aiayn.config import preset
-from aiayn.model import Transformer
-from aiayn.server import STATIC_DIR, Decoding, ServerSettings, create_app, serve_in_background
-from aiayn.tokenizer import Tokenizer
+from aiayn.serve import Decoding, ServerSettings, create_app
+from aiayn.serve.app import STATIC_DIR
 from aiayn.translator import Translator
 
-CORPUS = [
-    "the cat sat on the mat",
-    "a dog barked at the moon all night",
-    "hello world, this is a small test",
-    "die katze sass auf der matte",
-    "ein hund bellte die ganze nacht den mond an",
-    "hallo welt, das ist ein kleiner test",
-]
-SENTENCES = ["the cat sat", "a dog barked at the moon", "hello world", "the mat", "a test"]
-MAX_POSITIONS = 32
-DECODING = Decoding(beam_size=2, max_len_a=0.0, max_len_b=4)  # random models rarely stop
-SETTINGS = ServerSettings(decoding=DECODING, max_chars=200, max_texts=8, max_beam_size=4)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("server")
-    corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
-    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
-    torch.manual_seed(0)
-    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=MAX_POSITIONS)
-    return checkpoint.save_model_dir(
-        directory / "model",
-        Transformer(config),
-        tokenizer_file=tokenizer.model_file,
-        metadata={"src_lang": "en", "tgt_lang": "de"},
-    )
-
-
-@pytest.fixture(scope="module")
-def translator(model_dir: Path) -> Translator:
-    return Translator(model_dir)
-
-
-@pytest.fixture(scope="module")
-def client(translator: Translator) -> Iterator[TestClient]:
-    with TestClient(create_app(translator, SETTINGS)) as test_client:
-        yield test_client
-
-
-def direct(translator: Translator, texts: list[str], **options: Any) -> list:
-    """What the translator itself says, with the server's default options."""
-    values = {**DECODING.__dict__, **options}
-    return translator.translate(texts, **values)
-
-
-def post_raw(client: TestClient, body: bytes, content_type: str = "application/json"):
-    return client.post("/translate", content=body, headers={"content-type": content_type})
-
-
-def assert_error(response, status: int, *fragments: str) -> str:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/json"
-    message = response.json()["error"]
-    assert set(response.json()) == {"error"}
-    for fragment in fragments:
-        assert fragment in message, message
-    return message
-
+from .helpers import (
+    CORPUS,
+    DECODING,
+    SENTENCES,
+    SETTINGS,
+    assert_error,
+    direct,
+    http,
+    live,
+    post_raw,
+)
 
 # -- aiayn's API ---------------------------------------------------------------------------------
 
@@ -293,120 +238,12 @@ def test_a_model_error_is_a_500_and_the_worker_survives(
         assert test_client.get("/health").json()["worker_alive"] is True
 
 
-# -- LibreTranslate's API ------------------------------------------------------------------------
-
-
-def test_libretranslate_json_string_and_list(client: TestClient, translator) -> None:
-    expected = [r.text for r in direct(translator, SENTENCES[:2])]
-    one = client.post("/translate", json={"q": SENTENCES[0], "source": "en", "target": "de"})
-    assert one.status_code == 200 and one.json() == {"translatedText": expected[0]}
-    many = client.post("/translate", json={"q": SENTENCES[:2], "source": "en", "target": "de"})
-    assert many.json() == {"translatedText": expected}
-
-
-def test_libretranslate_form_data_multipart_and_query(client: TestClient, translator) -> None:
-    [expected] = [r.text for r in direct(translator, ["the cat sat"])]
-    fields = {"q": "the cat sat", "source": "en", "target": "de", "api_key": "ignored"}
-    urlencoded = client.post("/translate", data=fields)
-    assert urlencoded.json() == {"translatedText": expected}
-    multipart = client.post("/translate", data=fields, files={"unused": (None, "x")})
-    assert multipart.request.headers["content-type"].startswith("multipart/form-data")
-    assert multipart.json() == {"translatedText": expected}
-    query = client.post("/translate", params=fields)
-    assert query.json() == {"translatedText": expected}
-
-
-def test_libretranslate_auto_source_and_alternatives(client: TestClient, translator) -> None:
-    body = {"q": "the cat sat", "source": "auto", "target": "de", "alternatives": 1}
-    answer = client.post("/translate", json=body).json()
-    [expected] = direct(translator, ["the cat sat"], n_best=2)
-    assert answer["translatedText"] == expected.text
-    assert answer["alternatives"] == [expected.hypotheses[1].text]
-    assert answer["detectedLanguage"] == {"language": "en", "confidence": 100.0}
-    body["q"] = ["the cat sat", "hello"]
-    answer = client.post("/translate", json=body).json()
-    assert len(answer["alternatives"]) == 2 and len(answer["detectedLanguage"]) == 2
-
-
-@pytest.mark.parametrize(
-    ("fields", "status", "fragments"),
-    [
-        ({"q": "a", "source": "fr", "target": "de"}, 400, ["source language 'fr'", "en → de"]),
-        ({"q": "a", "source": "en", "target": "es"}, 400, ["target language 'es'"]),
-        ({"q": "a", "format": "html"}, 400, ["format 'html' is not supported"]),
-        ({"source": "en", "target": "de"}, 422, ["missing 'q'"]),
-        ({"q": "", "source": "en", "target": "de"}, 422, ["q is empty"]),
-        ({"q": "a", "alternatives": "many"}, 422, ["alternatives", "valid integer"]),
-        ({"q": "a", "alternatives": "4"}, 422, ["alternatives (4) must be at most 3"]),
-        ({"q": "a" * 201}, 413, ["q has 201 characters; the limit is 200 (--max-chars)"]),
-    ],
-)
-def test_libretranslate_errors(client: TestClient, fields, status, fragments) -> None:
-    assert_error(client.post("/translate", data=fields), status, *fragments)
-
-
-def test_libretranslate_json_errors(client: TestClient) -> None:
-    assert_error(client.post("/translate", json={"q": 5}), 422, "q: must be a string or a list")
-    assert_error(client.post("/translate", json={"q": ["a", ""]}), 422, "q[1] is empty")
-    response = post_raw(client, b"q=caf%E9", "application/x-www-form-urlencoded")
-    assert_error(response, 400, "not valid UTF-8")
-    response = client.post("/translate", files={"q": ("text.txt", b"hello")})
-    assert_error(response, 422, "file uploads are not supported")
-
-
 def test_curl_style_json_sent_as_form_data_is_read_as_json(client: TestClient) -> None:
     response = post_raw(client, b'{"text": "hello"}', "application/x-www-form-urlencoded")
     assert response.status_code == 200 and "translations" in response.json()
 
 
-def test_languages_detect_and_frontend_settings(client: TestClient) -> None:
-    assert client.get("/languages").json() == [
-        {"code": "en", "name": "English", "targets": ["de"]},
-        {"code": "de", "name": "German", "targets": []},
-    ]
-    detections = [{"language": "en", "confidence": 100.0}]
-    assert client.post("/detect", data={"q": "hello"}).json() == detections
-    assert client.post("/detect", json={"q": "hello"}).json() == detections
-    assert_error(client.post("/detect", data={"source": "en"}), 422, "missing 'q'")
-    assert_error(client.post("/detect"), 400, "the request body is empty")
-    settings = client.get("/frontend/settings").json()
-    assert settings["charLimit"] == 200 and settings["keyRequired"] is False
-    assert settings["language"]["target"] == {"code": "de", "name": "German"}
-
-
 # -- live servers ----------------------------------------------------------------------------
-
-
-def http(url: str, body: Any = None, method: str | None = None) -> tuple[int, Any]:
-    """(status, decoded JSON) with urllib; errors are answers, not exceptions."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-    except urllib.error.HTTPError as error:
-        return error.code, json.loads(error.read())
-
-
-@contextmanager
-def live(translator: Translator, settings: ServerSettings = SETTINGS) -> Iterator[str]:
-    with serve_in_background(create_app(translator, settings)) as url:
-        yield url
-
-
-def test_the_libretranslatepy_client_works_unchanged(translator: Translator) -> None:
-    [expected] = [r.text for r in direct(translator, ["the cat sat"])]
-    with live(translator) as url:
-        for api in (LibreTranslateAPI(url), LibreTranslateAPI(url + "/", api_key="secret")):
-            assert api.translate("the cat sat", "en", "de") == expected
-            assert api.languages()[0] == {"code": "en", "name": "English", "targets": ["de"]}
-            assert api.detect("the cat sat") == [{"language": "en", "confidence": 100.0}]
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            LibreTranslateAPI(url).translate("the cat sat", "en", "fr")
-        assert refused.value.code == 400
-        assert "target language 'fr'" in json.loads(refused.value.read())["error"]
 
 
 def test_a_full_queue_answers_429(translator: Translator, monkeypatch) -> None:
@@ -462,7 +299,7 @@ def test_serve_flags_become_settings(model_dir: Path, monkeypatch) -> None:
     def fake_serve(translator, settings, *, host, port, log_level) -> None:
         seen.update(settings=settings, host=host, port=port, log_level=log_level)
 
-    monkeypatch.setattr("aiayn.server.serve", fake_serve)
+    monkeypatch.setattr("aiayn.serve.serve", fake_serve)
     args = ["serve", "-m", str(model_dir), "--port", "8123", "--beam-size", "2", "--max-len-b",
             "7", "--batch-wait-ms", "2.5", "--max-batch-tokens", "512", "--no-batching",
             "--max-chars", "100", "--max-texts", "3", "--max-queue", "5", "--max-beam-size",

@@ -1,4 +1,4 @@
-"""Tests for aiayn.batcher with a fake translate function (no model): which jobs share a call,
+"""Tests for aiayn.serve.batcher with a fake translate function (no model): which jobs share a call,
 that every job gets its own results, and that failures, full queues, cancelled clients and
 shutdown are each answered without stopping the worker.
 """
@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import pytest
 
-from aiayn.batcher import Batcher, BatcherClosed, QueueFull
+from aiayn.serve.batcher import Batcher, BatcherClosed, QueueFull
 
 
 class FakeModel:

@@ -1,0 +1,424 @@
+"""An HTTP translation service: aiayn's JSON API, LibreTranslate's API, and a web page.
+
+``aiayn serve -m MODEL_DIR`` runs :func:`create_app` under uvicorn. Endpoints:
+
+* ``POST /translate`` — two APIs on one path, told apart by the body:
+
+  - **aiayn's**: a JSON object with ``text`` (a string) or ``texts`` (a list), and optional
+    ``beam_size``, ``n_best``, ``length_penalty`` and ``return_attention``. The answer is
+    ``{"translations": [...]}``, one entry per text, in order: text, score, log-probability,
+    pieces, the n-best list, ``truncated``, and with ``return_attention`` the encoder-decoder
+    attention of every layer and head, (L, H, T, S) nested lists rounded to 4 decimals, with
+    the source and output pieces that label its columns and rows.
+  - **LibreTranslate's** (so its clients work unchanged): ``q`` (a string or a list),
+    ``source``, ``target``, ``format``, ``alternatives``, ``api_key``, as JSON or form data;
+    the answer is ``{"translatedText": ...}``, a string or a list like ``q``. A JSON body
+    with ``q`` is a LibreTranslate request; form data always is.
+
+* ``GET /languages``, ``POST /detect``, ``GET /frontend/settings`` — LibreTranslate's
+  (:mod:`aiayn.serve.libretranslate`, which also answers its ``POST /translate`` bodies).
+* ``GET /info`` (model, parameters, languages, decoding defaults, limits), ``GET /health``
+  (worker state and batching counters), ``GET /openapi.json``, and ``GET /docs`` (FastAPI's
+  Swagger UI, which loads its scripts from a CDN: the one page that needs the internet).
+* ``GET /`` — a page that translates and draws the attention (``static/``, no libraries).
+
+Concurrent requests are batched by :class:`aiayn.serve.batcher.Batcher`; bodies are read by
+:mod:`aiayn.serve.requests` and validated, and answers built, by the pydantic models of
+:mod:`aiayn.serve.schemas`. Every error is a JSON object ``{"error": "..."}`` with a
+4xx status saying what to fix (400 unreadable body, 413 a size limit, 415 content type, 422
+invalid fields, 429 queue full) or 500 if the model failed; limits name the flag that sets
+them. The API key is accepted and ignored: put the server behind
+a proxy if it needs access control.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import FileResponse, JSONResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from aiayn import __version__
+from aiayn.serve import libretranslate
+from aiayn.serve.batcher import Batcher, BatcherClosed, QueueFull
+from aiayn.serve.requests import read_request
+from aiayn.serve.schemas import (
+    ERROR_RESPONSES,
+    ApiError,
+    TranslateRequest,
+    TranslateResponse,
+    Translation,
+    add_to_openapi,
+    check_texts,
+    parse_body,
+)
+from aiayn.translator import TranslationResult, Translator
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Decoding", "ServerSettings", "Service", "create_app", "serve", "serve_in_background"]
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+
+# --------------------------------------------------------------------------------------------
+# Settings
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """The search options of one request; requests with equal options share model calls.
+
+    Defaults are the paper's (§6.1), as in :meth:`Translator.translate`.
+    """
+
+    beam_size: int = 4
+    n_best: int = 1
+    length_penalty: float = 0.6
+    length_penalty_kind: str = "gnmt"
+    max_len_a: float = 1.0
+    max_len_b: float = 50
+    return_attention: bool = False
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """How the server decodes by default, how it batches, and what it refuses.
+
+    Attributes:
+        decoding: Defaults; a request may change beam_size, n_best, length_penalty and
+            return_attention (not the length limits, so no request can make decoding slow).
+        max_chars: Longest text, in characters (Unicode code points).
+        max_texts: Most texts in one request.
+        max_queue: Most requests waiting for the model; more get 429.
+        max_beam_size: Largest beam a request may ask for.
+        max_body_bytes: Largest request body.
+        batching: Merge concurrent requests into one model call (False: one call each).
+        batch_wait_ms: How long a request may wait for others to join its call (no wait while
+            requests come one at a time; see :mod:`aiayn.serve.batcher`).
+        max_batch_tokens: Budget of one call: source tokens (EOS included) × beam size.
+    """
+
+    decoding: Decoding = field(default_factory=Decoding)
+    max_chars: int = 5000
+    max_texts: int = 64
+    max_queue: int = 256
+    max_beam_size: int = 16
+    max_body_bytes: int = 4 * 1024 * 1024
+    batching: bool = True
+    batch_wait_ms: float = 5.0
+    max_batch_tokens: int = 4096
+
+    def __post_init__(self) -> None:
+        limits = ("max_chars", "max_texts", "max_queue", "max_beam_size", "max_body_bytes")
+        for name in (*limits, "max_batch_tokens"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} ({value!r}) must be an integer >= 1")
+        if not self.batch_wait_ms >= 0:
+            raise ValueError(f"batch_wait_ms ({self.batch_wait_ms}) must be >= 0")
+        if not 1 <= self.decoding.beam_size <= self.max_beam_size:
+            raise ValueError(
+                f"the default beam size ({self.decoding.beam_size}) must be between 1 and "
+                f"max_beam_size ({self.max_beam_size})"
+            )
+        if self.decoding.n_best > self.decoding.beam_size:
+            raise ValueError(
+                f"the default n_best ({self.decoding.n_best}) must be <= the default beam size "
+                f"({self.decoding.beam_size})"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# The application
+# --------------------------------------------------------------------------------------------
+
+
+class Service:
+    """What the routes share: the translator behind its batcher, the settings, and the model's
+    languages. One per application, on ``app.state.service``, so that routes are plain module
+    functions (in :data:`router` and :data:`aiayn.serve.libretranslate.router`), not closures.
+    """
+
+    def __init__(self, translator: Translator, settings: ServerSettings) -> None:
+        self.translator = translator
+        self.settings = settings
+        self.batcher: Batcher[TranslationResult] = Batcher(
+            lambda texts, decoding: translator.translate(texts, **asdict(decoding)),
+            lambda texts, decoding: translator.cost(texts, decoding.beam_size),
+            max_wait_ms=settings.batch_wait_ms,
+            max_batch_tokens=settings.max_batch_tokens,
+            max_queue=settings.max_queue,
+            batching=settings.batching,
+        )
+        self.src_lang = str(translator.metadata.get("src_lang") or "src")
+        self.tgt_lang = str(translator.metadata.get("tgt_lang") or "tgt")
+        self.info = _info(self)
+
+    async def read(self, request: Request) -> tuple[str, dict[str, Any]]:
+        """The body as ("json" | "form", fields), under ``--max-body-bytes``."""
+        return await read_request(request, self.settings.max_body_bytes)
+
+    def check_texts(self, texts: list[str], name: str, *, single: bool) -> None:
+        """Refuses texts over the limits, or blank (see :func:`schemas.check_texts`)."""
+        limits = self.settings
+        check_texts(
+            texts, name, single=single, max_texts=limits.max_texts, max_chars=limits.max_chars
+        )
+
+    async def translate(self, texts: list[str], decoding: Decoding) -> list[TranslationResult]:
+        """The results from the batcher, its refusals and the model's failures as ApiErrors."""
+        try:
+            return await self.batcher.submit(texts, decoding)
+        except QueueFull as error:
+            raise ApiError(429, str(error), {"Retry-After": "1"}) from None
+        except BatcherClosed as error:
+            raise ApiError(503, str(error)) from None
+        except Exception as error:
+            raise ApiError(500, f"translation failed: {type(error).__name__}: {error}") from None
+
+
+def create_app(translator: Translator, settings: ServerSettings | None = None) -> FastAPI:
+    """The FastAPI application serving ``translator``; see the module docstring for the API.
+
+    The batching worker starts with the application's lifespan (and, failing that, on the first
+    request) and stops with it.
+    """
+    service = Service(translator, settings or ServerSettings())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        service.batcher.start()
+        yield
+        await asyncio.to_thread(service.batcher.close)
+
+    app = FastAPI(
+        title="aiayn",
+        version=__version__,
+        summary="Transformer translation with request batching; LibreTranslate-compatible.",
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.state.batcher = service.batcher
+    app.state.translator = translator
+    app.state.settings = service.settings
+    _add_error_handlers(app)
+    app.include_router(router)
+    app.include_router(libretranslate.router)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+router = APIRouter()  # aiayn's own routes; LibreTranslate's are in its module
+
+
+@router.post("/translate", responses={200: {"model": TranslateResponse}, **ERROR_RESPONSES})
+async def translate(request: Request) -> JSONResponse:
+    """Translate with aiayn's API (JSON ``text``/``texts``) or LibreTranslate's (``q``)."""
+    service: Service = request.app.state.service
+    kind, data = await service.read(request)
+    if kind == "json" and "q" not in data:
+        return await _translate_aiayn(service, data)
+    return await libretranslate.translate(service, data)
+
+
+async def _translate_aiayn(service: Service, data: dict[str, Any]) -> JSONResponse:
+    body = parse_body(TranslateRequest, data)
+    if body.text is not None and body.texts is not None:
+        raise ApiError(422, "give either 'text' or 'texts', not both")
+    if body.text is None and body.texts is None:
+        raise ApiError(
+            422,
+            "missing 'text' (a string) or 'texts' (a list of strings); "
+            "LibreTranslate clients send 'q'",
+        )
+    texts, name = ([body.text], "text") if body.text is not None else (body.texts, "texts")
+    service.check_texts(texts, name, single=body.text is not None)
+    decoding = _decoding(body, service.settings)
+    results = await service.translate(texts, decoding)
+    translations = [Translation.from_result(r, decoding.return_attention) for r in results]
+    answer = TranslateResponse(translations=translations)
+    return JSONResponse(answer.model_dump(exclude_unset=True))
+
+
+def _decoding(body: TranslateRequest, settings: ServerSettings) -> Decoding:
+    """The server's defaults with the request's options, within the limits."""
+    defaults = settings.decoding
+    decoding = replace(
+        defaults,
+        beam_size=_default(body.beam_size, defaults.beam_size),
+        n_best=_default(body.n_best, defaults.n_best),
+        length_penalty=_default(body.length_penalty, defaults.length_penalty),
+        return_attention=body.return_attention,
+    )
+    if decoding.beam_size > settings.max_beam_size:
+        raise ApiError(
+            422,
+            f"beam_size ({decoding.beam_size}) is larger than the limit "
+            f"{settings.max_beam_size} (--max-beam-size)",
+        )
+    if decoding.n_best > decoding.beam_size:
+        raise ApiError(
+            422, f"n_best ({decoding.n_best}) must be <= beam_size ({decoding.beam_size})"
+        )
+    return decoding
+
+
+def _default(value: Any, default: Any) -> Any:
+    return default if value is None else value
+
+
+@router.get("/info")
+async def get_info(request: Request) -> JSONResponse:
+    """The model (config, parameter count, languages), decoding defaults and limits."""
+    return JSONResponse(request.app.state.service.info)
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 while the batching worker runs (503 otherwise), with its counters."""
+    batcher = request.app.state.service.batcher
+    alive = batcher.alive
+    body = {"status": "ok" if alive else "unavailable", "worker_alive": alive}
+    return JSONResponse({**body, **batcher.stats()}, status_code=200 if alive else 503)
+
+
+@router.get("/", include_in_schema=False)
+async def index() -> FileResponse:
+    return FileResponse(STATIC_DIR / "index.html")
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    """Every error as ``{"error": ...}``, FastAPI's and Starlette's own included."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError) -> JSONResponse:
+        return JSONResponse({"error": error.message}, error.status, headers=error.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> JSONResponse:
+        message = f"{error.detail}: {request.method} {request.url.path}"
+        return JSONResponse({"error": message}, error.status_code, headers=error.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
+        message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
+        return JSONResponse({"error": message}, 422)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, error: Exception) -> JSONResponse:
+        logger.exception("unhandled error in %s %s", request.method, request.url.path)
+        return JSONResponse({"error": f"internal error: {type(error).__name__}: {error}"}, 500)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's schema, plus the request bodies that ``POST /translate`` reads itself."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    schema = get_openapi(
+        title=app.title, version=app.version, summary=app.summary, routes=app.routes
+    )
+    add_to_openapi(schema, TranslateRequest)
+    operation = schema["paths"]["/translate"]["post"]
+    body = {"oneOf": [{"$ref": "#/components/schemas/TranslateRequest"}]}
+    operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": body}}}
+    ok = operation["responses"]["200"]["content"]["application/json"]
+    ok["schema"] = {"oneOf": [ok["schema"]]}
+    libretranslate.patch_openapi(schema)
+    app.openapi_schema = schema
+    return schema
+
+
+def _info(service: Service) -> dict[str, Any]:
+    """``GET /info``'s answer, computed once: the model, languages, defaults and limits."""
+    translator, settings = service.translator, service.settings
+    decoding = asdict(settings.decoding)
+    del decoding["return_attention"]
+    limits = {
+        name: getattr(settings, name)
+        for name in ("max_chars", "max_texts", "max_queue", "max_beam_size", "max_body_bytes")
+    }
+    name = libretranslate.language_name
+    return {
+        "version": __version__,
+        "model": translator.model.config.to_dict(),
+        "parameters": sum(p.numel() for p in translator.model.parameters()),
+        "languages": {
+            "source": {"code": service.src_lang, "name": name(service.src_lang)},
+            "target": {"code": service.tgt_lang, "name": name(service.tgt_lang)},
+        },
+        "metadata": translator.metadata,
+        "device": str(translator.device),
+        "decoding": decoding,
+        "limits": limits,
+        "batching": {
+            "enabled": settings.batching,
+            "batch_wait_ms": settings.batch_wait_ms,
+            "max_batch_tokens": settings.max_batch_tokens,
+            "translator_max_tokens": translator.max_tokens,
+        },
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+
+
+def serve(
+    translator: Translator,
+    settings: ServerSettings | None = None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+) -> None:
+    """Serves until interrupted (what ``aiayn serve`` runs)."""
+    uvicorn.run(create_app(translator, settings), host=host, port=port, log_level=log_level)
+
+
+@contextlib.contextmanager
+def serve_in_background(
+    app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+) -> Iterator[str]:
+    """Runs ``app`` under uvicorn in a thread; yields its base URL (``http://127.0.0.1:PORT``).
+
+    Port 0 picks a free port. The socket is bound before the server starts, so the URL is valid
+    as soon as it is yielded. For tests, benchmarks and notebooks; IPv4 only.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound_host, bound_port = sock.getsockname()[:2]
+    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+    thread = threading.Thread(
+        target=server.run, kwargs={"sockets": [sock]}, name="aiayn-server", daemon=True
+    )
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server on {bound_host}:{bound_port} did not start")
+            time.sleep(0.01)
+        yield f"http://{bound_host}:{bound_port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()
