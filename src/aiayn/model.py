@@ -131,6 +131,7 @@ class EncoderLayer(nn.Module):
 
     def __init__(
         self,
+        *,
         d_model: int,
         d_ff: int,
         n_heads: int,
@@ -164,6 +165,7 @@ class DecoderLayer(nn.Module):
 
     def __init__(
         self,
+        *,
         d_model: int,
         d_ff: int,
         n_heads: int,
@@ -230,21 +232,6 @@ class DecoderLayer(nn.Module):
         return x
 
 
-@dataclass
-class AttentionMaps:
-    """Attention probabilities of every layer and head, for pictures and alignments.
-
-    Attributes:
-        encoder: (L, B, H, S, S) encoder self-attention.
-        decoder: (L, B, H, T, T) masked decoder self-attention.
-        cross: (L, B, H, T, S) encoder-decoder attention.
-    """
-
-    encoder: Tensor
-    decoder: Tensor
-    cross: Tensor
-
-
 class Encoder(nn.Module):
     """§3.1: a stack of N identical `EncoderLayer`s (plus a final norm when pre-norm)."""
 
@@ -306,13 +293,14 @@ class Transformer(nn.Module):
         else:
             self.positions = LearnedPositionalEmbedding(c.d_model, c.max_positions)
         self.embed_dropout = nn.Dropout(c.dropout)
-        layer_args = (c.d_model, c.d_ff, c.n_heads, c.d_k, c.d_v, c.dropout)
-        layer_args += (c.attention_dropout, c.norm_first, c.layer_norm_eps)
+        layer = dict(d_model=c.d_model, d_ff=c.d_ff, n_heads=c.n_heads, d_k=c.d_k, d_v=c.d_v)
+        layer |= dict(dropout=c.dropout, attention_dropout=c.attention_dropout)
+        layer |= dict(norm_first=c.norm_first, eps=c.layer_norm_eps)
         self.encoder = Encoder(
-            [EncoderLayer(*layer_args) for _ in range(c.n_encoder_layers)], self._final_norm()
+            [EncoderLayer(**layer) for _ in range(c.n_encoder_layers)], self._final_norm()
         )
         self.decoder = Decoder(
-            [DecoderLayer(*layer_args) for _ in range(c.n_decoder_layers)], self._final_norm()
+            [DecoderLayer(**layer) for _ in range(c.n_decoder_layers)], self._final_norm()
         )
         self.output_projection = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
         self.reset_parameters()
@@ -328,16 +316,21 @@ class Transformer(nn.Module):
     def reset_parameters(self) -> None:
         """Xavier-uniform for projections, N(0, d_model^-½) for embeddings (as tensor2tensor),
         so that embeddings ×√d_model have unit scale; zero biases and a zero padding row."""
-        for name, param in self.named_parameters():
-            if "embedding" in name:
-                nn.init.normal_(param, mean=0.0, std=self.config.d_model**-0.5)
-                if name.endswith("embed.embedding.weight"):
-                    with torch.no_grad():
-                        param[self.config.pad_id].zero_()
-            elif param.dim() > 1:
-                nn.init.xavier_uniform_(param)
-            elif name.endswith("bias"):
-                nn.init.zeros_(param)
+        embeddings = [self.src_embed.embedding.weight, self.tgt_embed.embedding.weight]
+        if isinstance(self.positions, LearnedPositionalEmbedding):
+            embeddings.append(self.positions.embedding.weight)
+        for param in embeddings:
+            nn.init.normal_(param, mean=0.0, std=self.config.d_model**-0.5)
+        with torch.no_grad():
+            for token_embedding in (self.src_embed, self.tgt_embed):
+                token_embedding.embedding.weight[self.config.pad_id].zero_()
+        for module in (self.encoder, self.decoder, self.output_projection):
+            for param in module.parameters():
+                if param.dim() > 1:
+                    nn.init.xavier_uniform_(param)
+        for module in self.modules():
+            if isinstance(module, nn.Linear) and module.bias is not None:
+                nn.init.zeros_(module.bias)
 
     # -- the two halves of Figure 1 -------------------------------------------------------
 
@@ -437,3 +430,18 @@ class Transformer(nn.Module):
         cache.length = t + 1
         logits = self.output_projection(x[:, 0])  # (B, V)
         return F.log_softmax(logits.float(), dim=-1)
+
+
+@dataclass
+class AttentionMaps:
+    """Attention probabilities of every layer and head, for pictures and alignments.
+
+    Attributes:
+        encoder: (L, B, H, S, S) encoder self-attention.
+        decoder: (L, B, H, T, T) masked decoder self-attention.
+        cross: (L, B, H, T, S) encoder-decoder attention.
+    """
+
+    encoder: Tensor
+    decoder: Tensor
+    cross: Tensor
