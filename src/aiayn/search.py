@@ -6,6 +6,10 @@ following beams back to their parents and dropping finished sentences are all th
 operation: a selection of cache rows. Every step feeds all live rows of all unfinished sentences
 to a single ``decode_step`` call, and the batch shrinks as sentences finish.
 
+Options. :class:`DecodingOptions` holds every search option with the paper's defaults and
+validates them once; the strategies, :class:`aiayn.translator.Translator`, ``aiayn translate``'s
+flags and validation BLEU during training all take their defaults from it.
+
 Lengths. The length of a hypothesis counts its generated tokens including EOS (BOS is not
 generated). A sentence with ``src_len`` non-pad source tokens may generate
 ``max_len = int(max_len_a * src_len + max_len_b)`` tokens; the next token is then forced to be
@@ -22,13 +26,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
 
 __all__ = [
     "LENGTH_PENALTIES",
+    "MAX_LENGTH_PENALTY",
+    "DecodingOptions",
     "Hypothesis",
     "IncrementalModel",
     "ReorderableCache",
@@ -130,6 +136,105 @@ def length_penalty_fn(kind: str) -> LengthPenalty:
         valid = ", ".join(repr(k) for k in LENGTH_PENALTIES)
         raise ValueError(f"length_penalty_kind ({kind!r}) must be one of {valid}")
     return LENGTH_PENALTIES[kind]
+
+
+# --------------------------------------------------------------------------------------------
+# Options
+# --------------------------------------------------------------------------------------------
+
+LengthPenaltyKind = Literal["gnmt", "power", "none"]
+
+MAX_LENGTH_PENALTY = 10.0
+"""Largest α accepted. Useful values lie in 0–2; far beyond, ``length ** α`` overflows a float
+(α ≈ 400 for a length of 5)."""
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class DecodingOptions:
+    """How to decode: beam search (the default), greedy search or sampling.
+
+    The defaults are the paper's (§6.1): beam size 4, GNMT length penalty with α = 0.6,
+    maximum output length = input length + 50. Every value is checked once, here, with a
+    message naming the field and the value. Frozen, hence hashable: requests with equal
+    options can share a batch.
+
+    The attribute descriptions below are also the help of ``aiayn translate``'s flags
+    (``aiayn.cli.add_dataclass_flags``); they must not restate the defaults, which the
+    flags' help takes from the fields.
+
+    Attributes:
+        beam_size: Hypotheses kept per sentence (W); 1 = greedy search.
+        length_penalty: α of the length penalty; 0 ranks by raw log-probability.
+        length_penalty_kind: gnmt: ((5 + |Y|) / 6)^α as in the paper; power: |Y|^α as in
+            fairseq, Marian and Hugging Face; none: no penalty.
+        max_len_a: An output may have up to int(a * source length + b) tokens before EOS,
+            the source length counting its EOS.
+        max_len_b: See max_len_a.
+        n_best: Hypotheses returned per sentence, best first (at most the beam size; with
+            sampling, the number of independent samples).
+        sampling: Sample outputs (ancestral sampling) instead of searching; the beam size
+            and the length penalty are then unused.
+        temperature: Sampling temperature; log-probabilities are divided by it.
+        top_k: Sample among the k most probable tokens; 0 = no limit.
+        top_p: Nucleus sampling: sample among the most probable tokens holding this much
+            probability, in (0, 1]; 1 = no limit.
+    """
+
+    beam_size: int = 4
+    length_penalty: float = 0.6
+    length_penalty_kind: LengthPenaltyKind = "gnmt"
+    max_len_a: float = 1.0
+    max_len_b: float = 50
+    n_best: int = 1
+    sampling: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not _is_int(self.beam_size) or self.beam_size < 1:
+            raise ValueError(f"beam_size ({self.beam_size!r}) must be an integer >= 1")
+        if not _is_int(self.n_best) or self.n_best < 1:
+            raise ValueError(f"n_best ({self.n_best!r}) must be an integer >= 1")
+        if not self.sampling and self.n_best > self.beam_size:
+            raise ValueError(
+                f"n_best ({self.n_best}) must be <= beam_size ({self.beam_size}); "
+                "raise the beam size or use sampling"
+            )
+        alpha = self.length_penalty
+        if not (_is_number(alpha) and 0 <= alpha <= MAX_LENGTH_PENALTY):
+            raise ValueError(
+                f"length_penalty ({alpha!r}) must be a number between 0 and {MAX_LENGTH_PENALTY}"
+            )
+        length_penalty_fn(self.length_penalty_kind)  # raises on an unknown kind
+        for name in ("max_len_a", "max_len_b"):
+            value = getattr(self, name)
+            if not (_is_number(value) and 0 <= value < math.inf):
+                raise ValueError(f"{name} ({value!r}) must be a finite number >= 0")
+        if not isinstance(self.sampling, bool):
+            raise ValueError(f"sampling ({self.sampling!r}) must be True or False")
+        if not (_is_number(self.temperature) and 0 < self.temperature < math.inf):
+            raise ValueError(
+                f"temperature ({self.temperature!r}) must be a finite number > 0; "
+                "use greedy search (beam_size 1) for 0"
+            )
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise ValueError(f"top_k ({self.top_k!r}) must be an integer >= 0 (0 = no limit)")
+        if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p ({self.top_p!r}) must be in (0, 1] (1 = no limit)")
+
+    @property
+    def rows_per_sentence(self) -> int:
+        """Decoder rows one sentence occupies: n_best samples, or W beams (1 for greedy)."""
+        return self.n_best if self.sampling else self.beam_size
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,14 +388,9 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    beam_size: int = 4,
-    length_penalty: float = 0.6,
-    length_penalty_kind: str = "gnmt",
-    max_len_a: float = 1.0,
-    max_len_b: float = 50,
-    n_best: int = 1,
+    options: DecodingOptions | None = None,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search (§6.1: beam size 4, α = 0.6, max length = input length + 50).
+    """Batched beam search with the paper's settings by default (§6.1, :class:`DecodingOptions`).
 
     Each step extends the K live beams of every unfinished sentence by every token, keeps the
     top 2·W candidates (:func:`_select_candidates`), turns those among the top W that end in EOS
@@ -313,32 +413,25 @@ def beam_search(
         bos_id: Token fed first to the decoder.
         eos_id: Token that ends a hypothesis.
         pad_id: Source padding token.
-        beam_size: W, the number of live hypotheses kept per sentence.
-        length_penalty: α ≥ 0; 0 ranks by raw log-probability.
-        length_penalty_kind: "gnmt" (``((5 + |Y|) / 6) ** α``, the paper's), "power"
-            (``|Y| ** α``) or "none", with |Y| the length including EOS.
-        max_len_a: Maximum output length is ``int(max_len_a * src_len + max_len_b)`` tokens
-            before EOS, with src_len the sentence's number of non-pad tokens.
-        max_len_b: See ``max_len_a``.
-        n_best: How many hypotheses to return per sentence (≤ beam_size).
+        options: beam_size (W), length_penalty (α), length_penalty_kind, max_len_a,
+            max_len_b and n_best are used; None = the defaults. The length penalty is
+            applied to |Y|, the length including EOS.
 
     Returns:
         For each source row, in input order, up to ``n_best`` hypotheses, best first. A list is
         shorter only if the model gives zero probability to every other continuation.
     """
     _check_ids(src_tokens)
-    lp_fn = length_penalty_fn(length_penalty_kind)
-    if beam_size < 1:
-        raise ValueError(f"beam_size ({beam_size}) must be >= 1")
-    if not 1 <= n_best <= beam_size:
-        raise ValueError(f"n_best ({n_best}) must be between 1 and beam_size ({beam_size})")
-    if not length_penalty >= 0:
-        raise ValueError(f"length_penalty ({length_penalty}) must be >= 0")
+    options = options or DecodingOptions()
+    if options.sampling:
+        raise ValueError("these options ask for sampling: call sample(), not beam_search()")
+    beam_size, length_penalty, n_best = options.beam_size, options.length_penalty, options.n_best
+    lp_fn = length_penalty_fn(options.length_penalty_kind)
 
     device = src_tokens.device
     b = src_tokens.size(0)
     memory, src_key_mask = model.encode(src_tokens)
-    max_len = _max_output_lengths(src_tokens, pad_id, max_len_a, max_len_b)  # (N,)
+    max_len = _max_output_lengths(src_tokens, pad_id, options.max_len_a, options.max_len_b)
     max_final_lp = [lp_fn(m + 1, length_penalty) for m in max_len.tolist()]  # indexed by sentence
     cache = model.init_cache(memory, src_key_mask, int(max_len.max()) + 1 if b else 1)
     banned = _never_output(bos_id, eos_id, pad_id, device)
@@ -403,8 +496,7 @@ def _decode_one_per_row(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    max_len_a: float,
-    max_len_b: float,
+    options: DecodingOptions,
 ) -> list[Hypothesis]:
     """The decoding loop of greedy search and sampling; ``choose`` is the strategy.
 
@@ -415,7 +507,7 @@ def _decode_one_per_row(
     device = src_tokens.device
     b = src_tokens.size(0)
     memory, src_key_mask = model.encode(src_tokens)
-    max_len = _max_output_lengths(src_tokens, pad_id, max_len_a, max_len_b)  # (N,)
+    max_len = _max_output_lengths(src_tokens, pad_id, options.max_len_a, options.max_len_b)
     cache = model.init_cache(memory, src_key_mask, int(max_len.max()) + 1 if b else 1)
     banned = _never_output(bos_id, eos_id, pad_id, device)
 
@@ -459,14 +551,14 @@ def greedy_search(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    max_len_a: float = 1.0,
-    max_len_b: float = 50,
+    options: DecodingOptions | None = None,
 ) -> list[Hypothesis]:
     """Batched greedy search: the most probable next token at every step.
 
     A sentence stops at its first EOS (or when EOS is forced at max length, see the module
-    docstring) and is dropped from the batch. Returns one hypothesis per source row, in input
-    order; its score is its log-probability (no length penalty).
+    docstring) and is dropped from the batch. Of ``options`` (None = the defaults) only the
+    length limits max_len_a and max_len_b are used. Returns one hypothesis per source row, in
+    input order; its score is its log-probability (no length penalty).
     """
 
     def argmax(log_probs: Tensor) -> Tensor:
@@ -479,8 +571,7 @@ def greedy_search(
         bos_id=bos_id,
         eos_id=eos_id,
         pad_id=pad_id,
-        max_len_a=max_len_a,
-        max_len_b=max_len_b,
+        options=options or DecodingOptions(),
     )
 
 
@@ -509,34 +600,26 @@ def sample(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    options: DecodingOptions | None = None,
     generator: torch.Generator | None = None,
-    max_len_a: float = 1.0,
-    max_len_b: float = 50,
 ) -> list[Hypothesis]:
     """Batched ancestral sampling, with temperature, then top-k, then nucleus (top-p) filtering.
 
+    One sample per source row: to draw n per sentence, repeat the rows (``options.n_best`` and
+    ``options.sampling`` are not read here).
+
     Args:
-        temperature: > 0; log-probabilities are divided by it before filtering.
-        top_k: Sample among the k most probable tokens; 0 = no limit.
-        top_p: In (0, 1]; sample among the smallest set of tokens holding this much probability
-            (after temperature and top-k); 1 = no limit.
+        options: temperature (log-probabilities are divided by it before filtering), top_k,
+            top_p (nucleus filtering after temperature and top-k), max_len_a and max_len_b are
+            used; None = the defaults (plain sampling).
         generator: For reproducible samples; must live on the device of ``src_tokens``.
 
     Returns:
         One hypothesis per source row, in input order. ``log_prob`` and ``score`` are the
         model's log-probability of the sample, before temperature and filtering.
     """
-    if not (temperature > 0 and math.isfinite(temperature)):
-        raise ValueError(
-            f"temperature ({temperature}) must be a positive number; use greedy_search for 0"
-        )
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"top_k ({top_k!r}) must be an integer >= 0 (0 = no limit)")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p ({top_p}) must be in (0, 1] (1 = no limit)")
+    options = options or DecodingOptions()
+    temperature, top_k, top_p = options.temperature, options.top_k, options.top_p
 
     def draw(log_probs: Tensor) -> Tensor:
         logits = log_probs / temperature
@@ -554,6 +637,5 @@ def sample(
         bos_id=bos_id,
         eos_id=eos_id,
         pad_id=pad_id,
-        max_len_a=max_len_a,
-        max_len_b=max_len_b,
+        options=options or DecodingOptions(),
     )

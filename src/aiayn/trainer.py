@@ -344,9 +344,9 @@ def validate(
 
 
 def validation_bleu(model: nn.Module, tokenizer: Tokenizer, config: TrainConfig) -> dict[str, Any]:
-    """Decode the validation sources with the paper's beam search (§6.1) and score them with
-    sacreBLEU, through the same code as `aiayn evaluate`."""
-    from aiayn.evaluation import score
+    """sacreBLEU of the validation set decoded with the paper's beam search (§6.1); see
+    `aiayn.evaluation.validation_bleu`."""
+    from aiayn import evaluation
     from aiayn.translator import Translator
 
     if config.valid_tsv:
@@ -354,13 +354,7 @@ def validation_bleu(model: nn.Module, tokenizer: Tokenizer, config: TrainConfig)
     else:
         pairs = list(read_parallel(Path(config.valid_src), Path(config.valid_tgt)))
     translator = Translator.from_model(model, tokenizer, max_tokens=config.max_tokens)
-    results = translator.translate([src for src, _ in pairs], beam_size=4, length_penalty=0.6)
-    scores = score([r.text for r in results], [[tgt for _, tgt in pairs]])
-    return {
-        "valid_bleu": scores.bleu,
-        "valid_chrf": scores.chrf,
-        "bleu_signature": scores.bleu_signature,
-    }
+    return evaluation.validation_bleu(translator, pairs)
 
 
 # -- the loop -------------------------------------------------------------------------------
