@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import typing
 from collections.abc import Callable
 
 import pytest
 import torch
 
 from aiayn import search
+from aiayn.decoding_options import LengthPenaltyKind
 from aiayn.search import (
     MAX_LENGTH_PENALTY,
     DecodingOptions,
@@ -229,6 +231,10 @@ def test_decoding_options_bounds() -> None:
         assert math.isfinite(penalty(100_000, MAX_LENGTH_PENALTY))
     with pytest.raises(OverflowError):
         power_length_penalty(5, 500.0)  # what an unbounded α did
+
+
+def test_every_length_penalty_kind_of_the_options_exists() -> None:
+    assert tuple(search.LENGTH_PENALTIES) == typing.get_args(LengthPenaltyKind)
 
 
 def test_decoding_options_are_hashable_and_compare_by_value() -> None:
