@@ -52,7 +52,7 @@ from aiayn.config import ModelConfig, preset
 from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
-from aiayn.search import beam_search, greedy_search
+from aiayn.search import DecodingOptions, beam_search, greedy_search
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from aiayn.translator import quantize_int8
 from bench_decode import FixedLength
@@ -245,8 +245,8 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
     src = torch.randint(4, VOCAB, (batch, src_len), generator=torch.Generator().manual_seed(1))
     tokens = batch * out_len
     # Ours: out_len - 1 tokens, then EOS (forced): out_len decoding steps, like the peers'.
-    options = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID, max_len_a=0.0)
-    options["max_len_b"] = out_len - 1
+    ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
+    options = DecodingOptions(max_len_a=0.0, max_len_b=out_len - 1)  # beam 4, α 0.6
     outputs: dict[str, list[list[int]]] = {}
 
     def ours(m: nn.Module, mode: str, name: str) -> Callable[[], None]:
@@ -255,9 +255,9 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
         def run() -> None:
             with torch.inference_mode():
                 if mode == "greedy":
-                    hyps = greedy_search(fixed, src, **options)
+                    hyps = greedy_search(fixed, src, **ids, options=options)
                 else:
-                    hyps = [h[0] for h in beam_search(fixed, src, beam_size=4, **options)]
+                    hyps = [h[0] for h in beam_search(fixed, src, **ids, options=options)]
             outputs[name] = [h.tokens for h in hyps]
 
         return run
@@ -360,18 +360,12 @@ def profile_decode(batch: int, src_len: int, out_len: int, rows: int = 12) -> st
     torch.manual_seed(0)
     model = FixedLength(Transformer(config).eval(), out_len - 1)
     src = torch.randint(4, VOCAB, (batch, src_len), generator=torch.Generator().manual_seed(1))
-    options = dict(
-        bos_id=BOS_ID,
-        eos_id=EOS_ID,
-        pad_id=PAD_ID,
-        max_len_a=0.0,
-        max_len_b=out_len - 1,
-        beam_size=4,
-    )
+    ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
+    options = DecodingOptions(max_len_a=0.0, max_len_b=out_len - 1)  # beam 4, α 0.6
     with torch.inference_mode():
-        beam_search(model, src, **options)
+        beam_search(model, src, **ids, options=options)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            beam_search(model, src, **options)
+            beam_search(model, src, **ids, options=options)
     events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
     total = sum(e.self_cpu_time_total for e in events)
     lines = [

@@ -10,7 +10,6 @@ import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import sacrebleu
@@ -23,7 +22,9 @@ from aiayn.evaluation import (
     score,
     split_hyphenated_compounds,
     tokenized_bleu,
+    validation_bleu,
 )
+from aiayn.search import DecodingOptions
 
 HYPOTHESES = [
     "The cat sat on the mat.",
@@ -97,12 +98,17 @@ class FakeTranslator:
 
     def __init__(self, table: dict[str, str]) -> None:
         self.table = table
-        self.options: dict[str, Any] = {}
+        self.options: DecodingOptions | None = None
 
-    def translate_iterable(self, sentences: Iterable[str], **options: Any) -> Iterator[Result]:
+    def translate_iterable(
+        self, sentences: Iterable[str], options: DecodingOptions
+    ) -> Iterator[Result]:
         self.options = options
         for sentence in sentences:
             yield Result(self.table.get(sentence.strip(), ""))
+
+    def translate(self, sentences: list[str], options: DecodingOptions | None) -> list[Result]:
+        return list(self.translate_iterable(sentences, options or DecodingOptions()))
 
 
 def write(path: Path, lines: list[str]) -> Path:
@@ -129,7 +135,20 @@ def test_evaluate_files_writes_hypotheses_and_scores_them(
     hypotheses = [*HYPOTHESES[:1], "", *HYPOTHESES[1:]]
     assert out.read_text(encoding="utf-8") == "".join(f"{h}\n" for h in hypotheses)
     assert scores == score(hypotheses, [[*REFERENCES[:1], "", *REFERENCES[1:]]])
-    assert translator.options == {"beam_size": 2}
+    assert translator.options == DecodingOptions(beam_size=2)
+
+
+def test_validation_bleu_scores_the_paper_decoding_against_the_targets() -> None:
+    sources = ["Die Katze.", "Der Hund.", "Das Buch."]
+    translator = FakeTranslator(dict(zip(sources, HYPOTHESES, strict=True)))
+    metrics = validation_bleu(translator, list(zip(sources, REFERENCES, strict=True)))
+    expected = score(HYPOTHESES, [REFERENCES])
+    assert metrics == {
+        "valid_bleu": expected.bleu,
+        "valid_chrf": expected.chrf,
+        "bleu_signature": expected.bleu_signature,
+    }
+    assert translator.options == DecodingOptions()  # §6.1, from the one home of the defaults
 
 
 def test_evaluate_files_checks_line_counts_before_translating(
@@ -139,7 +158,7 @@ def test_evaluate_files_checks_line_counts_before_translating(
     short = write(tmp_path / "short.en", REFERENCES)
     with pytest.raises(EvaluationError, match=r"test\.de has 4 lines but .*short\.en has 3 lines"):
         evaluate_files(translator, src, [short], out_path=tmp_path / "hyp")
-    assert translator.options == {} and not (tmp_path / "hyp").exists()
+    assert translator.options is None and not (tmp_path / "hyp").exists()
 
 
 def test_evaluate_files_names_the_line_of_invalid_utf8(

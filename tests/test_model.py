@@ -606,20 +606,23 @@ def test_search_on_the_model_is_the_same_batched_and_pruned_as_alone(
     """Finished sentences leave the batch (their cache rows and encoder K/V are dropped);
     what remains must decode exactly as it would alone. Maximum lengths = source lengths, so
     the sentences end at different steps."""
-    from aiayn.search import beam_search
+    from aiayn.search import DecodingOptions, beam_search
 
     model = make_model().eval()
     perturb_(model)
     src, _ = batch(model)
-    options = dict(bos_id=2, eos_id=3, pad_id=PAD, beam_size=beam_size, max_len_a=1.0, max_len_b=0)
+    ids = dict(bos_id=2, eos_id=3, pad_id=PAD)
+    options = DecodingOptions(beam_size=beam_size, max_len_a=1.0, max_len_b=0)
     with torch.no_grad():
         counting = _CountingModel(model)
-        batched = beam_search(counting, src, **options)
+        batched = beam_search(counting, src, **ids, options=options)
         widest = counting.rows.index(max(counting.rows))
         assert min(counting.rows[widest:]) < max(counting.rows), "no sentence left the batch"
         for row, hyps in enumerate(batched):
             length = int((src[row] != PAD).sum())
-            [alone] = beam_search(_CountingModel(model), src[row : row + 1, :length], **options)
+            [alone] = beam_search(
+                _CountingModel(model), src[row : row + 1, :length], **ids, options=options
+            )
             assert [h.tokens for h in hyps] == [h.tokens for h in alone]
             for a, b in zip(hyps, alone, strict=True):
                 assert a.score == pytest.approx(b.score, abs=1e-4)

@@ -6,13 +6,12 @@ or a recipe that drifts from §5, §6.1 and Table 3 fails a test that names the 
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pytest
 
 from aiayn.config import TrainConfig, load_yaml_config
-from aiayn.search import beam_search
+from aiayn.search import DecodingOptions
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 ALL_RECIPES = sorted(RECIPES.glob("*.yaml"))
@@ -94,15 +93,14 @@ def test_wmt14_recipe_is_the_papers_experiment(size: str) -> None:
 
 
 def test_search_defaults_are_section_6_1() -> None:
-    defaults = {
-        name: p.default
-        for name, p in inspect.signature(beam_search).parameters.items()
-        if p.default is not inspect.Parameter.empty
-    }
-    assert defaults["beam_size"] == 4
-    assert defaults["length_penalty"] == 0.6
-    assert defaults["length_penalty_kind"] == "gnmt"
-    assert defaults["max_len_a"] == 1.0 and defaults["max_len_b"] == 50
+    # The one home of the decoding defaults: search, Translator, the CLI flags (tests/test_cli.py)
+    # and validation BLEU (tests/test_evaluation.py) all take theirs from it.
+    defaults = DecodingOptions()
+    assert defaults.beam_size == 4
+    assert defaults.length_penalty == 0.6
+    assert defaults.length_penalty_kind == "gnmt"
+    assert defaults.max_len_a == 1.0 and defaults.max_len_b == 50
+    assert defaults.n_best == 1 and not defaults.sampling
 
 
 def test_iwslt_recipe_is_the_common_one_gpu_setup() -> None:

@@ -10,13 +10,17 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import typing
 from collections.abc import Callable
 
 import pytest
 import torch
 
 from aiayn import search
+from aiayn.decoding_options import LengthPenaltyKind
 from aiayn.search import (
+    MAX_LENGTH_PENALTY,
+    DecodingOptions,
     Hypothesis,
     beam_search,
     gnmt_length_penalty,
@@ -180,20 +184,67 @@ def test_length_penalties() -> None:
         length_penalty_fn("average")
 
 
+# ------------------------------------------------------------------------------------------
+# Options
+# ------------------------------------------------------------------------------------------
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"beam_size": 0}, "beam_size"),
-        ({"beam_size": 2, "n_best": 3}, "n_best"),
-        ({"n_best": 0}, "n_best"),
-        ({"length_penalty": -0.1}, "length_penalty"),
-        ({"length_penalty": math.nan}, "length_penalty"),
-        ({"length_penalty_kind": "wu"}, "'gnmt', 'power', 'none'"),
+        ({"beam_size": 0}, r"beam_size \(0\) must be an integer >= 1"),
+        ({"beam_size": 2.0}, r"beam_size \(2\.0\) must be an integer"),
+        ({"beam_size": True}, r"beam_size \(True\) must be an integer"),
+        ({"n_best": 0}, r"n_best \(0\) must be an integer >= 1"),
+        ({"beam_size": 2, "n_best": 3}, r"n_best \(3\) must be <= beam_size \(2\)"),
+        ({"length_penalty": -0.1}, r"length_penalty \(-0\.1\) must be a number between 0"),
+        ({"length_penalty": math.nan}, r"length_penalty \(nan\)"),
+        ({"length_penalty": math.inf}, r"length_penalty \(inf\)"),
+        ({"length_penalty": 400.0}, r"length_penalty \(400\.0\) .* between 0 and 10"),
+        ({"length_penalty": "0.6"}, r"length_penalty \('0\.6'\)"),
+        ({"length_penalty_kind": "wu"}, r"length_penalty_kind \('wu'\) .* 'gnmt', 'power', 'none'"),
+        ({"max_len_a": -1.0}, r"max_len_a \(-1\.0\) must be a finite number >= 0"),
+        ({"max_len_b": math.inf}, r"max_len_b \(inf\) must be a finite number >= 0"),
+        ({"max_len_b": math.nan}, r"max_len_b \(nan\)"),
+        ({"sampling": "yes"}, r"sampling \('yes'\) must be True or False"),
+        ({"temperature": 0.0}, r"temperature \(0\.0\) must be a finite number > 0"),
+        ({"temperature": -1.0}, r"temperature \(-1\.0\)"),
+        ({"temperature": math.inf}, r"temperature \(inf\)"),
+        ({"top_k": -1}, r"top_k \(-1\) must be an integer >= 0"),
+        ({"top_k": 1.5}, r"top_k \(1\.5\) must be an integer >= 0"),
+        ({"top_p": 0.0}, r"top_p \(0\.0\) must be in \(0, 1\]"),
+        ({"top_p": 1.5}, r"top_p \(1\.5\) must be in \(0, 1\]"),
+        ({"top_p": math.nan}, r"top_p \(nan\)"),
     ],
 )
-def test_beam_search_rejects_bad_arguments(kwargs: dict, message: str) -> None:
+def test_decoding_options_name_the_field_and_value_out_of_range(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        beam_search(random_model(0), src([A]), **IDS, **kwargs)
+        DecodingOptions(**kwargs)
+
+
+def test_decoding_options_bounds() -> None:
+    # With sampling, n_best counts samples and may exceed the beam size.
+    assert DecodingOptions(sampling=True, n_best=8).rows_per_sentence == 8
+    assert DecodingOptions(beam_size=5).rows_per_sentence == 5
+    # The largest α accepted cannot overflow a length penalty, even for very long outputs.
+    for penalty in (gnmt_length_penalty, power_length_penalty):
+        assert math.isfinite(penalty(100_000, MAX_LENGTH_PENALTY))
+    with pytest.raises(OverflowError):
+        power_length_penalty(5, 500.0)  # what an unbounded α did
+
+
+def test_every_length_penalty_kind_of_the_options_exists() -> None:
+    assert tuple(search.LENGTH_PENALTIES) == typing.get_args(LengthPenaltyKind)
+
+
+def test_decoding_options_are_hashable_and_compare_by_value() -> None:
+    assert DecodingOptions(beam_size=2) == DecodingOptions(beam_size=2)
+    assert len({DecodingOptions(), DecodingOptions(), DecodingOptions(top_k=5)}) == 2
+
+
+def test_beam_search_refuses_sampling_options() -> None:
+    with pytest.raises(ValueError, match="sampling"):
+        beam_search(random_model(0), src([A]), **IDS, options=DecodingOptions(sampling=True))
 
 
 # ------------------------------------------------------------------------------------------
@@ -216,13 +267,13 @@ def test_greedy_is_wrong_and_beam_finds_the_better_sequence() -> None:
     assert greedy.score == greedy.log_prob
 
     for beam_size in (2, 3, 4):
-        (hyps,) = beam_search(model, src([C]), **IDS, beam_size=beam_size)
+        (hyps,) = beam_search(model, src([C]), **IDS, options=DecodingOptions(beam_size=beam_size))
         (best,) = hyps
         assert best.tokens == [B]
         assert best.log_prob == pytest.approx(math.log(0.36))
         assert best.score == pytest.approx(math.log(0.36) / ((5 + 2) / 6) ** 0.6)
 
-    (hyps,) = beam_search(model, src([C]), **IDS, beam_size=1)
+    (hyps,) = beam_search(model, src([C]), **IDS, options=DecodingOptions(beam_size=1))
     assert hyps[0].tokens == [A]
 
 
@@ -263,10 +314,9 @@ def test_length_penalty_decides_between_short_and_long(
         table_model(SHORT_OR_LONG),
         src([D]),
         **IDS,
-        beam_size=4,
-        n_best=4,
-        length_penalty=alpha,
-        length_penalty_kind=kind,
+        options=DecodingOptions(
+            beam_size=4, n_best=4, length_penalty=alpha, length_penalty_kind=kind
+        ),
     )
     assert hyps[0].tokens == winner
     by_tokens = {tuple(h.tokens): h.score for h in hyps}
@@ -281,7 +331,7 @@ def test_length_penalty_decides_between_short_and_long(
 
 def test_immediate_eos_gives_empty_tokens() -> None:
     model = table_model({(): {EOS: 0.6, A: 0.4}})
-    (hyps,) = beam_search(model, src([C, D]), **IDS, n_best=2)
+    (hyps,) = beam_search(model, src([C, D]), **IDS, options=DecodingOptions(n_best=2))
     assert hyps[0].tokens == []
     assert hyps[0].log_prob == pytest.approx(math.log(0.6))
     assert hyps[0].score == pytest.approx(math.log(0.6))  # gnmt(1) == 1
@@ -301,13 +351,17 @@ def test_max_length_forces_eos() -> None:
     # Source lengths 2 and 4 -> max_len = int(1.0 * src_len + 1) = 3 and 5 tokens before EOS.
     sources = src([C, C], [C, D, C, D])
     model = constant_model(p_eos=0.01)
-    greedy = greedy_search(model, sources, **IDS, max_len_a=1.0, max_len_b=1)
+    greedy = greedy_search(
+        model, sources, **IDS, options=DecodingOptions(max_len_a=1.0, max_len_b=1)
+    )
     assert [h.tokens for h in greedy] == [[A] * 3, [A] * 5]
     assert greedy[0].log_prob == pytest.approx(3 * math.log(0.99) + math.log(0.01))
 
     # With α = 1 longer is better here, so the best hypothesis is the longest allowed one.
     model = constant_model(p_eos=0.01)
-    beams = beam_search(model, sources, **IDS, length_penalty=1.0, n_best=4, max_len_b=1)
+    beams = beam_search(
+        model, sources, **IDS, options=DecodingOptions(length_penalty=1.0, n_best=4, max_len_b=1)
+    )
     for hyps, max_len in zip(beams, (3, 5), strict=True):
         assert hyps[0].tokens == [A] * max_len
         assert all(len(h.tokens) <= max_len for h in hyps)
@@ -318,14 +372,19 @@ def test_max_length_forces_eos() -> None:
     assert len(model.batch_sizes) == 6
 
     # max_len_a scales the source length; the result is truncated to an int.
-    (h,) = greedy_search(constant_model(0.01), src([C, C, C]), **IDS, max_len_a=0.5, max_len_b=0.9)
+    (h,) = greedy_search(
+        constant_model(0.01),
+        src([C, C, C]),
+        **IDS,
+        options=DecodingOptions(max_len_a=0.5, max_len_b=0.9),
+    )
     assert h.tokens == [A] * 2  # int(0.5 * 3 + 0.9) = 2
 
 
 def test_pad_and_bos_are_never_generated_even_when_likely() -> None:
     # Pad and BOS get most of the mass; EOS is the only other option after the first token.
     model = table_model({(): {PAD: 0.5, BOS: 0.3, A: 0.15, B: 0.05}, (A,): {PAD: 0.5, EOS: 0.5}})
-    (hyps,) = beam_search(model, src([C]), **IDS, n_best=2)
+    (hyps,) = beam_search(model, src([C]), **IDS, options=DecodingOptions(n_best=2))
     assert [h.tokens for h in hyps] == [[A], [B]]
     assert hyps[0].log_prob == pytest.approx(math.log(0.15 * 0.5))  # the model's own log-probs
     (greedy,) = greedy_search(model, src([C]), **IDS)
@@ -350,10 +409,9 @@ def test_n_best_lists_are_sorted_distinct_and_correctly_scored(kind: str) -> Non
             model,
             sources,
             **IDS,
-            beam_size=5,
-            n_best=5,
-            length_penalty=0.8,
-            length_penalty_kind=kind,
+            options=DecodingOptions(
+                beam_size=5, n_best=5, length_penalty=0.8, length_penalty_kind=kind
+            ),
         )
         for row, hyps in zip(sources.tolist(), beams, strict=True):
             source = tuple(t for t in row if t != PAD)
@@ -373,7 +431,12 @@ def test_beam_size_one_without_penalty_is_greedy() -> None:
     for seed in range(8):
         sources = random_sources(100 + seed, 5)
         greedy = greedy_search(random_model(seed), sources, **IDS)
-        beams = beam_search(random_model(seed), sources, **IDS, beam_size=1, length_penalty=0.0)
+        beams = beam_search(
+            random_model(seed),
+            sources,
+            **IDS,
+            options=DecodingOptions(beam_size=1, length_penalty=0.0),
+        )
         for g, (b,) in zip(greedy, beams, strict=True):
             assert b.tokens == g.tokens
             assert b.log_prob == pytest.approx(g.log_prob, abs=1e-5)
@@ -383,7 +446,9 @@ def test_batched_equals_one_sentence_at_a_time_and_the_batch_shrinks() -> None:
     # Short sources make EOS likely early; long ones keep going.
     sources = src([A], [C, D, A, B, C, D, A, B, C, D], [B, B], [D, C, B, A, A, B, C, D, D], [C])
     model = random_model(7, eos_weight=0.5)
-    beams = beam_search(model, sources, **IDS, beam_size=3, n_best=3, length_penalty=0.6)
+    beams = beam_search(
+        model, sources, **IDS, options=DecodingOptions(beam_size=3, n_best=3, length_penalty=0.6)
+    )
     sizes = model.batch_sizes
     assert sizes[0] == 5  # a single beam per sentence at the first step
     assert sizes[1] == 5 * 3
@@ -398,7 +463,10 @@ def test_batched_equals_one_sentence_at_a_time_and_the_batch_shrinks() -> None:
     for i in range(sources.size(0)):
         one = sources[i : i + 1, : int(sources[i].ne(PAD).sum())]  # no padding at all
         (alone,) = beam_search(
-            random_model(7, eos_weight=0.5), one, **IDS, beam_size=3, n_best=3, length_penalty=0.6
+            random_model(7, eos_weight=0.5),
+            one,
+            **IDS,
+            options=DecodingOptions(beam_size=3, n_best=3, length_penalty=0.6),
         )
         assert [h.tokens for h in alone] == [h.tokens for h in beams[i]]
         assert [h.score for h in alone] == pytest.approx([h.score for h in beams[i]])
@@ -426,12 +494,14 @@ def test_beam_with_room_for_everything_matches_exhaustive_search(kind: str, alph
             model,
             src(list(source)),
             **IDS,
-            beam_size=16,
-            n_best=15,
-            length_penalty=alpha,
-            length_penalty_kind=kind,
-            max_len_a=0.0,
-            max_len_b=3,
+            options=DecodingOptions(
+                beam_size=16,
+                n_best=15,
+                length_penalty=alpha,
+                length_penalty_kind=kind,
+                max_len_a=0.0,
+                max_len_b=3,
+            ),
         )
         assert [h.tokens for h in hyps] == [toks for _, toks in ranked]
         assert [h.score for h in hyps] == pytest.approx([s for s, _ in ranked], abs=1e-5)
@@ -450,11 +520,9 @@ def test_early_stopping_does_not_change_results(
             model,
             random_sources(seed, 4),
             **IDS,
-            beam_size=3,
-            n_best=3,
-            length_penalty=alpha,
-            length_penalty_kind=kind,
-            max_len_b=12,
+            options=DecodingOptions(
+                beam_size=3, n_best=3, length_penalty=alpha, length_penalty_kind=kind, max_len_b=12
+            ),
         )
         return beams, sum(model.batch_sizes)
 
@@ -484,8 +552,8 @@ def test_sampling_with_top_k_1_or_tiny_top_p_is_greedy() -> None:
                 random_model(seed),
                 sources,
                 **IDS,
-                **kwargs,
                 generator=torch.Generator().manual_seed(0),
+                options=DecodingOptions(**kwargs),
             )
             assert [h.tokens for h in sampled] == [h.tokens for h in greedy]
             assert [h.log_prob for h in sampled] == pytest.approx([h.log_prob for h in greedy])
@@ -522,28 +590,11 @@ def test_sampling_frequencies(kwargs: dict, expected: dict[int, float]) -> None:
         table_model(FIRST_TOKEN),
         src(*[[D]] * n),
         **IDS,
-        **kwargs,
         generator=torch.Generator().manual_seed(0),
+        options=DecodingOptions(**kwargs),
     )
     for token, p in expected.items():
         freq = sum(h.tokens == [token] for h in hyps) / n
         assert freq == pytest.approx(p, abs=0.03)
     # log_prob is the model's, before temperature and filtering.
     assert {round(h.log_prob, 4) for h in hyps} <= {round(math.log(p), 4) for p in (0.5, 0.3, 0.2)}
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"temperature": 0.0}, "temperature"),
-        ({"temperature": -1.0}, "temperature"),
-        ({"temperature": math.inf}, "temperature"),
-        ({"top_k": -1}, "top_k"),
-        ({"top_k": 1.5}, "top_k"),
-        ({"top_p": 0.0}, "top_p"),
-        ({"top_p": 1.5}, "top_p"),
-    ],
-)
-def test_sample_rejects_bad_arguments(kwargs: dict, message: str) -> None:
-    with pytest.raises(ValueError, match=message):
-        sample(random_model(0), src([A]), **IDS, **kwargs)

@@ -8,7 +8,6 @@ properties need.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 from pathlib import Path
@@ -22,9 +21,9 @@ from aiayn.checkpoint import CheckpointError
 from aiayn.config import preset
 from aiayn.data import DataError
 from aiayn.model import Transformer
-from aiayn.search import gnmt_length_penalty
+from aiayn.search import DecodingOptions, gnmt_length_penalty
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from aiayn.translator import Translator, _SearchOptions, one_line, read_lines
+from aiayn.translator import Translator, one_line, read_lines
 
 CORPUS = [
     "the cat sat on the mat",
@@ -319,13 +318,18 @@ def test_options_are_checked(translator: Translator) -> None:
         translator.translate(["x"], sampling=True, top_p=0)
     with pytest.raises(TypeError, match="not a single string"):
         translator.translate("a sentence")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="beam_sise"):
+        translator.translate(["x"], beam_sise=2)
+    with pytest.raises(ValueError, match=r"temperature \(0\)"):
+        list(translator.translate_iterable(["x"], sampling=True, temperature=0))
 
 
-def test_translate_and_its_options_share_defaults() -> None:
-    parameters = inspect.signature(Translator.translate).parameters
-    defaults = _SearchOptions()
-    for name in _SearchOptions.__dataclass_fields__:
-        assert parameters[name].default == getattr(defaults, name), name
+def test_options_and_keyword_overrides_are_the_same_request(translator: Translator) -> None:
+    by_keywords = translator.translate(SENTENCES, beam_size=2, n_best=2, **FAST)
+    by_options = translator.translate(SENTENCES, DecodingOptions(beam_size=2, n_best=2, **FAST))
+    assert_same_results(by_options, by_keywords)
+    overridden = translator.translate(SENTENCES, DecodingOptions(beam_size=2, n_best=2), **FAST)
+    assert_same_results(overridden, by_keywords)
 
 
 def test_translate_restores_the_training_mode(model: Transformer, tokenizer: Tokenizer) -> None:

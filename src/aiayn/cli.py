@@ -11,19 +11,26 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import inspect
 import logging
 import os
+import re
 import signal
 import sys
-from collections.abc import Sequence
+import types
+import typing
+from collections.abc import Collection, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, TypeVar
 
 import yaml
 
 from aiayn import __version__
+from aiayn.decoding_options import DecodingOptions  # no torch: --help stays fast
 
 logger = logging.getLogger("aiayn")
+
+T = TypeVar("T")
 
 
 def _is_user_error(error: BaseException) -> bool:
@@ -101,31 +108,14 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-c", "--config", help="YAML file with training settings")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    for f in dataclasses.fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        kind = f.type if isinstance(f.type, str) else f.type.__name__
-        help_text = f"(default: {_default_text(f)})"
-        if f.name == "model":
-            p.add_argument(
-                "--model",
-                action="append",
-                metavar="FIELD=VALUE",
-                help="override a model field, e.g. --model d_model=256 (repeatable)",
-            )
-        elif kind == "bool":
-            p.add_argument(
-                flag, action=argparse.BooleanOptionalAction, default=None, help=help_text
-            )
-        else:
-            convert = int if kind.startswith("int") else float if kind == "float" else str
-            p.add_argument(flag, type=convert, default=None, help=help_text)
+    add_dataclass_flags(p, TrainConfig, skip={"model"})
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a model field, e.g. --model d_model=256 (repeatable)",
+    )
     p.set_defaults(run=_run_train)
-
-
-def _default_text(f: dataclasses.Field) -> str:
-    if f.default is not dataclasses.MISSING:
-        return repr(f.default)
-    return "{}"
 
 
 def train_config_from_args(args: argparse.Namespace) -> Any:
@@ -134,16 +124,11 @@ def train_config_from_args(args: argparse.Namespace) -> Any:
 
     values: dict[str, Any] = load_yaml_config(args.config) if args.config else {}
     source = args.config or "flags"
-    for f in dataclasses.fields(TrainConfig):
-        if f.name == "model":
-            if args.model:
-                merged = dict(values.get("model") or {})
-                merged.update(_parse_assignments(args.model, "--model"))
-                values["model"] = merged
-            continue
-        value = getattr(args, f.name, None)
-        if value is not None:
-            values[f.name] = value
+    if args.model:
+        merged = dict(values.get("model") or {})
+        merged.update(_parse_assignments(args.model, "--model"))
+        values["model"] = merged
+    values.update(dataclass_values(TrainConfig, args, skip={"model"}))
     return TrainConfig.from_dict(values, source=source)
 
 
@@ -209,25 +194,19 @@ def _run_average(args: argparse.Namespace) -> int:
 # -- translate ------------------------------------------------------------------------------
 
 
+# Flags of `DecodingOptions` fields: the search ones are shared by translate, evaluate, serve
+# and attention; the sampling ones are translate's (with its own --n-best).
+_SEARCH_FIELDS = ("beam_size", "length_penalty", "length_penalty_kind", "max_len_a", "max_len_b")
+_SAMPLING_FIELDS = ("sampling", "temperature", "top_k", "top_p")
+
+
 def _add_search_options(p: argparse.ArgumentParser) -> None:
-    """Model loading and beam search flags shared by `translate` and `evaluate`."""
+    """Model loading and beam search flags shared by `translate`, `evaluate`, `serve` and
+    `attention`."""
     p.add_argument("-m", "--model-dir", required=True, help="model directory (or run directory)")
     g = p.add_argument_group("search (defaults are the paper's, §6.1)")
-    g.add_argument("--beam-size", type=int, default=4, help="beam size; 1 = greedy (default 4)")
-    g.add_argument("--length-penalty", type=float, default=0.6, help="alpha (default 0.6)")
-    g.add_argument(
-        "--length-penalty-kind",
-        choices=["gnmt", "power", "none"],
-        default="gnmt",
-        help="gnmt: ((5+|Y|)/6)^alpha as in the paper; power: |Y|^alpha (default gnmt)",
-    )
-    g.add_argument(
-        "--max-len-a",
-        type=float,
-        default=1.0,
-        help="output may have up to a*source_length + b tokens (default a=1)",
-    )
-    g.add_argument("--max-len-b", type=float, default=50, help="see --max-len-a (default b=50)")
+    add_dataclass_flags(g, DecodingOptions, only=_SEARCH_FIELDS)
+    g = p.add_argument_group("model")
     g.add_argument(
         "--max-tokens",
         type=int,
@@ -268,14 +247,10 @@ def _load_translator(args: argparse.Namespace) -> Any:
     )
 
 
-def _search_options(args: argparse.Namespace) -> dict[str, Any]:
-    return dict(
-        beam_size=args.beam_size,
-        length_penalty=args.length_penalty,
-        length_penalty_kind=args.length_penalty_kind,
-        max_len_a=args.max_len_a,
-        max_len_b=args.max_len_b,
-    )
+def _search_options(args: argparse.Namespace) -> DecodingOptions:
+    """The `DecodingOptions` of the flags given (every field a command has no flag for keeps
+    its default)."""
+    return dataclass_from_args(DecodingOptions, args)
 
 
 def _add_translate(sub: argparse._SubParsersAction) -> None:
@@ -319,10 +294,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     )
     _add_search_options(p)
     g = p.add_argument_group("sampling (instead of beam search)")
-    g.add_argument("--sampling", action="store_true", help="sample outputs instead of searching")
-    g.add_argument("--temperature", type=float, default=1.0, help="(default 1.0)")
-    g.add_argument("--top-k", type=int, default=0, help="0 = no limit (default)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus threshold; 1 = no limit")
+    add_dataclass_flags(g, DecodingOptions, only=_SAMPLING_FIELDS)
     g.add_argument("--seed", type=int, help="seed for reproducible samples")
     p.set_defaults(run=_run_translate)
 
@@ -338,16 +310,11 @@ def _run_translate(args: argparse.Namespace) -> int:
         raise ValueError(f"refusing to write the translation over its input {args.input}")
     if args.alignment and args.n_best is not None:
         raise ValueError("--alignment cannot be combined with --n-best")
-    options = _search_options(args)
-    options.update(
-        return_attention=args.alignment,
-        n_best=args.n_best or 1,
-        sampling=args.sampling,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        seed=args.seed,
-    )
+    options = {
+        "options": _search_options(args),  # with --n-best and the sampling flags
+        "return_attention": args.alignment,
+        "seed": args.seed,
+    }
     translator = _load_translator(args)
     translator.translate([], **options)  # checks the options before reading any input
     alignment_layer = None
@@ -464,7 +431,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         args.ref,
         out_path=out_path,
         tokenize=args.tokenize,
-        **_search_options(args),
+        options=_search_options(args),
     )
     tokenized = None
     if args.tokenized_bleu:
@@ -553,9 +520,9 @@ def _run_serve(args: argparse.Namespace) -> int:
         )
         if getattr(args, name) is not None
     }
-    settings = ServerSettings(
-        decoding=Decoding(**_search_options(args)), batching=not args.no_batching, **given
-    )
+    options = _search_options(args)
+    decoding = Decoding(**{name: getattr(options, name) for name in _SEARCH_FIELDS})
+    settings = ServerSettings(decoding=decoding, batching=not args.no_batching, **given)
     translator = _load_translator(args)
     translator.translate(["a"], beam_size=1, max_len_a=0, max_len_b=1)  # fail before listening
     serve(translator, settings, host=args.host, port=args.port, log_level=args.log_level)
@@ -604,7 +571,7 @@ def _run_attention(args: argparse.Namespace) -> int:
     output = check_image_path(args.output)  # before the slow part
     translator = _load_translator(args)
     sentence = " ".join(args.sentence)
-    [result] = translator.translate([sentence], return_attention=True, **_search_options(args))
+    [result] = translator.translate([sentence], _search_options(args), return_attention=True)
     figure = plot_attention(result, args.kind, layer=args.layer, head=args.head)
     save_figure(figure, output, dpi=args.dpi)
     print(one_line(result.text))
@@ -812,6 +779,104 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 # -- helpers --------------------------------------------------------------------------------
+
+
+def attribute_docs(cls: type) -> dict[str, str]:
+    """Each attribute's description in the ``Attributes:`` section of ``cls``'s Google-style
+    docstring, continuation lines joined. An entry may describe several attributes at once
+    (``src, tgt: Line-aligned training files.``)."""
+    lines = inspect.cleandoc(cls.__doc__ or "").splitlines()
+    if "Attributes:" not in lines:
+        return {}
+    docs: dict[str, str] = {}
+    names: list[str] = []
+    entry_indent = None
+    for line in lines[lines.index("Attributes:") + 1 :]:
+        text = line.strip()
+        if not text:
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent == 0:  # the next section
+            break
+        entry_indent = entry_indent or indent
+        entry = re.fullmatch(r"(\w+(?:, \w+)*):\s*(.*)", text)
+        if indent == entry_indent and entry:
+            names = entry.group(1).split(", ")
+            for name in names:
+                docs[name] = entry.group(2)
+        else:
+            for name in names:
+                docs[name] = f"{docs[name]} {text}".strip()
+    return docs
+
+
+def _flag_type(name: str, hint: Any) -> dict[str, Any]:
+    """argparse keywords for a field annotated ``hint``: int, float, str, bool (--x/--no-x),
+    a Literal (choices), or one of these ``| None``."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if hint is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if typing.get_origin(hint) is Literal:
+        choices = typing.get_args(hint)
+        return {"type": type(choices[0]), "choices": choices}
+    if hint in (int, float, str):
+        return {"type": hint}
+    raise TypeError(f"no command-line flag for field {name} of type {hint}")
+
+
+def add_dataclass_flags(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    cls: type,
+    *,
+    only: Sequence[str] | None = None,
+    skip: Collection[str] = (),
+) -> None:
+    """Adds a ``--field-name`` flag for each field of the dataclass ``cls``: those in ``only``
+    (in that order), or else all but ``skip``.
+
+    The type comes from the annotation (see :func:`_flag_type`). The help is the field's
+    description in the class's ``Attributes:`` docstring (:func:`attribute_docs`) followed by
+    "(default: X)" read from the field, so it cannot go stale; a field without a description
+    is an error. A flag not given parses as None, so that :func:`dataclass_values` returns
+    exactly what the user set and the dataclass keeps the defaults.
+    """
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    docs = attribute_docs(cls)
+    for name in only if only is not None else [n for n in fields if n not in skip]:
+        if name not in docs:
+            raise TypeError(f"{cls.__name__}.{name} has no description in the class docstring")
+        help_text = f"{docs[name]} (default: {_default_text(fields[name])})"
+        parser.add_argument(
+            "--" + name.replace("_", "-"),
+            default=None,
+            help=help_text.replace("%", "%%"),
+            **_flag_type(name, hints[name]),
+        )
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        return str(f.default)
+    return str(f.default_factory())  # type: ignore[misc]
+
+
+def dataclass_values(
+    cls: type, args: argparse.Namespace, *, skip: Collection[str] = ()
+) -> dict[str, Any]:
+    """The fields of ``cls`` given as flags made by :func:`add_dataclass_flags`."""
+    values = {}
+    for f in dataclasses.fields(cls):
+        value = getattr(args, f.name, None)
+        if value is not None and f.name not in skip:
+            values[f.name] = value
+    return values
+
+
+def dataclass_from_args(cls: type[T], args: argparse.Namespace) -> T:
+    """``cls`` built from the flags given; its own defaults for the rest."""
+    return cls(**dataclass_values(cls, args))
 
 
 def _parse_assignments(items: Sequence[str], flag: str) -> dict[str, Any]:

@@ -152,7 +152,7 @@ def run_demo(
     translator = Translator(result.model_dir)
     sources = files["test"][0].read_text(encoding="utf-8").splitlines()
     references = files["test"][1].read_text(encoding="utf-8").splitlines()
-    hypotheses = [r.text for r in translator.translate(sources, beam_size=4)]
+    hypotheses = [r.text for r in translator.translate(sources)]  # the paper's beam search
     (out_dir / "test.hyp.de").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     exact = sum(h == r for h, r in zip(hypotheses, references, strict=True)) / len(references)
     scores = score(hypotheses, [references])

@@ -3,7 +3,8 @@
 The paper reports tokenized BLEU; we report sacreBLEU (Post, 2018) on detokenized text, whose
 signature (``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:...``) makes a score
 reproducible and comparable. chrF (Popović, 2015) is reported next to it. Training's
-validation BLEU, ``aiayn evaluate`` and tests all go through :func:`score`.
+validation BLEU (:func:`validation_bleu`), ``aiayn evaluate`` (:func:`evaluate_files`) and tests
+all go through :func:`score`.
 
 :func:`tokenized_bleu` approximates the number the paper reported on EN-DE (tensor2tensor's
 ``get_ende_bleu.sh``): tokenized text, hyphenated compounds split, then ``multi-bleu.perl``. It
@@ -15,8 +16,8 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from aiayn.data import count_lines
+from aiayn.search import DecodingOptions
 from aiayn.translator import Translator, one_line, read_lines
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,7 @@ __all__ = [
     "score",
     "split_hyphenated_compounds",
     "tokenized_bleu",
+    "validation_bleu",
 ]
 
 
@@ -229,7 +232,8 @@ def evaluate_files(
     *,
     out_path: str | Path,
     tokenize: str | None = None,
-    **search_options: Any,
+    options: DecodingOptions | None = None,
+    **overrides: Any,
 ) -> EvalScores:
     """Translates ``src_path``, writes the hypotheses to ``out_path`` and scores them.
 
@@ -243,14 +247,17 @@ def evaluate_files(
         ref_paths: One or more reference files, line-aligned with the source.
         out_path: Where to write the hypotheses (replaced if it exists).
         tokenize: sacreBLEU's BLEU tokenizer, see :func:`score`.
-        **search_options: Keyword options of ``Translator.translate`` (beam_size, ...).
+        options, **overrides: How to decode, as for ``Translator.translate`` (None: the
+            paper's beam search).
 
     Raises:
         EvaluationError: No reference file, line counts differ (files and counts named), the
             output would overwrite an input, or the source is empty.
+        ValueError: A decoding option is out of range (checked before reading anything).
         DataError: A line is not valid UTF-8 (file and line named).
         FileNotFoundError: An input file does not exist.
     """
+    options = replace(options or DecodingOptions(), **overrides)
     src_path, out_path = Path(src_path), Path(out_path)
     ref_paths = [Path(p) for p in ref_paths]
     if not ref_paths:
@@ -273,7 +280,7 @@ def evaluate_files(
     references = [[line.strip() for line in read_lines(path)] for path in ref_paths]
 
     hypotheses = []
-    results = translator.translate_iterable(read_lines(src_path), **search_options)
+    results = translator.translate_iterable(read_lines(src_path), options)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with out_path.open("w", encoding="utf-8", newline="\n") as out:
         for result in results:
@@ -287,3 +294,50 @@ def evaluate_files(
         tokenize=tokenize,
         names=[str(out_path), *(str(p) for p in ref_paths)],
     )
+
+
+def validation_bleu(
+    translator: Translator,
+    pairs: Sequence[tuple[str, str]],
+    options: DecodingOptions | None = None,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> dict[str, Any] | None:
+    """Training's validation BLEU: decode the sources of ``pairs`` (source, reference) and
+    score them, through the same code as ``aiayn evaluate``.
+
+    The sources go to the translator longest first, about one batch of its token budget at a
+    time (the batches it would make itself from the whole set), so that ``should_stop()`` is
+    asked between batches: a stop request during training never waits for a whole dev set.
+
+    Args:
+        translator: Usually ``Translator.from_model`` over the model being trained.
+        pairs: The validation set.
+        options: How to decode; None = the paper's beam search (§6.1).
+        should_stop: Asked before each batch.
+
+    Returns:
+        The metrics ``valid_bleu``, ``valid_chrf`` and ``bleu_signature``; None when
+        ``should_stop()`` said stop.
+    """
+    options = options or DecodingOptions()
+    sources = [src for src, _ in pairs]
+    rows = options.beam_size if not options.sampling else 1
+    lengths = [translator.cost([s], rows_per_sentence=1) for s in sources]
+    order = sorted(range(len(sources)), key=lambda i: -lengths[i])
+    hypotheses = [""] * len(sources)
+    start = 0
+    while start < len(order):
+        if should_stop():
+            return None
+        per_batch = max(1, translator.max_tokens // (rows * max(lengths[order[start]], 1)))
+        chunk = order[start : start + per_batch]
+        results = translator.translate([sources[i] for i in chunk], options)
+        for i, result in zip(chunk, results, strict=True):
+            hypotheses[i] = result.text
+        start += len(chunk)
+    scores = score(hypotheses, [[tgt for _, tgt in pairs]])
+    return {
+        "valid_bleu": scores.bleu,
+        "valid_chrf": scores.chrf,
+        "bleu_signature": scores.bleu_signature,
+    }

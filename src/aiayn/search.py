@@ -6,6 +6,11 @@ following beams back to their parents and dropping finished sentences are all th
 operation: a selection of cache rows. Every step feeds all live rows of all unfinished sentences
 to a single ``decode_step`` call, and the batch shrinks as sentences finish.
 
+Options. :class:`DecodingOptions` holds every search option with the paper's defaults and
+validates them once; the strategies, :class:`aiayn.translator.Translator`, ``aiayn translate``'s
+flags and validation BLEU during training all take their defaults from it. It is defined in
+:mod:`aiayn.decoding_options`, which imports no torch, so that the CLI builds its flags fast.
+
 Lengths. The length of a hypothesis counts its generated tokens including EOS (BOS is not
 generated). A sentence with ``src_len`` non-pad source tokens may generate
 ``max_len = int(max_len_a * src_len + max_len_b)`` tokens; the next token is then forced to be
@@ -27,8 +32,12 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from aiayn.decoding_options import MAX_LENGTH_PENALTY, DecodingOptions
+
 __all__ = [
     "LENGTH_PENALTIES",
+    "MAX_LENGTH_PENALTY",
+    "DecodingOptions",
     "Hypothesis",
     "IncrementalModel",
     "ReorderableCache",
@@ -283,14 +292,9 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    beam_size: int = 4,
-    length_penalty: float = 0.6,
-    length_penalty_kind: str = "gnmt",
-    max_len_a: float = 1.0,
-    max_len_b: float = 50,
-    n_best: int = 1,
+    options: DecodingOptions | None = None,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search (§6.1: beam size 4, α = 0.6, max length = input length + 50).
+    """Batched beam search with the paper's settings by default (§6.1, :class:`DecodingOptions`).
 
     Each step extends the K live beams of every unfinished sentence by every token, keeps the
     top 2·W candidates (:func:`_select_candidates`), turns those among the top W that end in EOS
@@ -313,32 +317,25 @@ def beam_search(
         bos_id: Token fed first to the decoder.
         eos_id: Token that ends a hypothesis.
         pad_id: Source padding token.
-        beam_size: W, the number of live hypotheses kept per sentence.
-        length_penalty: α ≥ 0; 0 ranks by raw log-probability.
-        length_penalty_kind: "gnmt" (``((5 + |Y|) / 6) ** α``, the paper's), "power"
-            (``|Y| ** α``) or "none", with |Y| the length including EOS.
-        max_len_a: Maximum output length is ``int(max_len_a * src_len + max_len_b)`` tokens
-            before EOS, with src_len the sentence's number of non-pad tokens.
-        max_len_b: See ``max_len_a``.
-        n_best: How many hypotheses to return per sentence (≤ beam_size).
+        options: beam_size (W), length_penalty (α), length_penalty_kind, max_len_a,
+            max_len_b and n_best are used; None = the defaults. The length penalty is
+            applied to |Y|, the length including EOS.
 
     Returns:
         For each source row, in input order, up to ``n_best`` hypotheses, best first. A list is
         shorter only if the model gives zero probability to every other continuation.
     """
     _check_ids(src_tokens)
-    lp_fn = length_penalty_fn(length_penalty_kind)
-    if beam_size < 1:
-        raise ValueError(f"beam_size ({beam_size}) must be >= 1")
-    if not 1 <= n_best <= beam_size:
-        raise ValueError(f"n_best ({n_best}) must be between 1 and beam_size ({beam_size})")
-    if not length_penalty >= 0:
-        raise ValueError(f"length_penalty ({length_penalty}) must be >= 0")
+    options = options or DecodingOptions()
+    if options.sampling:
+        raise ValueError("these options ask for sampling: call sample(), not beam_search()")
+    beam_size, length_penalty, n_best = options.beam_size, options.length_penalty, options.n_best
+    lp_fn = length_penalty_fn(options.length_penalty_kind)
 
     device = src_tokens.device
     b = src_tokens.size(0)
     memory, src_key_mask = model.encode(src_tokens)
-    max_len = _max_output_lengths(src_tokens, pad_id, max_len_a, max_len_b)  # (N,)
+    max_len = _max_output_lengths(src_tokens, pad_id, options.max_len_a, options.max_len_b)
     max_final_lp = [lp_fn(m + 1, length_penalty) for m in max_len.tolist()]  # indexed by sentence
     cache = model.init_cache(memory, src_key_mask, int(max_len.max()) + 1 if b else 1)
     banned = _never_output(bos_id, eos_id, pad_id, device)
@@ -403,8 +400,7 @@ def _decode_one_per_row(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    max_len_a: float,
-    max_len_b: float,
+    options: DecodingOptions,
 ) -> list[Hypothesis]:
     """The decoding loop of greedy search and sampling; ``choose`` is the strategy.
 
@@ -415,7 +411,7 @@ def _decode_one_per_row(
     device = src_tokens.device
     b = src_tokens.size(0)
     memory, src_key_mask = model.encode(src_tokens)
-    max_len = _max_output_lengths(src_tokens, pad_id, max_len_a, max_len_b)  # (N,)
+    max_len = _max_output_lengths(src_tokens, pad_id, options.max_len_a, options.max_len_b)
     cache = model.init_cache(memory, src_key_mask, int(max_len.max()) + 1 if b else 1)
     banned = _never_output(bos_id, eos_id, pad_id, device)
 
@@ -459,14 +455,14 @@ def greedy_search(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    max_len_a: float = 1.0,
-    max_len_b: float = 50,
+    options: DecodingOptions | None = None,
 ) -> list[Hypothesis]:
     """Batched greedy search: the most probable next token at every step.
 
     A sentence stops at its first EOS (or when EOS is forced at max length, see the module
-    docstring) and is dropped from the batch. Returns one hypothesis per source row, in input
-    order; its score is its log-probability (no length penalty).
+    docstring) and is dropped from the batch. Of ``options`` (None = the defaults) only the
+    length limits max_len_a and max_len_b are used. Returns one hypothesis per source row, in
+    input order; its score is its log-probability (no length penalty).
     """
 
     def argmax(log_probs: Tensor) -> Tensor:
@@ -479,8 +475,7 @@ def greedy_search(
         bos_id=bos_id,
         eos_id=eos_id,
         pad_id=pad_id,
-        max_len_a=max_len_a,
-        max_len_b=max_len_b,
+        options=options or DecodingOptions(),
     )
 
 
@@ -509,34 +504,26 @@ def sample(
     bos_id: int,
     eos_id: int,
     pad_id: int,
-    temperature: float = 1.0,
-    top_k: int = 0,
-    top_p: float = 1.0,
+    options: DecodingOptions | None = None,
     generator: torch.Generator | None = None,
-    max_len_a: float = 1.0,
-    max_len_b: float = 50,
 ) -> list[Hypothesis]:
     """Batched ancestral sampling, with temperature, then top-k, then nucleus (top-p) filtering.
 
+    One sample per source row: to draw n per sentence, repeat the rows (``options.n_best`` and
+    ``options.sampling`` are not read here).
+
     Args:
-        temperature: > 0; log-probabilities are divided by it before filtering.
-        top_k: Sample among the k most probable tokens; 0 = no limit.
-        top_p: In (0, 1]; sample among the smallest set of tokens holding this much probability
-            (after temperature and top-k); 1 = no limit.
+        options: temperature (log-probabilities are divided by it before filtering), top_k,
+            top_p (nucleus filtering after temperature and top-k), max_len_a and max_len_b are
+            used; None = the defaults (plain sampling).
         generator: For reproducible samples; must live on the device of ``src_tokens``.
 
     Returns:
         One hypothesis per source row, in input order. ``log_prob`` and ``score`` are the
         model's log-probability of the sample, before temperature and filtering.
     """
-    if not (temperature > 0 and math.isfinite(temperature)):
-        raise ValueError(
-            f"temperature ({temperature}) must be a positive number; use greedy_search for 0"
-        )
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"top_k ({top_k!r}) must be an integer >= 0 (0 = no limit)")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p ({top_p}) must be in (0, 1] (1 = no limit)")
+    options = options or DecodingOptions()
+    temperature, top_k, top_p = options.temperature, options.top_k, options.top_p
 
     def draw(log_probs: Tensor) -> Tensor:
         logits = log_probs / temperature
@@ -554,6 +541,5 @@ def sample(
         bos_id=bos_id,
         eos_id=eos_id,
         pad_id=pad_id,
-        max_len_a=max_len_a,
-        max_len_b=max_len_b,
+        options=options or DecodingOptions(),
     )

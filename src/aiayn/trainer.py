@@ -396,44 +396,17 @@ def validation_bleu(
     config: TrainConfig,
     should_stop: Callable[[], bool] = lambda: False,
 ) -> dict[str, Any] | None:
-    """Decode the validation sources with the paper's beam search (§6.1) and score them with
-    sacreBLEU, through the same code as `aiayn evaluate`.
-
-    The sources go to the translator longest first, about one beam batch at a time (the
-    batches it would make itself from the whole set), so that `should_stop()` is asked
-    between batches; None when it said stop.
-    """
-    from aiayn.evaluation import score
+    """sacreBLEU of the validation set decoded with the paper's beam search (§6.1), or None
+    when `should_stop()` said stop; see `aiayn.evaluation.validation_bleu`."""
+    from aiayn import evaluation
     from aiayn.translator import Translator
 
     if config.valid_tsv:
         pairs = list(read_tsv(Path(config.valid_tsv)))
     else:
         pairs = list(read_parallel(Path(config.valid_src), Path(config.valid_tgt)))
-    sources = [src for src, _ in pairs]
     translator = Translator.from_model(model, tokenizer, max_tokens=config.max_tokens)
-    lengths = [len(ids) + 1 for ids in tokenizer.encode_batch(sources)]  # + EOS
-    order = sorted(range(len(sources)), key=lambda i: -lengths[i])
-    beam_size = 4
-    hypotheses = [""] * len(sources)
-    start = 0
-    while start < len(order):
-        if should_stop():
-            return None
-        per_batch = max(1, config.max_tokens // (beam_size * lengths[order[start]]))
-        chunk = order[start : start + per_batch]
-        results = translator.translate(
-            [sources[i] for i in chunk], beam_size=beam_size, length_penalty=0.6
-        )
-        for i, result in zip(chunk, results, strict=True):
-            hypotheses[i] = result.text
-        start += len(chunk)
-    scores = score(hypotheses, [[tgt for _, tgt in pairs]])
-    return {
-        "valid_bleu": scores.bleu,
-        "valid_chrf": scores.chrf,
-        "bleu_signature": scores.bleu_signature,
-    }
+    return evaluation.validation_bleu(translator, pairs, should_stop=should_stop)
 
 
 # -- the loop -------------------------------------------------------------------------------

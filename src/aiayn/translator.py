@@ -2,10 +2,11 @@
 
 :class:`Translator` is the Python API behind ``aiayn translate`` and ``aiayn evaluate`` and the
 validation BLEU of training. In the style of CTranslate2, it takes a list of sentences and
-keyword-only search options and returns one :class:`TranslationResult` per sentence::
+search options (:class:`aiayn.search.DecodingOptions`, or its fields as keywords) and returns
+one :class:`TranslationResult` per sentence::
 
     translator = Translator("runs/en-de/model", device="cuda")
-    [result] = translator.translate(["Hello world!"], beam_size=4, return_attention=True)
+    [result] = translator.translate(["Hello world!"], beam_size=5, return_attention=True)
     result.text, result.score, result.attention  # (T, S) encoder-decoder attention
 
 How a call runs. Each sentence is encoded with the tokenizer and followed by EOS, exactly as
@@ -35,6 +36,7 @@ from aiayn.acceleration import native_bf16_cpu
 from aiayn.checkpoint import CheckpointError, load_model_dir, unwrap
 from aiayn.data import decode_line
 from aiayn.model import Transformer
+from aiayn.search import DecodingOptions
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -150,56 +152,8 @@ def _empty_result() -> TranslationResult:
 
 
 # --------------------------------------------------------------------------------------------
-# Options
+# Sources
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _SearchOptions:
-    """The keyword options of :meth:`Translator.translate`, validated once per call."""
-
-    beam_size: int = 4
-    length_penalty: float = 0.6
-    length_penalty_kind: str = "gnmt"
-    max_len_a: float = 1.0
-    max_len_b: float = 50
-    n_best: int = 1
-    return_attention: bool = False
-    sampling: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    def __post_init__(self) -> None:
-        search.length_penalty_fn(self.length_penalty_kind)  # raises on an unknown kind
-        if isinstance(self.beam_size, bool) or not isinstance(self.beam_size, int):
-            raise ValueError(f"beam_size ({self.beam_size!r}) must be an integer")
-        if self.beam_size < 1:
-            raise ValueError(f"beam_size ({self.beam_size}) must be >= 1")
-        if isinstance(self.n_best, bool) or not isinstance(self.n_best, int) or self.n_best < 1:
-            raise ValueError(f"n_best ({self.n_best!r}) must be an integer >= 1")
-        if not self.sampling and self.n_best > self.beam_size:
-            raise ValueError(
-                f"n_best ({self.n_best}) must be <= beam_size ({self.beam_size}); "
-                "raise the beam size or use sampling"
-            )
-        if not self.length_penalty >= 0:
-            raise ValueError(f"length_penalty ({self.length_penalty}) must be >= 0")
-        if self.sampling:
-            if not self.temperature > 0:
-                raise ValueError(f"temperature ({self.temperature}) must be > 0")
-            if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-                raise ValueError(f"top_k ({self.top_k!r}) must be an integer >= 0 (0 = no limit)")
-            if not 0 < self.top_p <= 1:
-                raise ValueError(f"top_p ({self.top_p}) must be in (0, 1] (1 = no limit)")
-
-    @property
-    def rows_per_sentence(self) -> int:
-        """Decoder rows one sentence occupies: W beams, n_best samples, or 1 for greedy."""
-        if self.sampling:
-            return self.n_best
-        return self.beam_size
 
 
 @dataclass(frozen=True)
@@ -343,21 +297,20 @@ class Translator:
     def translate(
         self,
         sentences: Sequence[str],
+        options: DecodingOptions | None = None,
         *,
-        beam_size: int = 4,
-        length_penalty: float = 0.6,
-        length_penalty_kind: str = "gnmt",
-        max_len_a: float = 1.0,
-        max_len_b: float = 50,
-        n_best: int = 1,
         return_attention: bool = False,
-        sampling: bool = False,
-        temperature: float = 1.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
         seed: int | None = None,
+        **overrides: Any,
     ) -> list[TranslationResult]:
         """Translates sentences; returns one result per sentence, in input order.
+
+        The search options are a :class:`~aiayn.search.DecodingOptions` (None: the paper's
+        defaults, §6.1) and, in CTranslate2's style, any of its fields as keywords on top:
+        ``translate(sentences, beam_size=5, n_best=2)``. The keywords are not spelled out in
+        this signature so that the options, their defaults and their checks live in one
+        place; an unknown keyword is a TypeError, a value out of range a ValueError naming
+        the field.
 
         Long inputs are truncated, not rejected. A source longer than the model can take,
         ``max_positions − 1`` subword tokens (plus EOS), keeps only its first
@@ -368,46 +321,33 @@ class Translator:
         Args:
             sentences: Plain text, one sentence per entry. Blank entries give an empty result
                 without running the model.
-            beam_size: W; 1 selects greedy search (§6.1 uses 4).
-            length_penalty: α of the length penalty (§6.1: 0.6).
-            length_penalty_kind: "gnmt" (the paper's ``((5 + |Y|) / 6) ** α``), "power"
-                (``|Y| ** α``) or "none".
-            max_len_a: The output may have up to ``int(max_len_a * S + max_len_b)`` tokens
-                before EOS, S being the source length with EOS (§6.1: input length + 50).
-            max_len_b: See ``max_len_a``.
-            n_best: Hypotheses per sentence in ``result.hypotheses`` (≤ beam_size; with
-                sampling, the number of independent samples, sorted by log-probability).
+            options: How to decode; beam_size 1 selects greedy search, ``sampling`` sampling
+                (then ``n_best`` independent samples per sentence, sorted by log-probability).
             return_attention: Fill ``attention`` and ``attention_maps`` (one extra
                 teacher-forced pass per batch).
-            sampling: Sample (ancestral sampling) instead of searching; ``beam_size`` and the
-                length penalty are then unused.
-            temperature: Sampling temperature (> 0).
-            top_k: Sample among the k most probable tokens; 0 = no limit.
-            top_p: Nucleus sampling threshold in (0, 1]; 1 = no limit.
             seed: Seed of the sampling generator, for reproducible samples (given the same
                 inputs and ``max_tokens``); None uses PyTorch's global generator.
+            **overrides: Fields of :class:`~aiayn.search.DecodingOptions` replacing those of
+                ``options``.
 
         Raises:
             ValueError: An option is out of range.
+            TypeError: A keyword is not a field of ``DecodingOptions``.
         """
-        options = _SearchOptions(
-            beam_size=beam_size,
-            length_penalty=length_penalty,
-            length_penalty_kind=length_penalty_kind,
-            max_len_a=max_len_a,
-            max_len_b=max_len_b,
-            n_best=n_best,
-            return_attention=return_attention,
-            sampling=sampling,
-            temperature=temperature,
-            top_k=top_k,
-            top_p=top_p,
-            seed=seed,
+        options = replace(options or DecodingOptions(), **overrides)
+        return self._translate(
+            sentences, options, return_attention=return_attention, seed=seed, first_number=1
         )
-        return self._translate(sentences, options, first_number=1)
 
     def translate_iterable(
-        self, sentences: Iterable[str], *, chunk_size: int = 1024, **options: Any
+        self,
+        sentences: Iterable[str],
+        options: DecodingOptions | None = None,
+        *,
+        chunk_size: int = 1024,
+        return_attention: bool = False,
+        seed: int | None = None,
+        **overrides: Any,
     ) -> Iterator[TranslationResult]:
         """Translates a stream (e.g. the lines of a file) chunk by chunk, in input order.
 
@@ -418,27 +358,38 @@ class Translator:
 
         Args:
             sentences: Any iterable of sentences.
+            options, return_attention, **overrides: As for :meth:`translate`.
             chunk_size: Sentences per chunk; larger chunks sort better.
-            **options: Any keyword option of :meth:`translate`. With sampling, chunk k uses
-                ``seed + k``.
+            seed: As for :meth:`translate`; with sampling, chunk k uses ``seed + k``.
         """
         if chunk_size < 1:
             raise ValueError(f"chunk_size ({chunk_size}) must be >= 1")
-        base = _SearchOptions(**options)
+        options = replace(options or DecodingOptions(), **overrides)
         stream = iter(sentences)
         number = 1
         for k in itertools.count():
             chunk = list(itertools.islice(stream, chunk_size))
             if not chunk:
                 return
-            seed = None if base.seed is None else base.seed + k
-            yield from self._translate(chunk, replace(base, seed=seed), first_number=number)
+            yield from self._translate(
+                chunk,
+                options,
+                return_attention=return_attention,
+                seed=None if seed is None else seed + k,
+                first_number=number,
+            )
             number += len(chunk)
 
     # -- one call --------------------------------------------------------------------------------
 
     def _translate(
-        self, sentences: Sequence[str], options: _SearchOptions, first_number: int
+        self,
+        sentences: Sequence[str],
+        options: DecodingOptions,
+        *,
+        return_attention: bool,
+        seed: int | None,
+        first_number: int,
     ) -> list[TranslationResult]:
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
@@ -448,23 +399,22 @@ class Translator:
         if not sources:
             return results
         generator = None
-        if options.sampling and options.seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(options.seed)
+        if options.sampling and seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
                 for batch in self._batches(sources, options):
-                    for source, result in zip(
-                        batch, self._run(batch, options, generator), strict=True
-                    ):
+                    run = self._run(batch, options, return_attention, generator)
+                    for source, result in zip(batch, run, strict=True):
                         results[source.index] = result
         finally:
             self.model.train(was_training)
         return results
 
     def _prepare(
-        self, sentences: list[str], options: _SearchOptions, first_number: int
+        self, sentences: list[str], options: DecodingOptions, first_number: int
     ) -> list[_Source]:
         """Encodes the non-blank sentences, + EOS, truncated to what the model accepts."""
         texts = [s.strip() for s in sentences]
@@ -489,7 +439,7 @@ class Translator:
             sources.append(_Source(i, src_ids, max_len_a, max_len_b, truncated))
         return sources
 
-    def _length_limit(self, src_len: int, options: _SearchOptions) -> tuple[float, float]:
+    def _length_limit(self, src_len: int, options: DecodingOptions) -> tuple[float, float]:
         """(max_len_a, max_len_b) for one source: the caller's, or a hard cap of
         max_positions − 1 output tokens when learned positions could not go further (the
         decoder then sees BOS + max_positions − 1 tokens = max_positions positions)."""
@@ -502,7 +452,7 @@ class Translator:
             return 0.0, float(cap)
         return a, b
 
-    def _batches(self, sources: list[_Source], options: _SearchOptions) -> Iterator[list[_Source]]:
+    def _batches(self, sources: list[_Source], options: DecodingOptions) -> Iterator[list[_Source]]:
         """Longest first, cut when the padded budget would be exceeded or the length limit
         changes (search takes one ``max_len_a``/``max_len_b`` per batch)."""
         rows = options.rows_per_sentence
@@ -526,44 +476,33 @@ class Translator:
     def _run(
         self,
         batch: list[_Source],
-        options: _SearchOptions,
+        options: DecodingOptions,
+        return_attention: bool,
         generator: torch.Generator | None,
     ) -> list[TranslationResult]:
         """Searches one batch and turns the hypotheses into results, in batch order."""
         src = _pad([s.ids for s in batch], self.device)  # (B, S)
         ids = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
-        lengths = {"max_len_a": batch[0].max_len_a, "max_len_b": batch[0].max_len_b}
+        options = replace(options, max_len_a=batch[0].max_len_a, max_len_b=batch[0].max_len_b)
         if options.sampling:
             n = options.n_best
             samples = search.sample(
                 self.model,
                 src.repeat_interleave(n, dim=0),
-                temperature=options.temperature,
-                top_k=options.top_k,
-                top_p=options.top_p,
+                options=options,
                 generator=generator,
                 **ids,
-                **lengths,
             )
             nbest = [
                 sorted(samples[i * n : (i + 1) * n], key=lambda h: -h.score)
                 for i in range(len(batch))
             ]
         elif options.beam_size == 1:
-            nbest = [[h] for h in search.greedy_search(self.model, src, **ids, **lengths)]
+            nbest = [[h] for h in search.greedy_search(self.model, src, options=options, **ids)]
         else:
-            nbest = search.beam_search(
-                self.model,
-                src,
-                beam_size=options.beam_size,
-                length_penalty=options.length_penalty,
-                length_penalty_kind=options.length_penalty_kind,
-                n_best=options.n_best,
-                **ids,
-                **lengths,
-            )
+            nbest = search.beam_search(self.model, src, options=options, **ids)
         maps: list[SentenceAttention | None] = [None] * len(batch)
-        if options.return_attention:
+        if return_attention:
             maps = self._attention(src, batch, [hyps[0].tokens for hyps in nbest])
         return [
             self._result(source, hyps, attention)

@@ -1,0 +1,209 @@
+"""Tests for the flags `aiayn` generates from dataclasses: help from the attribute docs, defaults
+from the fields (never restated), values layered on the dataclass defaults.
+
+The commands themselves are tested in test_cli_translate.py (translate, evaluate), test_plots.py
+(plot, attention) and tests/integration (train).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli import (
+    add_dataclass_flags,
+    attribute_docs,
+    build_parser,
+    dataclass_from_args,
+    train_config_from_args,
+)
+from aiayn.config import TrainConfig
+from aiayn.search import DecodingOptions
+
+SEARCH_COMMANDS = ["translate", "evaluate", "serve", "attention"]
+
+
+def subparser(command: str) -> argparse.ArgumentParser:
+    parser = build_parser()
+    [commands] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return commands.choices[command]
+
+
+def flag_help(command: str) -> dict[str, str]:
+    """Each option's help text as `--help` prints it (``%%`` unescaped)."""
+    parser = subparser(command)
+    texts = {}
+    for action in parser._actions:
+        if action.option_strings:
+            flag = next(o for o in action.option_strings if o.startswith("--"))
+            texts[flag] = parser._get_formatter()._expand_help(action)
+    return texts
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    return build_parser().parse_args(list(argv))
+
+
+# -- help -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["train", *SEARCH_COMMANDS])
+def test_every_flag_is_described(command: str) -> None:
+    for flag, text in flag_help(command).items():
+        assert text, f"{command} {flag} has no help"
+        assert not text.startswith("(default"), f"{command} {flag} has only its default: {text}"
+
+
+def test_decoding_flags_show_the_dataclass_defaults() -> None:
+    help_texts = flag_help("translate")
+    for f in dataclasses.fields(DecodingOptions):
+        flag = "--" + f.name.replace("_", "-")
+        if flag == "--n-best":  # translate's own: given or not selects the n-best format
+            continue
+        assert help_texts[flag].endswith(f"(default: {f.default})"), flag
+        assert attribute_docs(DecodingOptions)[f.name] in help_texts[flag]
+
+
+def test_train_flags_show_the_attribute_docs_and_defaults() -> None:
+    help_texts = flag_help("train")
+    docs = attribute_docs(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        if f.name == "model":
+            continue
+        text = help_texts["--" + f.name.replace("_", "-")]
+        assert text == f"{docs[f.name]} (default: {f.default})"
+    assert "Number of optimizer updates" in help_texts["--max-steps"]
+    assert help_texts["--src"] == help_texts["--tgt"]  # documented together as "src, tgt:"
+
+
+def test_help_renders(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in ["train", *SEARCH_COMMANDS]:
+        with pytest.raises(SystemExit):
+            parse(command, "--help")
+    assert "(default: 0.6)" in capsys.readouterr().out
+
+
+# -- values -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", SEARCH_COMMANDS)
+def test_no_flags_give_the_dataclass_defaults(command: str) -> None:
+    required = {
+        "translate": [],
+        "evaluate": ["--src", "s", "--ref", "r"],
+        "serve": [],
+        "attention": ["word", "-o", "x.png"],
+    }[command]
+    args = parse(command, "-m", "model", *required)
+    assert dataclass_from_args(DecodingOptions, args) == DecodingOptions()
+
+
+def test_decoding_flags_set_the_options() -> None:
+    args = parse(
+        "translate",
+        "-m",
+        "model",
+        "--beam-size",
+        "5",
+        "--length-penalty",
+        "1",
+        "--length-penalty-kind",
+        "power",
+        "--max-len-a",
+        "1.5",
+        "--max-len-b",
+        "10",
+        "--n-best",
+        "3",
+        "--sampling",
+        "--temperature",
+        "0.5",
+        "--top-k",
+        "7",
+        "--top-p",
+        "0.9",
+    )
+    assert dataclass_from_args(DecodingOptions, args) == DecodingOptions(
+        beam_size=5,
+        length_penalty=1.0,
+        length_penalty_kind="power",
+        max_len_a=1.5,
+        max_len_b=10.0,
+        n_best=3,
+        sampling=True,
+        temperature=0.5,
+        top_k=7,
+        top_p=0.9,
+    )
+    assert args.n_best == 3 and parse("translate", "-m", "model").n_best is None
+
+
+def test_a_choice_outside_the_literal_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse("translate", "-m", "model", "--length-penalty-kind", "wu")
+    assert "invalid choice: 'wu'" in capsys.readouterr().err
+
+
+def test_train_flags_go_over_the_yaml_file(tmp_path: Path) -> None:
+    config = tmp_path / "train.yaml"
+    config.write_text("src: a.en\ntgt: a.de\nmax_steps: 10\nprogress: true\nmodel: {d_ff: 64}\n")
+    args = parse(
+        "train", "-c", str(config), "--max-steps", "20", "--no-progress", "--model", "n_heads=2"
+    )
+    resolved = train_config_from_args(args)
+    assert (resolved.src, resolved.max_steps, resolved.progress) == ("a.en", 20, False)
+    assert resolved.model == {"d_ff": 64, "n_heads": 2}
+    assert resolved.warmup_steps == TrainConfig.warmup_steps  # neither file nor flag: default
+
+
+# -- the generator ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Example:
+    """Something with options.
+
+    Attributes:
+        width, height: Size in pixels, a description
+            that goes on.
+        name: What to call it (50% of the time).
+
+    Raises:
+        Nothing: this section is not read.
+    """
+
+    width: int = 3
+    height: int | None = None
+    name: str = "x"
+    undocumented: float = 1.0
+
+
+def test_attribute_docs_read_grouped_names_and_continuation_lines() -> None:
+    assert attribute_docs(Example) == {
+        "width": "Size in pixels, a description that goes on.",
+        "height": "Size in pixels, a description that goes on.",
+        "name": "What to call it (50% of the time).",
+    }
+
+
+def test_an_undocumented_field_gets_no_flag() -> None:
+    parser = argparse.ArgumentParser()
+    with pytest.raises(TypeError, match=r"Example\.undocumented has no description"):
+        add_dataclass_flags(parser, Example)
+    parser = argparse.ArgumentParser()
+    add_dataclass_flags(parser, Example, skip={"undocumented"})
+    assert dataclass_from_args(Example, parser.parse_args(["--height", "4"])) == Example(height=4)
+    assert "(50%% of the time)" in parser._actions[-1].help  # escaped for argparse
+
+
+def test_building_the_flags_imports_no_torch() -> None:
+    # `aiayn --help` and the commands that do not decode stay fast (~0.2 s instead of ~2 s).
+    code = "import sys, aiayn.cli; aiayn.cli.build_parser(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
