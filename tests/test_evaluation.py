@@ -96,9 +96,14 @@ class Result:
 class FakeTranslator:
     """'Translates' by looking the source up in a table; records the options it was given."""
 
+    max_tokens = 8  # validation_bleu batches by it: a few sentences per call
+
     def __init__(self, table: dict[str, str]) -> None:
         self.table = table
         self.options: DecodingOptions | None = None
+
+    def cost(self, sentences: list[str], rows_per_sentence: int) -> int:
+        return rows_per_sentence * sum(len(s.split()) + 1 for s in sentences if s.strip())
 
     def translate_iterable(
         self, sentences: Iterable[str], options: DecodingOptions
@@ -149,6 +154,20 @@ def test_validation_bleu_scores_the_paper_decoding_against_the_targets() -> None
         "bleu_signature": expected.bleu_signature,
     }
     assert translator.options == DecodingOptions()  # §6.1, from the one home of the defaults
+
+
+def test_validation_bleu_stops_between_batches_when_asked() -> None:
+    sources = ["Die Katze.", "Der Hund.", "Das Buch."]
+    translator = FakeTranslator(dict(zip(sources, HYPOTHESES, strict=True)))
+    asked = []
+
+    def should_stop() -> bool:
+        asked.append(translator.options)
+        return len(asked) > 1  # after the first batch
+
+    pairs = list(zip(sources, REFERENCES, strict=True))
+    assert validation_bleu(translator, pairs, should_stop=should_stop) is None
+    assert asked == [None, DecodingOptions()]  # asked before each batch, stopped at the second
 
 
 def test_evaluate_files_checks_line_counts_before_translating(
