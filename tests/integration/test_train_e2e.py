@@ -359,3 +359,47 @@ def test_two_processes_resume_exactly(resume_corpus: tuple[Path, Path], tmp_path
     )
     assert_same_weights(whole / "model", parts / "model")
     assert train_losses(whole) == train_losses(parts)
+
+
+def _worker_of_rank(launcher: subprocess.Popen, rank: int, timeout: float = 60) -> int:
+    """The PID of torchrun's worker process with RANK=`rank` (read from /proc)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                fields = dict(
+                    line.split(":\t", 1)
+                    for line in status.read_text().splitlines()
+                    if ":\t" in line
+                )
+                if int(fields["PPid"]) != launcher.pid:
+                    continue
+                environ = (status.parent / "environ").read_bytes().split(b"\0")
+            except (OSError, KeyError, ValueError):
+                continue  # the process went away, or is not ours
+            if f"RANK={rank}".encode() in environ:
+                return int(status.parent.name)
+        time.sleep(0.05)
+    raise AssertionError(f"no worker with RANK={rank} under torchrun")
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs Linux /proc")
+def test_a_dead_worker_under_torchrun_stops_the_run_and_resume_is_exact(
+    resume_corpus: tuple[Path, Path], tmp_path: Path, start
+) -> None:
+    """SIGKILL one of two workers mid-run: torchrun stops the other and fails; a resume with
+    two workers ends where an uninterrupted run does, update by update."""
+    flags = [*DDP_FLAGS, "--model", "dropout=0.1", "--max-steps", "60"]
+    whole = tmp_path / "whole"
+    run(aiayn_train(resume_corpus, whole, *flags, nproc=2), tmp_path / "l1")
+    run_dir = tmp_path / "run"
+    launcher = start(aiayn_train(resume_corpus, run_dir, *flags, nproc=2), tmp_path / "l2")
+    worker = _worker_of_rank(launcher, 1)
+    wait_for(launcher, lambda: last_checkpoint(run_dir) >= 6)
+    os.kill(worker, signal.SIGKILL)
+    assert launcher.wait(timeout=120) != 0
+    assert last_logged_step(run_dir) < 60
+
+    run(aiayn_train(resume_corpus, run_dir, *flags, "--resume", nproc=2), tmp_path / "l3")
+    assert_same_weights(whole / "model", run_dir / "model")
+    assert train_losses(run_dir) == train_losses(whole)
