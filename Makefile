@@ -5,7 +5,11 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: demo test lint format bench bench-peers bench-decode browser-deps bible-deps docs clean
+# Module and function sizes (the README's Development section).
+size: $(STAMP)
+	$(BIN)/python tools/code_size.py --markdown
+
+.PHONY: size demo test lint format bench bench-peers bench-decode browser-deps bible-deps docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -17,16 +21,16 @@ demo: $(STAMP)
 	$(BIN)/aiayn demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench tools
+	$(BIN)/ruff format --check src tests bench tools
 	$(BIN)/python -m pytest -q
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check src tests bench tools
 
 format: $(STAMP)
-	$(BIN)/ruff format src tests bench
-	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src tests bench tools
+	$(BIN)/ruff check --fix src tests bench tools
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_train_step.py
