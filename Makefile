@@ -5,10 +5,6 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-# Module and function sizes (the README's Development section).
-size: $(STAMP)
-	$(BIN)/python tools/code_size.py --markdown
-
 .PHONY: size demo test lint format bench bench-peers bench-decode browser-deps bible-deps docs clean
 
 $(STAMP): pyproject.toml Makefile
@@ -75,6 +71,10 @@ docs: $(STAMP)
 
 bench-decode: $(STAMP)
 	$(BIN)/python bench/bench_decode.py
+
+# Module and function sizes (the README's Development section).
+size: $(STAMP)
+	$(BIN)/python tools/code_size.py --markdown
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

@@ -37,9 +37,9 @@ def functions(path: Path, module: str) -> list[Function]:
             continue
         lines = node.end_lineno - node.lineno + 1
         body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
-            if isinstance(body[0].value.value, str):  # the docstring
-                lines -= body[0].end_lineno - body[0].lineno + 1
+        first = body[0] if body else None
+        if isinstance(first, ast.Expr) and isinstance(getattr(first.value, "value", None), str):
+            lines -= first.end_lineno - first.lineno + 1  # the docstring
         found.append(Function(module, node.name, node.lineno, lines))
     return found
 
