@@ -4,7 +4,8 @@ A *model directory* is self-describing and is all inference needs:
 
     config.json          the `ModelConfig`
     model.safetensors    the weights (shared weights stored once)
-    tokenizer.model      the SentencePiece model
+    tokenizer.model      the SentencePiece model (or, for a model imported from Marian,
+                         source.spm + target.spm + vocab.json: `tokenizer.SplitTokenizer`)
     metadata.json        languages, training step, aiayn version
     checksums.json       SHA-256 of every file above, checked on load
 
@@ -33,6 +34,7 @@ from torch import nn
 from aiayn import __version__
 from aiayn.config import ConfigError, ModelConfig
 from aiayn.model import Transformer
+from aiayn.tokenizer import SPLIT_TOKENIZER_FILES, VOCAB_FILE, tokenizer_files
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +87,8 @@ def save_model_dir(
     Args:
         directory: Target directory.
         model: A `Transformer` (possibly wrapped in DDP / torch.compile).
-        tokenizer_file: The SentencePiece model to copy in.
+        tokenizer_file: The SentencePiece model to copy in (or a split tokenizer's
+            vocab.json, copied with its source.spm and target.spm).
         metadata: JSON-serialisable facts (languages, step, ...).
         extra_files: name → object saved with `torch.save` (e.g. the training state).
     """
@@ -96,7 +99,9 @@ def save_model_dir(
     tmp.mkdir(parents=True)
     (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
     save_model(model, str(tmp / WEIGHTS_FILE), metadata={"format": "pt", "aiayn": __version__})
-    shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+    files = tokenizer_files(Path(tokenizer_file))
+    for file in files:
+        shutil.copyfile(file, tmp / (file.name if len(files) > 1 else TOKENIZER_FILE))
     meta = {"aiayn_version": __version__, **(metadata or {})}
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     for name, obj in (extra_files or {}).items():
@@ -162,6 +167,8 @@ def verify(directory: Path) -> None:
     if not directory.is_dir():
         raise CheckpointError(f"model directory not found: {directory}")
     missing = [name for name in (*MODEL_FILES, CHECKSUMS_FILE) if not (directory / name).is_file()]
+    if TOKENIZER_FILE in missing and all((directory / n).is_file() for n in SPLIT_TOKENIZER_FILES):
+        missing.remove(TOKENIZER_FILE)  # a split tokenizer instead
     if missing:
         raise CheckpointError(
             f"{directory} is not a complete aiayn model directory: missing {', '.join(missing)}"
@@ -198,10 +205,13 @@ def load_model_dir(directory: str | Path, *, device: str | torch.device = "cpu")
     model = Transformer(config)
     load_weights(model, directory / WEIGHTS_FILE)
     metadata = json.loads((directory / METADATA_FILE).read_text())
+    tokenizer_file = directory / TOKENIZER_FILE
+    if not tokenizer_file.is_file():
+        tokenizer_file = directory / VOCAB_FILE  # a split tokenizer (tokenizer.SplitTokenizer)
     return LoadedModel(
         model=model.to(device).eval(),
         config=config,
-        tokenizer_file=directory / TOKENIZER_FILE,
+        tokenizer_file=tokenizer_file,
         metadata=metadata,
         directory=directory,
     )
