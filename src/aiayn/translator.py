@@ -34,8 +34,9 @@ from aiayn import search
 from aiayn.checkpoint import CheckpointError, load_model_dir, unwrap
 from aiayn.compiling import native_bf16_cpu
 from aiayn.data import decode_line
+from aiayn.interop._runtime import ExportedModel
 from aiayn.model import Transformer
-from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -270,7 +271,7 @@ class Translator:
         if int8 and bf16:
             raise ValueError("choose one of int8 and bf16")
         loaded = load_model_dir(model_dir, device=device)
-        tokenizer = Tokenizer.load(loaded.tokenizer_file)
+        tokenizer = load_tokenizer(loaded.tokenizer_file)
         model = loaded.model
         if int8:
             model = quantize_int8(model)
@@ -302,7 +303,7 @@ class Translator:
         metadata: dict[str, Any],
         model_dir: Path | None,
     ) -> None:
-        if not isinstance(model, Transformer):
+        if not isinstance(model, Transformer | ExportedModel):
             raise TypeError(f"expected an aiayn Transformer, got {type(model).__name__}")
         config = model.config
         if tokenizer.vocab_size > min(config.src_vocab_size, config.tgt_vocab_size):
@@ -319,7 +320,9 @@ class Translator:
         self.max_tokens = max_tokens
         self.metadata = dict(metadata)
         self.model_dir = model_dir
-        self.device = next(model.parameters()).device
+        self.device = (
+            model.device if isinstance(model, ExportedModel) else next(model.parameters()).device
+        )
 
     @property
     def max_source_tokens(self) -> int:
