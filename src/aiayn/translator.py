@@ -35,6 +35,7 @@ from aiayn.checkpoint import CheckpointError, load_model_dir, unwrap
 from aiayn.compiling import native_bf16_cpu
 from aiayn.data import decode_line
 from aiayn.interop._runtime import ExportedModel
+from aiayn.interop.onnx import is_onnx_export, load_onnx_export
 from aiayn.model import Transformer
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, load_tokenizer
 
@@ -244,7 +245,8 @@ class Translator:
         """Loads a model directory (or a run directory's ``model/``), checksums verified.
 
         Args:
-            model_dir: Written by training, ``aiayn average`` or ``save_model_dir``.
+            model_dir: Written by training, ``aiayn average`` or ``save_model_dir``, or an
+                ONNX export (``aiayn.interop.export_onnx``, run by onnxruntime).
             device: "cpu", "cuda", "cuda:1", ...
             max_tokens: Batch budget in padded source tokens × beam size. A sentence that alone
                 exceeds it is translated in a batch of its own.
@@ -270,6 +272,17 @@ class Translator:
             raise ValueError(f"int8 dynamic quantization runs on the CPU only, not on {device}")
         if int8 and bf16:
             raise ValueError("choose one of int8 and bf16")
+        if is_onnx_export(model_dir):  # written by aiayn.interop.export_onnx
+            if int8 or bf16 or torch.device(device).type != "cpu":
+                raise ValueError("an ONNX export runs in float32 on the CPU (onnxruntime)")
+            model, tokenizer = load_onnx_export(model_dir)
+            self._setup(model, tokenizer, max_tokens, model.metadata, Path(model_dir))
+            return
+        if (Path(model_dir) / "model.bin").is_file():
+            raise CheckpointError(
+                f"{model_dir} is a CTranslate2 export: load it with "
+                "aiayn.interop.CTranslate2Translator"
+            )
         loaded = load_model_dir(model_dir, device=device)
         tokenizer = load_tokenizer(loaded.tokenizer_file)
         model = loaded.model
