@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import MultiHeadAttention
 from aiayn.config import preset
 from aiayn.model import (
+    PositionwiseFeedForward,
     SinusoidalPositionalEncoding,
     Transformer,
     sinusoidal_positional_encoding,
@@ -626,3 +628,10 @@ def test_search_on_the_model_is_the_same_batched_and_pruned_as_alone(
             assert [h.tokens for h in hyps] == [h.tokens for h in alone]
             for a, b in zip(hyps, alone, strict=True):
                 assert a.score == pytest.approx(b.score, abs=1e-4)
+
+
+@pytest.mark.parametrize(("activation", "function"), [("gelu", F.gelu), ("swish", F.silu)])
+def test_feed_forward_activation_for_imported_models(activation, function):
+    ffn = PositionwiseFeedForward(8, 16, activation)
+    x = torch.randn(2, 3, 8)
+    assert torch.equal(ffn(x), ffn.linear2(function(ffn.linear1(x))))

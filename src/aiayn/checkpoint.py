@@ -4,7 +4,8 @@ A *model directory* is self-describing and is all inference needs:
 
     config.json          the `ModelConfig`
     model.safetensors    the weights (shared weights stored once)
-    tokenizer.model      the SentencePiece model
+    tokenizer.model      the SentencePiece model (or, for a model imported from Marian,
+                         source.spm + target.spm + vocab.json: `tokenizer.SplitTokenizer`)
     metadata.json        languages, training step, aiayn version
     checksums.json       SHA-256 of every file above, checked on load
 
@@ -39,6 +40,7 @@ from aiayn import __version__
 from aiayn.config import ConfigError, ModelConfig
 from aiayn.model import Transformer
 from aiayn.runlog import METRICS_FILE
+from aiayn.tokenizer import SPLIT_TOKENIZER_FILES, VOCAB_FILE, tokenizer_files
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +103,8 @@ def save_model_dir(
     Args:
         directory: Target directory.
         model: A `Transformer` (possibly wrapped in DDP / torch.compile).
-        tokenizer_file: The SentencePiece model to copy in.
+        tokenizer_file: The SentencePiece model to copy in (or a split tokenizer's
+            vocab.json, copied with its source.spm and target.spm).
         metadata: JSON-serialisable facts (languages, step, ...).
         extra_files: name → object saved with `torch.save` (e.g. the training state).
 
@@ -144,7 +147,9 @@ def _write_model_files(
     # safetensors writes through a private temporary file (mode 0600): give the weights the
     # mode every other file here got from the umask, so whoever may read the config may load.
     os.chmod(weights, (tmp / CONFIG_FILE).stat().st_mode & 0o777)
-    shutil.copyfile(tokenizer_file, tmp / TOKENIZER_FILE)
+    files = tokenizer_files(Path(tokenizer_file))
+    for file in files:
+        shutil.copyfile(file, tmp / (file.name if len(files) > 1 else TOKENIZER_FILE))
     meta = {"aiayn_version": __version__, **(metadata or {})}
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     for name, obj in (extra_files or {}).items():
@@ -367,6 +372,8 @@ def verify(directory: Path) -> None:
     if not directory.is_dir():
         raise CheckpointError(f"model directory not found: {directory}")
     missing = [name for name in (*MODEL_FILES, CHECKSUMS_FILE) if not (directory / name).is_file()]
+    if TOKENIZER_FILE in missing and all((directory / n).is_file() for n in SPLIT_TOKENIZER_FILES):
+        missing.remove(TOKENIZER_FILE)  # a split tokenizer instead
     if missing:
         raise CorruptCheckpointError(
             f"{directory} is not a complete aiayn model directory: missing {', '.join(missing)}"
@@ -403,10 +410,13 @@ def load_model_dir(directory: str | Path, *, device: str | torch.device = "cpu")
     model = Transformer(config)
     load_weights(model, directory / WEIGHTS_FILE)
     metadata = json.loads((directory / METADATA_FILE).read_text())
+    tokenizer_file = directory / TOKENIZER_FILE
+    if not tokenizer_file.is_file():
+        tokenizer_file = directory / VOCAB_FILE  # a split tokenizer (tokenizer.SplitTokenizer)
     return LoadedModel(
         model=model.to(device).eval(),
         config=config,
-        tokenizer_file=directory / TOKENIZER_FILE,
+        tokenizer_file=tokenizer_file,
         metadata=metadata,
         directory=directory,
     )

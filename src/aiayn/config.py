@@ -16,6 +16,7 @@ import yaml
 
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
 SHARE_EMBEDDINGS = ("all", "decoder", "none")
+ACTIVATIONS = ("relu", "gelu", "swish")
 
 
 class ConfigError(ValueError):
@@ -47,6 +48,8 @@ class ModelConfig:
         layer_norm_eps: Epsilon of every LayerNorm (the paper does not give one; 1e-6 as in
             tensor2tensor, the paper's code).
         pad_id: Index of the padding token; its embedding row is zero and it is never attended.
+        activation: Non-linearity of the feed-forward network: "relu" (Eq. 2), or "gelu" /
+            "swish" (x·sigmoid(x), what OPUS-MT's Marian models use) for imported models.
     """
 
     src_vocab_size: int
@@ -66,6 +69,7 @@ class ModelConfig:
     share_embeddings: str = "all"
     layer_norm_eps: float = 1e-6
     pad_id: int = 0
+    activation: str = "relu"
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -104,6 +108,10 @@ class ModelConfig:
                 f"share_embeddings ('all') needs a joint vocabulary, but src_vocab_size "
                 f"({self.src_vocab_size}) != tgt_vocab_size ({self.tgt_vocab_size})",
             )
+        _require(
+            self.activation in ACTIVATIONS,
+            f"activation ({self.activation!r}) must be one of {', '.join(ACTIVATIONS)}",
+        )
         _require(self.layer_norm_eps > 0, f"layer_norm_eps ({self.layer_norm_eps}) must be > 0")
         _require(
             0 <= self.pad_id < min(self.src_vocab_size, self.tgt_vocab_size),

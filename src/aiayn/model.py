@@ -24,17 +24,27 @@ from aiayn.attention import MultiHeadAttention
 from aiayn.cache import DecoderCache
 from aiayn.config import ModelConfig
 
+ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "relu": F.relu,  # Eq. 2
+    "gelu": F.gelu,  # not the paper's: for imported models (docs/deviations.md)
+    "swish": F.silu,  # x·sigmoid(x), OPUS-MT's Marian models
+}
+
 
 class PositionwiseFeedForward(nn.Module):
-    """Eq. 2: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position separately."""
+    """Eq. 2: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position separately.
 
-    def __init__(self, d_model: int, d_ff: int) -> None:
+    `activation` replaces max(0, ·) for imported models ("gelu", "swish"); "relu" is Eq. 2.
+    """
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "relu") -> None:
         super().__init__()
         self.linear1 = nn.Linear(d_model, d_ff)
         self.linear2 = nn.Linear(d_ff, d_model)
+        self.activation = ACTIVATION_FUNCTIONS[activation]
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.linear2(F.relu(self.linear1(x)))
+        return self.linear2(self.activation(self.linear1(x)))
 
 
 class TokenEmbedding(nn.Module):
@@ -141,10 +151,11 @@ class EncoderLayer(nn.Module):
         attention_dropout: float,
         norm_first: bool,
         eps: float,
+        activation: str = "relu",
     ) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, d_k, d_v, attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation)
         self.self_attn_sublayer = SublayerConnection(d_model, dropout, norm_first, eps)
         self.feed_forward_sublayer = SublayerConnection(d_model, dropout, norm_first, eps)
 
@@ -175,11 +186,12 @@ class DecoderLayer(nn.Module):
         attention_dropout: float,
         norm_first: bool,
         eps: float,
+        activation: str = "relu",
     ) -> None:
         super().__init__()
         self.self_attn = MultiHeadAttention(d_model, n_heads, d_k, d_v, attention_dropout)
         self.cross_attn = MultiHeadAttention(d_model, n_heads, d_k, d_v, attention_dropout)
-        self.feed_forward = PositionwiseFeedForward(d_model, d_ff)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, activation)
         self.self_attn_sublayer = SublayerConnection(d_model, dropout, norm_first, eps)
         self.cross_attn_sublayer = SublayerConnection(d_model, dropout, norm_first, eps)
         self.feed_forward_sublayer = SublayerConnection(d_model, dropout, norm_first, eps)
@@ -295,7 +307,7 @@ class Transformer(nn.Module):
         self.embed_dropout = nn.Dropout(c.dropout)
         layer = dict(d_model=c.d_model, d_ff=c.d_ff, n_heads=c.n_heads, d_k=c.d_k, d_v=c.d_v)
         layer |= dict(dropout=c.dropout, attention_dropout=c.attention_dropout)
-        layer |= dict(norm_first=c.norm_first, eps=c.layer_norm_eps)
+        layer |= dict(norm_first=c.norm_first, eps=c.layer_norm_eps, activation=c.activation)
         self.encoder = Encoder(
             [EncoderLayer(**layer) for _ in range(c.n_encoder_layers)], self._final_norm()
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import json
 import logging
 import os
 import re
@@ -326,3 +327,118 @@ def _write_atomically(path: Path, data: bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+# --------------------------------------------------------------------------------------------
+# Separate source and target models over one id space (imported OPUS-MT models)
+# --------------------------------------------------------------------------------------------
+
+SOURCE_SPM_FILE = "source.spm"
+TARGET_SPM_FILE = "target.spm"
+VOCAB_FILE = "vocab.json"
+SPLIT_TOKENIZER_FILES = (SOURCE_SPM_FILE, TARGET_SPM_FILE, VOCAB_FILE)
+
+
+class SplitTokenizer:
+    """A source and a target SentencePiece model sharing one vocabulary, as Marian models have.
+
+    A model directory imported from Hugging Face Marian (OPUS-MT) carries ``source.spm`` and
+    ``target.spm`` next to ``vocab.json``, ``{"pieces": [...]}``: the piece of each model id,
+    ids 0-3 being this package's ``<pad> <unk> <s> </s>``. The SentencePiece models only cut
+    text into pieces; ``vocab.json`` maps pieces to ids (a piece it lacks is ``<unk>``), as
+    ``MarianTokenizer`` does. A leading language token such as ``>>fra<<`` (multilingual
+    OPUS-MT targets) is kept whole when the vocabulary has it. Unlike ``MarianTokenizer``,
+    no Moses punctuation normalisation is applied first.
+
+    The same interface as :class:`Tokenizer`; ``model_file`` is the ``vocab.json``.
+    """
+
+    def __init__(self, source: bytes, target: bytes, pieces: list[str], model_file: Path) -> None:
+        self.model_file = Path(model_file)
+        self._sha256 = hashlib.sha256(source + b"\0" + target + "\0".join(pieces).encode())
+        try:
+            self._source = spm.SentencePieceProcessor(model_proto=source)
+            self._target = spm.SentencePieceProcessor(model_proto=target)
+        except RuntimeError as err:
+            raise TokenizerError(f"{self.model_file.parent}: invalid SentencePiece model") from err
+        expected = [SPECIAL_PIECES[i] for i in sorted(SPECIAL_PIECES)]
+        if pieces[: len(expected)] != expected:
+            raise TokenizerError(
+                f"{self.model_file}: the first pieces must be {expected}, not "
+                f"{pieces[: len(expected)]}"
+            )
+        self._pieces = list(pieces)
+        self._ids: dict[str, int] = {}
+        for i, piece in enumerate(pieces):
+            self._ids.setdefault(piece, i)
+
+    @classmethod
+    def load(cls, vocab_file: Path) -> SplitTokenizer:
+        """Loads ``vocab_file`` (a ``vocab.json``) and the two models next to it."""
+        vocab_file = Path(vocab_file)
+        directory = vocab_file.parent
+        try:
+            pieces = json.loads(vocab_file.read_text(encoding="utf-8"))["pieces"]
+            source = (directory / SOURCE_SPM_FILE).read_bytes()
+            target = (directory / TARGET_SPM_FILE).read_bytes()
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise TokenizerError(f"cannot read the split tokenizer of {directory}: {err}") from err
+        return cls(source, target, pieces, vocab_file)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._pieces)
+
+    @property
+    def sha256(self) -> str:
+        return self._sha256.hexdigest()
+
+    def encode(self, text: str) -> list[int]:
+        """Source text → ids, without BOS/EOS."""
+        code = []
+        if (
+            text.startswith(">>")
+            and (end := text.find("<<")) != -1
+            and text[: end + 2] in self._ids
+        ):
+            code, text = [self._ids[text[: end + 2]]], text[end + 2 :]
+        pieces = self._source.encode(text, out_type=str)
+        return code + [self._ids.get(piece, UNK_ID) for piece in pieces]
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Target ids → text with the target model, skipping ``<pad>``, ``<s>`` and ``</s>``."""
+        kept = [int(i) for i in ids if int(i) not in (PAD_ID, BOS_ID, EOS_ID)]
+        return self._target.decode_pieces(self.pieces(kept))
+
+    def pieces(self, ids: Sequence[int]) -> list[str]:
+        ids = [int(i) for i in ids]
+        bad = [i for i in ids if not 0 <= i < self.vocab_size]
+        if bad:
+            raise TokenizerError(
+                f"ids {bad[:5]} are outside the vocabulary of {self.model_file} "
+                f"(0..{self.vocab_size - 1})"
+            )
+        return [self._pieces[i] for i in ids]
+
+    def __repr__(self) -> str:
+        return f"SplitTokenizer({str(self.model_file)!r}, vocab_size={self.vocab_size})"
+
+
+def load_tokenizer(model_file: Path) -> Tokenizer | SplitTokenizer:
+    """The tokenizer of a model directory: ``tokenizer.model`` (one joint SentencePiece model)
+    or, when ``model_file`` is a ``vocab.json``, a :class:`SplitTokenizer`."""
+    model_file = Path(model_file)
+    if model_file.name == VOCAB_FILE:
+        return SplitTokenizer.load(model_file)
+    return Tokenizer.load(model_file)
+
+
+def tokenizer_files(model_file: Path) -> list[Path]:
+    """The files a tokenizer consists of: the model itself, or a split tokenizer's three."""
+    model_file = Path(model_file)
+    if model_file.name == VOCAB_FILE:
+        return [model_file.parent / name for name in SPLIT_TOKENIZER_FILES]
+    return [model_file]

@@ -35,9 +35,11 @@ from aiayn import search
 from aiayn.acceleration import native_bf16_cpu
 from aiayn.checkpoint import CheckpointError, load_model_dir, unwrap
 from aiayn.data import decode_line
+from aiayn.interop._runtime import ExportedModel
+from aiayn.interop.onnx import is_onnx_export, load_onnx_export
 from aiayn.model import Transformer
 from aiayn.search import DecodingOptions
-from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -197,7 +199,8 @@ class Translator:
         """Loads a model directory (or a run directory's ``model/``), checksums verified.
 
         Args:
-            model_dir: Written by training, ``aiayn average`` or ``save_model_dir``.
+            model_dir: Written by training, ``aiayn average`` or ``save_model_dir``, or an
+                ONNX export (``aiayn.interop.export_onnx``, run by onnxruntime).
             device: "cpu", "cuda", "cuda:1", ...
             max_tokens: Batch budget in padded source tokens × beam size. A sentence that alone
                 exceeds it is translated in a batch of its own.
@@ -223,8 +226,19 @@ class Translator:
             raise ValueError(f"int8 dynamic quantization runs on the CPU only, not on {device}")
         if int8 and bf16:
             raise ValueError("choose one of int8 and bf16")
+        if is_onnx_export(model_dir):  # written by aiayn.interop.export_onnx
+            if int8 or bf16 or torch.device(device).type != "cpu":
+                raise ValueError("an ONNX export runs in float32 on the CPU (onnxruntime)")
+            model, tokenizer = load_onnx_export(model_dir)
+            self._setup(model, tokenizer, max_tokens, model.metadata, Path(model_dir))
+            return
+        if (Path(model_dir) / "model.bin").is_file():
+            raise CheckpointError(
+                f"{model_dir} is a CTranslate2 export: load it with "
+                "aiayn.interop.CTranslate2Translator"
+            )
         loaded = load_model_dir(model_dir, device=device)
-        tokenizer = Tokenizer.load(loaded.tokenizer_file)
+        tokenizer = load_tokenizer(loaded.tokenizer_file)
         model = loaded.model
         if int8:
             model = quantize_int8(model)
@@ -256,7 +270,7 @@ class Translator:
         metadata: dict[str, Any],
         model_dir: Path | None,
     ) -> None:
-        if not isinstance(model, Transformer):
+        if not isinstance(model, Transformer | ExportedModel):
             raise TypeError(f"expected an aiayn Transformer, got {type(model).__name__}")
         config = model.config
         if tokenizer.vocab_size > min(config.src_vocab_size, config.tgt_vocab_size):
@@ -273,7 +287,9 @@ class Translator:
         self.max_tokens = max_tokens
         self.metadata = dict(metadata)
         self.model_dir = model_dir
-        self.device = next(model.parameters()).device
+        self.device = (
+            model.device if isinstance(model, ExportedModel) else next(model.parameters()).device
+        )
 
     @property
     def max_source_tokens(self) -> int:

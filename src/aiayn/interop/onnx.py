@@ -1,0 +1,333 @@
+"""ONNX: the encoder and one decoder step (with its self-attention cache) as ONNX graphs.
+
+`export_onnx` writes ``encoder.onnx`` (source ids → every decoder layer's encoder-decoder
+keys/values, projected once), ``decoder_step.onnx`` (one token per row, its position, the
+cache so far → log-probabilities and the cache one position longer), the tokenizer files,
+and ``aiayn.json`` (`ModelConfig`, metadata, opset). `OnnxModel` runs them with onnxruntime
+behind the `search.IncrementalModel` protocol, with `OnnxCache` as its `ReorderableCache`, so
+aiayn's own greedy and beam search (and sampling) run on the graphs, and
+``Translator(export_dir)`` translates with them: the same tokens as the PyTorch model
+(tests). Attention maps (``return_attention``) need the PyTorch model.
+
+Graph inputs/outputs (L layers, N sentences, R = N·K rows, H heads, S source, t positions so
+far; float32, ids int64):
+
+    encoder.onnx       src_tokens (N, S) → cross_k (L, N, H, S, d_k), cross_v (L, N, H, S, d_v)
+    decoder_step.onnx  tokens (R,), position (1,), self_k (L, R, H, t, d_k), self_v,
+                       cross_k, cross_v, src_key_mask (N, S) bool
+                       → log_probs (R, V), self_k (L, R, H, t + 1, d_k), self_v
+
+Attention in the step is the explicit softmax(QKᵀ/√d_k)V that aiayn's decoding uses on CPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from aiayn.checkpoint import TOKENIZER_FILE as TOKENIZER_FILE_NAME
+from aiayn.checkpoint import load_model_dir
+from aiayn.config import ModelConfig
+from aiayn.interop._runtime import ExportedModel, require
+from aiayn.model import Transformer, sinusoidal_positional_encoding
+from aiayn.tokenizer import (
+    PAD_ID,
+    SplitTokenizer,
+    Tokenizer,
+    load_tokenizer,
+    tokenizer_files,
+)
+
+logger = logging.getLogger(__name__)
+
+OPSET = 18
+ENCODER_FILE = "encoder.onnx"
+DECODER_STEP_FILE = "decoder_step.onnx"
+AIAYN_FILE = "aiayn.json"
+EXTRA_POSITIONS = 512  # positions past max_positions that sinusoidal models still decode
+
+
+# --------------------------------------------------------------------------------------------
+# The two graphs, as modules over the model's own layers
+# --------------------------------------------------------------------------------------------
+
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """Eq. 1, explicitly: (.., T, d_k), (.., S, d_k), (.., S, d_v) → (.., T, d_v)."""
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return scores.softmax(dim=-1) @ v
+
+
+def _merge_heads(x: Tensor) -> Tensor:
+    """(B, H, T, d) → (B, T, H·d)."""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+class _Encoder(nn.Module):
+    def __init__(self, model: Transformer, table: Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("table", table)
+
+    def forward(self, src_tokens: Tensor) -> tuple[Tensor, Tensor]:
+        m = self.model
+        src_key_mask = src_tokens != m.config.pad_id  # (N, S)
+        x = m.src_embed(src_tokens) + self.table[: src_tokens.size(1)]
+        memory, _ = m.encoder(x, src_key_mask)
+        kv = [layer.cross_attn.project_key_value(memory) for layer in m.decoder.layers]
+        return torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
+
+
+class _DecoderStep(nn.Module):
+    def __init__(self, model: Transformer, table: Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("table", table)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        position: Tensor,
+        self_k: Tensor,
+        self_v: Tensor,
+        cross_k: Tensor,
+        cross_v: Tensor,
+        src_key_mask: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        m = self.model
+        x = m.tgt_embed(tokens[:, None]) + self.table.index_select(0, position)  # (R, 1, D)
+        n = cross_k.size(1)
+        mask = src_key_mask[:, None, None, :]  # (N, 1, 1, S)
+        new_k, new_v = [], []
+        for i, layer in enumerate(m.decoder.layers):
+
+            def self_attention(h: Tensor, i: int = i, layer: nn.Module = layer):
+                q, k, v = layer.self_attn.project_qkv(h)  # (R, H, 1, d)
+                keys = torch.cat([self_k[i], k], dim=2)
+                values = torch.cat([self_v[i], v], dim=2)
+                new_k.append(keys)
+                new_v.append(values)
+                out = _attention(q, keys, values, None)
+                return layer.self_attn.out_proj(_merge_heads(out)), None
+
+            def cross_attention(h: Tensor, i: int = i, layer: nn.Module = layer):
+                q = layer.cross_attn.project_query(h.reshape(n, -1, h.size(-1)))  # (N, H, K, d)
+                out = _attention(q, cross_k[i], cross_v[i], mask)
+                return layer.cross_attn.out_proj(_merge_heads(out)).reshape(h.shape), None
+
+            x, _ = layer.self_attn_sublayer(x, self_attention)
+            x, _ = layer.cross_attn_sublayer(x, cross_attention)
+            x, _ = layer.feed_forward_sublayer(
+                x, lambda h, layer=layer: (layer.feed_forward(h), None)
+            )
+        x = m.decoder.final_norm(x)
+        log_probs = F.log_softmax(m.output_projection(x[:, 0]).float(), dim=-1)
+        return log_probs, torch.stack(new_k), torch.stack(new_v)
+
+
+# --------------------------------------------------------------------------------------------
+# Export
+# --------------------------------------------------------------------------------------------
+
+
+def export_onnx(model_dir: str | Path, out_dir: str | Path, opset: int = OPSET) -> Path:
+    """Write `model_dir` as ``encoder.onnx`` + ``decoder_step.onnx`` (ONNX opset `opset`)
+    next to its tokenizer and ``aiayn.json``; `Translator(out_dir)` loads the result.
+
+    Returns:
+        `out_dir`.
+    """
+    require("onnx", "exporting to ONNX")
+    require("onnxscript", "exporting to ONNX")
+    loaded = load_model_dir(model_dir)
+    c, model = loaded.config, loaded.model.float().eval()
+    if c.positional_encoding == "sinusoidal":
+        table = sinusoidal_positional_encoding(c.max_positions + EXTRA_POSITIONS, c.d_model)
+    else:
+        table = model.positions.embedding.weight.detach().clone()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    l, h = c.n_decoder_layers, c.n_heads
+    n, k, s, t = 2, 3, 5, 4  # example sizes: all different, none 0 or 1
+    src = torch.full((n, s), 5, dtype=torch.long)
+    src[1, -1] = PAD_ID
+    cross_k = torch.randn(l, n, h, s, c.d_k)
+    cross_v = torch.randn(l, n, h, s, c.d_v)
+    step_args = (
+        torch.full((n * k,), 5, dtype=torch.long),
+        torch.tensor([t]),
+        torch.randn(l, n * k, h, t, c.d_k),
+        torch.randn(l, n * k, h, t, c.d_v),
+        cross_k,
+        cross_v,
+        src != PAD_ID,
+    )
+    dim = torch.export.Dim
+    sentences, source, rows, past = dim("N"), dim("S"), dim("R"), dim("t")
+    with torch.no_grad():
+        torch.onnx.export(
+            _Encoder(model, table),
+            (src,),
+            str(out_dir / ENCODER_FILE),
+            input_names=["src_tokens"],
+            output_names=["cross_k", "cross_v"],
+            dynamic_shapes={"src_tokens": {0: sentences, 1: source}},
+            opset_version=opset,
+            dynamo=True,
+            external_data=False,
+        )
+        torch.onnx.export(
+            _DecoderStep(model, table),
+            step_args,
+            str(out_dir / DECODER_STEP_FILE),
+            input_names=[
+                "tokens", "position", "self_k", "self_v", "cross_k", "cross_v", "src_key_mask"
+            ],
+            output_names=["log_probs", "new_self_k", "new_self_v"],
+            dynamic_shapes={
+                "tokens": {0: rows},
+                "position": None,
+                "self_k": {1: rows, 3: past},
+                "self_v": {1: rows, 3: past},
+                "cross_k": {1: sentences, 3: source},
+                "cross_v": {1: sentences, 3: source},
+                "src_key_mask": {0: sentences, 1: source},
+            },
+            opset_version=opset,
+            dynamo=True,
+            external_data=False,
+        )  # fmt: skip
+    files = tokenizer_files(loaded.tokenizer_file)
+    for file in files:
+        shutil.copyfile(file, out_dir / (file.name if len(files) > 1 else TOKENIZER_FILE_NAME))
+    aiayn = {
+        "config": c.to_dict(),
+        "metadata": loaded.metadata,
+        "opset": opset,
+        "positions": table.size(0),
+    }
+    (out_dir / AIAYN_FILE).write_text(json.dumps(aiayn, indent=2) + "\n")
+    logger.info("exported %s to ONNX (opset %d) -> %s", model_dir, opset, out_dir)
+    return out_dir
+
+
+# --------------------------------------------------------------------------------------------
+# Running an export
+# --------------------------------------------------------------------------------------------
+
+
+class OnnxCache:
+    """The decoder state between ONNX steps; search sees only `reorder` (ReorderableCache).
+
+    Attributes:
+        self_k, self_v: (L, R, H, t, d) self-attention keys/values of the positions so far.
+        cross_k, cross_v: (L, N, H, S, d) encoder-decoder keys/values, one per sentence.
+        src_key_mask: (N, S) True = real source token.
+        length: Positions fed so far (t).
+    """
+
+    def __init__(self, self_k, self_v, cross_k, cross_v, src_key_mask) -> None:
+        self.self_k, self.self_v = self_k, self_v
+        self.cross_k, self.cross_v = cross_k, cross_v
+        self.src_key_mask = src_key_mask
+        self.length = 0
+
+    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> OnnxCache:
+        """Keep rows `index` and sentences `sentences` (see `search.ReorderableCache`)."""
+        self.self_k = self.self_k.index_select(1, index)
+        self.self_v = self.self_v.index_select(1, index)
+        if sentences is not None:
+            self.cross_k = self.cross_k.index_select(1, sentences)
+            self.cross_v = self.cross_v.index_select(1, sentences)
+            self.src_key_mask = self.src_key_mask.index_select(0, sentences)
+        return self
+
+
+class OnnxModel(ExportedModel):
+    """An `export_onnx` directory run by onnxruntime, as a `search.IncrementalModel`."""
+
+    def __init__(self, export_dir: str | Path, *, threads: int = 0) -> None:
+        ort = require("onnxruntime", "running an ONNX export")
+        directory = Path(export_dir)
+        aiayn = json.loads((directory / AIAYN_FILE).read_text())
+        super().__init__(ModelConfig.from_dict(aiayn["config"]), torch.device("cpu"))
+        self.metadata = aiayn.get("metadata", {})
+        self.positions = int(aiayn["positions"])
+        options = ort.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        providers = ["CPUExecutionProvider"]
+        self.encoder = ort.InferenceSession(
+            str(directory / ENCODER_FILE), options, providers=providers
+        )
+        self.decoder = ort.InferenceSession(
+            str(directory / DECODER_STEP_FILE), options, providers=providers
+        )
+
+    def encode(self, src_tokens: Tensor) -> tuple[tuple[Tensor, Tensor], Tensor]:
+        """Source ids (N, S) → the encoder-decoder keys/values (the "memory" search passes on
+        to `init_cache`) and the source mask."""
+        cross_k, cross_v = self.encoder.run(None, {"src_tokens": src_tokens.cpu().numpy()})
+        return (torch.from_numpy(cross_k), torch.from_numpy(cross_v)), src_tokens != PAD_ID
+
+    def init_cache(
+        self, memory: tuple[Tensor, Tensor], src_key_mask: Tensor | None, max_len: int
+    ) -> OnnxCache:
+        cross_k, cross_v = memory
+        c = self.config
+        l, n, h = cross_k.shape[:3]
+        if max_len > self.positions:
+            raise ValueError(
+                f"outputs of up to {max_len} positions, but the export's positional table has "
+                f"{self.positions}: lower max_len_a/max_len_b"
+            )
+        empty_k = cross_k.new_zeros(l, n, h, 0, c.d_k)
+        empty_v = cross_v.new_zeros(l, n, h, 0, c.d_v)
+        if src_key_mask is None:
+            src_key_mask = torch.ones(n, cross_k.size(3), dtype=torch.bool)
+        return OnnxCache(empty_k, empty_v, cross_k, cross_v, src_key_mask)
+
+    def decode_step(self, tokens: Tensor, cache: OnnxCache) -> Tensor:
+        log_probs, cache.self_k, cache.self_v = (
+            torch.from_numpy(a)
+            for a in self.decoder.run(
+                None,
+                {
+                    "tokens": tokens.cpu().numpy(),
+                    "position": torch.tensor([cache.length]).numpy(),
+                    "self_k": cache.self_k.numpy(),
+                    "self_v": cache.self_v.numpy(),
+                    "cross_k": cache.cross_k.numpy(),
+                    "cross_v": cache.cross_v.numpy(),
+                    "src_key_mask": cache.src_key_mask.numpy(),
+                },
+            )
+        )
+        cache.length += 1
+        return log_probs
+
+
+def load_onnx_export(export_dir: str | Path) -> tuple[OnnxModel, Tokenizer | SplitTokenizer]:
+    """The model and tokenizer of an `export_onnx` directory (what `Translator` loads)."""
+    directory = Path(export_dir)
+    model = OnnxModel(directory)
+    joint = directory / TOKENIZER_FILE_NAME
+    tokenizer = load_tokenizer(joint if joint.is_file() else directory / "vocab.json")
+    return model, tokenizer
+
+
+def is_onnx_export(path: str | Path) -> bool:
+    return (Path(path) / DECODER_STEP_FILE).is_file()
+
+
+__all__ = ["OPSET", "OnnxCache", "OnnxModel", "export_onnx", "is_onnx_export"]
