@@ -34,7 +34,7 @@ from aiayn.checkpoint import CheckpointError, load_model_dir
 from aiayn.config import ModelConfig
 from aiayn.interop._runtime import ExportedModel, require
 from aiayn.model import Transformer, sinusoidal_positional_encoding
-from aiayn.search import Hypothesis
+from aiayn.search import DecodingOptions, Hypothesis
 from aiayn.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -47,7 +47,7 @@ from aiayn.tokenizer import (
     load_tokenizer,
     tokenizer_files,
 )
-from aiayn.translator import TranslationResult, Translator, _SearchOptions, _Source
+from aiayn.translator import TranslationResult, Translator, _Source
 
 logger = logging.getLogger(__name__)
 
@@ -286,9 +286,15 @@ class CTranslate2Translator(Translator):
         self._setup(model, tokenizer, max_tokens, aiayn.get("metadata", {}), directory)
 
     def _translate(
-        self, sentences: Any, options: _SearchOptions, first_number: int
+        self,
+        sentences: Any,
+        options: DecodingOptions,
+        *,
+        return_attention: bool,
+        seed: int | None,
+        first_number: int,
     ) -> list[TranslationResult]:
-        if options.return_attention:
+        if return_attention:
             raise ValueError(
                 "the CTranslate2 backend cannot return per-head attention maps "
                 "(return_attention=True); use Translator on the aiayn model directory"
@@ -299,12 +305,22 @@ class CTranslate2Translator(Translator):
                 "CTranslate2 ranks beam hypotheses by log_prob / |Y| ** α, not GNMT's "
                 "((5 + |Y|) / 6) ** α: pass length_penalty_kind='power' (or length_penalty=0)"
             )
-        if options.sampling and options.seed is not None:
-            require("ctranslate2", "sampling").set_random_seed(options.seed)
-        return super()._translate(sentences, options, first_number)
+        if options.sampling and seed is not None:
+            require("ctranslate2", "sampling").set_random_seed(seed)
+        return super()._translate(
+            sentences,
+            options,
+            return_attention=return_attention,
+            seed=seed,
+            first_number=first_number,
+        )
 
     def _run(
-        self, batch: list[_Source], options: _SearchOptions, generator: Any
+        self,
+        batch: list[_Source],
+        options: DecodingOptions,
+        return_attention: bool,
+        generator: Any,
     ) -> list[TranslationResult]:
         """One CTranslate2 call per output length limit (it takes one per call)."""
         nbest: list[list[Hypothesis]] = [[] for _ in batch]
@@ -319,7 +335,7 @@ class CTranslate2Translator(Translator):
         return [self._result(s, hyps, None) for s, hyps in zip(batch, nbest, strict=True)]
 
     def _search(
-        self, sources: list[_Source], max_len: int, options: _SearchOptions
+        self, sources: list[_Source], max_len: int, options: DecodingOptions
     ) -> list[list[Hypothesis]]:
         tokens = [self.tokenizer.pieces(s.ids[:-1]) for s in sources]  # CTranslate2 adds </s>
         kwargs: dict[str, Any] = dict(
