@@ -201,8 +201,8 @@ def test_run_directory_contents(corpus: tuple[Path, Path], tmp_path: Path) -> No
     assert ckpt.load_model_dir(run_dir / "best").metadata["step"] in (3, 6)
     assert_same_weights(run_dir / "model", run_dir / "checkpoints" / "step_00000006")
     state = ckpt.load_training_state(run_dir / "checkpoints" / "step_00000006")
-    assert state["progress"]["step"] == 6
-    assert state["progress"]["tokens_seen"] == records[-2]["tokens_seen"]
+    assert state.progress.step == 6
+    assert state.progress.tokens_seen == records[-2]["tokens_seen"]
 
 
 def test_keep_last_and_timed_checkpoints(corpus: tuple[Path, Path], tmp_path: Path) -> None:

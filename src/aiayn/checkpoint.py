@@ -9,7 +9,8 @@ A *model directory* is self-describing and is all inference needs:
     checksums.json       SHA-256 of every file above, checked on load
 
 A *checkpoint* (`RUN_DIR/checkpoints/step_00001000/`) is a model directory plus
-`training_state.pt`: optimizer state, step, RNG states and data position. It is read with
+`training_state.pt`, a `TrainingState`: optimizer state, step, RNG states and data position.
+It is read with
 `torch.load(weights_only=True)`, which refuses to run pickled code. Every directory is written
 under a temporary name and renamed into place, so a killed run never leaves a half-written one;
 what a kill does leave (temporary names, a directory moved aside while being replaced) is put
@@ -19,14 +20,16 @@ back or removed by `remove_debris` when the run starts again. A full disk is rep
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +75,71 @@ class LoadedModel:
     tokenizer_file: Path
     metadata: dict[str, Any]
     directory: Path
+
+
+# -- training state -------------------------------------------------------------------------
+
+
+def new_interval() -> dict[str, float]:
+    """Sums over the updates since the last metrics record (loss and NLL are per token later)."""
+    return {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "updates": 0.0}
+
+
+@dataclass
+class Progress:
+    """Where the training loop is: what it must restore to continue exactly where it stopped."""
+
+    step: int = 0
+    epoch: int = 1
+    position: int = 0  # updates already taken in this epoch
+    best_valid_nll: float = math.inf
+    tokens_seen: int = 0
+    interval: dict[str, float] = field(default_factory=new_interval)
+
+
+@dataclass
+class TrainingState:
+    """`training_state.pt`: what a checkpoint holds besides the model directory.
+
+    Saved as plain dicts, tensors and numbers (`to_dict`), the form of every earlier release,
+    so that `torch.load(weights_only=True)` reads it and old checkpoints resume.
+
+    Attributes:
+        optimizer: The optimizer's `state_dict()`.
+        progress: Step, epoch, data position, best validation NLL, the open metrics interval.
+        rng: Every rank's RNG states (`capture_rng`), indexed by rank.
+        world_size, accumulate: The processes × batches of one update, which `position` counts.
+    """
+
+    optimizer: dict[str, Any]
+    progress: Progress
+    rng: list[dict[str, Any]]
+    world_size: int
+    accumulate: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**vars(self), "progress": dataclasses.asdict(self.progress)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainingState:
+        return cls(**{**values, "progress": Progress(**values["progress"])})
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's RNG states (CPU, and every CUDA device's if there is one)."""
+    states: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+# -- model directories ----------------------------------------------------------------------
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -163,7 +231,7 @@ def save_checkpoint(
     model: nn.Module,
     *,
     step: int,
-    training_state: dict[str, Any],
+    training_state: TrainingState,
     tokenizer_file: str | Path,
     metadata: dict[str, Any],
     keep_last: int,
@@ -177,7 +245,7 @@ def save_checkpoint(
         model,
         tokenizer_file=tokenizer_file,
         metadata={**metadata, "step": step},
-        extra_files={TRAINING_STATE_FILE: training_state},
+        extra_files={TRAINING_STATE_FILE: training_state.to_dict()},
     )
     for old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
@@ -425,14 +493,18 @@ def load_weights(model: nn.Module, weights_file: Path) -> None:
         )
 
 
-def load_training_state(checkpoint: Path) -> dict[str, Any]:
+def load_training_state(checkpoint: Path) -> TrainingState:
     """The training state of a verified checkpoint; never executes pickled code."""
     verify(checkpoint)
     path = checkpoint / TRAINING_STATE_FILE
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        values = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for truncated/corrupt files
         raise CorruptCheckpointError(f"cannot read {path}: {error}") from None
+    try:
+        return TrainingState.from_dict(values)
+    except (KeyError, TypeError) as error:
+        raise CorruptCheckpointError(f"{path} is not a training state: {error!r}") from None
 
 
 def check_same_architecture(checkpoint: Path, config: ModelConfig) -> None:

@@ -29,7 +29,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,51 +69,14 @@ class TrainingError(RuntimeError):
 # -- training state -------------------------------------------------------------------------
 
 
-@dataclass
-class Progress:
-    """What the loop must restore to continue exactly where it stopped."""
-
-    step: int = 0
-    epoch: int = 1
-    position: int = 0  # updates already taken in this epoch
-    best_valid_nll: float = math.inf
-    tokens_seen: int = 0
-    interval: dict[str, float] = field(
-        default_factory=lambda: {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "updates": 0.0}
-    )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "epoch": self.epoch,
-            "position": self.position,
-            "best_valid_nll": self.best_valid_nll,
-            "tokens_seen": self.tokens_seen,
-            "interval": dict(self.interval),
-        }
-
-
-def _rng_states() -> dict[str, Any]:
-    states: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
 def _all_rng_states(ctx: Distributed) -> list[dict[str, Any]]:
     """Every rank's RNG states, indexed by rank (each rank draws its own dropout masks)."""
-    states = _rng_states()
+    states = ckpt.capture_rng()
     if not ctx.enabled:
         return [states]
     gathered: list[Any] = [None] * ctx.world_size
     dist.all_gather_object(gathered, states)
     return gathered
-
-
-def _restore_rng_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
 
 
 # -- the run directory ----------------------------------------------------------------------
@@ -551,7 +514,7 @@ def _train(
     optimizer = build_optimizer(
         model, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps
     )
-    progress = Progress()
+    progress = ckpt.Progress()
     metrics_path = run_dir / METRICS_FILE
     latest = [found] if resume and (found := ckpt.latest_checkpoint(run_dir)) else []
     if latest:
@@ -605,13 +568,13 @@ def _train(
         nonlocal last_save_time
         rng_states = _all_rng_states(ctx)  # a collective: every rank takes part
         if ctx.is_main:
-            state = {
-                "optimizer": optimizer.state_dict(),
-                "progress": progress.to_dict(),
-                "rng": rng_states,
-                "world_size": ctx.world_size,
-                "accumulate": accumulate,
-            }
+            state = ckpt.TrainingState(
+                optimizer=optimizer.state_dict(),
+                progress=progress,
+                rng=rng_states,
+                world_size=ctx.world_size,
+                accumulate=accumulate,
+            )
             path = ckpt.save_checkpoint(
                 run_dir,
                 model,
@@ -726,7 +689,7 @@ def _train(
                             lr,
                             record["tokens_per_s"],
                         )
-                    progress.interval = Progress().interval
+                    progress.interval = ckpt.new_interval()
                     interval_start = time.monotonic()
                 if bar is not None:
                     bar.update(1)
@@ -773,7 +736,7 @@ def _train(
     )
 
 
-def _train_record(progress: Progress, lr: float, elapsed: float) -> dict[str, Any]:
+def _train_record(progress: ckpt.Progress, lr: float, elapsed: float) -> dict[str, Any]:
     interval = progress.interval
     tokens = max(interval["tokens"], 1.0)
     return {
@@ -808,37 +771,28 @@ def _resume(
     device: torch.device,
     ctx: Distributed,
     accumulate: int,
-) -> Progress:
+) -> ckpt.Progress:
     state = ckpt.load_training_state(checkpoint)  # verifies every file: corrupt comes first
     ckpt.check_same_architecture(checkpoint, model_config)
     ckpt.load_weights(model, checkpoint / ckpt.WEIGHTS_FILE)
-    optimizer.load_state_dict(state["optimizer"])
-    saved_batches = state["world_size"] * state["accumulate"]
+    optimizer.load_state_dict(state.optimizer)
+    saved_batches = state.world_size * state.accumulate
     if saved_batches != ctx.world_size * accumulate:
         # `position` counts updates, so it now points at different batches of the epoch.
         logger.warning(
             "%s was saved with %d process(es) × %d batch(es) per update, this run uses %d × %d: "
             "the rest of this epoch's batches will not be exactly those the run would have seen",
             checkpoint,
-            state["world_size"],
-            state["accumulate"],
+            state.world_size,
+            state.accumulate,
             ctx.world_size,
             accumulate,
         )
-    rng = state["rng"]
-    if ctx.rank < len(rng):
-        _restore_rng_states(rng[ctx.rank])
+    if ctx.rank < len(state.rng):
+        ckpt.restore_rng(state.rng[ctx.rank])
     # else: a rank the checkpoint did not have keeps the stream `_train` seeded for it
     # (seed + rank), rather than drawing rank 0's dropout masks
-    saved = state["progress"]
-    progress = Progress(
-        step=saved["step"],
-        epoch=saved["epoch"],
-        position=saved["position"],
-        best_valid_nll=saved["best_valid_nll"],
-        tokens_seen=saved["tokens_seen"],
-        interval=dict(saved["interval"]),
-    )
+    progress = state.progress
     model.to(device)
     return progress
 
