@@ -228,10 +228,10 @@ def test_max_epochs_stops_at_the_end_of_an_epoch(corpus: tuple[Path, Path], tmp_
 
 
 def test_tokens_per_update_sets_accumulation() -> None:
-    config = TrainConfig(src="a", tgt="b", max_tokens=1000, tokens_per_update=25_000)
-    assert trainer._accumulation(config, world_size=1) == 25
-    assert trainer._accumulation(config, world_size=8) == 4  # ceil(25000 / 8000)
-    assert trainer._accumulation(dataclasses.replace(config, tokens_per_update=0), 8) == 1
+    settings = dict(tokens_per_update=25_000, max_tokens=1000, accumulate=1)
+    assert trainer.accumulation(**settings, world_size=1) == 25
+    assert trainer.accumulation(**settings, world_size=8) == 4  # ceil(25000 / 8000)
+    assert trainer.accumulation(**{**settings, "tokens_per_update": 0}, world_size=8) == 1
 
 
 # -- one update -----------------------------------------------------------------------------
@@ -273,7 +273,7 @@ def test_update_normalises_by_the_target_tokens_of_the_whole_update(
     batches = [collate([dataset[int(i)] for i in idx]) for idx in (a, b)]
     assert batches[0].n_tgt_tokens != batches[1].n_tgt_tokens
 
-    def run(group: list[torch.Tensor]) -> tuple[tuple, list[torch.Tensor]]:
+    def run(group: list[torch.Tensor]) -> tuple[trainer.UpdateStats, list[torch.Tensor]]:
         optimizer = _GradientRecorder(model.parameters())
         result = trainer._update(
             model,
@@ -281,15 +281,19 @@ def test_update_normalises_by_the_target_tokens_of_the_whole_update(
             dataset,
             [g.numpy() for g in group],
             step=3,
-            config=config,
             d_model=16,
+            warmup_steps=config.warmup_steps,
+            lr_scale=config.lr_scale,
+            label_smoothing=config.label_smoothing,
+            clip_norm=config.clip_norm,
+            bf16=False,
             device=torch.device("cpu"),
-            ctx=trainer.Distributed(),
+            distributed=trainer.Distributed(),
         )
         assert all(p.grad is None for p in model.parameters())  # cleared for the next update
         return result, optimizer.grads[0]
 
-    (loss, nll, tokens, lr), accumulated = run([a, b])
+    stats, accumulated = run([a, b])
     _, joint = run([torch.cat([a, b])])
 
     n_tokens = sum(batch.n_tgt_tokens for batch in batches)
@@ -303,10 +307,10 @@ def test_update_normalises_by_the_target_tokens_of_the_whole_update(
         total_nll += sums.nll.item()
     expected = [p.grad for p in model.parameters()]
 
-    assert tokens == n_tokens
-    assert lr == learning_rate(3, d_model=16, warmup_steps=4)
-    assert loss == pytest.approx(total_loss, rel=1e-6)
-    assert nll == pytest.approx(total_nll, rel=1e-6)
+    assert stats.tokens == n_tokens
+    assert stats.lr == learning_rate(3, d_model=16, warmup_steps=4)
+    assert stats.loss == pytest.approx(total_loss, rel=1e-6)
+    assert stats.nll == pytest.approx(total_nll, rel=1e-6)
     for got, want, one_batch in zip(accumulated, expected, joint, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(one_batch, want, rtol=1e-4, atol=1e-6)
@@ -320,7 +324,7 @@ def test_validate_reports_per_token_means_in_eval_mode(
     config = make_config(corpus, tmp_path / "run")
     model = Transformer(config.model_config(_LetterEncoder.vocab_size))  # dropout 0.1
     model.train()
-    metrics = trainer.validate(
+    metrics = trainer.validation_loss(
         model, dataset, max_tokens=64, device=torch.device("cpu"), label_smoothing=0.1
     )
     assert not model.training  # no dropout: the numbers below are reproducible
@@ -402,7 +406,7 @@ def test_validation_records_of_a_resumed_run_equal_an_uninterrupted_one(
     dataset, _ = load_or_build(
         corpus[0], corpus[1], None, tokenizer, tmp_path / "data", max_len=config.max_len
     )
-    fresh = trainer.validate(
+    fresh = trainer.validation_loss(
         loaded.model,
         dataset,
         max_tokens=config.max_tokens,
@@ -875,13 +879,13 @@ def test_a_fresh_run_remakes_a_vocabulary_made_from_other_settings(
     assert (run_dir / "tokenizer.model").read_bytes() != first
 
 
-def test_bf16_autocast_is_opt_in_on_cpu(corpus: tuple[Path, Path], tmp_path: Path) -> None:
+def test_bf16_autocast_is_opt_in_on_cpu() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    config = make_config(corpus, tmp_path / "run")
-    assert trainer.uses_bf16(cuda, config) and not trainer.uses_bf16(cpu, config)
-    opted_in = dataclasses.replace(config, cpu_bf16=True)
-    assert trainer.uses_bf16(cpu, opted_in)
-    assert not trainer.uses_bf16(cuda, dataclasses.replace(opted_in, bf16=False))
+    default = TrainConfig(src="a", tgt="b")
+    flags = {"bf16": default.bf16, "cpu_bf16": default.cpu_bf16}
+    assert trainer.uses_bf16(cuda, **flags) and not trainer.uses_bf16(cpu, **flags)
+    assert trainer.uses_bf16(cpu, bf16=True, cpu_bf16=True)
+    assert not trainer.uses_bf16(cuda, bf16=False, cpu_bf16=True)
 
 
 def test_cpu_bf16_training_runs_in_bf16_and_learns(

@@ -14,8 +14,8 @@ It is read with
 `torch.load(weights_only=True)`, which refuses to run pickled code. Every directory is written
 under a temporary name and renamed into place, so a killed run never leaves a half-written one;
 what a kill does leave (temporary names, a directory moved aside while being replaced) is put
-back or removed by `remove_debris` when the run starts again. A full disk is reported as such
-(`DiskFullError`), with the partial directory removed.
+back or removed by `aiayn.rundir.remove_debris` when the run starts again. A full disk is
+reported as such (`DiskFullError`), with the partial directory removed.
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from torch import nn
 from aiayn import __version__
 from aiayn.config import ConfigError, ModelConfig
 from aiayn.model import Transformer
-from aiayn.runlog import METRICS_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -284,39 +283,10 @@ def check_replaceable(directory: str | Path) -> None:
         )
 
 
-def remove_debris(run_dir: str | Path) -> None:
-    """Clean up after saves that were killed, first putting back what they were replacing.
-
-    A save writes `.NAME.tmp-PID` and, to replace an existing NAME, moves it to
-    `.NAME.old-PID` for an instant: a kill there leaves no NAME at all (no `model/` for
-    `aiayn translate`, or no latest checkpoint). The newest complete, verified copy is moved
-    back into place; every other leftover is deleted, since nothing reads them and they grow
-    with the model. Leftovers of another live process (a concurrent writer) are kept.
-    """
-    run_dir = Path(run_dir)
-    for parent in (run_dir, run_dir / "checkpoints"):
-        for name in sorted({name for _, name in _abandoned(parent)}):
-            target = parent / name
-            if not target.exists() and (copy := _stranded_copy(target)) is not None:
-                os.replace(copy, target)
-                logger.warning(
-                    "%s was missing (a save was killed while replacing it): restored it from %s",
-                    target,
-                    copy.name,
-                )
-        for path, _ in _abandoned(parent):
-            logger.info("removing %s, left by a killed save", path)
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-    (run_dir / METRICS_FILE).with_suffix(".tmp").unlink(missing_ok=True)
-
-
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)")
 
 
-def _abandoned(parent: Path) -> list[tuple[Path, str]]:
+def leftovers(parent: Path) -> list[tuple[Path, str]]:
     """`save_model_dir`'s temporary and moved-aside entries in `parent` whose writer is gone
     (or is this process, which starts no save before it has looked), with their target names."""
     if not parent.is_dir():
@@ -341,10 +311,10 @@ def _other_live_process(pid: int) -> bool:
     return True
 
 
-def _stranded_copy(target: Path) -> Path | None:
+def stranded_copy(target: Path) -> Path | None:
     """The newest complete, verified copy of `target` that a killed replacement left."""
     complete = []
-    for path, name in _abandoned(target.parent):
+    for path, name in leftovers(target.parent):
         if name == target.name:
             try:
                 verify(path)
@@ -404,18 +374,19 @@ def _step(checkpoint: Path) -> int:
 def resolve_model_dir(path: str | Path) -> Path:
     """Accept a model directory, or a run directory (→ its `model/` subdirectory).
 
-    A directory that a killed save left moved aside (see `remove_debris`) is read from where
-    it lies, without moving it back: a reader must not rearrange a run another process owns.
+    A directory that a killed save left moved aside (see `aiayn.rundir.remove_debris`) is read
+    from where it lies, without moving it back: a reader must not rearrange a run another
+    process owns.
     """
     path = Path(path)
     if not path.exists():
-        if (copy := _stranded_copy(path)) is not None:
+        if (copy := stranded_copy(path)) is not None:
             return _read_stranded(path, copy)
         raise CheckpointError(f"model directory not found: {path}")
     if not (path / CONFIG_FILE).exists():
         if (path / "model" / CONFIG_FILE).exists():
             return path / "model"
-        if not (path / "model").exists() and (copy := _stranded_copy(path / "model")) is not None:
+        if not (path / "model").exists() and (copy := stranded_copy(path / "model")) is not None:
             return _read_stranded(path / "model", copy)
     return path
 
