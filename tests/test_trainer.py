@@ -654,9 +654,103 @@ def test_resume_with_another_architecture(
     wider = dataclasses.replace(config, model={**TINY_MODEL, "d_model": 32})
     err = _fails([*cli_args(wider), "--resume"], capsys)
     assert (
+        "model.d_model: the run in" in err
+        and "was trained with 16, this resume was given 32" in err
+    )
+    assert run_dir_snapshot(tmp_path / "run") == before
+    # A train_config.yaml changed by hand does not get past the checkpoint's own config.
+    settings = tmp_path / "run" / "train_config.yaml"
+    settings.write_text(yaml.safe_dump(wider.to_dict()))
+    before = run_dir_snapshot(tmp_path / "run")
+    err = _fails([*cli_args(wider), "--resume"], capsys)
+    assert (
         "step_00000002: it holds a different architecture (d_model: checkpoint 16, config 32" in err
     )
     assert run_dir_snapshot(tmp_path / "run") == before
+
+
+def test_resume_with_the_run_directory_alone_keeps_the_runs_settings(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`aiayn train --out-dir RUN --resume`: no data flags, and the run's 6 steps, not the
+    default 100k; the result is the uninterrupted run's."""
+    config = make_config(corpus, tmp_path / "whole", max_steps=6, save_every=2)
+    assert main(cli_args(config)) == 0
+    stopped = dataclasses.replace(config, out_dir=str(tmp_path / "stopped"))
+    with monkeypatch.context() as patch:
+        stop_at(patch, 3)
+        assert main(cli_args(stopped)) == 128 + signal.SIGTERM
+    recorded = (tmp_path / "stopped" / "train_config.yaml").read_text()
+    assert main(["train", "--out-dir", str(tmp_path / "stopped"), "--resume"]) == 0, capsys
+    assert checkpoint_steps(tmp_path / "stopped")[-1] == 6
+    assert_same_weights(tmp_path / "whole" / "model", tmp_path / "stopped" / "model")
+    assert train_losses(tmp_path / "whole") == train_losses(tmp_path / "stopped")
+    assert (tmp_path / "stopped" / "train_config.yaml").read_text() == recorded
+
+
+def test_resume_overrides_a_setting_that_may_change_and_records_it(
+    corpus: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    assert main(cli_args(make_config(corpus, run, max_steps=2))) == 0
+    with caplog.at_level(logging.INFO, logger="aiayn.trainer"):
+        assert main(["train", "--out-dir", str(run), "--resume", "--max-steps", "4"]) == 0
+    assert "resume: max_steps changed from 2 to 4" in caplog.text
+    assert checkpoint_steps(run)[-1] == 4
+    recorded = TrainConfig(**yaml.safe_load((run / "train_config.yaml").read_text()))
+    assert recorded == make_config(corpus, run, max_steps=4)
+
+
+@pytest.mark.parametrize(
+    ("flags", "name", "before", "after"),
+    [
+        (["--seed", "2"], "seed", "1", "2"),
+        (["--max-tokens", "128"], "max_tokens", "64", "128"),
+        (["--model", "n_heads=4"], "model.n_heads", "2", "4"),
+        (["--vocab-size", "400"], "vocab_size", "300", "400"),
+    ],
+)
+def test_resume_refuses_a_setting_that_changes_what_is_trained(
+    flags: list[str],
+    name: str,
+    before: str,
+    after: str,
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    run = tmp_path / "run"
+    assert main(cli_args(make_config(corpus, run, max_steps=2))) == 0
+    snapshot = run_dir_snapshot(run)
+    err = _fails(["train", "--out-dir", str(run), "--resume", *flags], capsys)
+    assert (
+        f"error: {name}: the run in {run} was trained with {before}, this resume was given {after}"
+        in err
+    )
+    assert run_dir_snapshot(run) == snapshot
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--model", "d_modle=16"], "model: unknown model config key(s): d_modle"),
+        (["--model", "d_model=63"], "model: d_model (63) must be divisible by n_heads (2)"),
+        (["--src", "missing.src"], "missing.src"),
+    ],
+    ids=["unknown-model-key", "invalid-model-value", "missing-src"],
+)
+def test_a_bad_config_fails_before_any_directory_is_written(
+    flags: list[str],
+    message: str,
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "new"
+    assert message in _fails([*cli_args(make_config(corpus, run)), *flags], capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", [ckpt.WEIGHTS_FILE, ckpt.TRAINING_STATE_FILE])

@@ -18,6 +18,9 @@ next one, and no stale-lock guessing by PID is needed. The file itself stays; it
 holder's PID, host and start time only to say who is in the way. Where `fcntl` does not exist
 (Windows) or the file system refuses locks, training goes on unlocked, with a warning.
 
+A resume continues the run as it was set up: `resume_overrides` allows a changed setting only
+where it does not change what is trained (`RESUMABLE`), and names the one that would.
+
 A killed save leaves temporary and moved-aside directories (aiayn.checkpoint); `remove_debris`
 puts back what they were replacing and removes the rest when the run starts again.
 """
@@ -39,6 +42,7 @@ from typing import Any
 import yaml
 
 from aiayn import checkpoint as ckpt
+from aiayn.config import TrainConfig
 from aiayn.runlog import METRICS_FILE
 
 try:
@@ -141,6 +145,69 @@ def write_config(run_dir: Path, values: dict[str, Any]) -> None:
     does not leave a config in the directory that its checkpoints do not match."""
     text = yaml.safe_dump(values, sort_keys=False, allow_unicode=True)
     (run_dir / CONFIG_FILE).write_text(text, encoding="utf-8")
+
+
+# What a resume may change: how the run goes on (length, saving, logging, validation, where
+# and how fast it computes), not what it trains on or how. Everything else (architecture,
+# vocabulary, training data and its filters, batch size, optimizer and schedule, seed) is
+# refused. `accumulate` may change because the number of processes may: it is how an update
+# keeps its size on other hardware (the trainer warns that the epoch's batches then differ);
+# `out_dir` because a run directory may be moved.
+RESUMABLE = frozenset(
+    {
+        "max_steps", "max_epochs", "save_every", "save_every_minutes", "keep_last",
+        "valid_every", "valid_bleu", "valid_src", "valid_tgt", "valid_tsv", "log_every",
+        "threads", "progress", "device", "bf16", "cpu_bf16", "compile", "accumulate",
+        "src_lang", "tgt_lang", "out_dir",
+    }
+)  # fmt: skip
+_PATHS = ("out_dir", "src", "tgt", "tsv", "tokenizer", "valid_src", "valid_tgt", "valid_tsv")
+
+
+def resume_overrides(run_dir: Path, config: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """The settings of `config` that differ from the run's `train_config.yaml`, as
+    {name: (run's value, given value)}; a model field is named `model.FIELD`.
+
+    Raises:
+        RunDirectoryError: A setting that a resume may not change (not in `RESUMABLE`) differs;
+            the message names it, the run's value and the given one.
+    """
+    saved_values = read_config(run_dir)
+    if saved_values is None:
+        return {}
+    saved = TrainConfig.from_dict(saved_values, source=str(run_dir / CONFIG_FILE))
+    changed = {
+        name: (getattr(saved, name), getattr(config, name))
+        for name in saved.to_dict()
+        if name != "model" and not _same_setting(name, getattr(saved, name), getattr(config, name))
+    }
+    # Compared as built (preset + overrides), so that spelling a preset's value out is no change.
+    vocab = saved.vocab_size
+    run_model, given_model = (c.model_config(vocab).to_dict() for c in (saved, config))
+    for key, value in run_model.items():
+        if given_model[key] != value:
+            changed[f"model.{key}"] = (value, given_model[key])
+    for name, (before, after) in changed.items():
+        if name not in RESUMABLE:
+            raise RunDirectoryError(
+                f"{name}: the run in {run_dir} was trained with {before!r}, this resume was given "
+                f"{after!r}; a resume keeps the run's settings ({CONFIG_FILE}) except "
+                f"{', '.join(sorted(RESUMABLE))}: drop the setting, or start a new run in "
+                "another --out-dir"
+            )
+    return changed
+
+
+def _same_setting(name: str, a: Any, b: Any) -> bool:
+    """Equal, or (for a file) two spellings of one path."""
+    if a == b:
+        return True
+    return (
+        name in _PATHS
+        and a is not None
+        and b is not None
+        and Path(a).resolve() == Path(b).resolve()
+    )
 
 
 def read_config(run_dir: Path) -> dict[str, Any] | None:

@@ -440,10 +440,17 @@ class Trainer:
         """
         if self.distributed.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            check = lambda: rundir.refuse_existing_run(self.run_dir, self.resume_requested)  # noqa: E731
-            held.enter_context(rundir.hold_run_lock(self.run_dir, check))
+            held.enter_context(rundir.hold_run_lock(self.run_dir, self._check_run_dir))
             rundir.remove_debris(self.run_dir)  # before anything in the run directory is read
         self.distributed.barrier()
+
+    def _check_run_dir(self) -> None:
+        """A fresh run must not overwrite another; a resumed one keeps its settings, but for
+        those it may change (logged)."""
+        rundir.refuse_existing_run(self.run_dir, self.resume_requested)
+        if self.resume_requested and ckpt.list_checkpoints(self.run_dir):
+            for name, (before, after) in rundir.resume_overrides(self.run_dir, self.config).items():
+                logger.info("resume: %s changed from %r to %r", name, before, after)
 
     def _prepare_tokenizer(self) -> Tokenizer:
         """The joint vocabulary (§5.1), made by rank 0; a resumed run keeps its own."""
