@@ -136,9 +136,11 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 
 
 def run_dir_snapshot(run_dir: Path) -> dict[str, bytes]:
-    """Every file of a run directory but the data cache, with its bytes."""
+    """Every file of a run directory but the data cache, with its bytes. The lock file counts
+    only as present: a refusal found once the lock is held (a checkpoint of another
+    architecture) records its holder, which is not a change to the run."""
     return {
-        str(p.relative_to(run_dir)): p.read_bytes()
+        str(p.relative_to(run_dir)): b"" if p.name == "train.lock" else p.read_bytes()
         for p in sorted(run_dir.rglob("*"))
         if p.is_file() and "data" not in p.relative_to(run_dir).parts
     }
