@@ -374,6 +374,37 @@ def test_sigterm_saves_and_resume_is_exact(
     ]
 
 
+def test_tokens_per_second_after_a_resume_counts_only_the_resumed_updates(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped after update 4 with log_every 3, the interval of the record at step 6 holds
+    updates 4-6, but only 5 and 6 ran (and were timed) in the resumed process. A clock that
+    advances one second per update makes tokens/s the mean target tokens of the timed
+    updates: what the run measured before the stop, not 1.5 times it (#15)."""
+    clock = [0.0]
+    tokens: dict[int, int] = {}
+    update = trainer._update
+
+    def timed_update(*args: Any, **kwargs: Any) -> trainer.UpdateStats:
+        stats = update(*args, **kwargs)
+        clock[0] += 1.0
+        tokens[kwargs["step"]] = stats.tokens
+        return stats
+
+    monkeypatch.setattr(trainer, "time", type("Clock", (), {"monotonic": lambda: clock[0]}))
+    monkeypatch.setattr(trainer, "_update", timed_update)
+    config = make_config(corpus, tmp_path / "run", max_steps=6, log_every=3)
+    with monkeypatch.context() as patch:
+        stop_at(patch, 4)
+        assert main(cli_args(config)) == 128 + signal.SIGTERM
+    clock[0] += 1000.0  # the time between the stop and the resume
+    assert main([*cli_args(config), "--resume"]) == 0
+    before, after = [r["tokens_per_s"] for r in read_metrics(tmp_path / "run")]
+    assert before == sum(tokens[s] for s in (1, 2, 3)) / 3
+    assert after == (tokens[5] + tokens[6]) / 2
+    assert 0.5 < after / before < 2
+
+
 def test_validation_records_of_a_resumed_run_equal_an_uninterrupted_one(
     corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:

@@ -387,7 +387,10 @@ class Trainer:
         self.log = MetricsLog(self.run_dir / METRICS_FILE, distributed.is_main)
         self.last_valid: ValidRecord | None = None
         self.stop = _StopFlag()
-        self._last_save_time = self._interval_start = time.monotonic()
+        self._last_save_time = time.monotonic()
+        # Throughput is measured by this process from the updates it ran, apart from
+        # `progress.interval`: a resumed interval holds the tokens of updates before the stop.
+        self._timer_start, self._timer_tokens = time.monotonic(), 0
         self._bar: Any = None
 
     # -- setup ----------------------------------------------------------------------------
@@ -579,7 +582,7 @@ class Trainer:
         self._bar = _progress_bar(
             self.distributed.is_main and c.progress, c.max_steps, progress.step
         )
-        self._interval_start = time.monotonic()
+        self._timer_start, self._timer_tokens = time.monotonic(), 0
         interrupted = False
         with self.stop:  # also around the final save: a signal cannot cut it in half
             while progress.step < c.max_steps and not interrupted:
@@ -659,14 +662,14 @@ class Trainer:
         for key, value in (("loss", stats.loss), ("nll", stats.nll), ("tokens", stats.tokens)):
             progress.interval[key] += value
         progress.interval["updates"] += 1
+        self._timer_tokens += stats.tokens
         return stats
 
     def _log_update(self, stats: UpdateStats) -> None:
         """A metrics record every `log_every` updates (and at the last); the progress bar."""
         progress = self.progress
         if progress.step % self.config.log_every == 0 or progress.step == self.config.max_steps:
-            elapsed = time.monotonic() - self._interval_start
-            record = self._train_record(stats.lr, elapsed)
+            record = self._train_record(stats.lr)
             self.log.write(record)
             if self._bar is not None:
                 self._bar.set_postfix(
@@ -685,11 +688,11 @@ class Trainer:
                     record.tokens_per_s,
                 )
             progress.interval = ckpt.new_interval()
-            self._interval_start = time.monotonic()
+            self._timer_start, self._timer_tokens = time.monotonic(), 0
         if self._bar is not None:
             self._bar.update(1)
 
-    def _train_record(self, lr: float, elapsed: float) -> TrainRecord:
+    def _train_record(self, lr: float) -> TrainRecord:
         progress, interval = self.progress, self.progress.interval
         tokens = max(interval["tokens"], 1.0)
         return TrainRecord(
@@ -699,7 +702,7 @@ class Trainer:
             nll=interval["nll"] / tokens,
             ppl=perplexity(interval["nll"], int(tokens)),
             lr=lr,
-            tokens_per_s=interval["tokens"] / max(elapsed, 1e-9),
+            tokens_per_s=self._timer_tokens / max(time.monotonic() - self._timer_start, 1e-9),
             tokens_seen=progress.tokens_seen,
         )
 
