@@ -41,7 +41,7 @@ def _save_steps(
             run_dir,
             model,
             step=100 * (i + 1),
-            training_state={"step": 100 * (i + 1)},
+            training_state=ckpt.TrainingState({}, ckpt.Progress(step=100 * (i + 1)), [], 1, 1),
             tokenizer_file=tokenizer_file,
             metadata={"src_lang": "en"},
             keep_last=keep_last,
@@ -191,11 +191,13 @@ def test_checkpoint_holds_a_model_dir_and_the_training_state(
     make_model: Callable, tokenizer_file: Path, tmp_path: Path
 ) -> None:
     model = make_model()
-    state = {
-        "optimizer": torch.optim.Adam(model.parameters()).state_dict(),
-        "progress": {"step": 3, "interval": {"loss": 1.5}, "best_valid_nll": float("inf")},
-        "rng": [{"torch": torch.get_rng_state()}],
-    }
+    state = ckpt.TrainingState(
+        optimizer=torch.optim.Adam(model.parameters()).state_dict(),
+        progress=ckpt.Progress(step=3, interval={"loss": 1.5}),
+        rng=[ckpt.capture_rng()],
+        world_size=1,
+        accumulate=2,
+    )
     path = ckpt.save_checkpoint(
         tmp_path,
         model,
@@ -212,8 +214,20 @@ def test_checkpoint_holds_a_model_dir_and_the_training_state(
         "step": 3,
     }
     loaded = ckpt.load_training_state(path)
-    assert loaded["progress"] == state["progress"]
-    assert torch.equal(loaded["rng"][0]["torch"], state["rng"][0]["torch"])
+    assert loaded.progress == state.progress
+    assert (loaded.world_size, loaded.accumulate) == (1, 2)
+    assert torch.equal(loaded.rng[0]["torch"], state.rng[0]["torch"])
+    # Plain dicts on disk, in the form of earlier releases (tests/test_compat.py resumes one).
+    raw = torch.load(path / ckpt.TRAINING_STATE_FILE, weights_only=True)
+    assert raw["progress"] == {
+        "step": 3,
+        "epoch": 1,
+        "position": 0,
+        "best_valid_nll": float("inf"),
+        "tokens_seen": 0,
+        "interval": {"loss": 1.5},
+    }
+    assert sorted(raw) == ["accumulate", "optimizer", "progress", "rng", "world_size"]
 
 
 def test_keep_last_prunes_old_checkpoints(

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from aiayn.config import PRESETS, ConfigError, ModelConfig, preset
+from aiayn.config import PRESETS, ConfigError, ModelConfig, TrainConfig, preset
 
 VOCAB = 37000
 
@@ -169,3 +169,36 @@ def test_replace_validates() -> None:
         base.replace(dropout=2.0)
     with pytest.raises(ConfigError, match="unknown model config key"):
         base.replace(heads=4)
+
+
+# -- TrainConfig ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ({"d_modle": 256}, "model: unknown model config key(s): d_modle; valid keys:"),
+        ({"d_model": 63}, "model: d_model (63) must be divisible by n_heads (4)"),
+        ({"dropout": 1.5}, "model: dropout (1.5) must be in [0, 1)"),
+        ({"src_vocab_size": 10}, "model.src_vocab_size is set from the tokenizer"),
+    ],
+)
+def test_train_config_checks_the_model_overrides_when_it_is_built(
+    model: dict, message: str
+) -> None:
+    """Not after the vocabulary and the data cache are made, where `model_config` is called."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig(src="a", tgt="b", preset="tiny", model=model)
+
+
+def test_train_config_types_come_from_the_annotations() -> None:
+    assert TrainConfig(src="a", tgt="b", lr_scale=2).lr_scale == 2.0  # an int is a float
+    assert TrainConfig(tsv="a").src is None  # str | None
+    for values, message in [
+        ({"src": 1, "tgt": "b"}, "src (1) must be of type str | None"),
+        ({"src": "a", "tgt": "b", "max_steps": "9"}, "max_steps ('9') must be of type int"),
+        ({"src": "a", "tgt": "b", "model": []}, "model ([]) must be of type dict"),
+        ({"src": "a", "tgt": "b", "progress": 1}, "progress (1) must be of type bool"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(message)):
+            TrainConfig(**values)

@@ -8,7 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.runlog import METRICS_FILE, MetricsLog, read_metrics, truncate_metrics
+from aiayn.runlog import (
+    METRICS_FILE,
+    MetricsLog,
+    TrainRecord,
+    ValidRecord,
+    parse_record,
+    read_metrics,
+    truncate_metrics,
+)
 
 
 def test_read_metrics_stops_at_a_partly_written_line(tmp_path: Path) -> None:
@@ -42,3 +50,29 @@ def test_truncate_keeps_the_records_up_to_the_checkpoint(tmp_path: Path) -> None
     assert not list(tmp_path.glob("*.tmp"))
     truncate_metrics(tmp_path / "none.jsonl", step=2)  # no log yet: nothing to do
     assert not (tmp_path / "none.jsonl").exists()
+
+
+def test_records_are_written_as_the_flat_json_of_earlier_releases(tmp_path: Path) -> None:
+    train = TrainRecord(
+        step=2, epoch=1, loss=2.5, nll=2.0, ppl=7.39, lr=1e-3, tokens_per_s=900.0, tokens_seen=80
+    )
+    valid = ValidRecord(step=2, valid_loss=2.6, valid_nll=2.1, valid_ppl=8.17, valid_tokens=40)
+    log = MetricsLog(tmp_path / METRICS_FILE, enabled=True)
+    log.write(train)
+    log.write(valid)
+    written = read_metrics(tmp_path)
+    assert written == [
+        {"type": "train", "step": 2, "epoch": 1, "loss": 2.5, "nll": 2.0, "ppl": 7.39,
+         "lr": 1e-3, "tokens_per_s": 900.0, "tokens_seen": 80},
+        {"type": "valid", "step": 2, "valid_loss": 2.6, "valid_nll": 2.1, "valid_ppl": 8.17,
+         "valid_tokens": 40},
+    ]  # fmt: skip
+    assert [parse_record(r) for r in written] == [train, valid]
+    assert valid.metrics() == {k: v for k, v in written[1].items() if k.startswith("valid")}
+
+
+def test_parse_record_reads_old_and_unknown_records() -> None:
+    old = parse_record({"type": "train", "step": 3, "loss": 1.0, "extra": True})  # no lr, ...
+    assert isinstance(old, TrainRecord) and old.step == 3 and old.lr is None
+    assert parse_record({"type": "note", "step": 1}) is None
+    assert parse_record({"step": 1}) is None

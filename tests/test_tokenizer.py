@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from pathlib import Path
@@ -208,3 +209,24 @@ def test_load_rejects_foreign_special_ids(corpus: list[Path], tmp_path: Path) ->
     )
     with pytest.raises(TokenizerError, match=r"foreign\.model has special ids"):
         Tokenizer.load(tmp_path / "foreign.model")
+
+
+def test_train_or_reuse_remakes_only_for_another_recipe(tmp_path: Path) -> None:
+    """The vocabulary of a run directory is reused for the same settings and files, remade for
+    others, and kept whatever they are with `keep` (a resumed run's weights depend on it)."""
+    src, tgt = tmp_path / "a.txt", tmp_path / "b.txt"
+    for path in (src, tgt):
+        path.write_text("a b c d e f g h\n" * 20, encoding="utf-8")
+    model_file = tmp_path / "run" / "tokenizer.model"
+    model_file.parent.mkdir()
+    settings = dict(src=src, tgt=tgt, vocab_size=300, seed=1)
+    first = Tokenizer.train_or_reuse(model_file, **settings)
+    record = json.loads(model_file.with_suffix(".json").read_text())
+    assert record["files"] == [[str(f.resolve()), f.stat().st_size] for f in (src, tgt)]
+    mtime = model_file.stat().st_mtime_ns
+    assert Tokenizer.train_or_reuse(model_file, **settings).sha256 == first.sha256
+    assert model_file.stat().st_mtime_ns == mtime  # reused, not trained again
+    kept = Tokenizer.train_or_reuse(model_file, **{**settings, "seed": 2}, keep=True)
+    assert model_file.stat().st_mtime_ns == mtime and kept.sha256 == first.sha256
+    Tokenizer.train_or_reuse(model_file, **{**settings, "seed": 2})
+    assert json.loads(model_file.with_suffix(".json").read_text())["seed"] == 2

@@ -136,9 +136,11 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 
 
 def run_dir_snapshot(run_dir: Path) -> dict[str, bytes]:
-    """Every file of a run directory but the data cache, with its bytes."""
+    """Every file of a run directory but the data cache, with its bytes. The lock file counts
+    only as present: a refusal found once the lock is held (a checkpoint of another
+    architecture) records its holder, which is not a change to the run."""
     return {
-        str(p.relative_to(run_dir)): p.read_bytes()
+        str(p.relative_to(run_dir)): b"" if p.name == "train.lock" else p.read_bytes()
         for p in sorted(run_dir.rglob("*"))
         if p.is_file() and "data" not in p.relative_to(run_dir).parts
     }
@@ -201,8 +203,8 @@ def test_run_directory_contents(corpus: tuple[Path, Path], tmp_path: Path) -> No
     assert ckpt.load_model_dir(run_dir / "best").metadata["step"] in (3, 6)
     assert_same_weights(run_dir / "model", run_dir / "checkpoints" / "step_00000006")
     state = ckpt.load_training_state(run_dir / "checkpoints" / "step_00000006")
-    assert state["progress"]["step"] == 6
-    assert state["progress"]["tokens_seen"] == records[-2]["tokens_seen"]
+    assert state.progress.step == 6
+    assert state.progress.tokens_seen == records[-2]["tokens_seen"]
 
 
 def test_keep_last_and_timed_checkpoints(corpus: tuple[Path, Path], tmp_path: Path) -> None:
@@ -228,10 +230,10 @@ def test_max_epochs_stops_at_the_end_of_an_epoch(corpus: tuple[Path, Path], tmp_
 
 
 def test_tokens_per_update_sets_accumulation() -> None:
-    config = TrainConfig(src="a", tgt="b", max_tokens=1000, tokens_per_update=25_000)
-    assert trainer._accumulation(config, world_size=1) == 25
-    assert trainer._accumulation(config, world_size=8) == 4  # ceil(25000 / 8000)
-    assert trainer._accumulation(dataclasses.replace(config, tokens_per_update=0), 8) == 1
+    settings = dict(tokens_per_update=25_000, max_tokens=1000, accumulate=1)
+    assert trainer.accumulation(**settings, world_size=1) == 25
+    assert trainer.accumulation(**settings, world_size=8) == 4  # ceil(25000 / 8000)
+    assert trainer.accumulation(**{**settings, "tokens_per_update": 0}, world_size=8) == 1
 
 
 # -- one update -----------------------------------------------------------------------------
@@ -273,7 +275,7 @@ def test_update_normalises_by_the_target_tokens_of_the_whole_update(
     batches = [collate([dataset[int(i)] for i in idx]) for idx in (a, b)]
     assert batches[0].n_tgt_tokens != batches[1].n_tgt_tokens
 
-    def run(group: list[torch.Tensor]) -> tuple[tuple, list[torch.Tensor]]:
+    def run(group: list[torch.Tensor]) -> tuple[trainer.UpdateStats, list[torch.Tensor]]:
         optimizer = _GradientRecorder(model.parameters())
         result = trainer._update(
             model,
@@ -281,15 +283,19 @@ def test_update_normalises_by_the_target_tokens_of_the_whole_update(
             dataset,
             [g.numpy() for g in group],
             step=3,
-            config=config,
             d_model=16,
+            warmup_steps=config.warmup_steps,
+            lr_scale=config.lr_scale,
+            label_smoothing=config.label_smoothing,
+            clip_norm=config.clip_norm,
+            bf16=False,
             device=torch.device("cpu"),
-            ctx=trainer.Distributed(),
+            distributed=trainer.Distributed(),
         )
         assert all(p.grad is None for p in model.parameters())  # cleared for the next update
         return result, optimizer.grads[0]
 
-    (loss, nll, tokens, lr), accumulated = run([a, b])
+    stats, accumulated = run([a, b])
     _, joint = run([torch.cat([a, b])])
 
     n_tokens = sum(batch.n_tgt_tokens for batch in batches)
@@ -303,10 +309,10 @@ def test_update_normalises_by_the_target_tokens_of_the_whole_update(
         total_nll += sums.nll.item()
     expected = [p.grad for p in model.parameters()]
 
-    assert tokens == n_tokens
-    assert lr == learning_rate(3, d_model=16, warmup_steps=4)
-    assert loss == pytest.approx(total_loss, rel=1e-6)
-    assert nll == pytest.approx(total_nll, rel=1e-6)
+    assert stats.tokens == n_tokens
+    assert stats.lr == learning_rate(3, d_model=16, warmup_steps=4)
+    assert stats.loss == pytest.approx(total_loss, rel=1e-6)
+    assert stats.nll == pytest.approx(total_nll, rel=1e-6)
     for got, want, one_batch in zip(accumulated, expected, joint, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
         torch.testing.assert_close(one_batch, want, rtol=1e-4, atol=1e-6)
@@ -320,7 +326,7 @@ def test_validate_reports_per_token_means_in_eval_mode(
     config = make_config(corpus, tmp_path / "run")
     model = Transformer(config.model_config(_LetterEncoder.vocab_size))  # dropout 0.1
     model.train()
-    metrics = trainer.validate(
+    metrics = trainer.validation_loss(
         model, dataset, max_tokens=64, device=torch.device("cpu"), label_smoothing=0.1
     )
     assert not model.training  # no dropout: the numbers below are reproducible
@@ -368,6 +374,37 @@ def test_sigterm_saves_and_resume_is_exact(
     ]
 
 
+def test_tokens_per_second_after_a_resume_counts_only_the_resumed_updates(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped after update 4 with log_every 3, the interval of the record at step 6 holds
+    updates 4-6, but only 5 and 6 ran (and were timed) in the resumed process. A clock that
+    advances one second per update makes tokens/s the mean target tokens of the timed
+    updates: what the run measured before the stop, not 1.5 times it (#15)."""
+    clock = [0.0]
+    tokens: dict[int, int] = {}
+    update = trainer._update
+
+    def timed_update(*args: Any, **kwargs: Any) -> trainer.UpdateStats:
+        stats = update(*args, **kwargs)
+        clock[0] += 1.0
+        tokens[kwargs["step"]] = stats.tokens
+        return stats
+
+    monkeypatch.setattr(trainer, "time", type("Clock", (), {"monotonic": lambda: clock[0]}))
+    monkeypatch.setattr(trainer, "_update", timed_update)
+    config = make_config(corpus, tmp_path / "run", max_steps=6, log_every=3)
+    with monkeypatch.context() as patch:
+        stop_at(patch, 4)
+        assert main(cli_args(config)) == 128 + signal.SIGTERM
+    clock[0] += 1000.0  # the time between the stop and the resume
+    assert main([*cli_args(config), "--resume"]) == 0
+    before, after = [r["tokens_per_s"] for r in read_metrics(tmp_path / "run")]
+    assert before == sum(tokens[s] for s in (1, 2, 3)) / 3
+    assert after == (tokens[5] + tokens[6]) / 2
+    assert 0.5 < after / before < 2
+
+
 def test_validation_records_of_a_resumed_run_equal_an_uninterrupted_one(
     corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
@@ -402,7 +439,7 @@ def test_validation_records_of_a_resumed_run_equal_an_uninterrupted_one(
     dataset, _ = load_or_build(
         corpus[0], corpus[1], None, tokenizer, tmp_path / "data", max_len=config.max_len
     )
-    fresh = trainer.validate(
+    fresh = trainer.validation_loss(
         loaded.model,
         dataset,
         max_tokens=config.max_tokens,
@@ -650,9 +687,103 @@ def test_resume_with_another_architecture(
     wider = dataclasses.replace(config, model={**TINY_MODEL, "d_model": 32})
     err = _fails([*cli_args(wider), "--resume"], capsys)
     assert (
+        "model.d_model: the run in" in err
+        and "was trained with 16, this resume was given 32" in err
+    )
+    assert run_dir_snapshot(tmp_path / "run") == before
+    # A train_config.yaml changed by hand does not get past the checkpoint's own config.
+    settings = tmp_path / "run" / "train_config.yaml"
+    settings.write_text(yaml.safe_dump(wider.to_dict()))
+    before = run_dir_snapshot(tmp_path / "run")
+    err = _fails([*cli_args(wider), "--resume"], capsys)
+    assert (
         "step_00000002: it holds a different architecture (d_model: checkpoint 16, config 32" in err
     )
     assert run_dir_snapshot(tmp_path / "run") == before
+
+
+def test_resume_with_the_run_directory_alone_keeps_the_runs_settings(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """`aiayn train --out-dir RUN --resume`: no data flags, and the run's 6 steps, not the
+    default 100k; the result is the uninterrupted run's."""
+    config = make_config(corpus, tmp_path / "whole", max_steps=6, save_every=2)
+    assert main(cli_args(config)) == 0
+    stopped = dataclasses.replace(config, out_dir=str(tmp_path / "stopped"))
+    with monkeypatch.context() as patch:
+        stop_at(patch, 3)
+        assert main(cli_args(stopped)) == 128 + signal.SIGTERM
+    recorded = (tmp_path / "stopped" / "train_config.yaml").read_text()
+    assert main(["train", "--out-dir", str(tmp_path / "stopped"), "--resume"]) == 0, capsys
+    assert checkpoint_steps(tmp_path / "stopped")[-1] == 6
+    assert_same_weights(tmp_path / "whole" / "model", tmp_path / "stopped" / "model")
+    assert train_losses(tmp_path / "whole") == train_losses(tmp_path / "stopped")
+    assert (tmp_path / "stopped" / "train_config.yaml").read_text() == recorded
+
+
+def test_resume_overrides_a_setting_that_may_change_and_records_it(
+    corpus: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = tmp_path / "run"
+    assert main(cli_args(make_config(corpus, run, max_steps=2))) == 0
+    with caplog.at_level(logging.INFO, logger="aiayn.trainer"):
+        assert main(["train", "--out-dir", str(run), "--resume", "--max-steps", "4"]) == 0
+    assert "resume: max_steps changed from 2 to 4" in caplog.text
+    assert checkpoint_steps(run)[-1] == 4
+    recorded = TrainConfig(**yaml.safe_load((run / "train_config.yaml").read_text()))
+    assert recorded == make_config(corpus, run, max_steps=4)
+
+
+@pytest.mark.parametrize(
+    ("flags", "name", "before", "after"),
+    [
+        (["--seed", "2"], "seed", "1", "2"),
+        (["--max-tokens", "128"], "max_tokens", "64", "128"),
+        (["--model", "n_heads=4"], "model.n_heads", "2", "4"),
+        (["--vocab-size", "400"], "vocab_size", "300", "400"),
+    ],
+)
+def test_resume_refuses_a_setting_that_changes_what_is_trained(
+    flags: list[str],
+    name: str,
+    before: str,
+    after: str,
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    run = tmp_path / "run"
+    assert main(cli_args(make_config(corpus, run, max_steps=2))) == 0
+    snapshot = run_dir_snapshot(run)
+    err = _fails(["train", "--out-dir", str(run), "--resume", *flags], capsys)
+    assert (
+        f"error: {name}: the run in {run} was trained with {before}, this resume was given {after}"
+        in err
+    )
+    assert run_dir_snapshot(run) == snapshot
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--model", "d_modle=16"], "model: unknown model config key(s): d_modle"),
+        (["--model", "d_model=63"], "model: d_model (63) must be divisible by n_heads (2)"),
+        (["--src", "missing.src"], "missing.src"),
+    ],
+    ids=["unknown-model-key", "invalid-model-value", "missing-src"],
+)
+def test_a_bad_config_fails_before_any_directory_is_written(
+    flags: list[str],
+    message: str,
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "new"
+    assert message in _fails([*cli_args(make_config(corpus, run)), *flags], capsys)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("name", [ckpt.WEIGHTS_FILE, ckpt.TRAINING_STATE_FILE])
@@ -875,13 +1006,13 @@ def test_a_fresh_run_remakes_a_vocabulary_made_from_other_settings(
     assert (run_dir / "tokenizer.model").read_bytes() != first
 
 
-def test_bf16_autocast_is_opt_in_on_cpu(corpus: tuple[Path, Path], tmp_path: Path) -> None:
+def test_bf16_autocast_is_opt_in_on_cpu() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    config = make_config(corpus, tmp_path / "run")
-    assert trainer.uses_bf16(cuda, config) and not trainer.uses_bf16(cpu, config)
-    opted_in = dataclasses.replace(config, cpu_bf16=True)
-    assert trainer.uses_bf16(cpu, opted_in)
-    assert not trainer.uses_bf16(cuda, dataclasses.replace(opted_in, bf16=False))
+    default = TrainConfig(src="a", tgt="b")
+    flags = {"bf16": default.bf16, "cpu_bf16": default.cpu_bf16}
+    assert trainer.uses_bf16(cuda, **flags) and not trainer.uses_bf16(cpu, **flags)
+    assert trainer.uses_bf16(cpu, bf16=True, cpu_bf16=True)
+    assert not trainer.uses_bf16(cuda, bf16=False, cpu_bf16=True)
 
 
 def test_cpu_bf16_training_runs_in_bf16_and_learns(

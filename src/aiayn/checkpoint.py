@@ -10,24 +10,27 @@ A *model directory* is self-describing and is all inference needs:
     checksums.json       SHA-256 of every file above, checked on load
 
 A *checkpoint* (`RUN_DIR/checkpoints/step_00001000/`) is a model directory plus
-`training_state.pt`: optimizer state, step, RNG states and data position. It is read with
+`training_state.pt`, a `TrainingState`: optimizer state, step, RNG states and data position.
+It is read with
 `torch.load(weights_only=True)`, which refuses to run pickled code. Every directory is written
 under a temporary name and renamed into place, so a killed run never leaves a half-written one;
 what a kill does leave (temporary names, a directory moved aside while being replaced) is put
-back or removed by `remove_debris` when the run starts again. A full disk is reported as such
-(`DiskFullError`), with the partial directory removed.
+back or removed by `aiayn.rundir.remove_debris` when the run starts again. A full disk is
+reported as such (`DiskFullError`), with the partial directory removed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,6 @@ from torch import nn
 from aiayn import __version__
 from aiayn.config import ConfigError, ModelConfig
 from aiayn.model import Transformer
-from aiayn.runlog import METRICS_FILE
 from aiayn.tokenizer import SPLIT_TOKENIZER_FILES, VOCAB_FILE, tokenizer_files
 
 logger = logging.getLogger(__name__)
@@ -74,6 +76,71 @@ class LoadedModel:
     tokenizer_file: Path
     metadata: dict[str, Any]
     directory: Path
+
+
+# -- training state -------------------------------------------------------------------------
+
+
+def new_interval() -> dict[str, float]:
+    """Sums over the updates since the last metrics record (loss and NLL are per token later)."""
+    return {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "updates": 0.0}
+
+
+@dataclass
+class Progress:
+    """Where the training loop is: what it must restore to continue exactly where it stopped."""
+
+    step: int = 0
+    epoch: int = 1
+    position: int = 0  # updates already taken in this epoch
+    best_valid_nll: float = math.inf
+    tokens_seen: int = 0
+    interval: dict[str, float] = field(default_factory=new_interval)
+
+
+@dataclass
+class TrainingState:
+    """`training_state.pt`: what a checkpoint holds besides the model directory.
+
+    Saved as plain dicts, tensors and numbers (`to_dict`), the form of every earlier release,
+    so that `torch.load(weights_only=True)` reads it and old checkpoints resume.
+
+    Attributes:
+        optimizer: The optimizer's `state_dict()`.
+        progress: Step, epoch, data position, best validation NLL, the open metrics interval.
+        rng: Every rank's RNG states (`capture_rng`), indexed by rank.
+        world_size, accumulate: The processes × batches of one update, which `position` counts.
+    """
+
+    optimizer: dict[str, Any]
+    progress: Progress
+    rng: list[dict[str, Any]]
+    world_size: int
+    accumulate: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**vars(self), "progress": dataclasses.asdict(self.progress)}
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> TrainingState:
+        return cls(**{**values, "progress": Progress(**values["progress"])})
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's RNG states (CPU, and every CUDA device's if there is one)."""
+    states: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+# -- model directories ----------------------------------------------------------------------
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -168,7 +235,7 @@ def save_checkpoint(
     model: nn.Module,
     *,
     step: int,
-    training_state: dict[str, Any],
+    training_state: TrainingState,
     tokenizer_file: str | Path,
     metadata: dict[str, Any],
     keep_last: int,
@@ -182,7 +249,7 @@ def save_checkpoint(
         model,
         tokenizer_file=tokenizer_file,
         metadata={**metadata, "step": step},
-        extra_files={TRAINING_STATE_FILE: training_state},
+        extra_files={TRAINING_STATE_FILE: training_state.to_dict()},
     )
     for old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
@@ -221,39 +288,10 @@ def check_replaceable(directory: str | Path) -> None:
         )
 
 
-def remove_debris(run_dir: str | Path) -> None:
-    """Clean up after saves that were killed, first putting back what they were replacing.
-
-    A save writes `.NAME.tmp-PID` and, to replace an existing NAME, moves it to
-    `.NAME.old-PID` for an instant: a kill there leaves no NAME at all (no `model/` for
-    `aiayn translate`, or no latest checkpoint). The newest complete, verified copy is moved
-    back into place; every other leftover is deleted, since nothing reads them and they grow
-    with the model. Leftovers of another live process (a concurrent writer) are kept.
-    """
-    run_dir = Path(run_dir)
-    for parent in (run_dir, run_dir / "checkpoints"):
-        for name in sorted({name for _, name in _abandoned(parent)}):
-            target = parent / name
-            if not target.exists() and (copy := _stranded_copy(target)) is not None:
-                os.replace(copy, target)
-                logger.warning(
-                    "%s was missing (a save was killed while replacing it): restored it from %s",
-                    target,
-                    copy.name,
-                )
-        for path, _ in _abandoned(parent):
-            logger.info("removing %s, left by a killed save", path)
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-    (run_dir / METRICS_FILE).with_suffix(".tmp").unlink(missing_ok=True)
-
-
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)")
 
 
-def _abandoned(parent: Path) -> list[tuple[Path, str]]:
+def leftovers(parent: Path) -> list[tuple[Path, str]]:
     """`save_model_dir`'s temporary and moved-aside entries in `parent` whose writer is gone
     (or is this process, which starts no save before it has looked), with their target names."""
     if not parent.is_dir():
@@ -278,10 +316,10 @@ def _other_live_process(pid: int) -> bool:
     return True
 
 
-def _stranded_copy(target: Path) -> Path | None:
+def stranded_copy(target: Path) -> Path | None:
     """The newest complete, verified copy of `target` that a killed replacement left."""
     complete = []
-    for path, name in _abandoned(target.parent):
+    for path, name in leftovers(target.parent):
         if name == target.name:
             try:
                 verify(path)
@@ -341,18 +379,19 @@ def _step(checkpoint: Path) -> int:
 def resolve_model_dir(path: str | Path) -> Path:
     """Accept a model directory, or a run directory (→ its `model/` subdirectory).
 
-    A directory that a killed save left moved aside (see `remove_debris`) is read from where
-    it lies, without moving it back: a reader must not rearrange a run another process owns.
+    A directory that a killed save left moved aside (see `aiayn.rundir.remove_debris`) is read
+    from where it lies, without moving it back: a reader must not rearrange a run another
+    process owns.
     """
     path = Path(path)
     if not path.exists():
-        if (copy := _stranded_copy(path)) is not None:
+        if (copy := stranded_copy(path)) is not None:
             return _read_stranded(path, copy)
         raise CheckpointError(f"model directory not found: {path}")
     if not (path / CONFIG_FILE).exists():
         if (path / "model" / CONFIG_FILE).exists():
             return path / "model"
-        if not (path / "model").exists() and (copy := _stranded_copy(path / "model")) is not None:
+        if not (path / "model").exists() and (copy := stranded_copy(path / "model")) is not None:
             return _read_stranded(path / "model", copy)
     return path
 
@@ -435,14 +474,18 @@ def load_weights(model: nn.Module, weights_file: Path) -> None:
         )
 
 
-def load_training_state(checkpoint: Path) -> dict[str, Any]:
+def load_training_state(checkpoint: Path) -> TrainingState:
     """The training state of a verified checkpoint; never executes pickled code."""
     verify(checkpoint)
     path = checkpoint / TRAINING_STATE_FILE
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        values = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises several types for truncated/corrupt files
         raise CorruptCheckpointError(f"cannot read {path}: {error}") from None
+    try:
+        return TrainingState.from_dict(values)
+    except (KeyError, TypeError) as error:
+        raise CorruptCheckpointError(f"{path} is not a training state: {error!r}") from None
 
 
 def check_same_architecture(checkpoint: Path, config: ModelConfig) -> None:

@@ -107,7 +107,13 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "--config (YAML) and flags; flags win. Launch with torchrun for several GPUs/nodes.",
     )
     p.add_argument("-c", "--config", help="YAML file with training settings")
-    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the last checkpoint, with the run's settings (its "
+        "train_config.yaml); flags may change only how it goes on (--max-steps, saving, "
+        "logging, validation, device)",
+    )
     add_dataclass_flags(p, TrainConfig, skip={"model"})
     p.add_argument(
         "--model",
@@ -119,11 +125,19 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def train_config_from_args(args: argparse.Namespace) -> Any:
-    """YAML file values, then flag values on top; validated as a `TrainConfig`."""
+    """YAML file values, then flag values on top; validated as a `TrainConfig`.
+
+    With `--resume`, the run's own `train_config.yaml` comes first: what the file and flags
+    give goes on top of it, where the trainer accepts it as an override or refuses it.
+    """
     from aiayn.config import TrainConfig, load_yaml_config
+    from aiayn.rundir import read_config
 
     values: dict[str, Any] = load_yaml_config(args.config) if args.config else {}
     source = args.config or "flags"
+    out_dir = args.out_dir or values.get("out_dir") or TrainConfig.out_dir
+    if args.resume and (saved := read_config(Path(out_dir))) is not None:
+        values = {**saved, **values}
     if args.model:
         merged = dict(values.get("model") or {})
         merged.update(_parse_assignments(args.model, "--model"))
@@ -145,7 +159,7 @@ def _run_train(args: argparse.Namespace) -> int:
     if result.interrupted:
         print(
             f"interrupted at step {result.step}; continue with: aiayn train --resume "
-            f"--out-dir {result.run_dir} ...",
+            f"--out-dir {result.run_dir}",
             file=sys.stderr,
         )
         return status

@@ -8,6 +8,8 @@ config is built, and an error names the field and its value, e.g.
 from __future__ import annotations
 
 import dataclasses
+import types
+import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -185,30 +187,32 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+def _accepts(kind: Any, value: Any) -> bool:
+    """Whether `value` (read from YAML or a flag, so untyped) is of the annotated type `kind`."""
+    if typing.get_origin(kind) in (types.UnionType, typing.Union):
+        return any(_accepts(option, value) for option in typing.get_args(kind))
+    if kind is type(None):
+        return value is None
+    if kind is float:  # an int is a float here (YAML writes 0, not 0.0); bool is not
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, typing.get_origin(kind) or kind)
+
+
 def _check_types(config: Any) -> None:
-    """Reject values of the wrong type (YAML and CLI input is untyped), naming the field."""
-    for f in fields(config):
-        value = getattr(config, f.name)
-        expected = f.type if isinstance(f.type, str) else f.type.__name__
-        if expected.startswith("int"):
-            ok = isinstance(value, int) and not isinstance(value, bool)
-            ok = ok or (value is None and "None" in expected)
-        elif expected == "float":
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            if ok:
-                object.__setattr__(config, f.name, float(value))
-        elif expected == "bool":
-            ok = isinstance(value, bool)
-        elif expected == "str":
-            ok = isinstance(value, str)
-        elif expected.startswith("str"):
-            ok = value is None or isinstance(value, str)
-        elif expected == "dict":
-            ok = isinstance(value, dict)
-        else:
-            ok = True
-        if not ok:
-            raise ConfigError(f"{f.name} ({value!r}) must be of type {expected}")
+    """Reject values of the wrong type (YAML and CLI input is untyped), naming the field.
+
+    The annotations are resolved to real types (`typing.get_type_hints`), so `int | None` means
+    an int or None, and a type this function does not know is checked with `isinstance`.
+    """
+    for name, kind in typing.get_type_hints(type(config)).items():
+        value = getattr(config, name)
+        if not _accepts(kind, value):
+            shown = getattr(kind, "__name__", None) or str(kind).replace("NoneType", "None")
+            raise ConfigError(f"{name} ({value!r}) must be of type {shown}")
+        if kind is float:
+            object.__setattr__(config, name, float(value))
 
 
 @dataclass(frozen=True)
@@ -347,6 +351,14 @@ class TrainConfig:
             self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
             f"device ({self.device!r}) must be auto, cpu, cuda or cuda:N",
         )
+        # The model overrides are checked now, with the vocabulary size as a stand-in for the
+        # tokenizer's: a typo must fail before a vocabulary is trained and data binarised.
+        try:
+            self.model_config(self.vocab_size)
+        except (ConfigError, TypeError) as error:
+            message = str(error)
+            prefix = "" if message.startswith("model.") else "model: "
+            raise ConfigError(prefix + message) from None
 
     def model_config(self, vocab_size: int, pad_id: int = 0) -> ModelConfig:
         """The `ModelConfig` for a joint vocabulary of `vocab_size` (preset + overrides)."""

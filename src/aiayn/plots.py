@@ -399,18 +399,18 @@ def plot_curves(run: str | Path) -> Figure:
         FileNotFoundError: No metrics log.
         ValueError: The log has no complete record yet.
     """
-    from aiayn.runlog import METRICS_FILE, read_metrics
+    from aiayn.runlog import METRICS_FILE, TrainRecord, ValidRecord, parse_record, read_metrics
 
     path = Path(run)
-    records = read_metrics(path)
+    records = [parse_record(r) for r in read_metrics(path)]
     if path.is_dir():
         path = path / METRICS_FILE
-    train = [r for r in records if r.get("type") == "train"]
-    valid = [r for r in records if r.get("type") == "valid"]
+    train = [r for r in records if isinstance(r, TrainRecord)]
+    valid = [r for r in records if isinstance(r, ValidRecord)]
     if not train and not valid:
         raise ValueError(f"{path} has no complete training or validation record yet")
 
-    panels: list[tuple[str, str, list[tuple[str, list[dict[str, Any]], str, str]]]] = [
+    panels: list[tuple[str, str, list[tuple[str, Sequence[Any], str, str]]]] = [
         (
             "Loss",
             "nats per target token",
@@ -427,9 +427,9 @@ def plot_curves(run: str | Path) -> Figure:
             [("train", train, "ppl", "-"), ("valid", valid, "valid_ppl", "o-")],
         ),
     ]
-    if any("valid_bleu" in r for r in valid):
+    if any(r.valid_bleu is not None for r in valid):
         panels.append(("Validation BLEU", "BLEU", [("valid", valid, "valid_bleu", "o-")]))
-    if any("lr" in r for r in train):
+    if any(r.lr is not None for r in train):
         panels.append(("Learning rate", "learning rate", [("train", train, "lr", "-")]))
 
     n_cols = 2 if len(panels) == 4 else len(panels)
@@ -451,17 +451,18 @@ def plot_curves(run: str | Path) -> Figure:
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8)
-    last = max(r.get("step", 0) for r in records)
+    last = max(r.step or 0 for r in (*train, *valid))
     figure.suptitle(f"Training curves: {path} (up to step {last})")
     return figure
 
 
-def _series(rows: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
-    """Steps and finite values of ``key`` in the records that have it."""
+def _series(rows: Sequence[Any], key: str) -> tuple[list[int], list[float]]:
+    """Steps and finite values of the field ``key`` of the records (`aiayn.runlog`) that have
+    one."""
     steps, values = [], []
     for r in rows:
-        value = r.get(key)
-        if isinstance(value, (int, float)) and math.isfinite(value) and "step" in r:
-            steps.append(r["step"])
+        value = getattr(r, key)
+        if isinstance(value, (int, float)) and math.isfinite(value) and r.step is not None:
+            steps.append(r.step)
             values.append(float(value))
     return steps, values

@@ -3,19 +3,80 @@
 Named for what it holds (a log), not ``metrics``: the metrics themselves (BLEU, chrF) are in
 :mod:`aiayn.evaluation`.
 
-Records have `type` "train" (step, epoch, loss, nll, ppl, lr, tokens_per_s, tokens_seen) or
-"valid" (step, valid_loss, valid_nll, valid_ppl, and valid_bleu/valid_chrf when enabled).
-Readers stop at the last complete line, so a log that a running job is writing can be read.
+Records are `TrainRecord`s (`type` "train") and `ValidRecord`s (`type` "valid"), written as
+flat JSON objects. Readers stop at the last complete line, so a log that a running job is
+writing can be read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass(frozen=True)
+class TrainRecord:
+    """Training measured over the updates since the previous record (per target token)."""
+
+    type: ClassVar[str] = "train"
+    step: int
+    epoch: int
+    loss: float  # label-smoothed
+    nll: float
+    ppl: float
+    lr: float
+    tokens_per_s: float  # target tokens of every process, per second of this process
+    tokens_seen: int  # target tokens of the whole run so far
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class ValidRecord:
+    """A validation pass at `step`; BLEU and chrF only with `valid_bleu`."""
+
+    type: ClassVar[str] = "valid"
+    step: int
+    valid_loss: float
+    valid_nll: float
+    valid_ppl: float
+    valid_tokens: int
+    valid_bleu: float | None = None
+    valid_chrf: float | None = None
+    bleu_signature: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form; BLEU fields only when measured (as in logs of earlier releases)."""
+        values = dataclasses.asdict(self)
+        return {"type": self.type, **{k: v for k, v in values.items() if v is not None}}
+
+    def metrics(self) -> dict[str, Any]:
+        """The measured values, without `type` and `step` (what `TrainResult` reports)."""
+        return {k: v for k, v in self.to_dict().items() if k not in ("type", "step")}
+
+
+Record = TrainRecord | ValidRecord
+
+
+def parse_record(values: dict[str, Any]) -> Record | None:
+    """A record from its JSON form; None for a record of another or unknown type. Keys that
+    a record type does not have are ignored, missing ones are None (logs of older releases)."""
+    kinds: dict[str, type[TrainRecord] | type[ValidRecord]] = {
+        "train": TrainRecord,
+        "valid": ValidRecord,
+    }
+    kind = kinds.get(values.get("type", ""))
+    if kind is None:
+        return None
+    names = [f.name for f in dataclasses.fields(kind)]
+    return kind(**{name: values.get(name) for name in names})
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
@@ -53,8 +114,10 @@ class MetricsLog:
     def __init__(self, path: Path, enabled: bool) -> None:
         self.path, self.enabled = path, enabled
 
-    def write(self, record: dict[str, Any]) -> None:
+    def write(self, record: Record | dict[str, Any]) -> None:
         """Appends one record as a line and closes the file: a crash loses at most that line."""
+        if isinstance(record, (TrainRecord, ValidRecord)):
+            record = record.to_dict()
         if self.enabled:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")

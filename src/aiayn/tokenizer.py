@@ -24,11 +24,15 @@ import json
 import logging
 import os
 import re
+import shutil
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
+
+from aiayn.data import read_parallel, read_tsv
 
 logger = logging.getLogger(__name__)
 
@@ -206,6 +210,49 @@ class Tokenizer:
         )
         return tokenizer
 
+    @classmethod
+    def train_or_reuse(
+        cls,
+        model_file: Path,
+        *,
+        src: Path | None = None,
+        tgt: Path | None = None,
+        tsv: Path | None = None,
+        copy_from: Path | None = None,
+        vocab_size: int,
+        seed: int,
+        keep: bool = False,
+    ) -> Tokenizer:
+        """The vocabulary at ``model_file``, made once: copied from ``copy_from``, or trained on
+        ``src`` + ``tgt`` (line-aligned files) or on the two columns of ``tsv``.
+
+        What it was made from (the settings, and each file's path and size) is recorded next to
+        it (``tokenizer.json``). A vocabulary already there is reused only if it was made from
+        the same, and made again otherwise; ``keep`` reuses it whatever it was made from (a
+        resumed run: its weights depend on it).
+
+        Raises:
+            DataError: Line-aligned files that are not (line counts, UTF-8), checked before
+                BPE training, so that a vocabulary of bad files never stays behind.
+            TokenizerError: ``copy_from`` is not a valid model, or training failed.
+        """
+        model_file = Path(model_file)
+        record = model_file.with_suffix(".json")
+        recipe = _recipe(src, tgt, tsv, copy_from, vocab_size, seed)
+        if model_file.exists() and not keep:
+            saved = json.loads(record.read_text()) if record.is_file() else None
+            if saved != recipe:
+                logger.info("%s was made from other settings or files: remaking it", model_file)
+                model_file.unlink()
+        if not model_file.exists():
+            if copy_from is not None:
+                cls.load(copy_from)  # validate before copying
+                shutil.copyfile(copy_from, model_file)
+            else:
+                _train_on_corpus(model_file, src, tgt, tsv, vocab_size=vocab_size, seed=seed)
+            record.write_text(json.dumps(recipe, indent=2) + "\n")
+        return cls.load(model_file)
+
     @property
     def vocab_size(self) -> int:
         """Number of pieces, special and byte pieces included; ids are ``0..vocab_size-1``."""
@@ -269,6 +316,57 @@ class Tokenizer:
         return "".join(
             f"{self._sp.id_to_piece(i)}\t{self._sp.get_score(i)}\n" for i in range(self.vocab_size)
         )
+
+
+def _recipe(
+    src: Path | None,
+    tgt: Path | None,
+    tsv: Path | None,
+    copy_from: Path | None,
+    vocab_size: int,
+    seed: int,
+) -> dict[str, Any]:
+    """What a vocabulary is made from, as `train_or_reuse` records it (the form is that of
+    earlier releases' run directories: a same recipe reuses their vocabulary)."""
+    if copy_from is not None:
+        return {"copied_from": str(Path(copy_from).resolve())}
+    files = [tsv] if tsv is not None else [src, tgt]
+    return {
+        "vocab_size": vocab_size,
+        "seed": seed,
+        "files": [[str(Path(f).resolve()), Path(f).stat().st_size] for f in files],
+    }
+
+
+def _train_on_corpus(
+    model_file: Path,
+    src: Path | None,
+    tgt: Path | None,
+    tsv: Path | None,
+    *,
+    vocab_size: int,
+    seed: int,
+) -> None:
+    """Train on a parallel corpus: a misaligned or undecodable one must fail before BPE
+    training, not after it (the error would cost minutes). A TSV corpus is checked by the one
+    pass that splits its columns, which SentencePiece needs as lines without tabs."""
+    logger.info("training a joint BPE vocabulary of %d pieces", vocab_size)
+    with tempfile.TemporaryDirectory(dir=model_file.parent) as tmp:
+        if tsv is not None:
+            files = [Path(tmp) / "src.txt", Path(tmp) / "tgt.txt"]
+            with (
+                open(files[0], "w", encoding="utf-8") as src_out,
+                open(files[1], "w", encoding="utf-8") as tgt_out,
+            ):
+                for source, target in read_tsv(tsv):
+                    src_out.write(source + "\n")
+                    tgt_out.write(target + "\n")
+        else:
+            assert src is not None and tgt is not None
+            for _ in read_parallel(src, tgt):  # line counts and UTF-8, naming the file
+                pass
+            files = [src, tgt]
+        Tokenizer.train(files, model_file, vocab_size=vocab_size, seed=seed)
 
 
 def _check_training_inputs(files: list[Path], vocab_size: int, max_sentences: int) -> None:

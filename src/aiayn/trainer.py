@@ -1,16 +1,17 @@
 """Training for translation (§5): token-bucketed batches, Adam with Eq. 3, label smoothing.
 
-One function, `train`, runs a whole job from a `TrainConfig`:
+`train` runs a whole job from a `TrainConfig` with a `Trainer`, whose parts follow the job:
 
-1. the run directory (resolved config, tokenizer, binarised data cache, metrics, checkpoints),
-   locked against a second trainer while this one runs (aiayn.runlock);
-2. a joint SentencePiece vocabulary, trained once (§5.1);
-3. batches of about `max_tokens` tokens, grouped by length, shuffled per epoch from the seed;
-4. updates that accumulate batches and normalise by the true number of target tokens, so one
-   process with `accumulate=k` and k data-parallel processes compute the same update;
-5. validation, checkpoints that resume exactly (weights, optimizer, step, RNG, data position),
-   a `model/` directory that inference loads with no flags and a `best/` one;
-6. SIGINT/SIGTERM finish the current update, save and exit.
+1. `Trainer.setup`: the run directory (aiayn.rundir: locked against a second trainer, its
+   settings kept on `--resume`), a joint SentencePiece vocabulary made once (§5.1), the
+   binarised data, the model and Adam, restored from the last checkpoint on resume;
+2. `Trainer.update`: one optimizer update over batches of about `max_tokens` tokens, grouped by
+   length and shuffled per epoch from the seed, normalised by the true number of target tokens,
+   so one process with `accumulate=k` and k data-parallel processes compute the same update;
+3. `Trainer.validate` and `Trainer.save`: validation, checkpoints that resume exactly (weights,
+   optimizer, step, RNG, data position: `checkpoint.TrainingState`), a `model/` directory that
+   inference loads with no flags and a `best/` one;
+4. `Trainer.run`: the loop; SIGINT/SIGTERM finish the current update, save and exit.
 
 Multi-GPU / multi-node: launch with `torchrun ... -m aiayn train ...`; every rank takes its
 share of the batches (DDP over NCCL on GPUs, gloo on CPUs) and rank 0 alone writes.
@@ -20,27 +21,24 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import logging
 import math
-import shutil
 import signal
 import sys
-import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
-import yaml
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from aiayn import checkpoint as ckpt
+from aiayn import rundir
 from aiayn.acceleration import maybe_compile, native_bf16_cpu
 from aiayn.batching import collate, make_batches, shard_batches
 from aiayn.config import TrainConfig
@@ -55,8 +53,7 @@ from aiayn.distributed import Distributed, init_distributed
 from aiayn.loss import label_smoothed_loss, perplexity
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
-from aiayn.runlock import hold_run_lock
-from aiayn.runlog import METRICS_FILE, MetricsLog, truncate_metrics
+from aiayn.runlog import METRICS_FILE, MetricsLog, TrainRecord, ValidRecord, truncate_metrics
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -66,219 +63,14 @@ class TrainingError(RuntimeError):
     """The run cannot start or continue (the message says why and what to do)."""
 
 
-# -- training state -------------------------------------------------------------------------
-
-
-@dataclass
-class Progress:
-    """What the loop must restore to continue exactly where it stopped."""
-
-    step: int = 0
-    epoch: int = 1
-    position: int = 0  # updates already taken in this epoch
-    best_valid_nll: float = math.inf
-    tokens_seen: int = 0
-    interval: dict[str, float] = field(
-        default_factory=lambda: {"loss": 0.0, "nll": 0.0, "tokens": 0.0, "updates": 0.0}
-    )
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "epoch": self.epoch,
-            "position": self.position,
-            "best_valid_nll": self.best_valid_nll,
-            "tokens_seen": self.tokens_seen,
-            "interval": dict(self.interval),
-        }
-
-
-def _rng_states() -> dict[str, Any]:
-    states: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def _all_rng_states(ctx: Distributed) -> list[dict[str, Any]]:
-    """Every rank's RNG states, indexed by rank (each rank draws its own dropout masks)."""
-    states = _rng_states()
-    if not ctx.enabled:
-        return [states]
-    gathered: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(gathered, states)
-    return gathered
-
-
-def _restore_rng_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
-# -- the run directory ----------------------------------------------------------------------
-
-
-def _prepare_run_dir(
-    config: TrainConfig, resume: bool, ctx: Distributed, held: contextlib.ExitStack
-) -> Path:
-    """Create and lock the run directory (rank 0 alone: the ranks of one run share it).
-
-    The lock comes before anything is written and before the checkpoint check, so that a
-    second trainer is told who is in the way and changes nothing.
-    """
-    run_dir = Path(config.out_dir)
-    if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        held.enter_context(hold_run_lock(run_dir, lambda: _refuse_existing_run(run_dir, resume)))
-    ctx.barrier()
-    return run_dir
-
-
-def _refuse_existing_run(run_dir: Path, resume: bool) -> None:
-    if ckpt.list_checkpoints(run_dir) and not resume:
-        raise TrainingError(
-            f"{run_dir} already holds checkpoints; pass --resume to continue that run or "
-            "choose another --out-dir (nothing was overwritten)"
-        )
-
-
-def _check_inputs(config: TrainConfig) -> None:
-    """What can be checked of the inputs without reading them whole, before the run directory
-    is touched: the corpus files (missing, directories, UTF-16) and a given tokenizer."""
-    files = (config.src, config.tgt, config.tsv, config.valid_src, config.valid_tgt)
-    check_corpus_files(*(Path(name) for name in (*files, config.valid_tsv) if name))
-    if config.tokenizer:
-        source = Path(config.tokenizer)
-        if not source.is_file():
-            raise TrainingError(f"tokenizer not found: {source}")
-        pieces = Tokenizer.load(source).vocab_size
-        if pieces != config.vocab_size:
-            # The model's vocabulary is the tokenizer's: a silent mismatch would train another
-            # model than train_config.yaml records.
-            raise TrainingError(
-                f"tokenizer {source} has {pieces} pieces but vocab_size is "
-                f"{config.vocab_size}; set vocab_size to {pieces} to use it"
-            )
-
-
-def _write_config(config: TrainConfig, run_dir: Path) -> None:
-    """Record the resolved config; only once the run starts, so that a refused `--resume`
-    does not leave a config in the directory that its checkpoints do not match."""
-    text = yaml.safe_dump(config.to_dict(), sort_keys=False, allow_unicode=True)
-    (run_dir / "train_config.yaml").write_text(text, encoding="utf-8")
-
-
-TOKENIZER_RECORD = "tokenizer.json"
-
-
-def _tokenizer_recipe(config: TrainConfig) -> dict[str, Any]:
-    """What the run's vocabulary was made from; a fresh run with other settings makes a new one."""
-    if config.tokenizer:
-        return {"copied_from": str(Path(config.tokenizer).resolve())}
-    files = [config.tsv] if config.tsv else [config.src, config.tgt]
-    return {
-        "vocab_size": config.vocab_size,
-        "seed": config.seed,
-        "files": [[str(Path(f).resolve()), Path(f).stat().st_size] for f in files],
-    }
-
-
-def _prepare_tokenizer(
-    config: TrainConfig, run_dir: Path, ctx: Distributed, resume: bool
-) -> Tokenizer:
-    """The joint vocabulary: reuse the run's, copy a given one, or train one (§5.1).
-
-    A resumed run always keeps its vocabulary (its weights depend on it). A fresh run reuses one
-    left in the run directory only if it was made from the same settings and files.
-    """
-    model_file = run_dir / ckpt.TOKENIZER_FILE
-    record = run_dir / TOKENIZER_RECORD
-    if ctx.is_main and model_file.exists() and not (resume and ckpt.list_checkpoints(run_dir)):
-        saved = json.loads(record.read_text()) if record.is_file() else None
-        if saved != _tokenizer_recipe(config):
-            logger.info("the vocabulary in %s was made from other settings: remaking it", run_dir)
-            model_file.unlink()
-    if ctx.is_main and not model_file.exists():
-        if config.tokenizer:
-            source = Path(config.tokenizer)
-            if not source.is_file():
-                raise TrainingError(f"tokenizer not found: {source}")
-            Tokenizer.load(source)  # validate before copying
-            shutil.copyfile(source, model_file)
-        else:
-            # A misaligned or undecodable corpus must fail before BPE training, not after it:
-            # else the error costs minutes, and a vocabulary learned from the bad files stays
-            # in the run directory, where the next run would reuse it. (A TSV corpus is
-            # checked by the one pass that splits its columns, below.)
-            logger.info("training a joint BPE vocabulary of %d pieces", config.vocab_size)
-            with tempfile.TemporaryDirectory(dir=run_dir) as tmp:
-                if config.tsv:  # SentencePiece reads lines: give it the two columns, not tabs
-                    files = [Path(tmp) / "src.txt", Path(tmp) / "tgt.txt"]
-                    with (
-                        open(files[0], "w", encoding="utf-8") as src,
-                        open(files[1], "w", encoding="utf-8") as tgt,
-                    ):
-                        for source, target in read_tsv(Path(config.tsv)):
-                            src.write(source + "\n")
-                            tgt.write(target + "\n")
-                else:
-                    _check_training_text(config)
-                    files = [Path(config.src), Path(config.tgt)]
-                Tokenizer.train(files, model_file, vocab_size=config.vocab_size, seed=config.seed)
-        record.write_text(json.dumps(_tokenizer_recipe(config), indent=2) + "\n")
-    ctx.barrier()
-    return Tokenizer.load(model_file)
-
-
-def _check_training_text(config: TrainConfig) -> None:
-    """Read the training files once: line counts and UTF-8 (raises DataError, naming the file)."""
-    for _ in read_parallel(Path(config.src), Path(config.tgt)):
-        pass
-
-
-def _load_data(
-    config: TrainConfig, tokenizer: Tokenizer, run_dir: Path, ctx: Distributed
-) -> tuple[ParallelDataset, ParallelDataset | None]:
-    """Binarise once on rank 0 (cached by content), then every rank opens the memmaps."""
-
-    def build(src: str | None, tgt: str | None, tsv: str | None, name: str) -> ParallelDataset:
-        dataset, stats = load_or_build(
-            Path(src) if src else None,
-            Path(tgt) if tgt else None,
-            Path(tsv) if tsv else None,
-            tokenizer,
-            run_dir / "data" / name,
-            max_len=config.max_len,
-            max_ratio=config.max_ratio or None,
-        )
-        if ctx.is_main:
-            logger.info("%s data: %s", name, stats)
-        return dataset
-
-    def both() -> tuple[ParallelDataset, ParallelDataset | None]:
-        train = build(config.src, config.tgt, config.tsv, "train")
-        valid = None
-        if config.valid_tsv or config.valid_src:
-            valid = build(config.valid_src, config.valid_tgt, config.valid_tsv, "valid")
-        return train, valid
-
-    if ctx.is_main:
-        result = both()
-        ctx.barrier()
-        return result
-    ctx.barrier()
-    return both()
-
-
 # -- one update -----------------------------------------------------------------------------
 
 
-def uses_bf16(device: torch.device, config: TrainConfig) -> bool:
+def uses_bf16(device: torch.device, *, bf16: bool, cpu_bf16: bool) -> bool:
     """bf16 autocast: on CUDA unless `bf16` is off; on a CPU only with `cpu_bf16` (opt-in)."""
     if device.type == "cuda":
-        return config.bf16
-    return device.type == "cpu" and config.cpu_bf16
+        return bf16
+    return device.type == "cpu" and cpu_bf16
 
 
 def _autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
@@ -288,6 +80,16 @@ def _autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextMan
     return contextlib.nullcontext()
 
 
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one update measured, summed over its batches and every process."""
+
+    loss: float  # label-smoothed, summed over target tokens
+    nll: float  # summed over target tokens
+    tokens: int  # target tokens
+    lr: float  # the learning rate the update used (Eq. 3)
+
+
 def _update(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -295,19 +97,20 @@ def _update(
     group: list[np.ndarray],
     *,
     step: int,
-    config: TrainConfig,
     d_model: int,
+    warmup_steps: int,
+    lr_scale: float,
+    label_smoothing: float,
+    clip_norm: float,
+    bf16: bool,
     device: torch.device,
-    ctx: Distributed,
-) -> tuple[float, float, int, float]:
+    distributed: Distributed,
+) -> UpdateStats:
     """One optimizer update over the batches in `group` (gradient accumulation).
 
     The loss of every batch is divided by the number of target tokens in the whole update
     across all ranks, and multiplied by the world size because DDP averages gradients: the
     update is the same however the tokens are split over batches and processes.
-
-    Returns:
-        Summed label-smoothed loss, summed NLL, target tokens (all ranks), learning rate.
     """
     model.train()
     batches = [
@@ -315,36 +118,34 @@ def _update(
         for indices in group
     ]
     local_tokens = sum(b.n_tgt_tokens for b in batches)
-    (n_tokens,) = ctx.sum([float(local_tokens)], device)
+    (n_tokens,) = distributed.sum([float(local_tokens)], device)
     sums_per_batch = []
     for i, batch in enumerate(batches):
         batch = batch.to(device)
         last = i == len(batches) - 1
-        sync = contextlib.nullcontext() if last or not ctx.enabled else model.no_sync()
+        sync = contextlib.nullcontext() if last or not distributed.enabled else model.no_sync()
         with sync:
-            with _autocast(device, uses_bf16(device, config)):
+            with _autocast(device, bf16):
                 logits = model(batch.src, batch.tgt_in)
             sums = label_smoothed_loss(
-                logits, batch.tgt_out, epsilon=config.label_smoothing, pad_id=PAD_ID
+                logits, batch.tgt_out, epsilon=label_smoothing, pad_id=PAD_ID
             )
-            (sums.loss * (ctx.world_size / n_tokens)).backward()
+            (sums.loss * (distributed.world_size / n_tokens)).backward()
         sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll]))
-    lr = learning_rate(
-        step, d_model=d_model, warmup_steps=config.warmup_steps, scale=config.lr_scale
-    )
+    lr = learning_rate(step, d_model=d_model, warmup_steps=warmup_steps, scale=lr_scale)
     set_learning_rate(optimizer, lr)
-    if config.clip_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), config.clip_norm)
+    if clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     # One device-to-host copy per update (not per batch); summed in float64 as before.
     local_sums = torch.stack(sums_per_batch).double().sum(dim=0).tolist()
-    loss_sum, nll_sum = ctx.sum(local_sums, device)
-    return loss_sum, nll_sum, int(n_tokens), lr
+    loss_sum, nll_sum = distributed.sum(local_sums, device)
+    return UpdateStats(loss=loss_sum, nll=nll_sum, tokens=int(n_tokens), lr=lr)
 
 
 @torch.no_grad()
-def validate(
+def validation_loss(
     model: nn.Module,
     dataset: ParallelDataset,
     *,
@@ -409,7 +210,41 @@ def validation_bleu(
     return evaluation.validation_bleu(translator, pairs, should_stop=should_stop)
 
 
-# -- the loop -------------------------------------------------------------------------------
+# -- batches, stopping, the result ----------------------------------------------------------
+
+
+def _epoch_updates(
+    dataset: ParallelDataset,
+    *,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    accumulate: int,
+    distributed: Distributed,
+) -> list[list[np.ndarray]]:
+    """This rank's updates of an epoch, each a list of `accumulate` batches (index arrays)."""
+    batches = make_batches(
+        dataset.src_lengths, dataset.tgt_lengths, max_tokens=max_tokens, seed=seed, epoch=epoch
+    )
+    mine = shard_batches(batches, distributed.rank, distributed.world_size)
+    return [mine[i : i + accumulate] for i in range(0, len(mine), accumulate)]
+
+
+def accumulation(
+    *, tokens_per_update: int, max_tokens: int, accumulate: int, world_size: int
+) -> int:
+    """Batches per update and process: `accumulate`, or enough for `tokens_per_update`."""
+    if tokens_per_update > 0:
+        return max(1, math.ceil(tokens_per_update / (max_tokens * world_size)))
+    return accumulate
+
+
+def _progress_bar(enabled: bool, total: int, initial: int) -> Any:
+    if not (enabled and sys.stderr.isatty()):
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
 
 class _StopFlag:
@@ -447,39 +282,21 @@ class TrainResult:
     model_dir: Path
     step: int
     interrupted: bool
-    last_valid: dict[str, float] | None
+    last_valid: dict[str, Any] | None
     stop_signal: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM)
 
 
-def _updates(batches: list[np.ndarray], accumulate: int) -> list[list[np.ndarray]]:
-    return [batches[i : i + accumulate] for i in range(0, len(batches), accumulate)]
-
-
-def _epoch_updates(
-    dataset: ParallelDataset, config: TrainConfig, epoch: int, accumulate: int, ctx: Distributed
-) -> list[list[np.ndarray]]:
-    batches = make_batches(
-        dataset.src_lengths,
-        dataset.tgt_lengths,
-        max_tokens=config.max_tokens,
-        seed=config.seed,
-        epoch=epoch,
-    )
-    return _updates(shard_batches(batches, ctx.rank, ctx.world_size), accumulate)
-
-
-def _accumulation(config: TrainConfig, world_size: int) -> int:
-    if config.tokens_per_update > 0:
-        return max(1, math.ceil(config.tokens_per_update / (config.max_tokens * world_size)))
-    return config.accumulate
+# -- the job --------------------------------------------------------------------------------
 
 
 def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
     """Run (or continue, with `resume`) the training job described by `config`."""
-    ctx, device = init_distributed(config.device)
+    distributed, device = init_distributed(config.device)
     try:
         with contextlib.ExitStack() as held:  # the run directory's lock, while training
-            return _train(config, resume, ctx, device, held)
+            trainer = Trainer(config, resume=resume, distributed=distributed, device=device)
+            trainer.setup(held)
+            return trainer.run()
     except (ckpt.DiskFullError, OSError) as error:
         if isinstance(error, ckpt.DiskFullError):
             message = str(error)
@@ -494,331 +311,472 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
             f"{message}; last good checkpoint: {last[0] if last else 'none'}"
         ) from None
     finally:
-        if ctx.enabled and dist.is_initialized():
+        if distributed.enabled and dist.is_initialized():
             dist.destroy_process_group()
 
 
-def _train(
-    config: TrainConfig,
-    resume: bool,
-    ctx: Distributed,
-    device: torch.device,
-    held: contextlib.ExitStack,
-) -> TrainResult:
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    _check_inputs(config)
-    run_dir = _prepare_run_dir(config, resume, ctx, held)
-    if ctx.is_main:
-        ckpt.remove_debris(run_dir)  # before anything in the run directory is read
-    tokenizer = _prepare_tokenizer(config, run_dir, ctx, resume)
-    train_data, valid_data = _load_data(config, tokenizer, run_dir, ctx)
-    model_config = config.model_config(tokenizer.vocab_size, pad_id=PAD_ID)
+class Trainer:
+    """One training job: the state the loop shares, and the steps of the loop as methods.
 
-    torch.manual_seed(config.seed)
-    model = Transformer(model_config).to(device)
-    if ctx.rank > 0:
-        # Independent dropout masks on every rank; rank 0 keeps the single-process stream.
-        torch.manual_seed(config.seed + ctx.rank)
-    accumulate = _accumulation(config, ctx.world_size)
-    optimizer = build_optimizer(
-        model, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps
-    )
-    progress = Progress()
-    metrics_path = run_dir / METRICS_FILE
-    latest = [found] if resume and (found := ckpt.latest_checkpoint(run_dir)) else []
-    if latest:
-        try:
-            progress = _resume(latest[0], model, optimizer, model_config, device, ctx, accumulate)
-        except ckpt.CorruptCheckpointError as error:
-            raise TrainingError(
-                f"{error}; {_earlier_checkpoint_hint(run_dir, latest[0])}"
-            ) from None
-        if ctx.is_main:
-            truncate_metrics(metrics_path, progress.step)
-            logger.info("resumed from %s at step %d", latest[0], progress.step)
-    elif resume and ctx.is_main:
-        logger.info("no checkpoint in %s yet: starting from scratch", run_dir)
-    if ctx.is_main and not latest and metrics_path.exists():
-        metrics_path.unlink()
-    if ctx.is_main:
-        _write_config(config, run_dir)
-    ctx.barrier()
+    Built in two steps, as torchtune's recipes are: `__init__` only keeps the settings;
+    `setup` writes (the run directory, vocabulary, data cache) and builds (model, optimizer,
+    resumed progress). `run` is then the loop; every other method is one part of it.
 
-    if uses_bf16(device, config) and device.type == "cpu" and not native_bf16_cpu():
-        logger.warning("cpu_bf16: this CPU has no native bf16 arithmetic; steps will be slower")
-    train_model: nn.Module = model
-    if config.compile:
-        train_model = maybe_compile(train_model, device)
-    if ctx.enabled:
-        device_ids = [device.index] if device.type == "cuda" else None
-        train_model = DistributedDataParallel(train_model, device_ids=device_ids)
+    Attributes:
+        config: The job's settings.
+        distributed: This process's rank and the world size (a single process outside torchrun).
+        device: Where the model trains.
+        run_dir: The run directory (aiayn.rundir).
+        tokenizer: The joint vocabulary.
+        model: The `Transformer` (what is saved); `train_model` is what updates run through
+            (the same, or it wrapped by torch.compile and/or DDP).
+        optimizer: Adam (§5.3).
+        progress: Step, epoch and data position, and the open metrics interval; saved and
+            restored with every checkpoint.
+        log: The metrics log (written by rank 0).
+    """
 
-    metadata = {"src_lang": config.src_lang, "tgt_lang": config.tgt_lang}
-    n_params = sum(p.numel() for p in model.parameters())
-    if ctx.is_main:
-        logger.info(
-            "model: %s parameters, %d train pairs, %d device(s) × %d batch(es) of ≤ %d tokens "
-            "per update, on %s",
-            f"{n_params:,}",
-            len(train_data),
-            ctx.world_size,
-            accumulate,
-            config.max_tokens,
-            device,
+    def __init__(
+        self,
+        config: TrainConfig,
+        *,
+        resume: bool,
+        distributed: Distributed,
+        device: torch.device,
+    ) -> None:
+        self.config = config
+        self.resume_requested = resume
+        self.distributed = distributed
+        self.device = device
+        self.bf16 = uses_bf16(device, bf16=config.bf16, cpu_bf16=config.cpu_bf16)
+        self.accumulate = accumulation(
+            tokens_per_update=config.tokens_per_update,
+            max_tokens=config.max_tokens,
+            accumulate=config.accumulate,
+            world_size=distributed.world_size,
         )
-    log = MetricsLog(metrics_path, ctx.is_main)
-    bar = _progress_bar(config, progress.step, ctx)
-    last_save_time = time.monotonic()
-    interval_start = time.monotonic()
-    last_valid: dict[str, float] | None = None
-    interrupted = False
+        self.run_dir = Path(config.out_dir)
+        self.progress = ckpt.Progress()
+        self.log = MetricsLog(self.run_dir / METRICS_FILE, distributed.is_main)
+        self.last_valid: ValidRecord | None = None
+        self.stop = _StopFlag()
+        self._last_save_time = time.monotonic()
+        # Throughput is measured by this process from the updates it ran, apart from
+        # `progress.interval`: a resumed interval holds the tokens of updates before the stop.
+        self._timer_start, self._timer_tokens = time.monotonic(), 0
+        self._bar: Any = None
 
-    def save() -> None:
-        nonlocal last_save_time
-        rng_states = _all_rng_states(ctx)  # a collective: every rank takes part
-        if ctx.is_main:
-            state = {
-                "optimizer": optimizer.state_dict(),
-                "progress": progress.to_dict(),
-                "rng": rng_states,
-                "world_size": ctx.world_size,
-                "accumulate": accumulate,
-            }
-            path = ckpt.save_checkpoint(
-                run_dir,
-                model,
-                step=progress.step,
-                training_state=state,
-                tokenizer_file=tokenizer.model_file,
-                metadata=metadata,
-                keep_last=config.keep_last,
-            )
-            ckpt.save_model_dir(
-                run_dir / "model",
-                model,
-                tokenizer_file=tokenizer.model_file,
-                metadata={**metadata, "step": progress.step},
-            )
-            logger.info("saved %s", path)
-        ctx.barrier()
-        last_save_time = time.monotonic()
+    # -- setup ----------------------------------------------------------------------------
 
-    def run_validation(stop: _StopFlag) -> bool:
+    def setup(self, held: contextlib.ExitStack) -> None:
+        """Everything before the first update; `held` keeps the run directory's lock."""
+        if self.config.threads:
+            torch.set_num_threads(self.config.threads)
+        self._check_inputs()
+        self._open_run_dir(held)
+        self.tokenizer = self._prepare_tokenizer()
+        self.train_data, self.valid_data = self._load_data()
+        self.model_config = self.config.model_config(self.tokenizer.vocab_size, pad_id=PAD_ID)
+        torch.manual_seed(self.config.seed)
+        self.model = Transformer(self.model_config).to(self.device)
+        if self.distributed.rank > 0:
+            # Independent dropout masks on every rank; rank 0 keeps the single-process stream.
+            torch.manual_seed(self.config.seed + self.distributed.rank)
+        betas = (self.config.adam_beta1, self.config.adam_beta2)
+        self.optimizer = build_optimizer(self.model, betas=betas, eps=self.config.adam_eps)
+        self._resume_or_start()
+        self.train_model = self._wrap_model()
+        self._log_setup()
+
+    def _check_inputs(self) -> None:
+        """What can be checked of the inputs without reading them whole, before the run
+        directory is touched: the corpus files (missing, directories, UTF-16), a given
+        tokenizer."""
+        c = self.config
+        files = (c.src, c.tgt, c.tsv, c.valid_src, c.valid_tgt, c.valid_tsv)
+        check_corpus_files(*(Path(name) for name in files if name))
+        if c.tokenizer:
+            source = Path(c.tokenizer)
+            if not source.is_file():
+                raise TrainingError(f"tokenizer not found: {source}")
+            pieces = Tokenizer.load(source).vocab_size
+            if pieces != c.vocab_size:
+                # The model's vocabulary is the tokenizer's: a silent mismatch would train
+                # another model than train_config.yaml records.
+                raise TrainingError(
+                    f"tokenizer {source} has {pieces} pieces but vocab_size is "
+                    f"{c.vocab_size}; set vocab_size to {pieces} to use it"
+                )
+
+    def _open_run_dir(self, held: contextlib.ExitStack) -> None:
+        """Create and lock the run directory (rank 0 alone: the ranks of one run share it).
+
+        The lock comes before anything is written and before the checkpoint check, so that a
+        second trainer is told who is in the way and changes nothing.
+        """
+        if self.distributed.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            held.enter_context(rundir.hold_run_lock(self.run_dir, self._check_run_dir))
+            rundir.remove_debris(self.run_dir)  # before anything in the run directory is read
+        self.distributed.barrier()
+
+    def _check_run_dir(self) -> None:
+        """A fresh run must not overwrite another; a resumed one keeps its settings, but for
+        those it may change (logged)."""
+        rundir.refuse_existing_run(self.run_dir, self.resume_requested)
+        if self.resume_requested and ckpt.list_checkpoints(self.run_dir):
+            for name, (before, after) in rundir.resume_overrides(self.run_dir, self.config).items():
+                logger.info("resume: %s changed from %r to %r", name, before, after)
+
+    def _prepare_tokenizer(self) -> Tokenizer:
+        """The joint vocabulary (§5.1), made by rank 0; a resumed run keeps its own."""
+        model_file = self.run_dir / ckpt.TOKENIZER_FILE
+        if self.distributed.is_main:
+            c = self.config
+            Tokenizer.train_or_reuse(
+                model_file,
+                src=Path(c.src) if c.src else None,
+                tgt=Path(c.tgt) if c.tgt else None,
+                tsv=Path(c.tsv) if c.tsv else None,
+                copy_from=Path(c.tokenizer) if c.tokenizer else None,
+                vocab_size=c.vocab_size,
+                seed=c.seed,
+                keep=self.resume_requested and bool(ckpt.list_checkpoints(self.run_dir)),
+            )
+        self.distributed.barrier()
+        return Tokenizer.load(model_file)
+
+    def _load_data(self) -> tuple[ParallelDataset, ParallelDataset | None]:
+        """Binarise once on rank 0 (cached by content), then every rank opens the memmaps."""
+        c = self.config
+
+        def build(src: str | None, tgt: str | None, tsv: str | None, name: str) -> Any:
+            dataset, stats = load_or_build(
+                *(Path(f) if f else None for f in (src, tgt, tsv)),
+                self.tokenizer,
+                self.run_dir / "data" / name,
+                max_len=c.max_len,
+                max_ratio=c.max_ratio or None,
+            )
+            if self.distributed.is_main:
+                logger.info("%s data: %s", name, stats)
+            return dataset
+
+        if not self.distributed.is_main:
+            self.distributed.barrier()  # rank 0 builds the cache first
+        train_data = build(c.src, c.tgt, c.tsv, "train")
+        valid_data = None
+        if c.valid_tsv or c.valid_src:
+            valid_data = build(c.valid_src, c.valid_tgt, c.valid_tsv, "valid")
+        if self.distributed.is_main:
+            self.distributed.barrier()
+        return train_data, valid_data
+
+    def _resume_or_start(self) -> None:
+        """Restore the latest checkpoint on `--resume` (if there is one), else start afresh;
+        then record the settings."""
+        latest = ckpt.latest_checkpoint(self.run_dir) if self.resume_requested else None
+        metrics_path = self.run_dir / METRICS_FILE
+        if latest is not None:
+            try:
+                self.resume(latest)
+            except ckpt.CorruptCheckpointError as error:
+                hint = rundir.earlier_checkpoint_hint(self.run_dir, latest)
+                raise TrainingError(f"{error}; {hint}") from None
+            if self.distributed.is_main:
+                truncate_metrics(metrics_path, self.progress.step)
+                logger.info("resumed from %s at step %d", latest, self.progress.step)
+        elif self.resume_requested and self.distributed.is_main:
+            logger.info("no checkpoint in %s yet: starting from scratch", self.run_dir)
+        if self.distributed.is_main:
+            if latest is None:
+                metrics_path.unlink(missing_ok=True)
+            rundir.write_config(self.run_dir, self.config.to_dict())
+        self.distributed.barrier()
+
+    def resume(self, checkpoint: Path) -> None:
+        """Weights, optimizer state, progress and this rank's RNG from `checkpoint`."""
+        state = ckpt.load_training_state(checkpoint)  # verifies every file: corrupt comes first
+        ckpt.check_same_architecture(checkpoint, self.model_config)
+        ckpt.load_weights(self.model, checkpoint / ckpt.WEIGHTS_FILE)
+        self.optimizer.load_state_dict(state.optimizer)
+        world_size = self.distributed.world_size
+        if state.world_size * state.accumulate != world_size * self.accumulate:
+            # `position` counts updates, so it now points at different batches of the epoch.
+            logger.warning(
+                "%s was saved with %d process(es) × %d batch(es) per update, this run uses "
+                "%d × %d: the rest of this epoch's batches will not be exactly those the run "
+                "would have seen",
+                checkpoint,
+                state.world_size,
+                state.accumulate,
+                world_size,
+                self.accumulate,
+            )
+        if self.distributed.rank < len(state.rng):
+            ckpt.restore_rng(state.rng[self.distributed.rank])
+        # else: a rank the checkpoint did not have keeps the stream `setup` seeded for it
+        # (seed + rank), rather than drawing rank 0's dropout masks
+        self.progress = state.progress
+        self.model.to(self.device)
+
+    def _wrap_model(self) -> nn.Module:
+        """The model that updates run through: compiled and/or under DDP when asked."""
+        if self.bf16 and self.device.type == "cpu" and not native_bf16_cpu():
+            logger.warning("cpu_bf16: this CPU has no native bf16 arithmetic; steps will be slower")
+        train_model: nn.Module = self.model
+        if self.config.compile:
+            train_model = maybe_compile(train_model, self.device)
+        if self.distributed.enabled:
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            train_model = DistributedDataParallel(train_model, device_ids=device_ids)
+        return train_model
+
+    def _log_setup(self) -> None:
+        if self.distributed.is_main:
+            logger.info(
+                "model: %s parameters, %d train pairs, %d device(s) × %d batch(es) of ≤ %d "
+                "tokens per update, on %s",
+                f"{sum(p.numel() for p in self.model.parameters()):,}",
+                len(self.train_data),
+                self.distributed.world_size,
+                self.accumulate,
+                self.config.max_tokens,
+                self.device,
+            )
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self) -> TrainResult:
+        """Train until `max_steps` (or `max_epochs`), or until a stop request; then validate
+        and save. A stop request skips or abandons the final validation (resuming makes it
+        up); the last update is saved either way."""
+        c, progress = self.config, self.progress
+        self._bar = _progress_bar(
+            self.distributed.is_main and c.progress, c.max_steps, progress.step
+        )
+        self._timer_start, self._timer_tokens = time.monotonic(), 0
+        interrupted = False
+        with self.stop:  # also around the final save: a signal cannot cut it in half
+            while progress.step < c.max_steps and not interrupted:
+                if c.max_epochs and progress.epoch > c.max_epochs:
+                    break
+                interrupted = self._run_epoch()
+            if self._bar is not None:
+                self._bar.close()
+            if not interrupted:
+                interrupted = not self.validate()
+                self.save()
+        if interrupted:
+            logger.warning("stopped at step %d; continue with --resume", progress.step)
+        return TrainResult(
+            self.run_dir,
+            self.run_dir / "model",
+            progress.step,
+            interrupted,
+            self.last_valid.metrics() if self.last_valid else None,
+            self.stop.signum if interrupted else None,
+        )
+
+    def _run_epoch(self) -> bool:
+        """The rest of the current epoch; True if a stop request ended it."""
+        c, progress = self.config, self.progress
+        updates = _epoch_updates(
+            self.train_data,
+            max_tokens=c.max_tokens,
+            seed=c.seed,
+            epoch=progress.epoch,
+            accumulate=self.accumulate,
+            distributed=self.distributed,
+        )
+        if not updates:
+            raise TrainingError(
+                f"an epoch has no batches for {self.distributed.world_size} process(es): the "
+                "training set is too small for this many processes; use fewer or more data"
+            )
+        for group in updates[progress.position :]:
+            self._log_update(self.update(group))
+            stop_now, timed = self.should_stop()
+            done = progress.step >= c.max_steps
+            if c.valid_every and progress.step % c.valid_every == 0 and not done and not stop_now:
+                stop_now = not self.validate()  # a stop during validation: save now
+            periodic = c.save_every and progress.step % c.save_every == 0
+            if (periodic or timed or stop_now) and not done:
+                self.save()
+            if done:
+                return False  # the final validation and save follow the loop
+            if stop_now:
+                return True
+        progress.epoch += 1
+        progress.position = 0
+        return False
+
+    def update(self, group: list[np.ndarray]) -> UpdateStats:
+        """One optimizer update over the batches of `group`; advances `progress`."""
+        c, progress = self.config, self.progress
+        stats = _update(
+            self.train_model,
+            self.optimizer,
+            self.train_data,
+            group,
+            step=progress.step + 1,
+            d_model=self.model_config.d_model,
+            warmup_steps=c.warmup_steps,
+            lr_scale=c.lr_scale,
+            label_smoothing=c.label_smoothing,
+            clip_norm=c.clip_norm,
+            bf16=self.bf16,
+            device=self.device,
+            distributed=self.distributed,
+        )
+        progress.step += 1
+        progress.position += 1
+        progress.tokens_seen += stats.tokens
+        for key, value in (("loss", stats.loss), ("nll", stats.nll), ("tokens", stats.tokens)):
+            progress.interval[key] += value
+        progress.interval["updates"] += 1
+        self._timer_tokens += stats.tokens
+        return stats
+
+    def _log_update(self, stats: UpdateStats) -> None:
+        """A metrics record every `log_every` updates (and at the last); the progress bar."""
+        progress = self.progress
+        if progress.step % self.config.log_every == 0 or progress.step == self.config.max_steps:
+            record = self._train_record(stats.lr)
+            self.log.write(record)
+            if self._bar is not None:
+                self._bar.set_postfix(
+                    loss=f"{record.loss:.3f}",
+                    ppl=f"{record.ppl:.1f}",
+                    lr=f"{record.lr:.2e}",
+                    tok_s=f"{record.tokens_per_s:.0f}",
+                )
+            elif self.distributed.is_main:
+                logger.info(
+                    "step %d: loss %.4f ppl %.2f lr %.3g %.0f tok/s",
+                    record.step,
+                    record.loss,
+                    record.ppl,
+                    record.lr,
+                    record.tokens_per_s,
+                )
+            progress.interval = ckpt.new_interval()
+            self._timer_start, self._timer_tokens = time.monotonic(), 0
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def _train_record(self, lr: float) -> TrainRecord:
+        progress, interval = self.progress, self.progress.interval
+        tokens = max(interval["tokens"], 1.0)
+        return TrainRecord(
+            step=progress.step,
+            epoch=progress.epoch,
+            loss=interval["loss"] / tokens,
+            nll=interval["nll"] / tokens,
+            ppl=perplexity(interval["nll"], int(tokens)),
+            lr=lr,
+            tokens_per_s=self._timer_tokens / max(time.monotonic() - self._timer_start, 1e-9),
+            tokens_seen=progress.tokens_seen,
+        )
+
+    def should_stop(self) -> tuple[bool, bool]:
+        """(stop now, a timed save is due), the same on every rank.
+
+        Every rank must take the same branch (`save` and `validate` hold barriers), so the
+        flags are agreed on: clocks and signals differ between processes.
+        """
+        minutes = (time.monotonic() - self._last_save_time) / 60
+        every = self.config.save_every_minutes
+        timed = every > 0 and minutes >= every
+        flags = self.distributed.sum([float(self.stop.requested), float(timed)], self.device)
+        stop_now, timed = (flag > 0 for flag in flags)
+        return stop_now, timed
+
+    def validate(self) -> bool:
         """Validate (rank 0) unless a stop request comes first; False if one did, on every
         rank. An abandoned validation logs nothing and leaves `best/` alone."""
-        if valid_data is None:
+        if self.valid_data is None:
             return True
-        if ctx.is_main:
-            _validate(stop)
-        ctx.barrier()
-        (stopped,) = ctx.sum([float(stop.requested)], device)
+        if self.distributed.is_main:
+            self._validate_on_main()
+        self.distributed.barrier()
+        (stopped,) = self.distributed.sum([float(self.stop.requested)], self.device)
         return stopped == 0
 
-    def _validate(stop: _StopFlag) -> None:
-        nonlocal last_valid
-        valid = validate(
-            model,
-            valid_data,
-            max_tokens=config.max_tokens,
-            device=device,
-            label_smoothing=config.label_smoothing,
-            bf16=uses_bf16(device, config),
-            should_stop=lambda: stop.requested,
+    def _validate_on_main(self) -> None:
+        assert self.valid_data is not None
+        c, step = self.config, self.progress.step
+        should_stop = lambda: self.stop.requested  # noqa: E731
+        valid = validation_loss(
+            self.model,
+            self.valid_data,
+            max_tokens=c.max_tokens,
+            device=self.device,
+            label_smoothing=c.label_smoothing,
+            bf16=self.bf16,
+            should_stop=should_stop,
         )
-        if valid is not None and config.valid_bleu:
-            bleu = validation_bleu(model, tokenizer, config, lambda: stop.requested)
+        if valid is not None and c.valid_bleu:
+            bleu = validation_bleu(self.model, self.tokenizer, c, should_stop)
             valid = None if bleu is None else {**valid, **bleu}
         if valid is None:
-            logger.warning("step %d: validation abandoned on the stop request", progress.step)
+            logger.warning("step %d: validation abandoned on the stop request", step)
             return
-        last_valid = valid
-        record = {"type": "valid", "step": progress.step, **last_valid}
-        log.write(record)
+        record = self.last_valid = ValidRecord(step=step, **valid)
+        self.log.write(record)
+        bleu_text = "" if record.valid_bleu is None else f", BLEU {record.valid_bleu:.2f}"
         logger.info(
             "step %d: valid loss %.4f, ppl %.2f%s",
-            progress.step,
-            last_valid["valid_loss"],
-            last_valid["valid_ppl"],
-            f", BLEU {last_valid['valid_bleu']:.2f}" if "valid_bleu" in last_valid else "",
+            step,
+            record.valid_loss,
+            record.valid_ppl,
+            bleu_text,
         )
-        if last_valid["valid_nll"] < progress.best_valid_nll:
-            progress.best_valid_nll = last_valid["valid_nll"]
-            ckpt.save_model_dir(
-                run_dir / "best",
-                model,
-                tokenizer_file=tokenizer.model_file,
-                metadata={**metadata, "step": progress.step, **last_valid},
+        if record.valid_nll < self.progress.best_valid_nll:
+            self.progress.best_valid_nll = record.valid_nll
+            metadata = {**self._metadata(), **record.metrics()}
+            self._save_model_dir("best", metadata)
+
+    def save(self) -> None:
+        """A checkpoint of this update, and `model/` (rank 0); every rank must call it."""
+        rng = self._all_rng_states()  # a collective: every rank takes part
+        if self.distributed.is_main:
+            state = ckpt.TrainingState(
+                optimizer=self.optimizer.state_dict(),
+                progress=self.progress,
+                rng=rng,
+                world_size=self.distributed.world_size,
+                accumulate=self.accumulate,
             )
+            path = ckpt.save_checkpoint(
+                self.run_dir,
+                self.model,
+                step=self.progress.step,
+                training_state=state,
+                tokenizer_file=self.tokenizer.model_file,
+                metadata=self._metadata(with_step=False),
+                keep_last=self.config.keep_last,
+            )
+            self._save_model_dir("model", self._metadata())
+            logger.info("saved %s", path)
+        self.distributed.barrier()
+        self._last_save_time = time.monotonic()
 
-    with _StopFlag() as stop:
-        while progress.step < config.max_steps and not interrupted:
-            if config.max_epochs and progress.epoch > config.max_epochs:
-                break
-            updates = _epoch_updates(train_data, config, progress.epoch, accumulate, ctx)
-            if not updates:
-                raise TrainingError(
-                    f"an epoch has no batches for {ctx.world_size} process(es): the training "
-                    "set is too small for this many processes; use fewer or more data"
-                )
-            for group in updates[progress.position :]:
-                loss, nll, tokens, lr = _update(
-                    train_model,
-                    optimizer,
-                    train_data,
-                    group,
-                    step=progress.step + 1,
-                    config=config,
-                    d_model=model_config.d_model,
-                    device=device,
-                    ctx=ctx,
-                )
-                progress.step += 1
-                progress.position += 1
-                progress.tokens_seen += tokens
-                for key, value in (("loss", loss), ("nll", nll), ("tokens", tokens)):
-                    progress.interval[key] += value
-                progress.interval["updates"] += 1
-                if progress.step % config.log_every == 0 or progress.step == config.max_steps:
-                    elapsed = time.monotonic() - interval_start
-                    record = _train_record(progress, lr, elapsed)
-                    log.write(record)
-                    if bar is not None:
-                        bar.set_postfix(
-                            loss=f"{record['loss']:.3f}",
-                            ppl=f"{record['ppl']:.1f}",
-                            lr=f"{lr:.2e}",
-                            tok_s=f"{record['tokens_per_s']:.0f}",
-                        )
-                    elif ctx.is_main:
-                        logger.info(
-                            "step %d: loss %.4f ppl %.2f lr %.3g %.0f tok/s",
-                            progress.step,
-                            record["loss"],
-                            record["ppl"],
-                            lr,
-                            record["tokens_per_s"],
-                        )
-                    progress.interval = Progress().interval
-                    interval_start = time.monotonic()
-                if bar is not None:
-                    bar.update(1)
-                minutes = (time.monotonic() - last_save_time) / 60
-                timed = config.save_every_minutes > 0 and minutes >= config.save_every_minutes
-                # Every rank must take the same branch (save() and validation hold barriers),
-                # so the flags are agreed on: clocks and signals differ between processes.
-                stop_now, timed = (
-                    flag > 0 for flag in ctx.sum([float(stop.requested), float(timed)], device)
-                )
-                done = progress.step >= config.max_steps
-                due = config.valid_every and progress.step % config.valid_every == 0
-                if due and not done and not stop_now:
-                    # A stop during validation abandons it: save now, not after one more update.
-                    stop_now = not run_validation(stop)
-                periodic = config.save_every and progress.step % config.save_every == 0
-                if (periodic or timed or stop_now) and not done:
-                    save()
-                if done:
-                    break  # the final validation and save follow the loop
-                if stop_now:
-                    interrupted = True
-                    break
-            else:
-                progress.epoch += 1
-                progress.position = 0
-        if bar is not None:
-            bar.close()
-        if not interrupted:
-            # A stop request skips or abandons the final validation (resuming makes it up);
-            # the last update is saved either way. Still under the stop flag, so that a
-            # signal here cannot kill the process halfway through the save.
-            interrupted = not run_validation(stop)
-            save()
-    if interrupted:
-        logger.warning("stopped at step %d; continue with --resume", progress.step)
-    return TrainResult(
-        run_dir,
-        run_dir / "model",
-        progress.step,
-        interrupted,
-        last_valid,
-        stop.signum if interrupted else None,
-    )
+    def _metadata(self, with_step: bool = True) -> dict[str, Any]:
+        languages = {"src_lang": self.config.src_lang, "tgt_lang": self.config.tgt_lang}
+        return {**languages, "step": self.progress.step} if with_step else languages
 
-
-def _train_record(progress: Progress, lr: float, elapsed: float) -> dict[str, Any]:
-    interval = progress.interval
-    tokens = max(interval["tokens"], 1.0)
-    return {
-        "type": "train",
-        "step": progress.step,
-        "epoch": progress.epoch,
-        "loss": interval["loss"] / tokens,
-        "nll": interval["nll"] / tokens,
-        "ppl": perplexity(interval["nll"], int(tokens)),
-        "lr": lr,
-        "tokens_per_s": interval["tokens"] / max(elapsed, 1e-9),
-        "tokens_seen": progress.tokens_seen,
-    }
-
-
-def _earlier_checkpoint_hint(run_dir: Path, corrupt: Path) -> str:
-    """How to continue from the checkpoint before a corrupt one (the run has no other way)."""
-    earlier = [path for path in ckpt.list_checkpoints(run_dir) if path != corrupt]
-    if not earlier:
-        return "there is no earlier checkpoint to resume from"
-    return (
-        f"to resume from the previous checkpoint {earlier[-1]}, move this one aside "
-        f"(mv {corrupt} {corrupt}.corrupt) and run again with --resume"
-    )
-
-
-def _resume(
-    checkpoint: Path,
-    model: Transformer,
-    optimizer: torch.optim.Optimizer,
-    model_config: Any,
-    device: torch.device,
-    ctx: Distributed,
-    accumulate: int,
-) -> Progress:
-    state = ckpt.load_training_state(checkpoint)  # verifies every file: corrupt comes first
-    ckpt.check_same_architecture(checkpoint, model_config)
-    ckpt.load_weights(model, checkpoint / ckpt.WEIGHTS_FILE)
-    optimizer.load_state_dict(state["optimizer"])
-    saved_batches = state["world_size"] * state["accumulate"]
-    if saved_batches != ctx.world_size * accumulate:
-        # `position` counts updates, so it now points at different batches of the epoch.
-        logger.warning(
-            "%s was saved with %d process(es) × %d batch(es) per update, this run uses %d × %d: "
-            "the rest of this epoch's batches will not be exactly those the run would have seen",
-            checkpoint,
-            state["world_size"],
-            state["accumulate"],
-            ctx.world_size,
-            accumulate,
+    def _save_model_dir(self, name: str, metadata: dict[str, Any]) -> None:
+        tokenizer_file = self.tokenizer.model_file
+        ckpt.save_model_dir(
+            self.run_dir / name, self.model, tokenizer_file=tokenizer_file, metadata=metadata
         )
-    rng = state["rng"]
-    if ctx.rank < len(rng):
-        _restore_rng_states(rng[ctx.rank])
-    # else: a rank the checkpoint did not have keeps the stream `_train` seeded for it
-    # (seed + rank), rather than drawing rank 0's dropout masks
-    saved = state["progress"]
-    progress = Progress(
-        step=saved["step"],
-        epoch=saved["epoch"],
-        position=saved["position"],
-        best_valid_nll=saved["best_valid_nll"],
-        tokens_seen=saved["tokens_seen"],
-        interval=dict(saved["interval"]),
-    )
-    model.to(device)
-    return progress
 
-
-def _progress_bar(config: TrainConfig, initial: int, ctx: Distributed) -> Any:
-    if not (config.progress and ctx.is_main and sys.stderr.isatty()):
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=config.max_steps, initial=initial, unit="step", dynamic_ncols=True)
+    def _all_rng_states(self) -> list[dict[str, Any]]:
+        """Every rank's RNG states, indexed by rank (each rank draws its own dropout masks)."""
+        states = ckpt.capture_rng()
+        if not self.distributed.enabled:
+            return [states]
+        gathered: list[Any] = [None] * self.distributed.world_size
+        dist.all_gather_object(gathered, states)
+        return gathered
