@@ -73,6 +73,13 @@ def set_stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
 
 
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 # -- translate --------------------------------------------------------------------------------
 
 
@@ -118,10 +125,6 @@ def test_n_best_format(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFi
 def test_interactive_prompt_until_end_of_input(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
     monkeypatch.setattr(sys, "stdin", Terminal("the cat\n\na dog barked\n"))
     assert main(["translate", "-m", str(model_dir), *FAST]) == 0
     captured = capsys.readouterr()
@@ -143,18 +146,52 @@ def test_empty_input_gives_empty_output(
     assert capsys.readouterr().out == ""
 
 
-def test_progress_bar_on_a_terminal_when_reading_a_file(
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_progress_bar_on_a_terminal_only_and_the_output_is_the_same(
+    command: str, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, out = write_lines(tmp_path / "in.txt", LINES), tmp_path / "out.txt"
+    ref = write_lines(tmp_path / "ref.txt", LINES)
+    if command == "translate":
+        args = ["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out), *FAST]
+    else:
+        args = ["evaluate", "-m", str(model_dir), "--src", str(src), "--ref", str(ref)]
+        args += ["-o", str(out), *FAST]
+    outputs, errors = [], []
+    for stderr, flags in [
+        (Terminal(), []),
+        (Terminal(), ["--no-progress"]),
+        (io.StringIO(), []),  # not a terminal
+    ]:
+        monkeypatch.setattr(sys, "stderr", stderr)
+        assert main([*args, *flags]) == 0
+        outputs.append(out.read_bytes())
+        errors.append(stderr.getvalue())
+    assert f"{len(LINES)}/{len(LINES)}" in errors[0] and "line/s" in errors[0]
+    assert "/s]" not in errors[1] and "/s]" not in errors[2]
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_progress_counts_every_batch_and_blank_line(model_dir: Path) -> None:
+    done: list[int] = []
+    translator = Translator(model_dir, max_tokens=8)  # one sentence per batch
+    results = translator.translate_iterable(
+        LINES, chunk_size=4, beam_size=2, max_len_b=3, progress=done.append
+    )
+    assert len(list(results)) == len(LINES)
+    assert sum(done) == len(LINES) and len(done) == 6  # 1 + 3 batches, then 1 + 1
+
+
+def test_no_progress_bar_when_the_translations_go_to_the_terminal(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    stderr = Terminal()
+    stderr, stdout = Terminal(), Terminal()
     monkeypatch.setattr(sys, "stderr", stderr)
-    src, out = write_lines(tmp_path / "in.txt", LINES[:3]), tmp_path / "out.txt"
-    assert main(["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out), *FAST]) == 0
-    assert "3/3" in stderr.getvalue()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    src = write_lines(tmp_path / "in.txt", LINES[:3])
+    assert main(["translate", "-m", str(model_dir), "-i", str(src), *FAST]) == 0
+    assert stdout.getvalue() == expected_output(model_dir, LINES[:3])
+    assert "/s]" not in stderr.getvalue()
 
 
 # -- errors -----------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ can be compared with sacreBLEU on the same strings.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,10 +106,15 @@ class FakeTranslator:
         return rows_per_sentence * sum(len(s.split()) + 1 for s in sentences if s.strip())
 
     def translate_iterable(
-        self, sentences: Iterable[str], options: DecodingOptions
+        self,
+        sentences: Iterable[str],
+        options: DecodingOptions,
+        progress: Callable[[int], None] | None = None,
     ) -> Iterator[Result]:
         self.options = options
         for sentence in sentences:
+            if progress is not None:
+                progress(1)
             yield Result(self.table.get(sentence.strip(), ""))
 
     def translate(self, sentences: list[str], options: DecodingOptions | None) -> list[Result]:

@@ -19,7 +19,7 @@ import signal
 import sys
 import types
 import typing
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -276,6 +276,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-i", "--input", help="input file (default: stdin; '-' = stdin)")
     p.add_argument("-o", "--output", help="output file (default: stdout)")
+    _add_progress_flag(p)
     p.add_argument(
         "--n-best", type=int, metavar="N", help="write the N best hypotheses in n-best format"
     )
@@ -327,12 +328,12 @@ def _run_translate(args: argparse.Namespace) -> int:
     if args.input is None and sys.stdin.isatty():
         return _translate_interactively(translator, options, args.n_best, alignment_layer)
     lines = read_lines(args.input) if from_file else read_lines(sys.stdin.buffer, name="<stdin>")
-    results = translator.translate_iterable(lines, **options)
-    if from_file and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        results = tqdm(results, total=count_lines(Path(args.input)), unit="line", file=sys.stderr)
+    # No bar when the translations themselves go to the terminal: they would tear it.
+    show_progress = not args.no_progress and bool(args.output or not sys.stdout.isatty())
+    total = count_lines(Path(args.input)) if from_file and show_progress else None
     with contextlib.ExitStack() as stack:
+        progress = stack.enter_context(_progress(show_progress, total))
+        results = translator.translate_iterable(lines, progress=progress, **options)
         out = sys.stdout
         if args.output:
             out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
@@ -410,6 +411,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         "(13a tokenization approximating Moses; not comparable with sacreBLEU)",
     )
     p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
+    _add_progress_flag(p)
     _add_search_options(p)
     p.set_defaults(run=_run_evaluate)
 
@@ -417,6 +419,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 def _run_evaluate(args: argparse.Namespace) -> int:
     import json
 
+    from aiayn.data import count_lines
     from aiayn.evaluation import evaluate_files, tokenized_bleu
     from aiayn.translator import read_lines
 
@@ -425,14 +428,16 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path} does not exist")
     translator = _load_translator(args)
-    scores = evaluate_files(
-        translator,
-        args.src,
-        args.ref,
-        out_path=out_path,
-        tokenize=args.tokenize,
-        options=_search_options(args),
-    )
+    with _progress(not args.no_progress, count_lines(Path(args.src))) as progress:
+        scores = evaluate_files(
+            translator,
+            args.src,
+            args.ref,
+            out_path=out_path,
+            tokenize=args.tokenize,
+            options=_search_options(args),
+            progress=progress,
+        )
     tokenized = None
     if args.tokenized_bleu:
         tokenized = tokenized_bleu(
@@ -779,6 +784,32 @@ def _run_demo(args: argparse.Namespace) -> int:
 
 
 # -- helpers --------------------------------------------------------------------------------
+
+
+def _add_progress_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (one is drawn on stderr, with an ETA, when it is a terminal)",
+    )
+
+
+@contextlib.contextmanager
+def _progress(wanted: bool, total: int | None) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar on stderr counting lines, if ``wanted`` and stderr is a terminal: yields
+    its ``update`` (or None). ``total`` None counts without an ETA. Log records are written
+    above the bar instead of through it while it is open."""
+    if not (wanted and sys.stderr.isatty()):
+        yield None
+        return
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with (
+        logging_redirect_tqdm(),
+        tqdm(total=total, unit="line", file=sys.stderr, dynamic_ncols=True) as bar,
+    ):
+        yield bar.update
 
 
 def attribute_docs(cls: type) -> dict[str, str]:

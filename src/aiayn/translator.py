@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -301,6 +301,7 @@ class Translator:
         *,
         return_attention: bool = False,
         seed: int | None = None,
+        progress: Callable[[int], None] | None = None,
         **overrides: Any,
     ) -> list[TranslationResult]:
         """Translates sentences; returns one result per sentence, in input order.
@@ -327,6 +328,8 @@ class Translator:
                 teacher-forced pass per batch).
             seed: Seed of the sampling generator, for reproducible samples (given the same
                 inputs and ``max_tokens``); None uses PyTorch's global generator.
+            progress: Called with the number of sentences just finished, after each batch
+                (blank sentences count at once), e.g. a progress bar's ``update``.
             **overrides: Fields of :class:`~aiayn.search.DecodingOptions` replacing those of
                 ``options``.
 
@@ -336,7 +339,12 @@ class Translator:
         """
         options = replace(options or DecodingOptions(), **overrides)
         return self._translate(
-            sentences, options, return_attention=return_attention, seed=seed, first_number=1
+            sentences,
+            options,
+            return_attention=return_attention,
+            seed=seed,
+            first_number=1,
+            progress=progress,
         )
 
     def translate_iterable(
@@ -347,18 +355,20 @@ class Translator:
         chunk_size: int = 1024,
         return_attention: bool = False,
         seed: int | None = None,
+        progress: Callable[[int], None] | None = None,
         **overrides: Any,
     ) -> Iterator[TranslationResult]:
         """Translates a stream (e.g. the lines of a file) chunk by chunk, in input order.
 
         Reads ``chunk_size`` sentences, translates them with :meth:`translate` (sorting and
-        batching within the chunk), yields their results, and goes on, so memory stays bounded
-        and a long file shows progress. Blank lines give empty results. Warnings about
-        truncated sentences count sentences from 1 over the whole stream, i.e. line numbers.
+        batching within the chunk), yields their results, and goes on, so memory stays bounded.
+        Results come a chunk at a time; ``progress`` is called after every batch. Blank lines
+        give empty results. Warnings about truncated sentences count sentences from 1 over the
+        whole stream, i.e. line numbers.
 
         Args:
             sentences: Any iterable of sentences.
-            options, return_attention, **overrides: As for :meth:`translate`.
+            options, return_attention, progress, **overrides: As for :meth:`translate`.
             chunk_size: Sentences per chunk; larger chunks sort better.
             seed: As for :meth:`translate`; with sampling, chunk k uses ``seed + k``.
         """
@@ -377,6 +387,7 @@ class Translator:
                 return_attention=return_attention,
                 seed=None if seed is None else seed + k,
                 first_number=number,
+                progress=progress,
             )
             number += len(chunk)
 
@@ -390,12 +401,15 @@ class Translator:
         return_attention: bool,
         seed: int | None,
         first_number: int,
+        progress: Callable[[int], None] | None = None,
     ) -> list[TranslationResult]:
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
         sentences = list(sentences)
         results = [_empty_result() for _ in sentences]
         sources = self._prepare(sentences, options, first_number)
+        if progress is not None and len(sentences) > len(sources):
+            progress(len(sentences) - len(sources))  # the blank ones are done
         if not sources:
             return results
         generator = None
@@ -409,6 +423,8 @@ class Translator:
                     run = self._run(batch, options, return_attention, generator)
                     for source, result in zip(batch, run, strict=True):
                         results[source.index] = result
+                    if progress is not None:
+                        progress(len(batch))
         finally:
             self.model.train(was_training)
         return results
