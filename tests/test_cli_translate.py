@@ -285,3 +285,20 @@ def test_translate_int8_flag(model_dir: Path, tmp_path: Path) -> None:
     args = ["translate", "-m", str(model_dir), "-i", str(source), "-o", str(out), "--int8"]
     assert main(args) == 0
     assert len(out.read_text(encoding="utf-8").split("\n")) == 4  # 3 lines + final newline
+
+
+def test_threads_default_to_the_idle_cores_and_0_leaves_pytorchs_default(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiayn import acceleration
+
+    monkeypatch.setattr(acceleration, "decoding_threads", lambda: 1)
+    src, out = write_lines(tmp_path / "in.txt", ["the cat"]), tmp_path / "out.txt"
+    args = ["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out)]
+    args += ["--beam-size", "2", "--max-len-b", "3"]
+    torch.set_num_threads(2)
+    assert main(args) == 0
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(2)
+    assert main([*args, "--threads", "0"]) == 0
+    assert torch.get_num_threads() == 2

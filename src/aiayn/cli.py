@@ -214,7 +214,13 @@ def _add_search_options(p: argparse.ArgumentParser) -> None:
         help="batch budget: padded source tokens x beam size (default 4096)",
     )
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
-    g.add_argument("--threads", type=int, default=0, help="CPU threads (default: PyTorch's)")
+    g.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads; 0 = PyTorch's default, one per core (default: the cores that the "
+        "1-minute load average leaves idle, 1 to 4: on cores busy with other work, PyTorch's "
+        "threads wait for each other and decoding gets many times slower)",
+    )
     g.add_argument(
         "--int8",
         action="store_true",
@@ -237,11 +243,18 @@ def _load_translator(args: argparse.Namespace) -> Any:
     device, int8 = args.device, getattr(args, "int8", False)
     if device == "auto":
         device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
+    threads = args.threads
+    if threads is None:
+        from aiayn.acceleration import decoding_threads
+
+        threads = decoding_threads()
+        if torch.device(device).type == "cpu":
+            logger.info("decoding with %d CPU thread(s); --threads to change", threads)
     return Translator(
         args.model_dir,
         device=device,
         max_tokens=args.max_tokens,
-        threads=args.threads,
+        threads=threads,
         int8=int8,
         bf16=getattr(args, "bf16", False),
     )
