@@ -302,3 +302,73 @@ def test_threads_default_to_the_idle_cores_and_0_leaves_pytorchs_default(
     torch.set_num_threads(2)
     assert main([*args, "--threads", "0"]) == 0
     assert torch.get_num_threads() == 2
+
+
+# -- ensembles --------------------------------------------------------------------------------
+
+
+def save_model(directory: Path, tokenizer_file: Path, seed: int) -> Path:
+    tokenizer = Tokenizer.load(tokenizer_file)
+    torch.manual_seed(seed)
+    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=MAX_POSITIONS)
+    return checkpoint.save_model_dir(directory, Transformer(config), tokenizer_file=tokenizer_file)
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Other weights, the same tokenizer as ``model_dir``."""
+    directory = tmp_path_factory.mktemp("other")
+    return save_model(directory / "model", model_dir / "tokenizer.model", seed=1)
+
+
+def test_ensemble_of_a_model_with_itself_translates_as_the_model(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    src = write_lines(tmp_path / "in.txt", LINES)
+    for beam in ("1", "3"):
+        outputs = []
+        for models in (["-m", str(model_dir)], ["-m", str(model_dir), "-m", str(model_dir)]):
+            out = tmp_path / "out.txt"
+            args = ["translate", *models, "-i", str(src), "-o", str(out), "--n-best", beam]
+            assert main([*args, "--beam-size", beam, "--max-len-b", "4", "--threads", "1"]) == 0
+            outputs.append(out.read_text(encoding="utf-8").splitlines())
+        single, twice = ([line.split(" ||| ") for line in lines] for lines in outputs)
+        assert [row[:2] for row in twice] == [row[:2] for row in single]  # the same text
+        scores = [[float(row[2]) for row in rows] for rows in (single, twice)]
+        assert scores[1] == pytest.approx(scores[0], abs=2e-4)  # printed with 4 decimals
+
+
+def test_ensemble_of_two_models_through_translate_and_evaluate(
+    model_dir: Path, other_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = ["the cat", "", "a dog barked"]
+    translator = Translator([model_dir, other_model_dir])
+    results = translator.translate(lines, beam_size=2, max_len_b=3)
+    assert [bool(r.text) for r in results] == [True, False, True]
+    assert all(r.log_prob <= 0 for r in results)
+    src, out = write_lines(tmp_path / "in.txt", lines), tmp_path / "out.txt"
+    models = ["-m", str(model_dir), "-m", str(other_model_dir)]
+    assert main(["translate", *models, "-i", str(src), "-o", str(out), *FAST]) == 0
+    assert out.read_text(encoding="utf-8") == "".join(one_line(r.text) + "\n" for r in results)
+
+    ref = write_lines(tmp_path / "ref.txt", ["die katze", "", "ein hund bellte"])
+    args = ["evaluate", *models, "--src", str(src), "--ref", str(ref), "-o", str(out)]
+    assert main([*args, "--json", *FAST]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ensemble"] == [str(model_dir), str(other_model_dir)]
+    assert out.read_text(encoding="utf-8") == "".join(one_line(r.text) + "\n" for r in results)
+
+
+def test_ensemble_refuses_models_with_another_tokenizer_and_alignments(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = write_lines(tmp_path / "corpus.txt", ["völlig andere wörter hier"] * 5 + CORPUS)
+    tokenizer = Tokenizer.train([corpus], tmp_path / "other.model", vocab_size=310)
+    foreign = save_model(tmp_path / "foreign", tokenizer.model_file, seed=2)
+    src = write_lines(tmp_path / "in.txt", ["the cat"])
+    args = ["translate", "-m", str(model_dir), "-m", str(foreign), "-i", str(src), *FAST]
+    err = run_error(args, capsys)
+    assert "cannot ensemble" in err and "tokenizers differ" in err and str(foreign) in err
+    args = ["translate", "-m", str(model_dir), "-m", str(model_dir), "-i", str(src), *FAST]
+    err = run_error([*args, "--alignment"], capsys)
+    assert "an ensemble has no attention maps" in err

@@ -200,10 +200,23 @@ _SEARCH_FIELDS = ("beam_size", "length_penalty", "length_penalty_kind", "max_len
 _SAMPLING_FIELDS = ("sampling", "temperature", "top_k", "top_p")
 
 
-def _add_search_options(p: argparse.ArgumentParser) -> None:
+def _add_search_options(p: argparse.ArgumentParser, *, ensemble: bool = False) -> None:
     """Model loading and beam search flags shared by `translate`, `evaluate`, `serve` and
-    `attention`."""
-    p.add_argument("-m", "--model-dir", required=True, help="model directory (or run directory)")
+    `attention`; with ``ensemble``, -m may be repeated."""
+    if ensemble:
+        p.add_argument(
+            "-m",
+            "--model-dir",
+            required=True,
+            action="append",
+            help="model directory (or run directory); repeat to decode with the ensemble of "
+            "several models trained with the same tokenizer: the mean of their probabilities "
+            "at every step",
+        )
+    else:
+        p.add_argument(
+            "-m", "--model-dir", required=True, help="model directory (or run directory)"
+        )
     g = p.add_argument_group("search (defaults are the paper's, §6.1)")
     add_dataclass_flags(g, DecodingOptions, only=_SEARCH_FIELDS)
     g = p.add_argument_group("model")
@@ -296,7 +309,8 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--alignment",
         action="store_true",
-        help="append a tab and source-target word alignments 'i-j ...' (see below)",
+        help="append a tab and source-target word alignments 'i-j ...' (see below; not with "
+        "an ensemble)",
     )
     p.add_argument(
         "--alignment-layer",
@@ -306,7 +320,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         help="decoder layer whose attention gives the alignments; 0-based, negative counts "
         "from the end (default -1, the last)",
     )
-    _add_search_options(p)
+    _add_search_options(p, ensemble=True)
     g = p.add_argument_group("sampling (instead of beam search)")
     add_dataclass_flags(g, DecodingOptions, only=_SAMPLING_FIELDS)
     g.add_argument("--seed", type=int, help="seed for reproducible samples")
@@ -425,7 +439,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
     _add_progress_flag(p)
-    _add_search_options(p)
+    _add_search_options(p, ensemble=True)
     p.set_defaults(run=_run_evaluate)
 
 
@@ -463,6 +477,8 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             "hypotheses_file": str(out_path),
             "model_dir": str(translator.model_dir),
         }
+        if len(translator.model_dirs) > 1:
+            report["ensemble"] = [str(d) for d in translator.model_dirs]
         if tokenized is not None:
             report["tokenized_bleu"] = tokenized.bleu
             report["tokenized_bleu_label"] = tokenized.label
