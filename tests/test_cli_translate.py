@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -372,3 +373,37 @@ def test_ensemble_refuses_models_with_another_tokenizer_and_alignments(
     args = ["translate", "-m", str(model_dir), "-m", str(model_dir), "-i", str(src), *FAST]
     err = run_error([*args, "--alignment"], capsys)
     assert "an ensemble has no attention maps" in err
+
+
+# -- score ------------------------------------------------------------------------------------
+
+
+def test_score_writes_one_line_per_pair_and_the_corpus_totals(
+    model_dir: Path, other_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sources, targets = ["the cat", "", "a dog barked"], ["die katze", "der mond", ""]
+    src, tgt = write_lines(tmp_path / "s.en", sources), write_lines(tmp_path / "t.de", targets)
+    out = tmp_path / "scores.tsv"
+    args = ["score", "-m", str(model_dir), "--src", str(src), "--tgt", str(tgt), "--threads", "1"]
+    assert main([*args, "-o", str(out)]) == 0
+    expected = Translator(model_dir).score(sources, targets)
+    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [float(r[0]) for r in rows] == pytest.approx([s.log_prob for s in expected], abs=1e-4)
+    assert [int(r[1]) for r in rows] == [s.n_tokens for s in expected]
+    assert [float(r[2]) for r in rows] == pytest.approx([s.perplexity for s in expected], rel=1e-3)
+    err = capsys.readouterr().err
+    n_tokens, total = sum(s.n_tokens for s in expected), sum(s.log_prob for s in expected)
+    assert f"scored 3 pairs: {n_tokens} target tokens (EOS included), log-probability " in err
+    assert f"perplexity {math.exp(-total / n_tokens):.2f}" in err
+
+    assert main([*args, "--json", "-m", str(other_model_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ensemble = Translator([model_dir, other_model_dir]).score(sources, targets)
+    assert [json.loads(line)["log_prob"] for line in lines] == pytest.approx(
+        [s.log_prob for s in ensemble], abs=1e-6
+    )
+    assert set(json.loads(lines[0])) == {"log_prob", "tokens", "perplexity", "truncated"}
+
+    short = write_lines(tmp_path / "short.de", targets[:2])
+    err = run_error(["score", "-m", str(model_dir), "--src", str(src), "--tgt", str(short)], capsys)
+    assert "s.en has 3 lines but" in err and "short.de has 2 lines" in err

@@ -1,5 +1,5 @@
-"""The `aiayn` command: info, train, average, translate, evaluate, serve, demo, attention, plot,
-prepare.
+"""The `aiayn` command: info, train, average, translate, evaluate, score, serve, demo, attention,
+plot, prepare.
 
 Each subcommand is a small function that turns flags into explicit arguments for the library;
 errors that a user can fix (bad config, bad data, missing files) are printed as one clear line
@@ -203,6 +203,13 @@ _SAMPLING_FIELDS = ("sampling", "temperature", "top_k", "top_p")
 def _add_search_options(p: argparse.ArgumentParser, *, ensemble: bool = False) -> None:
     """Model loading and beam search flags shared by `translate`, `evaluate`, `serve` and
     `attention`; with ``ensemble``, -m may be repeated."""
+    _add_model_dir_flag(p, ensemble=ensemble)
+    g = p.add_argument_group("search (defaults are the paper's, §6.1)")
+    add_dataclass_flags(g, DecodingOptions, only=_SEARCH_FIELDS)
+    _add_model_flags(p)
+
+
+def _add_model_dir_flag(p: argparse.ArgumentParser, *, ensemble: bool) -> None:
     if ensemble:
         p.add_argument(
             "-m",
@@ -217,14 +224,17 @@ def _add_search_options(p: argparse.ArgumentParser, *, ensemble: bool = False) -
         p.add_argument(
             "-m", "--model-dir", required=True, help="model directory (or run directory)"
         )
-    g = p.add_argument_group("search (defaults are the paper's, §6.1)")
-    add_dataclass_flags(g, DecodingOptions, only=_SEARCH_FIELDS)
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    """How `_load_translator` loads and runs the model: batch budget, device, threads, int8."""
     g = p.add_argument_group("model")
     g.add_argument(
         "--max-tokens",
         type=int,
         default=4096,
-        help="batch budget: padded source tokens x beam size (default 4096)",
+        help="batch budget: padded source tokens x beam size; for score, padded tokens "
+        "(default 4096)",
     )
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
     g.add_argument(
@@ -488,6 +498,86 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         print(scores)
         if tokenized is not None:
             print(tokenized)
+    return 0
+
+
+# -- score ----------------------------------------------------------------------------------
+
+
+def _add_score(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "score",
+        help="the model's log-probability and perplexity of given translations",
+        description="Score line-aligned (source, target) pairs with the model's "
+        "log-probability of the target given the source, teacher-forced, without search "
+        "(fairseq's --score-reference): to filter a corpus or check translations. Writes one "
+        "line per pair, 'log_prob<TAB>tokens<TAB>perplexity', tokens counting the target's "
+        "subword pieces + EOS and perplexity = exp(-log_prob / tokens); with --json one JSON "
+        "object per line. The corpus totals go to stderr. With several -m, each token's "
+        "probability is the mean of the models'.",
+    )
+    p.add_argument("--src", required=True, help="source sentences, one per line")
+    p.add_argument("--tgt", required=True, help="their translations, line-aligned with --src")
+    p.add_argument("-o", "--output", help="output file (default: stdout)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="write JSON lines {log_prob, tokens, perplexity, truncated}",
+    )
+    _add_progress_flag(p)
+    _add_model_dir_flag(p, ensemble=True)
+    _add_model_flags(p)
+    p.set_defaults(run=_run_score)
+
+
+def _run_score(args: argparse.Namespace) -> int:
+    import json
+    import math
+
+    from aiayn.data import count_lines
+    from aiayn.scoring import score_pairs
+    from aiayn.translator import read_lines
+
+    src, tgt = Path(args.src), Path(args.tgt)
+    for path in (src, tgt):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+    n_src, n_tgt = count_lines(src), count_lines(tgt)
+    if n_src != n_tgt:
+        raise ValueError(f"{src} has {n_src} lines but {tgt} has {n_tgt} lines")
+    if args.output and Path(args.output).resolve() in (src.resolve(), tgt.resolve()):
+        raise ValueError(f"refusing to write the scores over the input {args.output}")
+    translator = _load_translator(args)
+    pairs = zip(read_lines(src), read_lines(tgt), strict=True)
+    show_progress = not args.no_progress and bool(args.output or not sys.stdout.isatty())
+    log_prob, n_tokens = 0.0, 0
+    with contextlib.ExitStack() as stack:
+        progress = stack.enter_context(_progress(show_progress, n_src))
+        out = sys.stdout
+        if args.output:
+            out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
+        scores = score_pairs(
+            translator.models,
+            translator.tokenizer,
+            pairs,
+            max_tokens=translator.max_tokens,
+            progress=progress,
+        )
+        for pair in scores:
+            log_prob, n_tokens = log_prob + pair.log_prob, n_tokens + pair.n_tokens
+            if args.json:
+                fields = {"log_prob": pair.log_prob, "tokens": pair.n_tokens}
+                fields |= {"perplexity": pair.perplexity, "truncated": pair.truncated}
+                out.write(json.dumps(fields) + "\n")
+            else:
+                out.write(f"{pair.log_prob:.4f}\t{pair.n_tokens}\t{pair.perplexity:.4f}\n")
+        out.flush()
+    perplexity = math.exp(min(-log_prob / n_tokens, 700.0)) if n_tokens else math.nan
+    print(
+        f"scored {n_src} pairs: {n_tokens} target tokens (EOS included), log-probability "
+        f"{log_prob:.2f}, perplexity {perplexity:.2f}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -964,6 +1054,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_translate(sub)
     _add_evaluate(sub)
+    _add_score(sub)
     _add_serve(sub)
     _add_attention(sub)
     _add_plot(sub)

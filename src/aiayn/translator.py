@@ -42,6 +42,7 @@ from aiayn.checkpoint import CheckpointError, LoadedModel, load_model_dir, unwra
 from aiayn.data import decode_line
 from aiayn.ensemble import Ensemble
 from aiayn.model import Transformer
+from aiayn.scoring import PairScore, score_pairs
 from aiayn.search import DecodingOptions
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 
@@ -418,6 +419,35 @@ class Translator:
                 progress=progress,
             )
             number += len(chunk)
+
+    def score(
+        self,
+        sources: Sequence[str],
+        targets: Sequence[str],
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[PairScore]:
+        """The model's log-probability of each target given its source: no search, one
+        teacher-forced pass per batch (fairseq's ``--score-reference``); an ensemble scores
+        with the mean of its models' probabilities. See :mod:`aiayn.scoring`.
+
+        Args:
+            sources, targets: Line-aligned plain text.
+            progress: Called with the number of pairs just scored, after each batch.
+
+        Raises:
+            ValueError: The counts differ, or a target is too long for learned positions.
+        """
+        if isinstance(sources, str) or isinstance(targets, str):
+            raise TypeError("score() takes lists of sentences, not single strings")
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        pairs = zip(sources, targets, strict=True)
+        return list(
+            score_pairs(
+                self.models, self.tokenizer, pairs, max_tokens=self.max_tokens, progress=progress
+            )
+        )
 
     # -- one call --------------------------------------------------------------------------------
 
