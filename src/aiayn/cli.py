@@ -216,7 +216,7 @@ def _add_model_dir_flag(p: argparse.ArgumentParser, *, ensemble: bool) -> None:
             "--model-dir",
             required=True,
             action="append",
-            help="model directory (or run directory); repeat to decode with the ensemble of "
+            help="model directory (or run directory); repeat for the ensemble of "
             "several models trained with the same tokenizer: the mean of their probabilities "
             "at every step",
         )
