@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -73,6 +74,13 @@ def set_stdin(monkeypatch: pytest.MonkeyPatch, data: bytes) -> None:
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data), encoding="utf-8"))
 
 
+class Terminal(io.StringIO):
+    """A stream that says it is a terminal."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 # -- translate --------------------------------------------------------------------------------
 
 
@@ -118,10 +126,6 @@ def test_n_best_format(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFi
 def test_interactive_prompt_until_end_of_input(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
     monkeypatch.setattr(sys, "stdin", Terminal("the cat\n\na dog barked\n"))
     assert main(["translate", "-m", str(model_dir), *FAST]) == 0
     captured = capsys.readouterr()
@@ -143,18 +147,52 @@ def test_empty_input_gives_empty_output(
     assert capsys.readouterr().out == ""
 
 
-def test_progress_bar_on_a_terminal_when_reading_a_file(
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_progress_bar_on_a_terminal_only_and_the_output_is_the_same(
+    command: str, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    src, out = write_lines(tmp_path / "in.txt", LINES), tmp_path / "out.txt"
+    ref = write_lines(tmp_path / "ref.txt", LINES)
+    if command == "translate":
+        args = ["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out), *FAST]
+    else:
+        args = ["evaluate", "-m", str(model_dir), "--src", str(src), "--ref", str(ref)]
+        args += ["-o", str(out), *FAST]
+    outputs, errors = [], []
+    for stderr, flags in [
+        (Terminal(), []),
+        (Terminal(), ["--no-progress"]),
+        (io.StringIO(), []),  # not a terminal
+    ]:
+        monkeypatch.setattr(sys, "stderr", stderr)
+        assert main([*args, *flags]) == 0
+        outputs.append(out.read_bytes())
+        errors.append(stderr.getvalue())
+    assert f"{len(LINES)}/{len(LINES)}" in errors[0] and "line/s" in errors[0]
+    assert "/s]" not in errors[1] and "/s]" not in errors[2]
+    assert outputs[0] == outputs[1] == outputs[2]
+
+
+def test_progress_counts_every_batch_and_blank_line(model_dir: Path) -> None:
+    done: list[int] = []
+    translator = Translator(model_dir, max_tokens=8)  # one sentence per batch
+    results = translator.translate_iterable(
+        LINES, chunk_size=4, beam_size=2, max_len_b=3, progress=done.append
+    )
+    assert len(list(results)) == len(LINES)
+    assert sum(done) == len(LINES) and len(done) == 6  # 1 + 3 batches, then 1 + 1
+
+
+def test_no_progress_bar_when_the_translations_go_to_the_terminal(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
-
-    stderr = Terminal()
+    stderr, stdout = Terminal(), Terminal()
     monkeypatch.setattr(sys, "stderr", stderr)
-    src, out = write_lines(tmp_path / "in.txt", LINES[:3]), tmp_path / "out.txt"
-    assert main(["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out), *FAST]) == 0
-    assert "3/3" in stderr.getvalue()
+    monkeypatch.setattr(sys, "stdout", stdout)
+    src = write_lines(tmp_path / "in.txt", LINES[:3])
+    assert main(["translate", "-m", str(model_dir), "-i", str(src), *FAST]) == 0
+    assert stdout.getvalue() == expected_output(model_dir, LINES[:3])
+    assert "/s]" not in stderr.getvalue()
 
 
 # -- errors -----------------------------------------------------------------------------------
@@ -248,3 +286,124 @@ def test_translate_int8_flag(model_dir: Path, tmp_path: Path) -> None:
     args = ["translate", "-m", str(model_dir), "-i", str(source), "-o", str(out), "--int8"]
     assert main(args) == 0
     assert len(out.read_text(encoding="utf-8").split("\n")) == 4  # 3 lines + final newline
+
+
+def test_threads_default_to_the_idle_cores_and_0_leaves_pytorchs_default(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aiayn import acceleration
+
+    monkeypatch.setattr(acceleration, "decoding_threads", lambda: 1)
+    src, out = write_lines(tmp_path / "in.txt", ["the cat"]), tmp_path / "out.txt"
+    args = ["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out)]
+    args += ["--beam-size", "2", "--max-len-b", "3"]
+    torch.set_num_threads(2)
+    assert main(args) == 0
+    assert torch.get_num_threads() == 1
+    torch.set_num_threads(2)
+    assert main([*args, "--threads", "0"]) == 0
+    assert torch.get_num_threads() == 2
+
+
+# -- ensembles --------------------------------------------------------------------------------
+
+
+def save_model(directory: Path, tokenizer_file: Path, seed: int) -> Path:
+    tokenizer = Tokenizer.load(tokenizer_file)
+    torch.manual_seed(seed)
+    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=MAX_POSITIONS)
+    return checkpoint.save_model_dir(directory, Transformer(config), tokenizer_file=tokenizer_file)
+
+
+@pytest.fixture(scope="module")
+def other_model_dir(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Other weights, the same tokenizer as ``model_dir``."""
+    directory = tmp_path_factory.mktemp("other")
+    return save_model(directory / "model", model_dir / "tokenizer.model", seed=1)
+
+
+def test_ensemble_of_a_model_with_itself_translates_as_the_model(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    src = write_lines(tmp_path / "in.txt", LINES)
+    for beam in ("1", "3"):
+        outputs = []
+        for models in (["-m", str(model_dir)], ["-m", str(model_dir), "-m", str(model_dir)]):
+            out = tmp_path / "out.txt"
+            args = ["translate", *models, "-i", str(src), "-o", str(out), "--n-best", beam]
+            assert main([*args, "--beam-size", beam, "--max-len-b", "4", "--threads", "1"]) == 0
+            outputs.append(out.read_text(encoding="utf-8").splitlines())
+        single, twice = ([line.split(" ||| ") for line in lines] for lines in outputs)
+        assert [row[:2] for row in twice] == [row[:2] for row in single]  # the same text
+        scores = [[float(row[2]) for row in rows] for rows in (single, twice)]
+        assert scores[1] == pytest.approx(scores[0], abs=2e-4)  # printed with 4 decimals
+
+
+def test_ensemble_of_two_models_through_translate_and_evaluate(
+    model_dir: Path, other_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = ["the cat", "", "a dog barked"]
+    translator = Translator([model_dir, other_model_dir])
+    results = translator.translate(lines, beam_size=2, max_len_b=3)
+    assert [bool(r.text) for r in results] == [True, False, True]
+    assert all(r.log_prob <= 0 for r in results)
+    src, out = write_lines(tmp_path / "in.txt", lines), tmp_path / "out.txt"
+    models = ["-m", str(model_dir), "-m", str(other_model_dir)]
+    assert main(["translate", *models, "-i", str(src), "-o", str(out), *FAST]) == 0
+    assert out.read_text(encoding="utf-8") == "".join(one_line(r.text) + "\n" for r in results)
+
+    ref = write_lines(tmp_path / "ref.txt", ["die katze", "", "ein hund bellte"])
+    args = ["evaluate", *models, "--src", str(src), "--ref", str(ref), "-o", str(out)]
+    assert main([*args, "--json", *FAST]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["ensemble"] == [str(model_dir), str(other_model_dir)]
+    assert out.read_text(encoding="utf-8") == "".join(one_line(r.text) + "\n" for r in results)
+
+
+def test_ensemble_refuses_models_with_another_tokenizer_and_alignments(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    corpus = write_lines(tmp_path / "corpus.txt", ["völlig andere wörter hier"] * 5 + CORPUS)
+    tokenizer = Tokenizer.train([corpus], tmp_path / "other.model", vocab_size=310)
+    foreign = save_model(tmp_path / "foreign", tokenizer.model_file, seed=2)
+    src = write_lines(tmp_path / "in.txt", ["the cat"])
+    args = ["translate", "-m", str(model_dir), "-m", str(foreign), "-i", str(src), *FAST]
+    err = run_error(args, capsys)
+    assert "cannot ensemble" in err and "tokenizers differ" in err and str(foreign) in err
+    args = ["translate", "-m", str(model_dir), "-m", str(model_dir), "-i", str(src), *FAST]
+    err = run_error([*args, "--alignment"], capsys)
+    assert "an ensemble has no attention maps" in err
+
+
+# -- score ------------------------------------------------------------------------------------
+
+
+def test_score_writes_one_line_per_pair_and_the_corpus_totals(
+    model_dir: Path, other_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sources, targets = ["the cat", "", "a dog barked"], ["die katze", "der mond", ""]
+    src, tgt = write_lines(tmp_path / "s.en", sources), write_lines(tmp_path / "t.de", targets)
+    out = tmp_path / "scores.tsv"
+    args = ["score", "-m", str(model_dir), "--src", str(src), "--tgt", str(tgt), "--threads", "1"]
+    assert main([*args, "-o", str(out)]) == 0
+    expected = Translator(model_dir).score(sources, targets)
+    rows = [line.split("\t") for line in out.read_text(encoding="utf-8").splitlines()]
+    assert [float(r[0]) for r in rows] == pytest.approx([s.log_prob for s in expected], abs=1e-4)
+    assert [int(r[1]) for r in rows] == [s.n_tokens for s in expected]
+    assert [float(r[2]) for r in rows] == pytest.approx([s.perplexity for s in expected], rel=1e-3)
+    err = capsys.readouterr().err
+    n_tokens, total = sum(s.n_tokens for s in expected), sum(s.log_prob for s in expected)
+    assert f"scored 3 pairs: {n_tokens} target tokens (EOS included), log-probability " in err
+    assert f"perplexity {math.exp(-total / n_tokens):.2f}" in err
+
+    assert main([*args, "--json", "-m", str(other_model_dir)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ensemble = Translator([model_dir, other_model_dir]).score(sources, targets)
+    assert [json.loads(line)["log_prob"] for line in lines] == pytest.approx(
+        [s.log_prob for s in ensemble], abs=1e-6
+    )
+    assert set(json.loads(lines[0])) == {"log_prob", "tokens", "perplexity", "truncated"}
+
+    short = write_lines(tmp_path / "short.de", targets[:2])
+    err = run_error(["score", "-m", str(model_dir), "--src", str(src), "--tgt", str(short)], capsys)
+    assert "s.en has 3 lines but" in err and "short.de has 2 lines" in err

@@ -7,7 +7,7 @@ can be compared with sacreBLEU on the same strings.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,10 +106,15 @@ class FakeTranslator:
         return rows_per_sentence * sum(len(s.split()) + 1 for s in sentences if s.strip())
 
     def translate_iterable(
-        self, sentences: Iterable[str], options: DecodingOptions
+        self,
+        sentences: Iterable[str],
+        options: DecodingOptions,
+        progress: Callable[[int], None] | None = None,
     ) -> Iterator[Result]:
         self.options = options
         for sentence in sentences:
+            if progress is not None:
+                progress(1)
             yield Result(self.table.get(sentence.strip(), ""))
 
     def translate(self, sentences: list[str], options: DecodingOptions | None) -> list[Result]:
@@ -282,6 +287,7 @@ def test_cli_evaluate_prints_tokenized_bleu_next_to_sacrebleu(
     ref = write(tmp_path / "test.de", [COMPOUND_REF])
     translator = FakeTranslator({"north-south": COMPOUND_HYP})
     translator.model_dir = tmp_path  # type: ignore[attr-defined]
+    translator.model_dirs = [tmp_path]  # type: ignore[attr-defined]
     monkeypatch.setattr(cli, "_load_translator", lambda args: translator)
     args = ["evaluate", "-m", str(tmp_path), "--src", str(src), "--ref", str(ref)]
     args += ["-o", str(tmp_path / "test.hyp"), "--tokenized-bleu"]

@@ -1,5 +1,5 @@
-"""The `aiayn` command: info, train, average, translate, evaluate, serve, demo, attention, plot,
-prepare.
+"""The `aiayn` command: info, train, average, translate, evaluate, score, serve, demo, attention,
+plot, prepare.
 
 Each subcommand is a small function that turns flags into explicit arguments for the library;
 errors that a user can fix (bad config, bad data, missing files) are printed as one clear line
@@ -19,7 +19,7 @@ import signal
 import sys
 import types
 import typing
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -214,21 +214,50 @@ _SEARCH_FIELDS = ("beam_size", "length_penalty", "length_penalty_kind", "max_len
 _SAMPLING_FIELDS = ("sampling", "temperature", "top_k", "top_p")
 
 
-def _add_search_options(p: argparse.ArgumentParser) -> None:
+def _add_search_options(p: argparse.ArgumentParser, *, ensemble: bool = False) -> None:
     """Model loading and beam search flags shared by `translate`, `evaluate`, `serve` and
-    `attention`."""
-    p.add_argument("-m", "--model-dir", required=True, help="model directory (or run directory)")
+    `attention`; with ``ensemble``, -m may be repeated."""
+    _add_model_dir_flag(p, ensemble=ensemble)
     g = p.add_argument_group("search (defaults are the paper's, §6.1)")
     add_dataclass_flags(g, DecodingOptions, only=_SEARCH_FIELDS)
+    _add_model_flags(p)
+
+
+def _add_model_dir_flag(p: argparse.ArgumentParser, *, ensemble: bool) -> None:
+    if ensemble:
+        p.add_argument(
+            "-m",
+            "--model-dir",
+            required=True,
+            action="append",
+            help="model directory (or run directory); repeat for the ensemble of "
+            "several models trained with the same tokenizer: the mean of their probabilities "
+            "at every step",
+        )
+    else:
+        p.add_argument(
+            "-m", "--model-dir", required=True, help="model directory (or run directory)"
+        )
+
+
+def _add_model_flags(p: argparse.ArgumentParser) -> None:
+    """How `_load_translator` loads and runs the model: batch budget, device, threads, int8."""
     g = p.add_argument_group("model")
     g.add_argument(
         "--max-tokens",
         type=int,
         default=4096,
-        help="batch budget: padded source tokens x beam size (default 4096)",
+        help="batch budget: padded source tokens x beam size; for score, padded tokens "
+        "(default 4096)",
     )
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
-    g.add_argument("--threads", type=int, default=0, help="CPU threads (default: PyTorch's)")
+    g.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads; 0 = PyTorch's default, one per core (default: the cores that the "
+        "1-minute load average leaves idle, 1 to 4: on cores busy with other work, PyTorch's "
+        "threads wait for each other and decoding gets many times slower)",
+    )
     g.add_argument(
         "--int8",
         action="store_true",
@@ -251,11 +280,18 @@ def _load_translator(args: argparse.Namespace) -> Any:
     device, int8 = args.device, getattr(args, "int8", False)
     if device == "auto":
         device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
+    threads = args.threads
+    if threads is None:
+        from aiayn.acceleration import decoding_threads
+
+        threads = decoding_threads()
+        if torch.device(device).type == "cpu":
+            logger.info("decoding with %d CPU thread(s); --threads to change", threads)
     return Translator(
         args.model_dir,
         device=device,
         max_tokens=args.max_tokens,
-        threads=args.threads,
+        threads=threads,
         int8=int8,
         bf16=getattr(args, "bf16", False),
     )
@@ -290,13 +326,15 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-i", "--input", help="input file (default: stdin; '-' = stdin)")
     p.add_argument("-o", "--output", help="output file (default: stdout)")
+    _add_progress_flag(p)
     p.add_argument(
         "--n-best", type=int, metavar="N", help="write the N best hypotheses in n-best format"
     )
     p.add_argument(
         "--alignment",
         action="store_true",
-        help="append a tab and source-target word alignments 'i-j ...' (see below)",
+        help="append a tab and source-target word alignments 'i-j ...' (see below; not with "
+        "an ensemble)",
     )
     p.add_argument(
         "--alignment-layer",
@@ -306,7 +344,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         help="decoder layer whose attention gives the alignments; 0-based, negative counts "
         "from the end (default -1, the last)",
     )
-    _add_search_options(p)
+    _add_search_options(p, ensemble=True)
     g = p.add_argument_group("sampling (instead of beam search)")
     add_dataclass_flags(g, DecodingOptions, only=_SAMPLING_FIELDS)
     g.add_argument("--seed", type=int, help="seed for reproducible samples")
@@ -341,12 +379,12 @@ def _run_translate(args: argparse.Namespace) -> int:
     if args.input is None and sys.stdin.isatty():
         return _translate_interactively(translator, options, args.n_best, alignment_layer)
     lines = read_lines(args.input) if from_file else read_lines(sys.stdin.buffer, name="<stdin>")
-    results = translator.translate_iterable(lines, **options)
-    if from_file and sys.stderr.isatty():
-        from tqdm import tqdm
-
-        results = tqdm(results, total=count_lines(Path(args.input)), unit="line", file=sys.stderr)
+    # No bar when the translations themselves go to the terminal: they would tear it.
+    show_progress = not args.no_progress and bool(args.output or not sys.stdout.isatty())
+    total = count_lines(Path(args.input)) if from_file and show_progress else None
     with contextlib.ExitStack() as stack:
+        progress = stack.enter_context(_progress(show_progress, total))
+        results = translator.translate_iterable(lines, progress=progress, **options)
         out = sys.stdout
         if args.output:
             out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
@@ -424,13 +462,15 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
         "(13a tokenization approximating Moses; not comparable with sacreBLEU)",
     )
     p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
-    _add_search_options(p)
+    _add_progress_flag(p)
+    _add_search_options(p, ensemble=True)
     p.set_defaults(run=_run_evaluate)
 
 
 def _run_evaluate(args: argparse.Namespace) -> int:
     import json
 
+    from aiayn.data import count_lines
     from aiayn.evaluation import evaluate_files, tokenized_bleu
     from aiayn.translator import read_lines
 
@@ -439,14 +479,16 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         if not Path(path).is_file():
             raise FileNotFoundError(f"{path} does not exist")
     translator = _load_translator(args)
-    scores = evaluate_files(
-        translator,
-        args.src,
-        args.ref,
-        out_path=out_path,
-        tokenize=args.tokenize,
-        options=_search_options(args),
-    )
+    with _progress(not args.no_progress, count_lines(Path(args.src))) as progress:
+        scores = evaluate_files(
+            translator,
+            args.src,
+            args.ref,
+            out_path=out_path,
+            tokenize=args.tokenize,
+            options=_search_options(args),
+            progress=progress,
+        )
     tokenized = None
     if args.tokenized_bleu:
         tokenized = tokenized_bleu(
@@ -459,6 +501,8 @@ def _run_evaluate(args: argparse.Namespace) -> int:
             "hypotheses_file": str(out_path),
             "model_dir": str(translator.model_dir),
         }
+        if len(translator.model_dirs) > 1:
+            report["ensemble"] = [str(d) for d in translator.model_dirs]
         if tokenized is not None:
             report["tokenized_bleu"] = tokenized.bleu
             report["tokenized_bleu_label"] = tokenized.label
@@ -468,6 +512,86 @@ def _run_evaluate(args: argparse.Namespace) -> int:
         print(scores)
         if tokenized is not None:
             print(tokenized)
+    return 0
+
+
+# -- score ----------------------------------------------------------------------------------
+
+
+def _add_score(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "score",
+        help="the model's log-probability and perplexity of given translations",
+        description="Score line-aligned (source, target) pairs with the model's "
+        "log-probability of the target given the source, teacher-forced, without search "
+        "(fairseq's --score-reference): to filter a corpus or check translations. Writes one "
+        "line per pair, 'log_prob<TAB>tokens<TAB>perplexity', tokens counting the target's "
+        "subword pieces + EOS and perplexity = exp(-log_prob / tokens); with --json one JSON "
+        "object per line. The corpus totals go to stderr. With several -m, each token's "
+        "probability is the mean of the models'.",
+    )
+    p.add_argument("--src", required=True, help="source sentences, one per line")
+    p.add_argument("--tgt", required=True, help="their translations, line-aligned with --src")
+    p.add_argument("-o", "--output", help="output file (default: stdout)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="write JSON lines {log_prob, tokens, perplexity, truncated}",
+    )
+    _add_progress_flag(p)
+    _add_model_dir_flag(p, ensemble=True)
+    _add_model_flags(p)
+    p.set_defaults(run=_run_score)
+
+
+def _run_score(args: argparse.Namespace) -> int:
+    import json
+    import math
+
+    from aiayn.data import count_lines
+    from aiayn.scoring import score_pairs
+    from aiayn.translator import read_lines
+
+    src, tgt = Path(args.src), Path(args.tgt)
+    for path in (src, tgt):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+    n_src, n_tgt = count_lines(src), count_lines(tgt)
+    if n_src != n_tgt:
+        raise ValueError(f"{src} has {n_src} lines but {tgt} has {n_tgt} lines")
+    if args.output and Path(args.output).resolve() in (src.resolve(), tgt.resolve()):
+        raise ValueError(f"refusing to write the scores over the input {args.output}")
+    translator = _load_translator(args)
+    pairs = zip(read_lines(src), read_lines(tgt), strict=True)
+    show_progress = not args.no_progress and bool(args.output or not sys.stdout.isatty())
+    log_prob, n_tokens = 0.0, 0
+    with contextlib.ExitStack() as stack:
+        progress = stack.enter_context(_progress(show_progress, n_src))
+        out = sys.stdout
+        if args.output:
+            out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
+        scores = score_pairs(
+            translator.models,
+            translator.tokenizer,
+            pairs,
+            max_tokens=translator.max_tokens,
+            progress=progress,
+        )
+        for pair in scores:
+            log_prob, n_tokens = log_prob + pair.log_prob, n_tokens + pair.n_tokens
+            if args.json:
+                fields = {"log_prob": pair.log_prob, "tokens": pair.n_tokens}
+                fields |= {"perplexity": pair.perplexity, "truncated": pair.truncated}
+                out.write(json.dumps(fields) + "\n")
+            else:
+                out.write(f"{pair.log_prob:.4f}\t{pair.n_tokens}\t{pair.perplexity:.4f}\n")
+        out.flush()
+    perplexity = math.exp(min(-log_prob / n_tokens, 700.0)) if n_tokens else math.nan
+    print(
+        f"scored {n_src} pairs: {n_tokens} target tokens (EOS included), log-probability "
+        f"{log_prob:.2f}, perplexity {perplexity:.2f}",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -795,6 +919,32 @@ def _run_demo(args: argparse.Namespace) -> int:
 # -- helpers --------------------------------------------------------------------------------
 
 
+def _add_progress_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (one is drawn on stderr, with an ETA, when it is a terminal)",
+    )
+
+
+@contextlib.contextmanager
+def _progress(wanted: bool, total: int | None) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar on stderr counting lines, if ``wanted`` and stderr is a terminal: yields
+    its ``update`` (or None). ``total`` None counts without an ETA. Log records are written
+    above the bar instead of through it while it is open."""
+    if not (wanted and sys.stderr.isatty()):
+        yield None
+        return
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with (
+        logging_redirect_tqdm(),
+        tqdm(total=total, unit="line", file=sys.stderr, dynamic_ncols=True) as bar,
+    ):
+        yield bar.update
+
+
 def attribute_docs(cls: type) -> dict[str, str]:
     """Each attribute's description in the ``Attributes:`` section of ``cls``'s Google-style
     docstring, continuation lines joined. An entry may describe several attributes at once
@@ -918,6 +1068,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo(sub)
     _add_translate(sub)
     _add_evaluate(sub)
+    _add_score(sub)
     _add_serve(sub)
     _add_attention(sub)
     _add_plot(sub)

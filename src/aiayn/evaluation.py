@@ -233,6 +233,7 @@ def evaluate_files(
     out_path: str | Path,
     tokenize: str | None = None,
     options: DecodingOptions | None = None,
+    progress: Callable[[int], None] | None = None,
     **overrides: Any,
 ) -> EvalScores:
     """Translates ``src_path``, writes the hypotheses to ``out_path`` and scores them.
@@ -249,6 +250,8 @@ def evaluate_files(
         tokenize: sacreBLEU's BLEU tokenizer, see :func:`score`.
         options, **overrides: How to decode, as for ``Translator.translate`` (None: the
             paper's beam search).
+        progress: Called with the number of sentences finished after each batch (see
+            ``Translator.translate``).
 
     Raises:
         EvaluationError: No reference file, line counts differ (files and counts named), the
@@ -280,7 +283,7 @@ def evaluate_files(
     references = [[line.strip() for line in read_lines(path)] for path in ref_paths]
 
     hypotheses = []
-    results = translator.translate_iterable(read_lines(src_path), options)
+    results = translator.translate_iterable(read_lines(src_path), options, progress=progress)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with out_path.open("w", encoding="utf-8", newline="\n") as out:
         for result in results:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -72,12 +72,16 @@ class ReorderableCache(Protocol):
 class IncrementalModel(Protocol):
     """An encoder-decoder that decodes one target position at a time."""
 
-    def encode(self, src_tokens: Tensor) -> tuple[Tensor, Tensor | None]:
-        """(B, S) source ids -> memory (B, S, D) and src_key_mask (B, S), True = real token."""
+    def encode(self, src_tokens: Tensor) -> tuple[Any, Tensor | None]:
+        """(B, S) source ids -> memory (B, S, D) and src_key_mask (B, S), True = real token.
+
+        Search never looks inside ``memory``, it only hands it to ``init_cache``: an ensemble
+        (:mod:`aiayn.ensemble`) passes every model's memory this way.
+        """
         ...
 
     def init_cache(
-        self, memory: Tensor, src_key_mask: Tensor | None, max_len: int
+        self, memory: Any, src_key_mask: Tensor | None, max_len: int
     ) -> ReorderableCache:
         """A cache for up to ``max_len`` target positions (BOS included)."""
         ...

@@ -9,6 +9,10 @@ one :class:`TranslationResult` per sentence::
     [result] = translator.translate(["Hello world!"], beam_size=5, return_attention=True)
     result.text, result.score, result.attention  # (T, S) encoder-decoder attention
 
+Ensembles. ``Translator(["run1/model", "run2/model"])`` decodes with several models trained
+with the same tokenizer as one, averaging their next-token probabilities at every step
+(:class:`aiayn.ensemble.Ensemble`).
+
 How a call runs. Each sentence is encoded with the tokenizer and followed by EOS, exactly as
 training presents sources (``aiayn.batching.collate``). Blank sentences get an empty result without
 running the model. The others are sorted by length, so that a batch holds sentences of similar
@@ -21,9 +25,10 @@ Shapes: S source length (EOS included), T output length (EOS included), L layers
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -33,11 +38,13 @@ from torch import Tensor
 
 from aiayn import search
 from aiayn.acceleration import native_bf16_cpu
-from aiayn.checkpoint import CheckpointError, load_model_dir, unwrap
+from aiayn.checkpoint import CheckpointError, LoadedModel, load_model_dir, unwrap
 from aiayn.data import decode_line
+from aiayn.ensemble import Ensemble
 from aiayn.interop._runtime import ExportedModel
 from aiayn.interop.onnx import is_onnx_export, load_onnx_export
 from aiayn.model import Transformer
+from aiayn.scoring import PairScore, score_pairs
 from aiayn.search import DecodingOptions
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, load_tokenizer
 
@@ -178,17 +185,21 @@ class Translator:
     """A model and its tokenizer, ready to translate batches of sentences.
 
     Attributes:
-        model: The `Transformer` (evaluation mode while translating).
+        model: The `Transformer` (evaluation mode while translating); the first of an ensemble.
+        models: Every model: ``[model]``, or an ensemble's models.
         tokenizer: The shared source/target SentencePiece model.
         device: Where the model runs.
         max_tokens: Batch budget: padded source tokens × rows per sentence (beam size).
-        metadata: The model directory's ``metadata.json`` (languages, step, ...), or {}.
-        model_dir: The directory loaded, or None for :meth:`from_model`.
+        metadata: The model directory's ``metadata.json`` (languages, step, ...), or {}; the
+            first directory's for an ensemble.
+        model_dir: The directory loaded (the first of an ensemble), or None for
+            :meth:`from_model`.
+        model_dirs: Every directory loaded.
     """
 
     def __init__(
         self,
-        model_dir: str | Path,
+        model_dir: str | Path | Sequence[str | Path],
         *,
         device: str | torch.device = "cpu",
         max_tokens: int = 4096,
@@ -200,7 +211,9 @@ class Translator:
 
         Args:
             model_dir: Written by training, ``aiayn average`` or ``save_model_dir``, or an
-                ONNX export (``aiayn.interop.export_onnx``, run by onnxruntime).
+                ONNX export (``aiayn.interop.export_onnx``, run by onnxruntime); or a list of
+                model directories, to decode with their ensemble. An ensemble's models must
+                have been trained with the same tokenizer.
             device: "cpu", "cuda", "cuda:1", ...
             max_tokens: Batch budget in padded source tokens × beam size. A sentence that alone
                 exceeds it is translated in a batch of its own.
@@ -215,7 +228,8 @@ class Translator:
 
         Raises:
             CheckpointError: The directory is missing or incomplete (e.g. no model.safetensors),
-                a file is corrupt, or the tokenizer does not fit the model.
+                a file is corrupt, the tokenizer does not fit the model, or an ensemble's
+                models do not share their tokenizer and target vocabulary.
             TokenizerError: The tokenizer model cannot be read.
         """
         if threads < 0:
@@ -226,27 +240,34 @@ class Translator:
             raise ValueError(f"int8 dynamic quantization runs on the CPU only, not on {device}")
         if int8 and bf16:
             raise ValueError("choose one of int8 and bf16")
-        if is_onnx_export(model_dir):  # written by aiayn.interop.export_onnx
+        if bf16 and torch.device(device).type == "cpu" and not native_bf16_cpu():
+            logger.warning("this CPU has no native bf16 arithmetic: bf16 will be slower")
+        dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
+        if not dirs:
+            raise ValueError("no model directory given")
+        if len(dirs) == 1 and is_onnx_export(dirs[0]):  # written by aiayn.interop.export_onnx
             if int8 or bf16 or torch.device(device).type != "cpu":
                 raise ValueError("an ONNX export runs in float32 on the CPU (onnxruntime)")
-            model, tokenizer = load_onnx_export(model_dir)
-            self._setup(model, tokenizer, max_tokens, model.metadata, Path(model_dir))
+            onnx_model, tokenizer = load_onnx_export(dirs[0])
+            self._setup([onnx_model], tokenizer, max_tokens, onnx_model.metadata, [Path(dirs[0])])
             return
-        if (Path(model_dir) / "model.bin").is_file():
-            raise CheckpointError(
-                f"{model_dir} is a CTranslate2 export: load it with "
-                "aiayn.interop.CTranslate2Translator"
-            )
-        loaded = load_model_dir(model_dir, device=device)
-        tokenizer = load_tokenizer(loaded.tokenizer_file)
-        model = loaded.model
+        for directory in dirs:
+            if (Path(directory) / "model.bin").is_file():
+                raise CheckpointError(
+                    f"{directory} is a CTranslate2 export: load it with "
+                    "aiayn.interop.CTranslate2Translator"
+                )
+        loaded = [load_model_dir(d, device=device) for d in dirs]
+        _check_same_vocabulary(loaded)
+        tokenizer = load_tokenizer(loaded[0].tokenizer_file)
+        models = [one.model for one in loaded]
         if int8:
-            model = quantize_int8(model)
+            models = [quantize_int8(model) for model in models]
         elif bf16:
-            if torch.device(device).type == "cpu" and not native_bf16_cpu():
-                logger.warning("this CPU has no native bf16 arithmetic: bf16 will be slower")
-            model = model.to(torch.bfloat16)
-        self._setup(model, tokenizer, max_tokens, loaded.metadata, loaded.directory)
+            models = [model.to(torch.bfloat16) for model in models]
+        self._setup(
+            models, tokenizer, max_tokens, loaded[0].metadata, [one.directory for one in loaded]
+        )
 
     @classmethod
     def from_model(
@@ -259,42 +280,53 @@ class Translator:
         previous mode afterwards, so a training loop can call it between updates.
         """
         translator = cls.__new__(cls)
-        translator._setup(unwrap(model), tokenizer, max_tokens, {}, None)
+        translator._setup([unwrap(model)], tokenizer, max_tokens, {}, [])
         return translator
 
     def _setup(
         self,
-        model: torch.nn.Module,
+        models: list[torch.nn.Module],
         tokenizer: Tokenizer,
         max_tokens: int,
         metadata: dict[str, Any],
-        model_dir: Path | None,
+        model_dirs: list[Path],
     ) -> None:
-        if not isinstance(model, Transformer | ExportedModel):
-            raise TypeError(f"expected an aiayn Transformer, got {type(model).__name__}")
-        config = model.config
-        if tokenizer.vocab_size > min(config.src_vocab_size, config.tgt_vocab_size):
-            raise CheckpointError(
-                f"the tokenizer has {tokenizer.vocab_size} pieces but the model's vocabularies "
-                f"have {config.src_vocab_size} (source) and {config.tgt_vocab_size} (target)"
-            )
-        if config.pad_id != PAD_ID:
-            raise CheckpointError(f"the model's pad_id ({config.pad_id}) must be {PAD_ID}")
+        for model in models:
+            if not isinstance(model, Transformer | ExportedModel):
+                raise TypeError(f"expected an aiayn Transformer, got {type(model).__name__}")
+            config = model.config
+            if tokenizer.vocab_size > min(config.src_vocab_size, config.tgt_vocab_size):
+                raise CheckpointError(
+                    f"the tokenizer has {tokenizer.vocab_size} pieces but the model's "
+                    f"vocabularies have {config.src_vocab_size} (source) and "
+                    f"{config.tgt_vocab_size} (target)"
+                )
+            if config.pad_id != PAD_ID:
+                raise CheckpointError(f"the model's pad_id ({config.pad_id}) must be {PAD_ID}")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens ({max_tokens!r}) must be a positive integer")
-        self.model: Transformer = model
+        self.models: list[Transformer] = models  # type: ignore[assignment]
+        self.model = self.models[0]
+        # What search decodes with: the model itself, or the ensemble of all of them.
+        self._decoder: search.IncrementalModel = (
+            self.model if len(self.models) == 1 else Ensemble(self.models)
+        )
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.metadata = dict(metadata)
-        self.model_dir = model_dir
+        self.model_dirs = list(model_dirs)
+        self.model_dir = self.model_dirs[0] if self.model_dirs else None
         self.device = (
-            model.device if isinstance(model, ExportedModel) else next(model.parameters()).device
+            self.model.device
+            if isinstance(self.model, ExportedModel)
+            else next(self.model.parameters()).device
         )
 
     @property
     def max_source_tokens(self) -> int:
-        """Longest source the model accepts, in subword tokens before EOS: max_positions − 1."""
-        return self.model.config.max_positions - 1
+        """Longest source the model accepts, in subword tokens before EOS: max_positions − 1
+        (the smallest of an ensemble's)."""
+        return min(model.config.max_positions for model in self.models) - 1
 
     def cost(self, sentences: Sequence[str], rows_per_sentence: int) -> int:
         """Source tokens the model will see (after truncation, EOS included) × decoder rows
@@ -317,6 +349,7 @@ class Translator:
         *,
         return_attention: bool = False,
         seed: int | None = None,
+        progress: Callable[[int], None] | None = None,
         **overrides: Any,
     ) -> list[TranslationResult]:
         """Translates sentences; returns one result per sentence, in input order.
@@ -343,6 +376,8 @@ class Translator:
                 teacher-forced pass per batch).
             seed: Seed of the sampling generator, for reproducible samples (given the same
                 inputs and ``max_tokens``); None uses PyTorch's global generator.
+            progress: Called with the number of sentences just finished, after each batch
+                (blank sentences count at once), e.g. a progress bar's ``update``.
             **overrides: Fields of :class:`~aiayn.search.DecodingOptions` replacing those of
                 ``options``.
 
@@ -352,7 +387,12 @@ class Translator:
         """
         options = replace(options or DecodingOptions(), **overrides)
         return self._translate(
-            sentences, options, return_attention=return_attention, seed=seed, first_number=1
+            sentences,
+            options,
+            return_attention=return_attention,
+            seed=seed,
+            first_number=1,
+            progress=progress,
         )
 
     def translate_iterable(
@@ -363,18 +403,20 @@ class Translator:
         chunk_size: int = 1024,
         return_attention: bool = False,
         seed: int | None = None,
+        progress: Callable[[int], None] | None = None,
         **overrides: Any,
     ) -> Iterator[TranslationResult]:
         """Translates a stream (e.g. the lines of a file) chunk by chunk, in input order.
 
         Reads ``chunk_size`` sentences, translates them with :meth:`translate` (sorting and
-        batching within the chunk), yields their results, and goes on, so memory stays bounded
-        and a long file shows progress. Blank lines give empty results. Warnings about
-        truncated sentences count sentences from 1 over the whole stream, i.e. line numbers.
+        batching within the chunk), yields their results, and goes on, so memory stays bounded.
+        Results come a chunk at a time; ``progress`` is called after every batch. Blank lines
+        give empty results. Warnings about truncated sentences count sentences from 1 over the
+        whole stream, i.e. line numbers.
 
         Args:
             sentences: Any iterable of sentences.
-            options, return_attention, **overrides: As for :meth:`translate`.
+            options, return_attention, progress, **overrides: As for :meth:`translate`.
             chunk_size: Sentences per chunk; larger chunks sort better.
             seed: As for :meth:`translate`; with sampling, chunk k uses ``seed + k``.
         """
@@ -393,8 +435,38 @@ class Translator:
                 return_attention=return_attention,
                 seed=None if seed is None else seed + k,
                 first_number=number,
+                progress=progress,
             )
             number += len(chunk)
+
+    def score(
+        self,
+        sources: Sequence[str],
+        targets: Sequence[str],
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[PairScore]:
+        """The model's log-probability of each target given its source: no search, one
+        teacher-forced pass per batch (fairseq's ``--score-reference``); an ensemble scores
+        with the mean of its models' probabilities. See :mod:`aiayn.scoring`.
+
+        Args:
+            sources, targets: Line-aligned plain text.
+            progress: Called with the number of pairs just scored, after each batch.
+
+        Raises:
+            ValueError: The counts differ, or a target is too long for learned positions.
+        """
+        if isinstance(sources, str) or isinstance(targets, str):
+            raise TypeError("score() takes lists of sentences, not single strings")
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        pairs = zip(sources, targets, strict=True)
+        return list(
+            score_pairs(
+                self.models, self.tokenizer, pairs, max_tokens=self.max_tokens, progress=progress
+            )
+        )
 
     # -- one call --------------------------------------------------------------------------------
 
@@ -406,27 +478,39 @@ class Translator:
         return_attention: bool,
         seed: int | None,
         first_number: int,
+        progress: Callable[[int], None] | None = None,
     ) -> list[TranslationResult]:
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
+        if return_attention and len(self.models) > 1:
+            raise ValueError(
+                "an ensemble has no attention maps of its own (each model attends "
+                "differently): ask for attention or alignments with a single model"
+            )
         sentences = list(sentences)
         results = [_empty_result() for _ in sentences]
         sources = self._prepare(sentences, options, first_number)
+        if progress is not None and len(sentences) > len(sources):
+            progress(len(sentences) - len(sources))  # the blank ones are done
         if not sources:
             return results
         generator = None
         if options.sampling and seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(seed)
-        was_training = self.model.training
-        self.model.eval()
+        was_training = [model.training for model in self.models]
+        for model in self.models:
+            model.eval()
         try:
             with torch.inference_mode():
                 for batch in self._batches(sources, options):
                     run = self._run(batch, options, return_attention, generator)
                     for source, result in zip(batch, run, strict=True):
                         results[source.index] = result
+                    if progress is not None:
+                        progress(len(batch))
         finally:
-            self.model.train(was_training)
+            for model, training in zip(self.models, was_training, strict=True):
+                model.train(training)
         return results
 
     def _prepare(
@@ -460,10 +544,10 @@ class Translator:
         max_positions − 1 output tokens when learned positions could not go further (the
         decoder then sees BOS + max_positions − 1 tokens = max_positions positions)."""
         a, b = options.max_len_a, options.max_len_b
-        config = self.model.config
-        if config.positional_encoding != "learned":
+        learned = [m.config for m in self.models if m.config.positional_encoding == "learned"]
+        if not learned:
             return a, b
-        cap = config.max_positions - 1
+        cap = min(config.max_positions for config in learned) - 1
         if int(a * src_len + b) > cap:
             return 0.0, float(cap)
         return a, b
@@ -503,7 +587,7 @@ class Translator:
         if options.sampling:
             n = options.n_best
             samples = search.sample(
-                self.model,
+                self._decoder,
                 src.repeat_interleave(n, dim=0),
                 options=options,
                 generator=generator,
@@ -514,9 +598,10 @@ class Translator:
                 for i in range(len(batch))
             ]
         elif options.beam_size == 1:
-            nbest = [[h] for h in search.greedy_search(self.model, src, options=options, **ids)]
+            greedy = search.greedy_search(self._decoder, src, options=options, **ids)
+            nbest = [[h] for h in greedy]
         else:
-            nbest = search.beam_search(self.model, src, options=options, **ids)
+            nbest = search.beam_search(self._decoder, src, options=options, **ids)
         maps: list[SentenceAttention | None] = [None] * len(batch)
         if return_attention:
             maps = self._attention(src, batch, [hyps[0].tokens for hyps in nbest])
@@ -582,8 +667,34 @@ class Translator:
         )
 
     def __repr__(self) -> str:
-        where = self.model_dir if self.model_dir is not None else "in-memory model"
-        return f"Translator({str(where)!r}, device={str(self.device)!r})"
+        where: Any = [str(d) for d in self.model_dirs] or ["in-memory model"]
+        where = where[0] if len(where) == 1 else where
+        return f"Translator({where!r}, device={str(self.device)!r})"
+
+
+def _check_same_vocabulary(loaded: list[LoadedModel]) -> None:
+    """An ensemble's models must share the tokenizer (byte for byte) and the target vocabulary
+    size: then a token id means the same piece to each of them."""
+    first = loaded[0]
+    first_sha = _sha256(first.tokenizer_file)
+    for other in loaded[1:]:
+        sha = _sha256(other.tokenizer_file)
+        if sha != first_sha:
+            raise CheckpointError(
+                f"cannot ensemble {first.directory} and {other.directory}: their tokenizers "
+                f"differ (sha256 {first_sha[:12]}… and {sha[:12]}…); the models of an ensemble "
+                "must be trained with the same tokenizer"
+            )
+        sizes = first.config.tgt_vocab_size, other.config.tgt_vocab_size
+        if sizes[0] != sizes[1]:
+            raise CheckpointError(
+                f"cannot ensemble {first.directory} and {other.directory}: their target "
+                f"vocabularies have {sizes[0]} and {sizes[1]} entries"
+            )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def _pad(rows: list[list[int]], device: torch.device) -> Tensor:
