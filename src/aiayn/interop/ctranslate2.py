@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -283,7 +284,7 @@ class CTranslate2Translator(Translator):
         for i, piece in enumerate(vocabulary(tokenizer, config.tgt_vocab_size)):
             self._token_ids.setdefault(piece, i)
         model = ExportedModel(config, torch.device("cpu"))
-        self._setup(model, tokenizer, max_tokens, aiayn.get("metadata", {}), directory)
+        self._setup([model], tokenizer, max_tokens, aiayn.get("metadata", {}), [directory])
 
     def _translate(
         self,
@@ -293,6 +294,7 @@ class CTranslate2Translator(Translator):
         return_attention: bool,
         seed: int | None,
         first_number: int,
+        progress: Callable[[int], None] | None = None,
     ) -> list[TranslationResult]:
         if return_attention:
             raise ValueError(
@@ -313,6 +315,7 @@ class CTranslate2Translator(Translator):
             return_attention=return_attention,
             seed=seed,
             first_number=first_number,
+            progress=progress,
         )
 
     def _run(
