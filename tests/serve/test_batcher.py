@@ -89,8 +89,19 @@ def test_a_call_stops_at_the_budget_and_takes_texts_round_robin() -> None:
         batcher.close()
     # the first text of every job comes before the second of any; 3 texts fill the budget
     calls = [texts for texts, _ in model.calls]
-    assert calls == [["a", "c", "d"], ["b", "e", "f"], ["g", "h"]]
+    assert calls == [["a", "c", "d"], ["e", "b", "f"], ["g", "h"]]  # then "e" waited longest
     assert results == [["A/0", "B/0"], ["C/0"], ["D/0"], ["E/0", "F/0", "G/0", "H/0"]]
+
+
+def test_jobs_take_turns_across_calls() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=200, max_batch_cost=1)
+    try:
+        run(submit_all(batcher, [(["x0", "x1", "x2"], 0), (["y0", "y1"], 0)]))
+    finally:
+        batcher.close()
+    calls = [texts for texts, _ in model.calls]
+    assert calls == [["x0"], ["y0"], ["x1"], ["y1"], ["x2"]]
 
 
 def test_a_text_over_the_budget_is_translated_alone() -> None:

@@ -9,10 +9,11 @@ the asyncio event loop that answers requests and one worker thread that runs the
    ``asyncio.Future``; the event loop stays free to accept more requests.
 2. The unit of work is one **text**, not one request. The worker waits until ``max_wait_ms``
    have passed since the oldest job *arrived* (or the waiting texts fill the budget), then
-   takes texts **round-robin** over the waiting jobs, in arrival order (the first text of
-   every job, then the second of every job, ...), until the next would pass
-   ``max_batch_cost``. A request of 64 long texts therefore holds up a one-text request that
-   arrives behind it for at most one call, whose work the budget bounds; the rest of the long
+   takes texts **round-robin** over the waiting jobs (the first text of every job, then the
+   second of every job, ...), until the next would pass ``max_batch_cost``; the jobs served go
+   to the back of the queue, so the next call starts with those that were not. A request of
+   64 long texts therefore holds up a one-text request that arrives behind it for at most one
+   call, whose work the budget bounds; the rest of the long
    request is interleaved with whatever arrives meanwhile. When the previous call held a
    single job the next does not wait at all: one client at a time has nobody to wait for.
 3. Texts with equal options are translated by **one** call (the translator then sorts them by
@@ -292,7 +293,12 @@ class Batcher(Generic[R]):
                     progressed = True
                 if not progressed:
                     break
-            self._pending = deque(j for j in self._pending if j.taken < len(j.texts))
+            # Round-robin across calls too: the jobs served go behind those that were not.
+            served = {id(job) for job, _ in units}
+            left = [j for j in self._pending if j.taken < len(j.texts)]
+            self._pending = deque(
+                [j for j in left if id(j) not in served] + [j for j in left if id(j) in served]
+            )
         self._expect_company = len({id(job) for job, _ in units}) > 1
         return units
 
