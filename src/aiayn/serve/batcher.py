@@ -13,8 +13,8 @@ the asyncio event loop that answers requests and one worker thread that runs the
    second of every job, ...), until the next would pass ``max_batch_cost``; the jobs served go
    to the back of the queue, so the next call starts with those that were not. A request of
    64 long texts therefore holds up a one-text request that arrives behind it for at most one
-   call, whose work the budget bounds; the rest of the long
-   request is interleaved with whatever arrives meanwhile. When the previous call held a
+   call (one per costly request ahead of it), whose work the budget bounds; the rest of the
+   long request is interleaved with whatever arrives meanwhile. When the previous call held a
    single job the next does not wait at all: one client at a time has nobody to wait for.
 3. Texts with equal options are translated by **one** call (the translator then sorts them by
    length and cuts its own sub-batches); different options get one call each, in arrival
