@@ -13,14 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 
 schemathesis = pytest.importorskip("schemathesis")
+from schemathesis import GenerationMode  # noqa: E402
 from schemathesis.checks import (  # noqa: E402
     content_type_conformance,
     not_a_server_error,
     response_schema_conformance,
     status_code_conformance,
 )
-
-from schemathesis import GenerationMode  # noqa: E402
 
 from aiayn.serve import create_app  # noqa: E402
 
