@@ -5,11 +5,12 @@
 * ``POST /translate`` — two APIs on one path, told apart by the body:
 
   - **aiayn's**: a JSON object with ``text`` (a string) or ``texts`` (a list), and optional
-    ``beam_size``, ``n_best``, ``length_penalty`` and ``return_attention``. The answer is
-    ``{"translations": [...]}``, one entry per text, in order: text, score, log-probability,
-    pieces, the n-best list, ``truncated``, and with ``return_attention`` the encoder-decoder
-    attention of every layer and head, (L, H, T, S) nested lists rounded to 4 decimals, with
-    the source and output pieces that label its columns and rows.
+    ``beam_size``, ``n_best``, ``length_penalty``, ``return_attention``, ``full_attention``
+    and ``api_key``. The answer is ``{"translations": [...]}``, one entry per text, in order:
+    text, score, log-probability, pieces, the n-best list, ``truncated``, and with
+    ``return_attention`` the last layer's encoder-decoder attention averaged over heads, (T, S)
+    (with ``full_attention`` also every layer and head, (L, H, T, S)), rounded to 4 decimals,
+    with the source and output pieces that label its columns and rows.
   - **LibreTranslate's** (so its clients work unchanged): ``q`` (a string or a list),
     ``source``, ``target``, ``format``, ``alternatives``, ``api_key``, as JSON or form data;
     the answer is ``{"translatedText": ...}``, a string or a list like ``q``. A JSON body
@@ -18,17 +19,22 @@
 * ``GET /languages``, ``POST /detect``, ``GET /frontend/settings`` — LibreTranslate's
   (:mod:`aiayn.serve.libretranslate`, which also answers its ``POST /translate`` bodies).
 * ``GET /info`` (model, parameters, languages, decoding defaults, limits), ``GET /health``
-  (worker state and batching counters), ``GET /openapi.json``, and ``GET /docs`` (FastAPI's
-  Swagger UI, which loads its scripts from a CDN: the one page that needs the internet).
+  (worker state, "ok" or "busy", queue and batching counters), ``GET /openapi.json`` (with the
+  server's limits as field maxima), and with ``--docs`` ``GET /docs`` and ``/redoc`` (which
+  load their scripts from a CDN).
 * ``GET /`` — a page that translates and draws the attention (``static/``, no libraries).
 
-Concurrent requests are batched by :class:`aiayn.serve.batcher.Batcher`; bodies are read by
-:mod:`aiayn.serve.requests` and validated, and answers built, by the pydantic models of
-:mod:`aiayn.serve.schemas`. Every error is a JSON object ``{"error": "..."}`` with a
-4xx status saying what to fix (400 unreadable body, 413 a size limit, 415 content type, 422
-invalid fields, 429 queue full) or 500 if the model failed; limits name the flag that sets
-them. The API key is accepted and ignored: put the server behind
-a proxy if it needs access control.
+Every request's cost (source tokens × beam × output-length limit) and attention size are
+checked before it is queued; the texts of concurrent requests are batched fairly by
+:class:`aiayn.serve.batcher.Batcher`, and a request whose client hangs up is dropped. Bodies
+are read by :mod:`aiayn.serve.requests` and validated, and answers built, by the pydantic
+models of :mod:`aiayn.serve.schemas`. API keys are :mod:`aiayn.serve.keys`; security headers,
+the origin check and CORS :mod:`aiayn.serve.policy`; connection deadlines and the connection
+cap :mod:`aiayn.serve.connections`. ``docs/serving.md`` says what each limit protects. Every
+error is a JSON object ``{"error": "..."}`` with a 4xx status saying what to fix (400
+unreadable body, 403 key or origin refused, 408 body too slow, 413 a size or cost limit, 415
+content type, 422 invalid fields, 429 queue full or key over its rate) or 500 if the model
+failed; limits name the flag that sets them.
 """
 
 from __future__ import annotations
