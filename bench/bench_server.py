@@ -15,6 +15,14 @@ average (from `GET /health`). Each cell is bounded in count (`--requests`) and t
 
     .venv/bin/python bench/bench_server.py                        # 1000 requests per cell
     .venv/bin/python bench/bench_server.py --requests 300 --update-benchmarks
+
+``--hammer N`` measures fairness instead: the latency of one client's short requests (one
+sentence, the server's default beam) while N clients hammer the server with costly requests
+(``--hammer-texts`` long texts at beam 16, length penalty 5) and hang up after
+``--hammer-hangup-s``, as a hostile client would; the options are ones that both the old and
+the new server accept, so runs before and after a change compare:
+
+    .venv/bin/python bench/bench_server.py --hammer 2 --max-seconds 30
 """
 
 from __future__ import annotations
@@ -180,6 +188,66 @@ def run(args: argparse.Namespace, model_dir: Path) -> list[dict]:
     return rows
 
 
+async def hammered(url: str, args: argparse.Namespace) -> dict:
+    """Short requests from one client while ``args.hammer`` clients send costly ones and hang
+    up after ``args.hammer_hangup_s``; latencies of the short ones, hang-ups counted."""
+    rng = random.Random(7)
+    long_text = " ".join(sentences(40, seed=3))[: args.hammer_chars]
+    costly = {"texts": [long_text] * args.hammer_texts, "beam_size": 16, "length_penalty": 5.0}
+    stop_at = time.monotonic() + args.max_seconds
+    latencies: list[float] = []
+    errors: list[str] = []
+    hangups = 0
+
+    async def hammer() -> None:
+        nonlocal hangups
+        while time.monotonic() < stop_at:
+            async with httpx.AsyncClient(base_url=url, timeout=args.hammer_hangup_s) as http:
+                try:
+                    response = await http.post("/translate", json=costly)
+                    if response.status_code != 200:
+                        errors.append(f"hammer {response.status_code}: {response.text[:200]}")
+                        await asyncio.sleep(1)
+                except httpx.TimeoutException:
+                    hangups += 1
+
+    async def short() -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=600) as http:
+            await asyncio.sleep(args.hammer_hangup_s)  # let the hammers fill the queue
+            while time.monotonic() < stop_at:
+                text = num2words(rng.randrange(1, 100), lang="en")
+                start = time.perf_counter()
+                response = await http.post("/translate", json={"text": text})
+                if response.status_code == 200:
+                    latencies.append(time.perf_counter() - start)
+                else:
+                    errors.append(f"short {response.status_code}: {response.text[:200]}")
+
+    await asyncio.gather(short(), *(hammer() for _ in range(args.hammer)))
+    return {"latencies": latencies, "errors": errors, "hangups": hangups}
+
+
+def run_hammered(args: argparse.Namespace, model_dir: Path) -> None:
+    process, url = start_server(model_dir, args, batching=True)
+    try:
+        result = asyncio.run(hammered(url, args))
+    finally:
+        process.terminate()
+        process.wait(30)
+    lat = result["latencies"]
+    if not lat:
+        sys.exit(f"no short request finished; errors: {result['errors'][:3]}")
+    print(
+        f"{args.hammer} hammering clients ({args.hammer_texts} texts of {args.hammer_chars} "
+        f"characters, beam 16, hang-up after {args.hammer_hangup_s} s; {result['hangups']} "
+        f"hang-ups): {len(lat)} short requests, p50 {1000 * statistics.median(lat):.0f} ms, "
+        f"p99 {1000 * percentile(lat, 0.99):.0f} ms, max {1000 * max(lat):.0f} ms; "
+        f"{len(result['errors'])} errors"
+    )
+    for error in result["errors"][:5]:
+        print("   ", error, file=sys.stderr)
+
+
 def machine(threads: int) -> str:
     cpu = platform.processor() or "unknown CPU"
     cpuinfo = Path("/proc/cpuinfo")
@@ -244,10 +312,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="server torch threads (1)")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--update-benchmarks", action="store_true")
+    parser.add_argument("--hammer", type=int, default=0, help="costly clients (fairness run)")
+    parser.add_argument("--hammer-texts", type=int, default=8, help="texts per costly request")
+    parser.add_argument("--hammer-chars", type=int, default=400, help="characters per text")
+    parser.add_argument("--hammer-hangup-s", type=float, default=2.0)
     args = parser.parse_args()
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_server_") as tmp:
         model_dir = build_model_dir(Path(tmp), args.preset)
+        if args.hammer:
+            run_hammered(args, model_dir)
+            return
         rows = run(args, model_dir)
     errors = sum(r["errors"] for r in rows)
     if args.update_benchmarks:

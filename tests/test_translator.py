@@ -293,6 +293,26 @@ def test_cost_counts_the_source_tokens_translate_feeds_the_model(translator: Tra
     assert translator.cost([" "], rows_per_sentence=4) == 0
 
 
+@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
+def test_search_bounds_are_the_lengths_the_search_runs_to(
+    tokenizer: Tokenizer, positions: str
+) -> None:
+    """Random weights rarely emit EOS, so greedy outputs run to the limit: S and T (with EOS)
+    are what translate fed and produced, including under learned positions' cap."""
+    model = build_model(tokenizer, positional_encoding=positions, max_positions=16)
+    translator = Translator.from_model(model, tokenizer)
+    sentences = ["the cat", " ", " ".join(CORPUS), "a dog"]
+    lengths = {"max_len_a": 0.5, "max_len_b": 3}
+    results = translator.translate(sentences, beam_size=1, **lengths)
+    bounds = translator.search_bounds(sentences, **lengths)
+    assert bounds[1] == (0, 0)
+    for (s, t), result in zip(bounds, results, strict=True):
+        if s:
+            assert s == len(result.src_tokens) and len(result.token_ids) + 1 <= t
+    assert any(len(r.token_ids) + 1 == t for r, (_, t) in zip(results, bounds, strict=True) if t)
+    assert translator.cost(sentences, 3, **lengths) == 3 * sum(s * t for s, t in bounds)
+
+
 def test_learned_positions_cap_the_output_length(tokenizer: Tokenizer) -> None:
     model = build_model(tokenizer, positional_encoding="learned", max_positions=12)
     translator = Translator.from_model(model, tokenizer)

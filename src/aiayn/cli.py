@@ -625,10 +625,12 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
         "requests come one at a time (default 5)",
     )
     g.add_argument(
-        "--max-batch-tokens",
+        "--max-batch-cost",
         type=int,
-        help="budget of one model call over merged requests: source tokens x beam size "
-        "(default 4096); --max-tokens then cuts the call into padded batches",
+        help="budget of one model call: source tokens x beam size x output-length limit "
+        "(default 8388608); a text that alone costs more is refused; it bounds how long a "
+        "short request waits behind a long one; --max-tokens then cuts the call into padded "
+        "batches",
     )
     g.add_argument(
         "--no-batching", action="store_true", help="one model call per request (to compare)"
@@ -639,28 +641,113 @@ def _add_serve(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--max-queue", type=int, help="requests waiting for the model (default 256)")
     g.add_argument("--max-beam-size", type=int, help="largest beam a request may ask (16)")
     g.add_argument("--max-body-bytes", type=int, help="request body size (default 4 MiB)")
+    g.add_argument(
+        "--max-request-cost",
+        type=int,
+        help="cost of one request, all texts: source tokens x beam x output-length limit "
+        "(default 33554432)",
+    )
+    g.add_argument(
+        "--max-attention-values",
+        type=int,
+        help="attention values in one answer: texts x T x S, x layers x heads with "
+        "full_attention (default 2097152)",
+    )
+    g.add_argument(
+        "--busy-after-s",
+        type=float,
+        help="GET /health says busy once a request has waited this long (default 2)",
+    )
+    g = p.add_argument_group("connections")
+    g.add_argument(
+        "--timeout-keep-alive", type=float, help="close idle kept-alive connections (5 s)"
+    )
+    g.add_argument(
+        "--timeout-head",
+        type=float,
+        help="request line and headers must arrive within this; also closes new connections "
+        "that send nothing (10 s)",
+    )
+    g.add_argument(
+        "--timeout-body", type=float, help="the request body must arrive within this (30 s)"
+    )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        help="open connections; more are closed at once (default 256)",
+    )
+    g = p.add_argument_group("access (see docs/serving.md)")
+    g.add_argument(
+        "--api-keys",
+        type=Path,
+        metavar="FILE",
+        help="API keys, one a line, optionally with requests and characters per minute; "
+        "keys in $AIAYN_API_KEYS count too",
+    )
+    g.add_argument(
+        "--require-api-key", action="store_true", help="refuse requests without a key (403)"
+    )
+    g.add_argument("--key-requests-per-minute", type=int, help="default rate of a key (default 60)")
+    g.add_argument("--key-chars-per-minute", type=int, help="default characters of a key (100000)")
+    g.add_argument(
+        "--cors-origin",
+        action="append",
+        dest="cors_origins",
+        metavar="ORIGIN",
+        help="an origin (https://example.org) whose pages may call the API; repeatable; "
+        "POSTs from other origins are refused",
+    )
+    g.add_argument(
+        "--docs",
+        action="store_true",
+        help="serve /docs and /redoc (they load scripts from a CDN); /openapi.json is always "
+        "served",
+    )
     p.set_defaults(run=_run_serve)
 
 
 def _run_serve(args: argparse.Namespace) -> int:
     from aiayn.serve import Decoding, ServerSettings, serve
+    from aiayn.serve.keys import keys_from_environment, load_keys
 
+    renamed = {
+        "timeout_keep_alive": "timeout_keep_alive_s",
+        "timeout_head": "timeout_head_s",
+        "timeout_body": "timeout_body_s",
+    }
     given = {
-        name: getattr(args, name)
+        renamed.get(name, name): getattr(args, name)
         for name in (
             "batch_wait_ms",
-            "max_batch_tokens",
+            "max_batch_cost",
             "max_chars",
             "max_texts",
             "max_queue",
             "max_beam_size",
             "max_body_bytes",
+            "max_request_cost",
+            "max_attention_values",
+            "busy_after_s",
+            "timeout_keep_alive",
+            "timeout_head",
+            "timeout_body",
+            "max_connections",
+            "key_requests_per_minute",
+            "key_chars_per_minute",
         )
         if getattr(args, name) is not None
     }
     options = _search_options(args)
-    decoding = Decoding(**{name: getattr(options, name) for name in _SEARCH_FIELDS})
-    settings = ServerSettings(decoding=decoding, batching=not args.no_batching, **given)
+    keys = load_keys(args.api_keys, keys_from_environment())
+    settings = ServerSettings(
+        decoding=Decoding(**{name: getattr(options, name) for name in _SEARCH_FIELDS}),
+        batching=not args.no_batching,
+        api_keys=keys,
+        require_api_key=args.require_api_key,
+        cors_origins=tuple(args.cors_origins or ()),
+        docs=args.docs,
+        **given,
+    )
     translator = _load_translator(args)
     translator.translate(["a"], beam_size=1, max_len_a=0, max_len_b=1)  # fail before listening
     serve(translator, settings, host=args.host, port=args.port, log_level=args.log_level)

@@ -328,17 +328,53 @@ class Translator:
         (the smallest of an ensemble's)."""
         return min(model.config.max_positions for model in self.models) - 1
 
-    def cost(self, sentences: Sequence[str], rows_per_sentence: int) -> int:
+    def cost(
+        self,
+        sentences: Sequence[str],
+        rows_per_sentence: int,
+        *,
+        max_len_a: float | None = None,
+        max_len_b: float | None = None,
+    ) -> int:
         """Source tokens the model will see (after truncation, EOS included) × decoder rows
-        per sentence (the beam size, or the samples): the unit of a batch budget.
+        per sentence (the beam size, or the samples): the unit of a batch budget. With
+        ``max_len_a`` and ``max_len_b``, also × the most output tokens (EOS included) the
+        search may run: a bound on the work of a call, whatever the model prefers.
 
         It follows :meth:`_prepare`'s rules (blank sentences cost nothing, long ones count
-        as truncated) so that a caller that budgets work, such as the server's batcher, cannot
-        drift from what :meth:`translate` runs.
+        as truncated) and the search's length limit, so that a caller that budgets work, such
+        as the server, cannot drift from what :meth:`translate` runs.
         """
-        texts = [text for text in (s.strip() for s in sentences) if text]
-        lengths = (len(ids) for ids in self.tokenizer.encode_batch(texts))
-        return rows_per_sentence * sum(min(n, self.max_source_tokens) + 1 for n in lengths)
+        if max_len_a is None and max_len_b is None:
+            texts = [text for text in (s.strip() for s in sentences) if text]
+            lengths = (len(ids) for ids in self.tokenizer.encode_batch(texts))
+            return rows_per_sentence * sum(min(n, self.max_source_tokens) + 1 for n in lengths)
+        a = 1.0 if max_len_a is None else max_len_a
+        b = 50.0 if max_len_b is None else max_len_b
+        bounds = self.search_bounds(sentences, max_len_a=a, max_len_b=b)
+        return rows_per_sentence * sum(s * t for s, t in bounds)
+
+    def search_bounds(
+        self, sentences: Sequence[str], *, max_len_a: float = 1.0, max_len_b: float = 50
+    ) -> list[tuple[int, int]]:
+        """(S, T) per sentence, as the search will see it: source tokens after truncation and
+        the most output tokens, both with EOS; (0, 0) for a blank sentence.
+
+        T is ``int(a * S + b)`` (at least 0) plus EOS, the rule of the search
+        (``search._max_output_lengths``), under :meth:`_length_limit`'s cap. S × T bounds a
+        sentence's attention map, and S × T × rows the work of its search.
+        """
+        texts = [s.strip() for s in sentences]
+        encoded = iter(self.tokenizer.encode_batch([text for text in texts if text]))
+        bounds = []
+        for text in texts:
+            if not text:
+                bounds.append((0, 0))
+                continue
+            src_len = min(len(next(encoded)), self.max_source_tokens) + 1
+            a, b = self._length_limit(src_len, max_len_a, max_len_b)
+            bounds.append((src_len, max(0, int(a * src_len + b)) + 1))
+        return bounds
 
     # -- the public API ------------------------------------------------------------------------
 
@@ -535,15 +571,16 @@ class Translator:
                 )
                 ids = ids[:limit]
             src_ids = [*ids, EOS_ID]
-            max_len_a, max_len_b = self._length_limit(len(src_ids), options)
+            max_len_a, max_len_b = self._length_limit(
+                len(src_ids), options.max_len_a, options.max_len_b
+            )
             sources.append(_Source(i, src_ids, max_len_a, max_len_b, truncated))
         return sources
 
-    def _length_limit(self, src_len: int, options: DecodingOptions) -> tuple[float, float]:
+    def _length_limit(self, src_len: int, a: float, b: float) -> tuple[float, float]:
         """(max_len_a, max_len_b) for one source: the caller's, or a hard cap of
         max_positions − 1 output tokens when learned positions could not go further (the
         decoder then sees BOS + max_positions − 1 tokens = max_positions positions)."""
-        a, b = options.max_len_a, options.max_len_b
         learned = [m.config for m in self.models if m.config.positional_encoding == "learned"]
         if not learned:
             return a, b

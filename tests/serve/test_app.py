@@ -30,6 +30,7 @@ from fastapi.testclient import TestClient
 from aiayn.cli import main
 from aiayn.serve import Decoding, ServerSettings, create_app
 from aiayn.serve.app import STATIC_DIR
+from aiayn.serve.keys import ApiKey
 from aiayn.translator import Translator
 
 from .helpers import (
@@ -73,7 +74,7 @@ def test_translate_texts_in_order_with_options(client: TestClient, translator) -
         )
 
 
-def test_return_attention_gives_every_layer_and_head_with_labels(
+def test_return_attention_gives_the_last_layers_head_average_with_labels(
     client: TestClient, translator: Translator
 ) -> None:
     [answer] = client.post(
@@ -83,7 +84,18 @@ def test_return_attention_gives_every_layer_and_head_with_labels(
     attention = answer["attention"]
     assert attention["src_tokens"] == expected.src_tokens and attention["src_tokens"][-1] == "</s>"
     assert attention["tgt_tokens"] == expected.tgt_tokens
-    cross = torch.tensor(attention["cross"], dtype=torch.float64)  # (L, H, T, S)
+    assert "cross" not in attention
+    mean = torch.tensor(attention["mean"], dtype=torch.float64)  # (T, S)
+    torch.testing.assert_close(mean, expected.attention.double(), atol=5e-5, rtol=0)
+
+
+def test_full_attention_gives_every_layer_and_head(
+    client: TestClient, translator: Translator
+) -> None:
+    body = {"text": "a dog barked at the moon", "return_attention": True, "full_attention": True}
+    [answer] = client.post("/translate", json=body).json()["translations"]
+    [expected] = direct(translator, ["a dog barked at the moon"], return_attention=True)
+    cross = torch.tensor(answer["attention"]["cross"], dtype=torch.float64)  # (L, H, T, S)
     config = translator.model.config
     assert cross.shape == (
         config.n_decoder_layers,
@@ -93,7 +105,7 @@ def test_return_attention_gives_every_layer_and_head_with_labels(
     )
     torch.testing.assert_close(cross, expected.attention_maps.cross.double(), atol=5e-5, rtol=0)
     assert cross.sum(-1).sub(1).abs().max() < 1e-3  # rows are distributions
-    compact = json.dumps(attention["cross"], separators=(",", ":"))
+    compact = json.dumps(answer["attention"]["cross"], separators=(",", ":"))
     assert len(compact) < 7.5 * cross.numel()  # 4 decimals: "0.0203," is 7 characters
 
 
@@ -293,17 +305,25 @@ def test_load_concurrent_requests_are_batched_without_errors(translator: Transla
 # -- aiayn serve -----------------------------------------------------------------------------
 
 
-def test_serve_flags_become_settings(model_dir: Path, monkeypatch) -> None:
+def test_serve_flags_become_settings(model_dir: Path, monkeypatch, tmp_path: Path) -> None:
     seen = {}
 
     def fake_serve(translator, settings, *, host, port, log_level) -> None:
         seen.update(settings=settings, host=host, port=port, log_level=log_level)
 
     monkeypatch.setattr("aiayn.serve.serve", fake_serve)
+    monkeypatch.setenv("AIAYN_API_KEYS", "from-env")
+    keys = tmp_path / "keys.txt"
+    keys.write_text("# key  requests/min  chars/min\nalpha 5 500\nbeta\n", encoding="utf-8")
     args = ["serve", "-m", str(model_dir), "--port", "8123", "--beam-size", "2", "--max-len-b",
-            "7", "--batch-wait-ms", "2.5", "--max-batch-tokens", "512", "--no-batching",
+            "7", "--batch-wait-ms", "2.5", "--max-batch-cost", "512", "--no-batching",
             "--max-chars", "100", "--max-texts", "3", "--max-queue", "5", "--max-beam-size",
-            "6", "--max-body-bytes", "4096", "--threads", "1"]  # fmt: skip
+            "6", "--max-body-bytes", "4096", "--threads", "1", "--max-request-cost", "1024",
+            "--max-attention-values", "99", "--busy-after-s", "0.5", "--timeout-keep-alive",
+            "2", "--timeout-head", "3", "--timeout-body", "4", "--max-connections", "10",
+            "--api-keys", str(keys), "--require-api-key", "--key-requests-per-minute", "7",
+            "--key-chars-per-minute", "70", "--cors-origin", "https://a.example",
+            "--cors-origin", "https://b.example", "--docs"]  # fmt: skip
     assert main(args) == 0
     settings = seen["settings"]
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 8123)
@@ -312,13 +332,27 @@ def test_serve_flags_become_settings(model_dir: Path, monkeypatch) -> None:
         decoding=settings.decoding,
         batching=False,
         batch_wait_ms=2.5,
-        max_batch_tokens=512,
+        max_batch_cost=512,
         max_chars=100,
         max_texts=3,
         max_queue=5,
         max_beam_size=6,
         max_body_bytes=4096,
+        max_request_cost=1024,
+        max_attention_values=99,
+        busy_after_s=0.5,
+        timeout_keep_alive_s=2,
+        timeout_head_s=3,
+        timeout_body_s=4,
+        max_connections=10,
+        api_keys=(ApiKey("alpha", 5, 500), ApiKey("beta"), ApiKey("from-env")),
+        require_api_key=True,
+        key_requests_per_minute=7,
+        key_chars_per_minute=70,
+        cors_origins=("https://a.example", "https://b.example"),
+        docs=True,
     )
+    monkeypatch.delenv("AIAYN_API_KEYS")
     assert main(["serve", "-m", str(model_dir), "--threads", "1"]) == 0
     assert seen["settings"] == ServerSettings()
 

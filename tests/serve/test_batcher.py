@@ -60,7 +60,8 @@ def test_concurrent_jobs_share_one_call_and_get_their_own_results() -> None:
         results = run(submit_all(batcher, jobs))
     finally:
         batcher.close()
-    assert model.calls == [(["a", "b", "c", "d", "e", "f"], 1)]
+    # texts round-robin over the jobs: the first of each, then the second of each, ...
+    assert model.calls == [(["a", "c", "d", "b", "e", "f"], 1)]
     assert results == [["A/1", "B/1"], ["C/1"], ["D/1", "E/1", "F/1"]]
     stats = batcher.stats()
     assert (stats["model_calls"], stats["requests"], stats["sentences"]) == (1, 3, 6)
@@ -78,18 +79,97 @@ def test_jobs_with_different_options_get_separate_calls_in_arrival_order() -> No
     assert results == [["A/x"], ["B/y"], ["C/x"]]
 
 
-def test_a_call_stops_at_the_token_budget() -> None:
+def test_a_call_stops_at_the_budget_and_takes_texts_round_robin() -> None:
     model = FakeModel()
-    batcher = make_batcher(model, max_wait_ms=200, max_batch_tokens=3)
+    batcher = make_batcher(model, max_wait_ms=200, max_batch_cost=3)
     jobs = [(["a", "b"], 0), (["c"], 0), (["d"], 0), (["e", "f", "g", "h"], 0)]
     try:
         results = run(submit_all(batcher, jobs))
     finally:
         batcher.close()
-    # 2 + 1 fills the budget; "d" opens the next call, which the 4-text job would overflow;
-    # a job larger than the budget is translated alone.
-    assert [texts for texts, _ in model.calls] == [["a", "b", "c"], ["d"], ["e", "f", "g", "h"]]
-    assert results[3] == ["E/0", "F/0", "G/0", "H/0"]
+    # the first text of every job comes before the second of any; 3 texts fill the budget
+    calls = [texts for texts, _ in model.calls]
+    assert calls == [["a", "c", "d"], ["e", "b", "f"], ["g", "h"]]  # then "e" waited longest
+    assert results == [["A/0", "B/0"], ["C/0"], ["D/0"], ["E/0", "F/0", "G/0", "H/0"]]
+
+
+def test_jobs_take_turns_across_calls() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=200, max_batch_cost=1)
+    try:
+        run(submit_all(batcher, [(["x0", "x1", "x2"], 0), (["y0", "y1"], 0)]))
+    finally:
+        batcher.close()
+    calls = [texts for texts, _ in model.calls]
+    assert calls == [["x0"], ["y0"], ["x1"], ["y1"], ["x2"]]
+
+
+def test_a_text_over_the_budget_is_translated_alone() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, lambda texts, _: 10 * len(texts), max_batch_cost=3)
+    try:
+        results = run(submit_all(batcher, [(["a", "b"], 0)]))
+    finally:
+        batcher.close()
+    assert [texts for texts, _ in model.calls] == [["a"], ["b"]]
+    assert results == [["A/0", "B/0"]]
+
+
+def test_a_short_request_behind_a_long_one_waits_for_one_call_only() -> None:
+    """The long request's texts are interleaved with the short one's, which goes into the
+    very next call; the long one is answered once all its texts are done."""
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=0, max_batch_cost=2)
+
+    async def scenario() -> tuple[list, list]:
+        model.gate.clear()
+        long = asyncio.ensure_future(batcher.submit([f"l{i}" for i in range(8)], 0))
+        while not model.entered.is_set():
+            await asyncio.sleep(0.001)
+        short = asyncio.ensure_future(batcher.submit(["s"], 0))
+        while batcher.stats()["queued"] < 2:
+            await asyncio.sleep(0.001)
+        model.gate.set()
+        return await long, await short
+
+    try:
+        long, short = run(scenario())
+    finally:
+        batcher.close()
+    assert short == ["S/0"] and long == [f"L{i}/0" for i in range(8)]
+    assert [texts for texts, _ in model.calls[:2]] == [["l0", "l1"], ["l2", "s"]]
+
+
+def test_the_rest_of_an_abandoned_request_is_dropped_between_calls() -> None:
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=0, max_batch_cost=1)
+
+    async def scenario() -> dict:
+        model.gate.clear()
+        gone = asyncio.ensure_future(batcher.submit(["a", "b", "c", "d"], 0))
+        while not model.entered.is_set():
+            await asyncio.sleep(0.001)
+        assert batcher.stats()["queued_texts"] == 3
+        assert batcher.stats()["oldest_wait_s"] >= 0
+        gone.cancel()
+        model.gate.set()
+        await asyncio.sleep(0)
+        return await asyncio.to_thread(_wait_until_idle, batcher)
+
+    try:
+        stats = run(scenario())
+    finally:
+        batcher.close()
+    assert [texts for texts, _ in model.calls] == [["a"]]
+    assert stats["dropped"] == 1 and stats["queued"] == 0 and stats["oldest_wait_s"] == 0
+
+
+def _wait_until_idle(batcher: Batcher) -> dict:
+    deadline = time.monotonic() + 10
+    while batcher.stats()["queued"] or batcher.stats()["dropped"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    return batcher.stats()
 
 
 def test_without_batching_each_job_is_its_own_call() -> None:
@@ -264,7 +344,7 @@ def test_a_failing_cost_function_does_not_stop_the_worker() -> None:
     ("kwargs", "message"),
     [
         ({"max_wait_ms": -1}, "max_wait_ms (-1) must be >= 0"),
-        ({"max_batch_tokens": 0}, "max_batch_tokens (0) must be an integer >= 1"),
+        ({"max_batch_cost": 0}, "max_batch_cost (0) must be an integer >= 1"),
         ({"max_queue": True}, "max_queue (True) must be an integer >= 1"),
     ],
 )

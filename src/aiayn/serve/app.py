@@ -5,11 +5,12 @@
 * ``POST /translate`` — two APIs on one path, told apart by the body:
 
   - **aiayn's**: a JSON object with ``text`` (a string) or ``texts`` (a list), and optional
-    ``beam_size``, ``n_best``, ``length_penalty`` and ``return_attention``. The answer is
-    ``{"translations": [...]}``, one entry per text, in order: text, score, log-probability,
-    pieces, the n-best list, ``truncated``, and with ``return_attention`` the encoder-decoder
-    attention of every layer and head, (L, H, T, S) nested lists rounded to 4 decimals, with
-    the source and output pieces that label its columns and rows.
+    ``beam_size``, ``n_best``, ``length_penalty``, ``return_attention``, ``full_attention``
+    and ``api_key``. The answer is ``{"translations": [...]}``, one entry per text, in order:
+    text, score, log-probability, pieces, the n-best list, ``truncated``, and with
+    ``return_attention`` the last layer's encoder-decoder attention averaged over heads, (T, S)
+    (with ``full_attention`` also every layer and head, (L, H, T, S)), rounded to 4 decimals,
+    with the source and output pieces that label its columns and rows.
   - **LibreTranslate's** (so its clients work unchanged): ``q`` (a string or a list),
     ``source``, ``target``, ``format``, ``alternatives``, ``api_key``, as JSON or form data;
     the answer is ``{"translatedText": ...}``, a string or a list like ``q``. A JSON body
@@ -18,17 +19,22 @@
 * ``GET /languages``, ``POST /detect``, ``GET /frontend/settings`` — LibreTranslate's
   (:mod:`aiayn.serve.libretranslate`, which also answers its ``POST /translate`` bodies).
 * ``GET /info`` (model, parameters, languages, decoding defaults, limits), ``GET /health``
-  (worker state and batching counters), ``GET /openapi.json``, and ``GET /docs`` (FastAPI's
-  Swagger UI, which loads its scripts from a CDN: the one page that needs the internet).
+  (worker state, "ok" or "busy", queue and batching counters), ``GET /openapi.json`` (with the
+  server's limits as field maxima), and with ``--docs`` ``GET /docs`` and ``/redoc`` (which
+  load their scripts from a CDN).
 * ``GET /`` — a page that translates and draws the attention (``static/``, no libraries).
 
-Concurrent requests are batched by :class:`aiayn.serve.batcher.Batcher`; bodies are read by
-:mod:`aiayn.serve.requests` and validated, and answers built, by the pydantic models of
-:mod:`aiayn.serve.schemas`. Every error is a JSON object ``{"error": "..."}`` with a
-4xx status saying what to fix (400 unreadable body, 413 a size limit, 415 content type, 422
-invalid fields, 429 queue full) or 500 if the model failed; limits name the flag that sets
-them. The API key is accepted and ignored: put the server behind
-a proxy if it needs access control.
+Every request's cost (source tokens × beam × output-length limit) and attention size are
+checked before it is queued; the texts of concurrent requests are batched fairly by
+:class:`aiayn.serve.batcher.Batcher`, and a request whose client hangs up is dropped. Bodies
+are read by :mod:`aiayn.serve.requests` and validated, and answers built, by the pydantic
+models of :mod:`aiayn.serve.schemas`. API keys are :mod:`aiayn.serve.keys`; security headers,
+the origin check and CORS :mod:`aiayn.serve.policy`; connection deadlines and the connection
+cap :mod:`aiayn.serve.connections`. ``docs/serving.md`` says what each limit protects. Every
+error is a JSON object ``{"error": "..."}`` with a 4xx status saying what to fix (400
+unreadable body, 403 key or origin refused, 408 body too slow, 413 a size or cost limit, 415
+content type, 422 invalid fields, 429 queue full or key over its rate) or 500 if the model
+failed; limits name the flag that sets them.
 """
 
 from __future__ import annotations
@@ -55,10 +61,20 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from aiayn import __version__
 from aiayn.serve import libretranslate
 from aiayn.serve.batcher import Batcher, BatcherClosed, QueueFull
+from aiayn.serve.connections import (
+    BodyDeadline,
+    deadline_protocol,
+    fit_fd_limit,
+    install_access_log_filter,
+)
+from aiayn.serve.keys import ApiKey, KeyRejected, RateLimiter
+from aiayn.serve.policy import BrowserPolicy
 from aiayn.serve.requests import read_request
 from aiayn.serve.schemas import (
     ERROR_RESPONSES,
+    MAX_LENGTH_PENALTY,
     ApiError,
+    ClientGone,
     TranslateRequest,
     TranslateResponse,
     Translation,
@@ -100,6 +116,10 @@ class Decoding:
 class ServerSettings:
     """How the server decodes by default, how it batches, and what it refuses.
 
+    ``docs/serving.md`` says what each limit protects. Costs are in the unit of
+    :meth:`Translator.cost` with the output-length limit: source tokens × beam size × most
+    output tokens, both with EOS, a bound on a search's work whatever the model prefers.
+
     Attributes:
         decoding: Defaults; a request may change beam_size, n_best, length_penalty and
             return_attention (not the length limits, so no request can make decoding slow).
@@ -111,7 +131,26 @@ class ServerSettings:
         batching: Merge concurrent requests into one model call (False: one call each).
         batch_wait_ms: How long a request may wait for others to join its call (no wait while
             requests come one at a time; see :mod:`aiayn.serve.batcher`).
-        max_batch_tokens: Budget of one call: source tokens (EOS included) × beam size.
+        max_batch_cost: Budget of one model call; a text that alone costs more is refused
+            (413). It bounds how long a short request waits behind a long one: one call.
+        max_request_cost: Budget of one request, all its texts together (413 beyond).
+        max_attention_values: Most attention values one answer may hold: texts × T × S (the
+            last layer's head average), × layers × heads with ``full_attention`` (413 beyond).
+        busy_after_s: ``GET /health`` says "busy" once the oldest unanswered request has
+            waited this long.
+        timeout_keep_alive_s: An idle kept-alive connection is closed after this.
+        timeout_head_s: A request's line and headers must arrive within this (a new
+            connection that sends nothing is closed after it too).
+        timeout_body_s: A request's body must arrive within this (408 beyond).
+        max_connections: Open connections; more are closed at once (and uvicorn answers 503
+            beyond as many requests in progress).
+        api_keys: The keys clients may send (``api_key``), with their limits.
+        require_api_key: Refuse requests without a key (403).
+        key_requests_per_minute: Default request rate of a key (429 beyond).
+        key_chars_per_minute: Default characters per minute of a key (429 beyond).
+        cors_origins: Origins (``https://example.org``) whose pages may call the API; none
+            by default; POSTs from other origins are refused (:mod:`aiayn.serve.policy`).
+        docs: Serve ``/docs`` and ``/redoc`` (they load scripts from a CDN).
     """
 
     decoding: Decoding = field(default_factory=Decoding)
@@ -122,16 +161,31 @@ class ServerSettings:
     max_body_bytes: int = 4 * 1024 * 1024
     batching: bool = True
     batch_wait_ms: float = 5.0
-    max_batch_tokens: int = 4096
+    max_batch_cost: int = 2**23
+    max_request_cost: int = 2**25
+    max_attention_values: int = 2**21
+    busy_after_s: float = 2.0
+    timeout_keep_alive_s: float = 5.0
+    timeout_head_s: float = 10.0
+    timeout_body_s: float = 30.0
+    max_connections: int = 256
+    api_keys: tuple[ApiKey, ...] = ()
+    require_api_key: bool = False
+    key_requests_per_minute: int = 60
+    key_chars_per_minute: int = 100_000
+    cors_origins: tuple[str, ...] = ()
+    docs: bool = False
 
     def __post_init__(self) -> None:
-        limits = ("max_chars", "max_texts", "max_queue", "max_beam_size", "max_body_bytes")
-        for name in (*limits, "max_batch_tokens"):
+        for name in INTEGER_LIMITS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} ({value!r}) must be an integer >= 1")
         if not self.batch_wait_ms >= 0:
             raise ValueError(f"batch_wait_ms ({self.batch_wait_ms}) must be >= 0")
+        for name in ("busy_after_s", "timeout_keep_alive_s", "timeout_head_s", "timeout_body_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} ({getattr(self, name)}) must be > 0")
         if not 1 <= self.decoding.beam_size <= self.max_beam_size:
             raise ValueError(
                 f"the default beam size ({self.decoding.beam_size}) must be between 1 and "
@@ -142,6 +196,28 @@ class ServerSettings:
                 f"the default n_best ({self.decoding.n_best}) must be <= the default beam size "
                 f"({self.decoding.beam_size})"
             )
+        if not 0 <= self.decoding.length_penalty <= MAX_LENGTH_PENALTY:
+            raise ValueError(
+                f"the default length penalty ({self.decoding.length_penalty}) must be between "
+                f"0 and {MAX_LENGTH_PENALTY}"
+            )
+        if self.require_api_key and not self.api_keys:
+            raise ValueError("require_api_key needs api_keys (--api-keys or $AIAYN_API_KEYS)")
+
+
+INTEGER_LIMITS = (
+    "max_chars",
+    "max_texts",
+    "max_queue",
+    "max_beam_size",
+    "max_body_bytes",
+    "max_batch_cost",
+    "max_request_cost",
+    "max_attention_values",
+    "max_connections",
+    "key_requests_per_minute",
+    "key_chars_per_minute",
+)  # shown in /info and named in errors by their flag: --max-chars, ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,9 +226,10 @@ class ServerSettings:
 
 
 class Service:
-    """What the routes share: the translator behind its batcher, the settings, and the model's
-    languages. One per application, on ``app.state.service``, so that routes are plain module
-    functions (in :data:`router` and :data:`aiayn.serve.libretranslate.router`), not closures.
+    """What the routes share: the translator behind its batcher, the settings, the key rate
+    limiter, and the model's languages. One per application, on ``app.state.service``, so that
+    routes are plain module functions (in :data:`router` and
+    :data:`aiayn.serve.libretranslate.router`), not closures.
     """
 
     def __init__(self, translator: Translator, settings: ServerSettings) -> None:
@@ -160,14 +237,24 @@ class Service:
         self.settings = settings
         self.batcher: Batcher[TranslationResult] = Batcher(
             lambda texts, decoding: translator.translate(texts, **asdict(decoding)),
-            lambda texts, decoding: translator.cost(texts, decoding.beam_size),
+            lambda texts, d: translator.cost(
+                texts, d.beam_size, max_len_a=d.max_len_a, max_len_b=d.max_len_b
+            ),
             max_wait_ms=settings.batch_wait_ms,
-            max_batch_tokens=settings.max_batch_tokens,
+            max_batch_cost=settings.max_batch_cost,
             max_queue=settings.max_queue,
             batching=settings.batching,
         )
+        self.keys = RateLimiter(
+            settings.api_keys,
+            required=settings.require_api_key,
+            requests_per_minute=settings.key_requests_per_minute,
+            chars_per_minute=settings.key_chars_per_minute,
+        )
         self.src_lang = str(translator.metadata.get("src_lang") or "src")
         self.tgt_lang = str(translator.metadata.get("tgt_lang") or "tgt")
+        config = translator.model.config
+        self.maps_per_text = config.n_decoder_layers * config.n_heads  # (L, H) of cross-attention
         self.info = _info(self)
 
     async def read(self, request: Request) -> tuple[str, dict[str, Any]]:
@@ -181,16 +268,92 @@ class Service:
             texts, name, single=single, max_texts=limits.max_texts, max_chars=limits.max_chars
         )
 
-    async def translate(self, texts: list[str], decoding: Decoding) -> list[TranslationResult]:
-        """The results from the batcher, its refusals and the model's failures as ApiErrors."""
+    def charge(self, api_key: str | None, texts: list[str]) -> None:
+        """Checks the API key and charges it the request (403 or 429 otherwise)."""
         try:
-            return await self.batcher.submit(texts, decoding)
+            self.keys.charge(api_key, sum(len(text) for text in texts))
+        except KeyRejected as error:
+            headers = None if error.retry_after is None else {"Retry-After": str(error.retry_after)}
+            raise ApiError(error.status, error.message, headers) from None
+
+    async def translate(
+        self,
+        request: Request,
+        texts: list[str],
+        decoding: Decoding,
+        name: str,
+        *,
+        full_attention: bool = False,
+    ) -> list[TranslationResult]:
+        """The results from the batcher once the request's cost is admitted; its refusals and
+        the model's failures as ApiErrors. Dropped if the client hangs up meanwhile."""
+        costs = await asyncio.to_thread(self._admit, texts, decoding, name, full_attention)
+        job = asyncio.ensure_future(self.batcher.submit(texts, decoding, costs))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if not job.done():
+                job.cancel()  # the batcher drops its texts not yet translated
+        if job.cancelled():
+            raise ClientGone("the client went away while its request waited")
+        try:
+            return job.result()
         except QueueFull as error:
             raise ApiError(429, str(error), {"Retry-After": "1"}) from None
         except BatcherClosed as error:
             raise ApiError(503, str(error)) from None
         except Exception as error:
             raise ApiError(500, f"translation failed: {type(error).__name__}: {error}") from None
+
+    def _admit(
+        self, texts: list[str], decoding: Decoding, name: str, full_attention: bool
+    ) -> list[int]:
+        """Each text's cost, after refusing a request over the cost and attention budgets."""
+        bounds = self.translator.search_bounds(
+            texts, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b
+        )
+        costs = [decoding.beam_size * s * t for s, t in bounds]
+        limits = self.settings
+        unit = "source tokens × beam size × output-length limit"
+        for i, cost in enumerate(costs):
+            if cost > limits.max_batch_cost:
+                label = name if len(texts) == 1 else f"{name}[{i}]"
+                raise ApiError(
+                    413,
+                    f"{label} would cost {cost} ({unit}), more than one model call may: "
+                    f"{limits.max_batch_cost} (--max-batch-cost); send a shorter text or ask "
+                    "for a smaller beam",
+                )
+        if sum(costs) > limits.max_request_cost:
+            raise ApiError(
+                413,
+                f"the request would cost {sum(costs)} ({unit}); the limit is "
+                f"{limits.max_request_cost} (--max-request-cost); send fewer or shorter texts "
+                "or ask for a smaller beam",
+            )
+        if decoding.return_attention:
+            per_map = sum(s * t for s, t in bounds)
+            values = per_map * (self.maps_per_text if full_attention else 1)
+            if values > limits.max_attention_values:
+                what = "every layer's and head's" if full_attention else "the averaged"
+                raise ApiError(
+                    413,
+                    f"{what} attention of this request could hold {values} values; the "
+                    f"limit is {limits.max_attention_values} (--max-attention-values)"
+                    + ("; leave out full_attention for the average" if full_attention else ""),
+                )
+        return costs
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client hangs up (the body has been read: receive() then waits for
+    the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 def create_app(translator: Translator, settings: ServerSettings | None = None) -> FastAPI:
@@ -207,11 +370,14 @@ def create_app(translator: Translator, settings: ServerSettings | None = None) -
         yield
         await asyncio.to_thread(service.batcher.close)
 
+    docs = service.settings.docs
     app = FastAPI(
         title="aiayn",
         version=__version__,
         summary="Transformer translation with request batching; LibreTranslate-compatible.",
         lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
     )
     app.state.service = service
     app.state.batcher = service.batcher
@@ -222,6 +388,8 @@ def create_app(translator: Translator, settings: ServerSettings | None = None) -
     app.include_router(libretranslate.router)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    app.add_middleware(BodyDeadline, body_timeout_s=service.settings.timeout_body_s)
+    app.add_middleware(BrowserPolicy, allowed_origins=service.settings.cors_origins)
     return app
 
 
@@ -234,11 +402,13 @@ async def translate(request: Request) -> JSONResponse:
     service: Service = request.app.state.service
     kind, data = await service.read(request)
     if kind == "json" and "q" not in data:
-        return await _translate_aiayn(service, data)
-    return await libretranslate.translate(service, data)
+        return await _translate_aiayn(service, request, data)
+    return await libretranslate.translate(service, request, data)
 
 
-async def _translate_aiayn(service: Service, data: dict[str, Any]) -> JSONResponse:
+async def _translate_aiayn(
+    service: Service, request: Request, data: dict[str, Any]
+) -> JSONResponse:
     body = parse_body(TranslateRequest, data)
     if body.text is not None and body.texts is not None:
         raise ApiError(422, "give either 'text' or 'texts', not both")
@@ -249,10 +419,14 @@ async def _translate_aiayn(service: Service, data: dict[str, Any]) -> JSONRespon
             "LibreTranslate clients send 'q'",
         )
     texts, name = ([body.text], "text") if body.text is not None else (body.texts, "texts")
+    service.charge(body.api_key, texts)
     service.check_texts(texts, name, single=body.text is not None)
     decoding = _decoding(body, service.settings)
-    results = await service.translate(texts, decoding)
-    translations = [Translation.from_result(r, decoding.return_attention) for r in results]
+    full = decoding.return_attention and body.full_attention
+    results = await service.translate(request, texts, decoding, name, full_attention=full)
+    translations = [
+        Translation.from_result(r, decoding.return_attention, full=full) for r in results
+    ]
     answer = TranslateResponse(translations=translations)
     return JSONResponse(answer.model_dump(exclude_unset=True))
 
@@ -292,11 +466,16 @@ async def get_info(request: Request) -> JSONResponse:
 
 @router.get("/health")
 async def health(request: Request) -> JSONResponse:
-    """200 while the batching worker runs (503 otherwise), with its counters."""
-    batcher = request.app.state.service.batcher
-    alive = batcher.alive
-    body = {"status": "ok" if alive else "unavailable", "worker_alive": alive}
-    return JSONResponse({**body, **batcher.stats()}, status_code=200 if alive else 503)
+    """200 while the batching worker runs (503 otherwise), with its counters and the queue:
+    ``status`` is "busy" once the oldest unanswered request has waited ``--busy-after-s``."""
+    service: Service = request.app.state.service
+    alive = service.batcher.alive
+    stats = service.batcher.stats()
+    status = "unavailable" if not alive else "ok"
+    if alive and stats["oldest_wait_s"] > service.settings.busy_after_s:
+        status = "busy"
+    body = {"status": status, "worker_alive": alive}
+    return JSONResponse({**body, **stats}, status_code=200 if alive else 503)
 
 
 @router.get("/", include_in_schema=False)
@@ -321,6 +500,12 @@ def _add_error_handlers(app: FastAPI) -> None:
         message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
         return JSONResponse({"error": message}, 422)
 
+    @app.exception_handler(ClientGone)
+    async def client_gone(request: Request, error: ClientGone) -> JSONResponse:
+        client = request.client.host if request.client else "?"
+        logger.info("%s %s from %s: %s", request.method, request.url.path, client, error)
+        return JSONResponse({"error": str(error)}, 499)  # nobody reads it (nginx's code)
+
     @app.exception_handler(Exception)
     async def internal_error(request: Request, error: Exception) -> JSONResponse:
         logger.exception("unhandled error in %s %s", request.method, request.url.path)
@@ -341,8 +526,41 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     ok = operation["responses"]["200"]["content"]["application/json"]
     ok["schema"] = {"oneOf": [ok["schema"]]}
     libretranslate.patch_openapi(schema)
+    _openapi_limits(schema, app.state.service.settings)
     app.openapi_schema = schema
     return schema
+
+
+def _openapi_limits(schema: dict[str, Any], settings: ServerSettings) -> None:
+    """The server's own limits as field maxima in the schema (the models carry only the bounds
+    that hold for every server)."""
+    components = schema["components"]["schemas"]
+    aiayn = components["TranslateRequest"]["properties"]
+    libre = components["LibreTranslateRequest"]["properties"]
+    for prop in (aiayn["text"], aiayn["texts"], libre["q"]):
+        _constrain(prop, maxLength=settings.max_chars, maxItems=settings.max_texts)
+    for prop in (aiayn["beam_size"], aiayn["n_best"]):
+        _constrain(prop, maximum=settings.max_beam_size)
+    _constrain(libre["alternatives"], maximum=settings.max_beam_size - 1)
+    components["TranslateRequest"]["description"] += (
+        f" A request may cost at most {settings.max_request_cost} (source tokens × beam size "
+        f"× output-length limit; one text at most {settings.max_batch_cost}), and its "
+        f"attention hold at most {settings.max_attention_values} values; more get 413."
+    )
+
+
+def _constrain(prop: dict[str, Any], **limits: int) -> None:
+    """Adds ``maxLength`` to string branches, ``maxItems`` (and the items' ``maxLength``) to
+    array branches, ``maximum`` to integer branches of a property schema."""
+    for branch in prop.get("anyOf", [prop]):
+        kind = branch.get("type")
+        if kind == "string" and "maxLength" in limits:
+            branch["maxLength"] = limits["maxLength"]
+        elif kind == "array" and "maxItems" in limits:
+            branch["maxItems"] = limits["maxItems"]
+            _constrain(branch.get("items", {}), maxLength=limits["maxLength"])
+        elif kind == "integer" and "maximum" in limits:
+            branch["maximum"] = limits["maximum"]
 
 
 def _info(service: Service) -> dict[str, Any]:
@@ -350,10 +568,16 @@ def _info(service: Service) -> dict[str, Any]:
     translator, settings = service.translator, service.settings
     decoding = asdict(settings.decoding)
     del decoding["return_attention"]
-    limits = {
-        name: getattr(settings, name)
-        for name in ("max_chars", "max_texts", "max_queue", "max_beam_size", "max_body_bytes")
-    }
+    limits: dict[str, Any] = {name: getattr(settings, name) for name in INTEGER_LIMITS}
+    limits.update(
+        max_length_penalty=MAX_LENGTH_PENALTY,
+        busy_after_s=settings.busy_after_s,
+        timeout_keep_alive_s=settings.timeout_keep_alive_s,
+        timeout_head_s=settings.timeout_head_s,
+        timeout_body_s=settings.timeout_body_s,
+        api_keys=bool(settings.api_keys),
+        require_api_key=settings.require_api_key,
+    )
     name = libretranslate.language_name
     return {
         "version": __version__,
@@ -370,7 +594,7 @@ def _info(service: Service) -> dict[str, Any]:
         "batching": {
             "enabled": settings.batching,
             "batch_wait_ms": settings.batch_wait_ms,
-            "max_batch_tokens": settings.max_batch_tokens,
+            "max_batch_cost": settings.max_batch_cost,
             "translator_max_tokens": translator.max_tokens,
         },
     }
@@ -390,7 +614,26 @@ def serve(
     log_level: str = "info",
 ) -> None:
     """Serves until interrupted (what ``aiayn serve`` runs)."""
-    uvicorn.run(create_app(translator, settings), host=host, port=port, log_level=log_level)
+    settings = settings or ServerSettings()
+    config = uvicorn_config(create_app(translator, settings), settings, log_level=log_level)
+    config.host, config.port = host, port
+    uvicorn.Server(config).run()
+
+
+def uvicorn_config(app: FastAPI, settings: ServerSettings, *, log_level: str) -> uvicorn.Config:
+    """Uvicorn's configuration with the connection limits of ``settings``
+    (:mod:`aiayn.serve.connections`) and texts and keys redacted from the access log."""
+    install_access_log_filter()
+    max_connections = fit_fd_limit(settings.max_connections)
+    return uvicorn.Config(
+        app,
+        log_level=log_level,
+        lifespan="on",
+        http=deadline_protocol(settings.timeout_head_s, max_connections),
+        timeout_keep_alive=settings.timeout_keep_alive_s,  # type: ignore[arg-type]  # a float works
+        limit_concurrency=max_connections,
+        h11_max_incomplete_event_size=16 * 1024,  # request line + headers
+    )
 
 
 @contextlib.contextmanager
@@ -406,7 +649,7 @@ def serve_in_background(
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound_host, bound_port = sock.getsockname()[:2]
-    server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan="on"))
+    server = uvicorn.Server(uvicorn_config(app, app.state.settings, log_level=log_level))
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="aiayn-server", daemon=True
     )

@@ -8,7 +8,9 @@ shared; :mod:`aiayn.serve.app` tells them apart), and :func:`patch_openapi` docu
 
 The model translates one language into one other, so ``/detect`` cannot identify languages: it
 always answers the model's source language (confidence 100, as LibreTranslate reports a language
-it was told), and ``source: "auto"`` means that language. The API key is accepted and ignored.
+it was told), and ``source: "auto"`` means that language. ``api_key`` is checked as LibreTranslate
+does (:mod:`aiayn.serve.keys`). ``alternatives`` are distinct from the translation and from each
+other, so there may be fewer than asked for.
 """
 
 from __future__ import annotations
@@ -53,12 +55,13 @@ def language_name(code: str) -> str:
     return LANGUAGE_NAMES.get(code.lower(), code)
 
 
-async def translate(service: Service, data: dict[str, Any]) -> JSONResponse:
+async def translate(service: Service, request: Request, data: dict[str, Any]) -> JSONResponse:
     """A LibreTranslate ``POST /translate``: ``q`` (a string or a list) in, ``translatedText``
     out in the same shape, with ``alternatives`` (the n-best list) on request."""
     body = parse_body(LibreTranslateRequest, data)
     single = isinstance(body.q, str)
     texts = [body.q] if single else list(body.q)
+    service.charge(body.api_key, texts)
     service.check_texts(texts, "q", single=single)
     _check_language(service, "source", body.source, ("auto", service.src_lang))
     _check_language(service, "target", body.target, (service.tgt_lang,))
@@ -81,14 +84,26 @@ async def translate(service: Service, data: dict[str, Any]) -> JSONResponse:
         beam_size=max(settings.decoding.beam_size, n_best),
         return_attention=False,
     )
-    results = await service.translate(texts, decoding)
+    results = await service.translate(request, texts, decoding, "q")
     fields: dict[str, list[Any]] = {"translatedText": [r.text for r in results]}
     if body.alternatives:
-        fields["alternatives"] = [[h.text for h in r.hypotheses[1:]] for r in results]
+        fields["alternatives"] = [_distinct(r.text, r.hypotheses[1:]) for r in results]
     if body.source == "auto":
         fields["detectedLanguage"] = [_detection(service) for _ in results]
     answer = {key: value[0] for key, value in fields.items()} if single else fields
     return JSONResponse(LibreTranslateResponse(**answer).model_dump(exclude_unset=True))
+
+
+def _distinct(text: str, hypotheses: list[Any]) -> list[str]:
+    """The texts of ``hypotheses`` without ``text`` and without repeats (two token sequences
+    can detokenize to the same text), in order."""
+    seen = {text}
+    found = []
+    for hypothesis in hypotheses:
+        if hypothesis.text not in seen:
+            seen.add(hypothesis.text)
+            found.append(hypothesis.text)
+    return found
 
 
 def _check_language(
@@ -124,6 +139,7 @@ async def detect(request: Request) -> JSONResponse:
     _, data = await service.read(request)
     body = parse_body(LibreTranslateRequest, data)
     texts = [body.q] if isinstance(body.q, str) else list(body.q)
+    service.charge(body.api_key, texts)
     service.check_texts(texts, "q", single=isinstance(body.q, str))
     return JSONResponse([_detection(service).model_dump()])
 
@@ -141,8 +157,8 @@ async def frontend_settings(request: Request) -> JSONResponse:
         {
             "charLimit": service.settings.max_chars,
             "frontendTimeout": 500,
-            "apiKeys": False,
-            "keyRequired": False,
+            "apiKeys": service.keys.enabled,
+            "keyRequired": service.settings.require_api_key,
             "suggestions": False,
             "filesTranslation": False,
             "supportedFilesFormat": [],

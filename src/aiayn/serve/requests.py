@@ -16,10 +16,11 @@ from urllib.parse import parse_qsl
 
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Message
 
-from aiayn.serve.schemas import ApiError, describe_json
+from aiayn.serve.connections import BodyTimeout
+from aiayn.serve.schemas import ApiError, ClientGone, describe_json
 
 __all__ = ["read_request"]
 
@@ -30,7 +31,8 @@ async def read_request(request: Request, limit: int) -> tuple[str, dict[str, Any
     JSON is read as UTF-8 (NaN and Infinity refused); form data (urlencoded or multipart) is
     LibreTranslate's, and fields in the query string count too, as in LibreTranslate. A
     urlencoded body that starts with ``{`` is taken as JSON: it is what ``curl -d '{...}'``
-    sends.
+    sends; but not from a browser (a request with ``Origin``), where it is the mark of a
+    cross-site form trying to pass for JSON without a preflight: 415.
     """
     body = await _read_body(request, limit)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -41,6 +43,12 @@ async def read_request(request: Request, limit: int) -> tuple[str, dict[str, Any
     urlencoded = content_type == "application/x-www-form-urlencoded"
     if urlencoded and not body.lstrip().startswith(b"{"):
         return "form", {**dict(request.query_params), **_parse_urlencoded(body)}
+    if urlencoded and "origin" in request.headers:
+        raise ApiError(
+            415,
+            "a JSON body sent as application/x-www-form-urlencoded from a browser is refused: "
+            "send Content-Type: application/json",
+        )
     json_type = content_type in ("", "application/json") or content_type.endswith("+json")
     if not (urlencoded or json_type):
         raise ApiError(
@@ -60,11 +68,16 @@ async def _read_body(request: Request, limit: int) -> bytes:
     if declared.isdigit() and int(declared) > limit:
         raise ApiError(413, too_big)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, too_big)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, too_big)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise ClientGone(f"the client went away after {size} bytes of the body") from None
+    except BodyTimeout as error:
+        raise ApiError(408, str(error), {"Connection": "close"}) from None
     return b"".join(chunks)
 
 

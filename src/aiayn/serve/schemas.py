@@ -24,6 +24,7 @@ __all__ = [
     "ERROR_RESPONSES",
     "ApiError",
     "Attention",
+    "ClientGone",
     "Detection",
     "ErrorResponse",
     "HypothesisJSON",
@@ -41,6 +42,11 @@ __all__ = [
 
 ATTENTION_DECIMALS = 4  # enough for a heatmap; keeps (L, H, T, S) JSON-sized
 
+# Bounds of the decoding options a request may set, whatever the server's settings; they move
+# to search.DecodingOptions (with its other bounds) once that lands. Limits that depend on the
+# server (--max-beam-size, --max-texts, --max-chars) are added to the OpenAPI schema per app.
+MAX_LENGTH_PENALTY = 5.0  # α; GNMT tuned 0.6-1.0; ((5 + |Y|) / 6) ** α overflows floats ≳ 400
+
 
 class ApiError(Exception):
     """Answered as ``{"error": message}`` with ``status``."""
@@ -50,6 +56,10 @@ class ApiError(Exception):
         self.status = status
         self.message = message
         self.headers = headers
+
+
+class ClientGone(Exception):
+    """The client hung up before its answer was ready (logged as one line, not answered)."""
 
 
 # -- schemas ----------------------------------------------------------------------------------
@@ -64,10 +74,20 @@ class TranslateRequest(BaseModel):
     texts: list[str] | None = Field(None, description="Several texts, translated in one batch.")
     beam_size: int | None = Field(None, ge=1, description="1 = greedy search.")
     n_best: int | None = Field(None, ge=1, description="Hypotheses per text (<= beam_size).")
-    length_penalty: float | None = Field(None, ge=0, allow_inf_nan=False, description="α.")
-    return_attention: bool = Field(
-        False, description="Add the cross-attention of every layer and head."
+    length_penalty: float | None = Field(
+        None, ge=0, le=MAX_LENGTH_PENALTY, allow_inf_nan=False, description="α."
     )
+    return_attention: bool = Field(
+        False,
+        description="Add the last decoder layer's encoder-decoder attention, averaged over "
+        "heads: (T, S).",
+    )
+    full_attention: bool = Field(
+        False,
+        description="With return_attention: every layer and head, (L, H, T, S), within the "
+        "server's limit on attention values.",
+    )
+    api_key: str | None = Field(None, description="The client's API key, if the server has keys.")
 
 
 class LibreTranslateRequest(BaseModel):
@@ -80,7 +100,7 @@ class LibreTranslateRequest(BaseModel):
     target: str | None = Field(None, description="Target language code.")
     format: str | None = Field(None, description="'text' (the only one supported).")
     alternatives: int = Field(0, ge=0, description="Extra translations to return per text.")
-    api_key: str | None = Field(None, description="Accepted and ignored.")
+    api_key: str | None = Field(None, description="The client's API key, if the server has keys.")
 
     @field_validator("q", mode="before")
     @classmethod
@@ -118,8 +138,14 @@ class HypothesisJSON(BaseModel):
 class Attention(BaseModel):
     src_tokens: list[str] = Field(description="Source pieces, </s> included: the S columns.")
     tgt_tokens: list[str] = Field(description="Output pieces, </s> included: the T rows.")
-    cross: list[list[list[list[float]]]] = Field(
-        description="(L, H, T, S) encoder-decoder attention, rounded to 4 decimals."
+    mean: list[list[float]] = Field(
+        description="(T, S) encoder-decoder attention of the last layer, averaged over heads, "
+        "rounded to 4 decimals."
+    )
+    cross: list[list[list[list[float]]]] | None = Field(
+        None,
+        description="(L, H, T, S) encoder-decoder attention of every layer and head, rounded "
+        "to 4 decimals; with full_attention only.",
     )
 
 
@@ -132,18 +158,22 @@ class Translation(HypothesisJSON):
     attention: Attention | None = None
 
     @classmethod
-    def from_result(cls, result: TranslationResult, with_attention: bool) -> Translation:
-        """``result`` as sent; with ``with_attention`` its cross-attention of every layer and
-        head, rounded to :data:`ATTENTION_DECIMALS` places."""
+    def from_result(
+        cls, result: TranslationResult, with_attention: bool, full: bool = False
+    ) -> Translation:
+        """``result`` as sent; with ``with_attention`` the last layer's cross-attention
+        averaged over heads, and with ``full`` too that of every layer and head, rounded to
+        :data:`ATTENTION_DECIMALS` places."""
         hypotheses = [HypothesisJSON.from_hypothesis(h) for h in result.hypotheses]
         fields: dict[str, Any] = {}
         if with_attention and result.attention_maps is not None:
             cross = result.attention_maps.cross.double()  # (L, H, T, S); float64 rounds exactly
-            scale = 10**ATTENTION_DECIMALS
+            extra = {"cross": _rounded(cross)} if full else {}
             fields["attention"] = Attention(
                 src_tokens=result.src_tokens,
                 tgt_tokens=result.tgt_tokens,
-                cross=(cross * scale).round().div(scale).tolist(),
+                mean=_rounded(cross[-1].mean(dim=0)),
+                **extra,
             )
         best = hypotheses[0].model_dump()
         return cls(**best, truncated=result.truncated, hypotheses=hypotheses, **fields)
@@ -178,7 +208,7 @@ class ErrorResponse(BaseModel):
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorResponse} for code in (400, 413, 415, 422, 429, 500, 503)
+    code: {"model": ErrorResponse} for code in (400, 403, 408, 413, 415, 422, 429, 500, 503)
 }  # for a route's ``responses=``: the errors it may answer, as documented in OpenAPI
 
 
@@ -262,6 +292,11 @@ def describe_json(value: Any) -> str:
     except (TypeError, ValueError):
         text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _rounded(values: Any) -> Any:
+    scale = 10**ATTENTION_DECIMALS
+    return (values * scale).round().div(scale).tolist()
 
 
 def _finite(x: float) -> float | None:

@@ -1,6 +1,8 @@
 "use strict";
 // The page served by `aiayn serve`: translate lines of text with POST /translate and draw the
-// encoder-decoder attention it returns (return_attention: cross is (L, H, T, S) nested lists).
+// encoder-decoder attention it returns (return_attention with full_attention: cross is
+// (L, H, T, S) nested lists; when that is over the server's limit, the last layer's head
+// average, mean, (T, S)).
 // Plain DOM, no libraries, no build step; relative URLs, so it works behind a path prefix.
 // Everything that comes from the user or the model is inserted as text, never as HTML.
 
@@ -61,24 +63,25 @@ async function translate() {
     beam_size: Number($("beam-size").value) || null,
     n_best: Number($("n-best").value) || null,
     return_attention: true,
+    full_attention: true,
   };
   const button = $("translate");
   button.disabled = true;
   setStatus("Translating…");
   const started = performance.now();
   try {
-    const response = await fetch("translate", {
-      method: "POST",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify(request),
-    });
-    const answer = await response.json();
+    let response = await post(request);
+    let answer = await response.json();
+    if (response.status === 413 && String(answer.error).includes("--max-attention-values")) {
+      response = await post({ ...request, full_attention: false }); // the average is smaller
+      answer = await response.json();
+    }
     if (!response.ok) {
       setStatus(answer.error || `the server answered ${response.status}`, true);
       return;
     }
     state.texts = texts;
-    state.translations = answer.translations;
+    state.translations = answer.translations.map(withCross);
     state.sentence = 0;
     renderTranslations();
     renderControls();
@@ -90,6 +93,21 @@ async function translate() {
   } finally {
     button.disabled = false;
   }
+}
+
+function post(request) {
+  return fetch("translate", {
+    method: "POST",
+    headers: { "Content-Type": "application/json" },
+    body: JSON.stringify(request),
+  });
+}
+
+// Only the head average came back: shown as one layer with one head.
+function withCross(translation) {
+  const attention = translation.attention;
+  if (attention && !attention.cross) attention.cross = [[attention.mean]];
+  return translation;
 }
 
 function renderTranslations() {

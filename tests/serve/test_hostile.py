@@ -1,0 +1,426 @@
+"""Hostile clients against `aiayn serve` (issue #14): each case the issue measured on the old
+server, bounded in count and time, on loopback only.
+
+One real server process (`python -m aiayn serve`, so that its peak RSS is its own, read from
+/proc) with small limits and short timeouts serves the connection-level cases; policy cases
+(keys, origins, headers) use in-process clients. The model has random weights, so outputs run to
+the length limit: every costly request is as costly as its limits allow.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from fastapi.testclient import TestClient
+
+from aiayn import checkpoint
+from aiayn.config import preset
+from aiayn.model import Transformer
+from aiayn.serve import create_app
+from aiayn.serve.connections import RedactQuery
+from aiayn.serve.keys import ApiKey, load_keys
+from aiayn.serve.policy import PAGE_CSP
+from aiayn.tokenizer import Tokenizer
+from aiayn.translator import Translator
+
+from .helpers import CORPUS, SETTINGS, assert_error, http
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+
+POSITIONS = 128
+LONG = " ".join(CORPUS * 8)[:1500]  # beyond POSITIONS - 1 tokens: S = 128
+FLAGS = {
+    "--beam-size": 1, "--max-len-a": 1, "--max-len-b": 50, "--max-beam-size": 16,
+    "--max-texts": 8, "--max-chars": 2000, "--max-batch-cost": 400_000,
+    "--max-request-cost": 2_000_000, "--max-attention-values": 150_000, "--busy-after-s": 0.5,
+    "--timeout-head": 1, "--timeout-body": 1, "--timeout-keep-alive": 1,
+    "--max-connections": 40, "--threads": 1, "--batch-wait-ms": 0,
+}  # fmt: skip
+COSTLY = {"texts": [LONG] * 5, "beam_size": 16, "length_penalty": 5.0}  # within the limits
+
+
+@pytest.fixture(scope="module")
+def long_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    directory = tmp_path_factory.mktemp("hostile")
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
+    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
+    torch.manual_seed(0)
+    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=POSITIONS)
+    return checkpoint.save_model_dir(
+        directory / "model", Transformer(config), tokenizer_file=tokenizer.model_file
+    )
+
+
+class Server:
+    def __init__(self, process: subprocess.Popen, port: int, log: Path) -> None:
+        self.process, self.port, self.log = process, port, log
+        self.url = f"http://127.0.0.1:{port}"
+
+    def peak_rss_mb(self) -> float:
+        """VmHWM: the process's peak resident set so far."""
+        status = Path(f"/proc/{self.process.pid}/status").read_text()
+        line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024
+
+    def connect(self) -> socket.socket:
+        return socket.create_connection(("127.0.0.1", self.port), timeout=10)
+
+
+@pytest.fixture(scope="module")
+def server(long_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    log = tmp_path_factory.mktemp("log") / "server.log"
+    flags = [str(item) for pair in FLAGS.items() for item in pair]
+    command = [sys.executable, "-m", "aiayn", "serve", "-m", str(long_model_dir),
+               "--port", str(port), "--log-level", "info", *flags]  # fmt: skip
+    with log.open("w") as sink:
+        process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
+    running = Server(process, port, log)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if http(running.url + "/health")[0] == 200:
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "aiayn serve did not start"
+            time.sleep(0.2)
+        yield running
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        finally:
+            process.kill()
+
+
+def raw_request(body: dict, path: str = "/translate") -> bytes:
+    data = json.dumps(body).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\n\r\n")  # fmt: skip
+    return head.encode() + data
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    """The server closed the connection (EOF or reset) within ``seconds``."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+# -- 1. attention output is bounded --------------------------------------------------------------
+
+
+def test_attention_answers_and_peak_memory_are_bounded(server: Server) -> None:
+    """Old server: one long text's full maps were 72.8 MB of JSON (1.49 GB peak). Now the
+    default is the last layer's head average, within --max-attention-values."""
+    before = server.peak_rss_mb()
+    body = {"texts": [LONG] * 4, "return_attention": True}
+    status, answer = http(server.url + "/translate", body)
+    assert status == 200
+    size = len(json.dumps(answer))
+    assert size < 10 * FLAGS["--max-attention-values"]  # ≤ ~8 characters a value, + pieces
+    mean = answer["translations"][0]["attention"]["mean"]
+    assert len(mean[0]) == POSITIONS and "cross" not in answer["translations"][0]["attention"]
+    status, answer = http(server.url + "/translate", {**body, "full_attention": True})
+    assert status == 413 and "--max-attention-values" in answer["error"]
+    status, answer = http(server.url + "/translate", {**body, "texts": [LONG] * 8})
+    assert status == 413 and "--max-attention-values" in answer["error"]
+    assert server.peak_rss_mb() - before < 150
+
+
+# -- 2. fairness: costly abandoned requests ------------------------------------------------------
+
+
+def test_a_short_request_is_not_held_up_by_costly_abandoned_ones(server: Server) -> None:
+    """Old server: two costly requests whose clients hung up after 2 s were computed in full
+    (63 s) and a short request waited behind them. Now their texts are interleaved with the
+    short request's, and dropped once their clients are gone."""
+    start_stats = http(server.url + "/health")[1]
+    hammers = [server.connect() for _ in range(2)]
+    for sock in hammers:
+        sock.sendall(raw_request(COSTLY))
+    time.sleep(0.5)
+    health = http(server.url + "/health")[1]
+    assert health["queued_texts"] > 0
+    start = time.monotonic()
+    status, answer = http(server.url + "/translate", {"text": "the cat sat"})
+    short_latency = time.monotonic() - start
+    assert status == 200 and len(answer["translations"]) == 1
+    for sock in hammers:
+        sock.close()
+    deadline = time.monotonic() + 20
+    while (stats := http(server.url + "/health")[1])["dropped"] - start_stats["dropped"] < 2:
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.1)
+    translated = stats["sentences"] - start_stats["sentences"]
+    assert translated < 2 * len(COSTLY["texts"])  # the abandoned texts were not all computed
+    # at most the call in progress and one per hammer ahead of it (round-robin): one call
+    # holds one long text at beam 16 (--max-batch-cost), well under a second here
+    assert short_latency < 15, short_latency
+    assert stats["status"] == "ok" and stats["queued"] == 0
+
+
+def test_health_says_busy_while_requests_wait(server: Server) -> None:
+    sock = server.connect()
+    try:
+        sock.sendall(raw_request(COSTLY))
+        deadline = time.monotonic() + 30
+        while (health := http(server.url + "/health")[1])["status"] != "busy":
+            assert time.monotonic() < deadline, health
+            time.sleep(0.1)
+        assert health["oldest_wait_s"] > FLAGS["--busy-after-s"]
+    finally:
+        sock.close()
+
+
+# -- 3. numeric options: 422, never 500 ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"length_penalty": 400}, "less than or equal to 5"),
+        ({"length_penalty": 1e308}, "less than or equal to 5"),
+        ({"length_penalty": -0.1}, "greater than or equal to 0"),
+        ({"beam_size": 17}, "--max-beam-size"),
+        ({"beam_size": 10**30}, "--max-beam-size"),
+        ({"n_best": 10**30}, "n_best"),
+    ],
+)
+def test_out_of_range_options_are_422(server: Server, options: dict, fragment: str) -> None:
+    status, answer = http(server.url + "/translate", {"text": "the cat", **options})
+    assert status == 422 and fragment in answer["error"], answer
+
+
+def test_costly_requests_are_refused_before_the_model(server: Server) -> None:
+    status, answer = http(server.url + "/translate", {"text": LONG, "beam_size": 16})
+    assert status == 200
+    status, answer = http(server.url + "/translate", {"texts": [LONG] * 8, "beam_size": 16})
+    assert status == 413 and "--max-request-cost" in answer["error"]
+
+
+# -- 4. idle, slow and many connections ----------------------------------------------------------
+
+
+def test_idle_slow_header_and_slow_body_connections_are_closed(server: Server) -> None:
+    """Old server: idle sockets were held forever; 150 of them made /health time out."""
+    log_size = server.log.stat().st_size
+    idle = [server.connect() for _ in range(20)]
+    slow_head = server.connect()
+    slow_head.sendall(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+
+    def trickle() -> None:
+        for _ in range(10):  # one header byte every 0.3 s: never completes in time
+            try:
+                slow_head.sendall(b"X")
+            except OSError:
+                return
+            time.sleep(0.3)
+
+    threading.Thread(target=trickle, daemon=True).start()
+    slow_body = server.connect()
+    slow_body.sendall(raw_request({"text": "the cat sat"})[:-5])
+    start = time.monotonic()
+    assert all(closed_within(sock, 5) for sock in idle)
+    assert closed_within(slow_head, 5)
+    slow_body.settimeout(5)
+    reply = b""
+    while chunk := slow_body.recv(65536):
+        reply += chunk
+    assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
+    assert b"--timeout-body" in reply
+    assert time.monotonic() - start < 6
+    assert http(server.url + "/health")[0] == 200
+    for sock in (*idle, slow_head, slow_body):
+        sock.close()
+    assert server.log.stat().st_size - log_size < 20_000  # no flood of log lines
+
+
+def test_connections_beyond_the_cap_are_closed_at_once(server: Server) -> None:
+    socks = [server.connect() for _ in range(FLAGS["--max-connections"] + 10)]
+    try:
+        refused = sum(closed_within(sock, 0.5) for sock in socks[-10:])
+        assert refused == 10
+    finally:
+        for sock in socks:
+            sock.close()
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if http(server.url + "/health")[0] == 200:
+                break
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+
+
+def test_a_client_hanging_up_mid_body_is_one_log_line(server: Server) -> None:
+    """Old server: an unhandled ClientDisconnect, a 7.6 KB traceback each time."""
+    log_size = server.log.stat().st_size
+    for _ in range(3):
+        sock = server.connect()
+        sock.sendall(raw_request({"text": "the cat sat on the mat"})[:-10])
+        time.sleep(0.1)
+        sock.close()
+    time.sleep(0.5)
+    with server.log.open("rb") as log:
+        log.seek(log_size)
+        new = log.read().decode("utf-8", "replace")
+    assert "Traceback" not in new and "went away" in new
+    assert len(new) < 3 * 400, new
+
+
+def test_access_log_has_no_texts_or_keys(server: Server) -> None:
+    url = server.url + "/translate?q=secret%20text&api_key=key123"
+    status, _ = http(url, method="POST")
+    assert status == 200
+    time.sleep(0.2)
+    log = server.log.read_text(encoding="utf-8", errors="replace")
+    assert "secret" not in log and "key123" not in log and "q=REDACTED" in log
+
+
+def test_redact_query_keeps_other_fields() -> None:
+    redact = RedactQuery().redact
+    assert redact("/translate?q=a+b&source=en&api_key=k") == (
+        "/translate?q=REDACTED&source=en&api_key=REDACTED"
+    )
+    assert redact("/health") == "/health"
+
+
+# -- 5. keys and origins -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed(long_model_dir: Path) -> Iterator[TestClient]:
+    settings = replace(
+        SETTINGS,
+        api_keys=(ApiKey("alpha", requests_per_minute=2), ApiKey("beta", chars_per_minute=20)),
+        require_api_key=True,
+        cors_origins=("https://friend.example",),
+    )
+    with TestClient(create_app(Translator(long_model_dir), settings)) as client:
+        yield client
+
+
+def test_api_keys_are_required_checked_and_rate_limited(keyed: TestClient) -> None:
+    assert_error(keyed.post("/translate", json={"text": "a"}), 403, "requires an API key")
+    assert_error(keyed.post("/translate", data={"q": "a", "api_key": "nope"}), 403, "invalid")
+    assert keyed.post("/translate", json={"text": "a", "api_key": "alpha"}).status_code == 200
+    assert keyed.post("/translate", data={"q": "a", "api_key": "alpha"}).status_code == 200
+    over = keyed.post("/translate", json={"text": "a", "api_key": "alpha"})
+    assert_error(over, 429, "requests per minute")
+    assert int(over.headers["retry-after"]) >= 1
+    assert keyed.post("/detect", json={"q": "a" * 15, "api_key": "beta"}).status_code == 200
+    assert_error(keyed.post("/detect", json={"q": "b" * 15, "api_key": "beta"}), 429, "charac")
+    assert keyed.get("/frontend/settings").json()["keyRequired"] is True
+
+
+def test_keys_file_and_environment(tmp_path: Path) -> None:
+    file = tmp_path / "keys"
+    file.write_text("a 1 2  # team a\n\nb\n", encoding="utf-8")
+    assert load_keys(file, "c, d") == (ApiKey("a", 1, 2), ApiKey("b"), ApiKey("c"), ApiKey("d"))
+    file.write_text("a x\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"keys:1: expected"):
+        load_keys(file)
+    assert "secret" not in repr(ApiKey("secret-key"))
+
+
+def test_cross_origin_posts_are_refused_unless_allowed(keyed: TestClient) -> None:
+    """Old server: a cross-origin form-encoded POST with a JSON body was executed (200)."""
+    body = b'{"text": "a", "api_key": "beta"}'
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    evil = keyed.post(
+        "/translate", content=body, headers={**form, "origin": "https://evil.example"}
+    )
+    assert_error(evil, 403, "cross-origin request from https://evil.example refused")
+    own = keyed.post("/translate", content=body, headers={**form, "origin": "http://testserver"})
+    assert_error(own, 415, "send Content-Type: application/json")
+    friend = {"origin": "https://friend.example"}
+    allowed = keyed.post("/detect", json={"q": "a", "api_key": "beta"}, headers=friend)
+    assert allowed.status_code == 200
+    assert allowed.headers["access-control-allow-origin"] == "https://friend.example"
+    preflight = keyed.options(
+        "/translate", headers={**friend, "access-control-request-method": "POST"}
+    )
+    assert (
+        preflight.status_code == 204 and "POST" in preflight.headers["access-control-allow-methods"]
+    )
+    plain = keyed.get("/info", headers={"origin": "https://evil.example"})
+    assert plain.status_code == 200 and "access-control-allow-origin" not in plain.headers
+
+
+# -- 6. headers, docs, schema, alternatives, HEAD -------------------------------------------------
+
+
+def test_security_headers_and_no_inline_script(client: TestClient) -> None:
+    for path in ("/", "/static/app.js", "/info", "/nowhere"):
+        headers = client.get(path).headers
+        assert headers["content-security-policy"] == PAGE_CSP
+        assert "frame-ancestors 'none'" in PAGE_CSP and "unsafe-inline" not in PAGE_CSP
+        assert headers["x-content-type-options"] == "nosniff"
+        assert headers["referrer-policy"] == "no-referrer"
+    page = client.get("/").text
+    assert page.count("<script") == page.count("<script src=") == 1
+    assert " on" not in page.replace("\n", " ").split("<body")[1].split("=")[0]
+    assert "style=" not in page
+
+
+def test_docs_are_off_by_default_and_the_schema_shows_the_limits(
+    client: TestClient, translator: Translator
+) -> None:
+    assert client.get("/docs").status_code == 404 and client.get("/redoc").status_code == 404
+    schema = client.get("/openapi.json").json()["components"]["schemas"]
+    aiayn = schema["TranslateRequest"]["properties"]
+    assert {"type": "integer", "minimum": 1, "maximum": 4} in aiayn["beam_size"]["anyOf"]
+    assert {"type": "string", "maxLength": 200} in aiayn["text"]["anyOf"]
+    texts = next(b for b in aiayn["texts"]["anyOf"] if b["type"] == "array")
+    assert texts["maxItems"] == 8 and texts["items"]["maxLength"] == 200
+    lp = next(b for b in aiayn["length_penalty"]["anyOf"] if b["type"] == "number")
+    assert lp["maximum"] == 5
+    assert schema["LibreTranslateRequest"]["properties"]["alternatives"]["maximum"] == 3
+    with TestClient(create_app(translator, replace(SETTINGS, docs=True))) as documented:
+        docs = documented.get("/docs")
+        assert (
+            docs.status_code == 200 and "unsafe-inline" in docs.headers["content-security-policy"]
+        )
+    info = client.get("/info").json()["limits"]
+    assert info["max_request_cost"] == SETTINGS.max_request_cost
+    assert info["max_attention_values"] == SETTINGS.max_attention_values
+
+
+def test_libretranslate_alternatives_are_distinct(client: TestClient) -> None:
+    body = {"q": ["the cat sat", "hello world"], "target": "de", "alternatives": 3}
+    answer = client.post("/translate", json=body).json()
+    for text, alternatives in zip(answer["translatedText"], answer["alternatives"], strict=True):
+        assert text not in alternatives and len(set(alternatives)) == len(alternatives)
+
+
+def test_head_works_on_get_routes(client: TestClient) -> None:
+    for path in ("/", "/health", "/info", "/languages", "/openapi.json", "/static/app.js"):
+        response = client.head(path)
+        assert response.status_code == 200, path
+        assert response.content == b""
