@@ -740,7 +740,7 @@ def _run_serve(args: argparse.Namespace) -> int:
     options = _search_options(args)
     keys = load_keys(args.api_keys, keys_from_environment())
     settings = ServerSettings(
-        decoding=Decoding(**{name: getattr(options, name) for name in _SEARCH_FIELDS}),
+        decoding=Decoding(**dataclasses.asdict(options)),
         batching=not args.no_batching,
         api_keys=keys,
         require_api_key=args.require_api_key,

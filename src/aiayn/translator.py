@@ -355,7 +355,11 @@ class Translator:
         return rows_per_sentence * sum(s * t for s, t in bounds)
 
     def search_bounds(
-        self, sentences: Sequence[str], *, max_len_a: float = 1.0, max_len_b: float = 50
+        self,
+        sentences: Sequence[str],
+        *,
+        max_len_a: float = DecodingOptions.max_len_a,
+        max_len_b: float = DecodingOptions.max_len_b,
     ) -> list[tuple[int, int]]:
         """(S, T) per sentence, as the search will see it: source tokens after truncation and
         the most output tokens, both with EOS; (0, 0) for a blank sentence.

@@ -59,6 +59,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn import __version__
+from aiayn.search import DecodingOptions
 from aiayn.serve import libretranslate
 from aiayn.serve.batcher import Batcher, BatcherClosed, QueueFull
 from aiayn.serve.connections import (
@@ -97,18 +98,11 @@ STATIC_DIR = Path(__file__).parent / "static"
 
 
 @dataclass(frozen=True)
-class Decoding:
-    """The search options of one request; requests with equal options share model calls.
+class Decoding(DecodingOptions):
+    """The decoding of one request: its `DecodingOptions` (the one home of the paper's §6.1
+    defaults and of their checks) and whether to return attention. Frozen, so requests with
+    equal decodings share model calls (the batcher groups by it)."""
 
-    Defaults are the paper's (§6.1), as in :meth:`Translator.translate`.
-    """
-
-    beam_size: int = 4
-    n_best: int = 1
-    length_penalty: float = 0.6
-    length_penalty_kind: str = "gnmt"
-    max_len_a: float = 1.0
-    max_len_b: float = 50
     return_attention: bool = False
 
 
@@ -190,11 +184,6 @@ class ServerSettings:
             raise ValueError(
                 f"the default beam size ({self.decoding.beam_size}) must be between 1 and "
                 f"max_beam_size ({self.max_beam_size})"
-            )
-        if self.decoding.n_best > self.decoding.beam_size:
-            raise ValueError(
-                f"the default n_best ({self.decoding.n_best}) must be <= the default beam size "
-                f"({self.decoding.beam_size})"
             )
         if not 0 <= self.decoding.length_penalty <= MAX_LENGTH_PENALTY:
             raise ValueError(
@@ -434,22 +423,21 @@ async def _translate_aiayn(
 def _decoding(body: TranslateRequest, settings: ServerSettings) -> Decoding:
     """The server's defaults with the request's options, within the limits."""
     defaults = settings.decoding
-    decoding = replace(
-        defaults,
-        beam_size=_default(body.beam_size, defaults.beam_size),
-        n_best=_default(body.n_best, defaults.n_best),
-        length_penalty=_default(body.length_penalty, defaults.length_penalty),
-        return_attention=body.return_attention,
-    )
+    try:  # DecodingOptions checks the combination (e.g. n_best <= beam_size)
+        decoding = replace(
+            defaults,
+            beam_size=_default(body.beam_size, defaults.beam_size),
+            n_best=_default(body.n_best, defaults.n_best),
+            length_penalty=_default(body.length_penalty, defaults.length_penalty),
+            return_attention=body.return_attention,
+        )
+    except ValueError as error:
+        raise ApiError(422, str(error)) from None
     if decoding.beam_size > settings.max_beam_size:
         raise ApiError(
             422,
             f"beam_size ({decoding.beam_size}) is larger than the limit "
             f"{settings.max_beam_size} (--max-beam-size)",
-        )
-    if decoding.n_best > decoding.beam_size:
-        raise ApiError(
-            422, f"n_best ({decoding.n_best}) must be <= beam_size ({decoding.beam_size})"
         )
     return decoding
 
