@@ -30,11 +30,12 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from aiayn import checkpoint as ckpt
-from aiayn import trainer
+from aiayn import trainer, update, validation
 from aiayn.batching import collate
 from aiayn.cli import main
 from aiayn.config import TrainConfig
 from aiayn.data import load_or_build
+from aiayn.distributed import Distributed
 from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer
 from aiayn.optim import learning_rate
@@ -148,15 +149,15 @@ def run_dir_snapshot(run_dir: Path) -> dict[str, bytes]:
 
 def stop_at(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     """Deliver SIGTERM to this process during update `step` (as `kill` or a scheduler would)."""
-    update = trainer._update
+    optimizer_update = trainer.optimizer_update
 
     def update_then_signal(*args: Any, **kwargs: Any) -> Any:
-        result = update(*args, **kwargs)
+        result = optimizer_update(*args, **kwargs)
         if kwargs["step"] == step:
             signal.raise_signal(signal.SIGTERM)
         return result
 
-    monkeypatch.setattr(trainer, "_update", update_then_signal)
+    monkeypatch.setattr(trainer, "optimizer_update", update_then_signal)
 
 
 # -- a whole run ----------------------------------------------------------------------------
@@ -275,9 +276,9 @@ def test_update_normalises_by_the_target_tokens_of_the_whole_update(
     batches = [collate([dataset[int(i)] for i in idx]) for idx in (a, b)]
     assert batches[0].n_tgt_tokens != batches[1].n_tgt_tokens
 
-    def run(group: list[torch.Tensor]) -> tuple[trainer.UpdateStats, list[torch.Tensor]]:
+    def run(group: list[torch.Tensor]) -> tuple[update.UpdateStats, list[torch.Tensor]]:
         optimizer = _GradientRecorder(model.parameters())
-        result = trainer._update(
+        result = update.optimizer_update(
             model,
             optimizer,
             dataset,
@@ -290,7 +291,7 @@ def test_update_normalises_by_the_target_tokens_of_the_whole_update(
             clip_norm=config.clip_norm,
             bf16=False,
             device=torch.device("cpu"),
-            distributed=trainer.Distributed(),
+            distributed=Distributed(),
         )
         assert all(p.grad is None for p in model.parameters())  # cleared for the next update
         return result, optimizer.grads[0]
@@ -326,7 +327,7 @@ def test_validate_reports_per_token_means_in_eval_mode(
     config = make_config(corpus, tmp_path / "run")
     model = Transformer(config.model_config(_LetterEncoder.vocab_size))  # dropout 0.1
     model.train()
-    metrics = trainer.validation_loss(
+    metrics = validation.validation_loss(
         model, dataset, max_tokens=64, device=torch.device("cpu"), label_smoothing=0.1
     )
     assert not model.training  # no dropout: the numbers below are reproducible
@@ -383,16 +384,16 @@ def test_tokens_per_second_after_a_resume_counts_only_the_resumed_updates(
     updates: what the run measured before the stop, not 1.5 times it (#15)."""
     clock = [0.0]
     tokens: dict[int, int] = {}
-    update = trainer._update
+    optimizer_update = trainer.optimizer_update
 
-    def timed_update(*args: Any, **kwargs: Any) -> trainer.UpdateStats:
-        stats = update(*args, **kwargs)
+    def timed_update(*args: Any, **kwargs: Any) -> update.UpdateStats:
+        stats = optimizer_update(*args, **kwargs)
         clock[0] += 1.0
         tokens[kwargs["step"]] = stats.tokens
         return stats
 
     monkeypatch.setattr(trainer, "time", type("Clock", (), {"monotonic": lambda: clock[0]}))
-    monkeypatch.setattr(trainer, "_update", timed_update)
+    monkeypatch.setattr(trainer, "optimizer_update", timed_update)
     config = make_config(corpus, tmp_path / "run", max_steps=6, log_every=3)
     with monkeypatch.context() as patch:
         stop_at(patch, 4)
@@ -439,7 +440,7 @@ def test_validation_records_of_a_resumed_run_equal_an_uninterrupted_one(
     dataset, _ = load_or_build(
         corpus[0], corpus[1], None, tokenizer, tmp_path / "data", max_len=config.max_len
     )
-    fresh = trainer.validation_loss(
+    fresh = validation.validation_loss(
         loaded.model,
         dataset,
         max_tokens=config.max_tokens,
@@ -471,13 +472,13 @@ def test_sigterm_during_validation_abandons_it_saves_once_and_exits_143(
             time.sleep(0.3)
 
     if phase == "loss":
-        make_batches = trainer.make_batches
+        make_batches = validation.make_batches
 
         def slow_batches(*args: Any, shuffle: bool = True, **kwargs: Any) -> Any:
             batches = make_batches(*args, shuffle=shuffle, **kwargs)
             return batches if shuffle else slowly(batches)  # validation does not shuffle
 
-        monkeypatch.setattr(trainer, "make_batches", slow_batches)
+        monkeypatch.setattr(validation, "make_batches", slow_batches)
     else:
         translate = Translator.translate
         calls = iter(slowly(list(range(1000))))
@@ -1010,9 +1011,9 @@ def test_bf16_autocast_is_opt_in_on_cpu() -> None:
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     default = TrainConfig(src="a", tgt="b")
     flags = {"bf16": default.bf16, "cpu_bf16": default.cpu_bf16}
-    assert trainer.uses_bf16(cuda, **flags) and not trainer.uses_bf16(cpu, **flags)
-    assert trainer.uses_bf16(cpu, bf16=True, cpu_bf16=True)
-    assert not trainer.uses_bf16(cuda, bf16=False, cpu_bf16=True)
+    assert update.uses_bf16(cuda, **flags) and not update.uses_bf16(cpu, **flags)
+    assert update.uses_bf16(cpu, bf16=True, cpu_bf16=True)
+    assert not update.uses_bf16(cuda, bf16=False, cpu_bf16=True)
 
 
 def test_cpu_bf16_training_runs_in_bf16_and_learns(

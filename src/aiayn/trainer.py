@@ -5,12 +5,13 @@
 1. `Trainer.setup`: the run directory (aiayn.rundir: locked against a second trainer, its
    settings kept on `--resume`), a joint SentencePiece vocabulary made once (§5.1), the
    binarised data, the model and Adam, restored from the last checkpoint on resume;
-2. `Trainer.update`: one optimizer update over batches of about `max_tokens` tokens, grouped by
-   length and shuffled per epoch from the seed, normalised by the true number of target tokens,
-   so one process with `accumulate=k` and k data-parallel processes compute the same update;
-3. `Trainer.validate` and `Trainer.save`: validation, checkpoints that resume exactly (weights,
-   optimizer, step, RNG, data position: `checkpoint.TrainingState`), a `model/` directory that
-   inference loads with no flags and a `best/` one;
+2. `Trainer.update`: one optimizer update (aiayn.update) over batches of about `max_tokens`
+   tokens, grouped by length and shuffled per epoch from the seed, normalised by the true
+   number of target tokens, so one process with `accumulate=k` and k data-parallel processes
+   compute the same update;
+3. `Trainer.validate` (aiayn.validation) and `Trainer.save`: checkpoints that resume exactly
+   (weights, optimizer, step, RNG, data position: `checkpoint.TrainingState`), a `model/`
+   directory that inference loads with no flags and a `best/` one;
 4. `Trainer.run`: the loop; SIGINT/SIGTERM finish the current update, save and exit.
 
 Multi-GPU / multi-node: launch with `torchrun ... -m aiayn train ...`; every rank takes its
@@ -26,7 +27,6 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,174 +40,23 @@ from torch.nn.parallel import DistributedDataParallel
 from aiayn import checkpoint as ckpt
 from aiayn import rundir
 from aiayn.acceleration import maybe_compile, native_bf16_cpu
-from aiayn.batching import collate, make_batches, shard_batches
+from aiayn.batching import make_batches, shard_batches
 from aiayn.config import TrainConfig
-from aiayn.data import (
-    ParallelDataset,
-    check_corpus_files,
-    load_or_build,
-    read_parallel,
-    read_tsv,
-)
+from aiayn.data import ParallelDataset, check_corpus_files, load_or_build
 from aiayn.distributed import Distributed, init_distributed
-from aiayn.loss import label_smoothed_loss, perplexity
+from aiayn.loss import perplexity
 from aiayn.model import Transformer
-from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
+from aiayn.optim import build_optimizer
 from aiayn.runlog import METRICS_FILE, MetricsLog, TrainRecord, ValidRecord, truncate_metrics
-from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.tokenizer import PAD_ID, Tokenizer
+from aiayn.update import UpdateStats, optimizer_update, uses_bf16
+from aiayn.validation import validation_bleu, validation_loss
 
 logger = logging.getLogger(__name__)
 
 
 class TrainingError(RuntimeError):
     """The run cannot start or continue (the message says why and what to do)."""
-
-
-# -- one update -----------------------------------------------------------------------------
-
-
-def uses_bf16(device: torch.device, *, bf16: bool, cpu_bf16: bool) -> bool:
-    """bf16 autocast: on CUDA unless `bf16` is off; on a CPU only with `cpu_bf16` (opt-in)."""
-    if device.type == "cuda":
-        return bf16
-    return device.type == "cpu" and cpu_bf16
-
-
-def _autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
-    """Mixed precision: matrix products in bf16, weights, optimizer and loss in float32."""
-    if bf16:
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-@dataclass(frozen=True)
-class UpdateStats:
-    """What one update measured, summed over its batches and every process."""
-
-    loss: float  # label-smoothed, summed over target tokens
-    nll: float  # summed over target tokens
-    tokens: int  # target tokens
-    lr: float  # the learning rate the update used (Eq. 3)
-
-
-def _update(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    dataset: ParallelDataset,
-    group: list[np.ndarray],
-    *,
-    step: int,
-    d_model: int,
-    warmup_steps: int,
-    lr_scale: float,
-    label_smoothing: float,
-    clip_norm: float,
-    bf16: bool,
-    device: torch.device,
-    distributed: Distributed,
-) -> UpdateStats:
-    """One optimizer update over the batches in `group` (gradient accumulation).
-
-    The loss of every batch is divided by the number of target tokens in the whole update
-    across all ranks, and multiplied by the world size because DDP averages gradients: the
-    update is the same however the tokens are split over batches and processes.
-    """
-    model.train()
-    batches = [
-        collate([dataset[int(i)] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
-        for indices in group
-    ]
-    local_tokens = sum(b.n_tgt_tokens for b in batches)
-    (n_tokens,) = distributed.sum([float(local_tokens)], device)
-    sums_per_batch = []
-    for i, batch in enumerate(batches):
-        batch = batch.to(device)
-        last = i == len(batches) - 1
-        sync = contextlib.nullcontext() if last or not distributed.enabled else model.no_sync()
-        with sync:
-            with _autocast(device, bf16):
-                logits = model(batch.src, batch.tgt_in)
-            sums = label_smoothed_loss(
-                logits, batch.tgt_out, epsilon=label_smoothing, pad_id=PAD_ID
-            )
-            (sums.loss * (distributed.world_size / n_tokens)).backward()
-        sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll]))
-    lr = learning_rate(step, d_model=d_model, warmup_steps=warmup_steps, scale=lr_scale)
-    set_learning_rate(optimizer, lr)
-    if clip_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    # One device-to-host copy per update (not per batch); summed in float64 as before.
-    local_sums = torch.stack(sums_per_batch).double().sum(dim=0).tolist()
-    loss_sum, nll_sum = distributed.sum(local_sums, device)
-    return UpdateStats(loss=loss_sum, nll=nll_sum, tokens=int(n_tokens), lr=lr)
-
-
-@torch.no_grad()
-def validation_loss(
-    model: nn.Module,
-    dataset: ParallelDataset,
-    *,
-    max_tokens: int,
-    device: torch.device,
-    label_smoothing: float,
-    bf16: bool = False,
-    should_stop: Callable[[], bool] = lambda: False,
-) -> dict[str, float] | None:
-    """Loss, NLL per token and perplexity on a validation set (eval mode, no dropout).
-
-    Returns None, abandoning the pass, as soon as `should_stop()` says so between batches: a
-    real dev set takes longer than a scheduler waits between SIGTERM and SIGKILL.
-    """
-    model.eval()
-    batches = make_batches(
-        dataset.src_lengths,
-        dataset.tgt_lengths,
-        max_tokens=max_tokens,
-        seed=0,
-        epoch=0,
-        shuffle=False,
-    )
-    loss = nll = 0.0
-    tokens = 0
-    for indices in batches:
-        if should_stop():
-            return None
-        batch = collate(
-            [dataset[int(i)] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID
-        ).to(device)
-        with _autocast(device, bf16):
-            logits = model(batch.src, batch.tgt_in)
-        sums = label_smoothed_loss(logits, batch.tgt_out, epsilon=label_smoothing, pad_id=PAD_ID)
-        loss += float(sums.loss)
-        nll += float(sums.nll)
-        tokens += sums.n_tokens
-    return {
-        "valid_loss": loss / tokens,
-        "valid_nll": nll / tokens,
-        "valid_ppl": perplexity(nll, tokens),
-        "valid_tokens": tokens,
-    }
-
-
-def validation_bleu(
-    model: nn.Module,
-    tokenizer: Tokenizer,
-    config: TrainConfig,
-    should_stop: Callable[[], bool] = lambda: False,
-) -> dict[str, Any] | None:
-    """sacreBLEU of the validation set decoded with the paper's beam search (§6.1), or None
-    when `should_stop()` said stop; see `aiayn.evaluation.validation_bleu`."""
-    from aiayn import evaluation
-    from aiayn.translator import Translator
-
-    if config.valid_tsv:
-        pairs = list(read_tsv(Path(config.valid_tsv)))
-    else:
-        pairs = list(read_parallel(Path(config.valid_src), Path(config.valid_tgt)))
-    translator = Translator.from_model(model, tokenizer, max_tokens=config.max_tokens)
-    return evaluation.validation_bleu(translator, pairs, should_stop=should_stop)
 
 
 # -- batches, stopping, the result ----------------------------------------------------------
@@ -614,7 +463,7 @@ class Trainer:
     def update(self, group: list[np.ndarray]) -> UpdateStats:
         """One optimizer update over the batches of `group`; advances `progress`."""
         c, progress = self.config, self.progress
-        stats = _update(
+        stats = optimizer_update(
             self.train_model,
             self.optimizer,
             self.train_data,
@@ -717,7 +566,15 @@ class Trainer:
             should_stop=should_stop,
         )
         if valid is not None and c.valid_bleu:
-            bleu = validation_bleu(self.model, self.tokenizer, c, should_stop)
+            bleu = validation_bleu(
+                self.model,
+                self.tokenizer,
+                valid_tsv=c.valid_tsv,
+                valid_src=c.valid_src,
+                valid_tgt=c.valid_tgt,
+                max_tokens=c.max_tokens,
+                should_stop=should_stop,
+            )
             valid = None if bleu is None else {**valid, **bleu}
         if valid is None:
             logger.warning("step %d: validation abandoned on the stop request", step)
