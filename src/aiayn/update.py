@@ -3,6 +3,9 @@ loss, backward, Adam with the learning rate of Eq. 3.
 
 The update is normalised by the true number of target tokens it holds across every process, so
 that one process accumulating k batches and k data-parallel processes compute the same update.
+The loss comes from the model's own `forward` (`Transformer.forward` with a `target`), the one
+call that DDP synchronises gradients for; it projects to the vocabulary and scores a chunk of
+positions at a time, never holding the (B·T, V) logits (`loss.projected_label_smoothed_loss`).
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ from torch import nn
 from aiayn.batching import collate
 from aiayn.data import ParallelDataset
 from aiayn.distributed import Distributed
-from aiayn.loss import label_smoothed_loss
 from aiayn.optim import learning_rate, set_learning_rate
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -87,10 +89,9 @@ def optimizer_update(
         sync = contextlib.nullcontext() if last or not distributed.enabled else model.no_sync()
         with sync:
             with autocast(device, bf16):
-                logits = model(batch.src, batch.tgt_in)
-            sums = label_smoothed_loss(
-                logits, batch.tgt_out, epsilon=label_smoothing, pad_id=PAD_ID
-            )
+                sums = model(
+                    batch.src, batch.tgt_in, batch.tgt_out, label_smoothing=label_smoothing
+                )
             (sums.loss * (distributed.world_size / n_tokens)).backward()
         sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll]))
     lr = learning_rate(step, d_model=d_model, warmup_steps=warmup_steps, scale=lr_scale)

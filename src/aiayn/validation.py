@@ -16,7 +16,7 @@ from torch import nn
 
 from aiayn.batching import collate, make_batches
 from aiayn.data import ParallelDataset, read_parallel, read_tsv
-from aiayn.loss import label_smoothed_loss, perplexity
+from aiayn.loss import perplexity
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from aiayn.update import autocast
 
@@ -55,8 +55,7 @@ def validation_loss(
             [dataset[int(i)] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID
         ).to(device)
         with autocast(device, bf16):
-            logits = model(batch.src, batch.tgt_in)
-        sums = label_smoothed_loss(logits, batch.tgt_out, epsilon=label_smoothing, pad_id=PAD_ID)
+            sums = model(batch.src, batch.tgt_in, batch.tgt_out, label_smoothing=label_smoothing)
         loss += float(sums.loss)
         nll += float(sums.nll)
         tokens += sums.n_tokens
