@@ -850,6 +850,99 @@ def test_a_latest_checkpoint_without_checksums_is_named_when_skipped(
     assert f"resumed from {run / 'checkpoints' / 'step_00000002'} at step 2" in caplog.text
 
 
+# -- early stopping -------------------------------------------------------------------------
+
+
+def fake_validation(
+    monkeypatch: pytest.MonkeyPatch, nlls: list[float], bleus: list[float] | None = None
+) -> None:
+    """Validations that report the next of `nlls` (and of `bleus`), in the order they run."""
+
+    def validation_loss(*args: Any, **kwargs: Any) -> dict[str, float]:
+        nll = nlls.pop(0)
+        return {"valid_loss": nll + 0.5, "valid_nll": nll, "valid_ppl": math.exp(nll),
+                "valid_tokens": 100}  # fmt: skip
+
+    def validation_bleu(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        assert bleus is not None
+        return {"valid_bleu": bleus.pop(0), "valid_chrf": 50.0, "bleu_signature": "fake"}
+
+    monkeypatch.setattr(trainer, "validation_loss", validation_loss)
+    monkeypatch.setattr(trainer, "validation_bleu", validation_bleu)
+
+
+def test_early_stopping_keeps_the_best_model_and_a_resume_keeps_counting(
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """patience 3, a validation after every update. Stopped by SIGTERM during update 4 (after
+    validations 1-3: best at step 2, then one worse) and resumed: validations 5 and 6 are
+    worse than step 2's too, so the run stops after update 6, not at max_steps, and `best/`
+    is step 2's. A resume that forgot the count would have made step 5 the new best."""
+    config = make_config(
+        corpus,
+        tmp_path / "run",
+        max_steps=20,
+        valid_every=1,
+        valid_src=str(corpus[0]),
+        valid_tgt=str(corpus[1]),
+        patience=3,
+    )
+    nlls = [3.0, 2.0, 2.5]
+    fake_validation(monkeypatch, nlls)
+    with monkeypatch.context() as patch:
+        stop_at(patch, 4)
+        assert main(cli_args(config)) == 128 + signal.SIGTERM
+    assert nlls == []
+    state = ckpt.load_training_state(tmp_path / "run" / "checkpoints" / "step_00000004")
+    assert (state.progress.best_step, state.progress.validations_since_best) == (2, 1)
+
+    nlls += [2.4, 2.1, 1.0]  # 1.0 is never reached
+    with caplog.at_level(logging.INFO, logger="aiayn.trainer"):
+        assert main([*cli_args(config), "--resume"]) == 0
+    assert nlls == [1.0]
+    assert (
+        "early stop: valid loss (NLL) has not improved for 3 validations (best 2.0000 at step 2)"
+        in caplog.text
+    )
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records if r["type"] == "valid"] == [1, 2, 3, 5, 6]
+    assert max(r["step"] for r in records) == 6
+    assert checkpoint_steps(tmp_path / "run")[-1] == 6
+    best = ckpt.load_model_dir(tmp_path / "run" / "best").metadata
+    assert (best["step"], best["valid_nll"]) == (2, 2.0)
+    assert ckpt.load_model_dir(tmp_path / "run").metadata["step"] == 6
+
+    # Resumed again, the run has nothing left to do: it stops before any update.
+    assert main([*cli_args(config), "--resume"]) == 0
+    assert max(r["step"] for r in read_metrics(tmp_path / "run")) == 6
+
+
+def test_early_stopping_on_bleu_chooses_best_by_bleu(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The NLL improves at every validation, BLEU peaks at step 2: `best/` is step 2's, and
+    with patience 2 the run stops after update 4."""
+    config = make_config(
+        corpus,
+        tmp_path / "run",
+        max_steps=20,
+        valid_every=1,
+        valid_src=str(corpus[0]),
+        valid_tgt=str(corpus[1]),
+        valid_bleu=True,
+        patience=2,
+        patience_metric="bleu",
+    )
+    fake_validation(monkeypatch, [4.0, 3.0, 2.0, 1.0, 0.5], [10.0, 30.0, 20.0, 25.0, 40.0])
+    result = trainer.train(config)
+    assert (result.step, result.early_stopped, result.interrupted) == (4, True, False)
+    best = ckpt.load_model_dir(tmp_path / "run" / "best").metadata
+    assert (best["step"], best["valid_bleu"], best["valid_nll"]) == (2, 30.0, 3.0)
+
+
 # -- the metrics log ------------------------------------------------------------------------
 
 

@@ -12,7 +12,8 @@
 3. `Trainer.validate` (aiayn.validation) and `Trainer.save`: checkpoints that resume exactly
    (weights, optimizer, step, RNG, data position: `checkpoint.TrainingState`), a `model/`
    directory that inference loads with no flags and a `best/` one;
-4. `Trainer.run`: the loop; SIGINT/SIGTERM finish the current update, save and exit.
+4. `Trainer.run`: the loop; SIGINT/SIGTERM finish the current update, save and exit; with
+   `patience`, the run ends once validation stops improving (aiayn.stopping).
 
 Multi-GPU / multi-node: launch with `torchrun ... -m aiayn train ...`; every rank takes its
 share of the batches (DDP over NCCL on GPUs, gloo on CPUs) and rank 0 alone writes.
@@ -24,7 +25,6 @@ import contextlib
 import errno
 import logging
 import math
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -48,6 +48,7 @@ from aiayn.loss import perplexity
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
 from aiayn.runlog import METRICS_FILE, MetricsLog, TrainRecord, ValidRecord, truncate_metrics
+from aiayn.stopping import EarlyStopping, StopFlag
 from aiayn.tokenizer import PAD_ID, Tokenizer
 from aiayn.update import UpdateStats, optimizer_update, uses_bf16
 from aiayn.validation import validation_bleu, validation_loss
@@ -96,35 +97,6 @@ def _progress_bar(enabled: bool, total: int, initial: int) -> Any:
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
 
-class _StopFlag:
-    """SIGINT/SIGTERM set a flag; the loop saves and exits after the current update, or
-    abandons a validation under way."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopFlag:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError):  # not in the main thread
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:  # second signal: give up immediately
-            raise KeyboardInterrupt
-        self.requested = True
-        self.signum = signum
-        logger.warning(
-            "received %s: saving a checkpoint after this update", signal.strsignal(signum)
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
 @dataclass
 class TrainResult:
     run_dir: Path
@@ -133,6 +105,7 @@ class TrainResult:
     interrupted: bool
     last_valid: dict[str, Any] | None
     stop_signal: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM)
+    early_stopped: bool = False  # validation stopped improving (`patience`)
 
 
 # -- the job --------------------------------------------------------------------------------
@@ -208,7 +181,8 @@ class Trainer:
         self.progress = ckpt.Progress()
         self.log = MetricsLog(self.run_dir / METRICS_FILE, distributed.is_main)
         self.last_valid: ValidRecord | None = None
-        self.stop = _StopFlag()
+        self.stop = StopFlag()
+        self.early_stopping = EarlyStopping(config.patience, config.patience_metric)
         self._last_save_time = time.monotonic()
         # Throughput is measured by this process from the updates it ran, apart from
         # `progress.interval`: a resumed interval holds the tokens of updates before the stop.
@@ -397,27 +371,32 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
-        """Train until `max_steps` (or `max_epochs`), or until a stop request; then validate
-        and save. A stop request skips or abandons the final validation (resuming makes it
-        up); the last update is saved either way."""
+        """Train until `max_steps` (or `max_epochs`), a stop request or an early stop; then
+        validate and save. A stop request skips or abandons the final validation (resuming
+        makes it up), an early stop has just validated; the last update is saved either way."""
         c, progress = self.config, self.progress
         self._bar = _progress_bar(
             self.distributed.is_main and c.progress, c.max_steps, progress.step
         )
         self._timer_start, self._timer_tokens = time.monotonic(), 0
-        interrupted = False
+        interrupted = early_stopped = False
         with self.stop:  # also around the final save: a signal cannot cut it in half
             while progress.step < c.max_steps and not interrupted:
                 if c.max_epochs and progress.epoch > c.max_epochs:
+                    break
+                early_stopped = self.early_stopping.exhausted(progress)
+                if early_stopped:
                     break
                 interrupted = self._run_epoch()
             if self._bar is not None:
                 self._bar.close()
             if not interrupted:
-                interrupted = not self.validate()
+                interrupted = not early_stopped and not self.validate()
                 self.save()
         if interrupted:
             logger.warning("stopped at step %d; continue with --resume", progress.step)
+        elif early_stopped and self.distributed.is_main:
+            logger.info("early stop: %s", self.early_stopping.describe(progress))
         return TrainResult(
             self.run_dir,
             self.run_dir / "model",
@@ -425,6 +404,7 @@ class Trainer:
             interrupted,
             self.last_valid.metrics() if self.last_valid else None,
             self.stop.signum if interrupted else None,
+            early_stopped,
         )
 
     def _run_epoch(self) -> bool:
@@ -449,6 +429,8 @@ class Trainer:
             done = progress.step >= c.max_steps
             if c.valid_every and progress.step % c.valid_every == 0 and not done and not stop_now:
                 stop_now = not self.validate()  # a stop during validation: save now
+                if self.early_stopping.exhausted(progress) and not stop_now:
+                    return False  # `run` saves this update
             periodic = c.save_every and progress.step % c.save_every == 0
             if (periodic or timed or stop_now) and not done:
                 self.save()
@@ -549,8 +531,11 @@ class Trainer:
         if self.distributed.is_main:
             self._validate_on_main()
         self.distributed.barrier()
-        (stopped,) = self.distributed.sum([float(self.stop.requested)], self.device)
-        return stopped == 0
+        # Rank 0 counted the validation; every rank must agree on an early stop.
+        count = self.progress.validations_since_best if self.distributed.is_main else 0
+        flags = self.distributed.sum([float(self.stop.requested), float(count)], self.device)
+        self.progress.validations_since_best = int(flags[1])
+        return flags[0] == 0
 
     def _validate_on_main(self) -> None:
         assert self.valid_data is not None
@@ -589,10 +574,15 @@ class Trainer:
             record.valid_ppl,
             bleu_text,
         )
-        if record.valid_nll < self.progress.best_valid_nll:
-            self.progress.best_valid_nll = record.valid_nll
-            metadata = {**self._metadata(), **record.metrics()}
-            self._save_model_dir("best", metadata)
+        if self.early_stopping.observe(self.progress, record):
+            self._save_model_dir("best", {**self._metadata(), **record.metrics()})
+        elif self.config.patience:
+            logger.info(
+                "step %d: no improvement for %d of %d validations",
+                step,
+                self.progress.validations_since_best,
+                self.config.patience,
+            )
 
     def save(self) -> None:
         """A checkpoint of this update, and `model/` (rank 0); every rank must call it."""
