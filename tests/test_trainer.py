@@ -946,6 +946,63 @@ def test_early_stopping_on_bleu_chooses_best_by_bleu(
 # -- the metrics log ------------------------------------------------------------------------
 
 
+def test_tensorboard_scalars_are_the_metrics_log_and_a_resume_writes_no_step_twice(
+    corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Every number of metrics.jsonl is a scalar of RUN/tensorboard/ at its step. A resume from
+    step 3 after updates 4-6 had been logged (their checkpoint lost, as in a kill before the
+    save) logs them again; TensorBoard shows each step once."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    config = make_config(
+        corpus,
+        run,
+        max_steps=6,
+        save_every=3,
+        valid_every=3,
+        valid_src=str(corpus[0]),
+        valid_tgt=str(corpus[1]),
+        tensorboard=True,
+    )
+    assert main(cli_args(config)) == 0
+    shutil.rmtree(run / "checkpoints" / "step_00000006")
+    assert main([*cli_args(config), "--resume"]) == 0
+    assert len(list((run / "tensorboard").iterdir())) == 2  # one event file per process
+
+    events = EventAccumulator(str(run / "tensorboard")).Reload()
+    records = read_metrics(run)
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for record in records:
+        kind = record["type"]
+        for name, value in record.items():
+            if name not in ("type", "step") and isinstance(value, (int, float)):
+                tag = f"{kind}/{name.removeprefix(kind + '_')}"
+                expected.setdefault(tag, []).append((record["step"], value))
+    assert {"train/loss", "train/lr", "valid/loss", "valid/ppl"} <= set(expected)
+    assert set(events.Tags()["scalars"]) == set(expected)
+    for tag, points in expected.items():
+        got = [(e.step, e.value) for e in events.Scalars(tag)]
+        assert [step for step, _ in got] == [step for step, _ in points], tag
+        assert [v for _, v in got] == pytest.approx([v for _, v in points], rel=1e-6), tag
+
+
+def test_tensorboard_without_its_extra_is_one_line_before_anything_is_written(
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
+    config = make_config(corpus, tmp_path / "run", tensorboard=True)
+    assert main(cli_args(config)) == 2
+    err = capsys.readouterr().err
+    assert "needs tensorboard, which is not installed: pip install -e '.[tensorboard]'" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()
+
+
 def test_tsv_training_and_validation_bleu(tmp_path: Path, corpus: tuple[Path, Path]) -> None:
     """A TSV corpus trains its vocabulary on the text columns (no tab pieces), and validation
     reports sacreBLEU BLEU/chrF with a signature in metrics.jsonl."""

@@ -255,6 +255,8 @@ class TrainConfig:
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
             compile: aiayn.acceleration).
         log_every: Updates between metric lines in metrics.jsonl.
+        tensorboard: Also write the records of metrics.jsonl as TensorBoard scalars into
+            RUN/tensorboard/ (needs the tensorboard extra: pip install -e '.[tensorboard]').
         valid_every: Updates between validations (0 = only at the end).
         valid_bleu: Also decode the validation set and report sacreBLEU.
         patience: Stop early once `patience_metric` has not improved for this many validations
@@ -301,6 +303,7 @@ class TrainConfig:
     cpu_bf16: bool = False
     compile: bool = False
     log_every: int = 100
+    tensorboard: bool = False
     valid_every: int = 1000
     valid_bleu: bool = False
     patience: int = 0

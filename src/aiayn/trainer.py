@@ -25,6 +25,7 @@ import contextlib
 import errno
 import logging
 import math
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -44,10 +45,19 @@ from aiayn.batching import make_batches, shard_batches
 from aiayn.config import TrainConfig
 from aiayn.data import ParallelDataset, check_corpus_files, load_or_build
 from aiayn.distributed import Distributed, init_distributed
+from aiayn.extras import require
 from aiayn.loss import perplexity
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
-from aiayn.runlog import METRICS_FILE, MetricsLog, TrainRecord, ValidRecord, truncate_metrics
+from aiayn.runlog import (
+    METRICS_FILE,
+    TENSORBOARD_DIR,
+    MetricsLog,
+    TensorBoardLog,
+    TrainRecord,
+    ValidRecord,
+    truncate_metrics,
+)
 from aiayn.stopping import EarlyStopping, StopFlag
 from aiayn.tokenizer import PAD_ID, Tokenizer
 from aiayn.update import UpdateStats, optimizer_update, uses_bf16
@@ -197,6 +207,7 @@ class Trainer:
             torch.set_num_threads(self.config.threads)
         self._check_inputs()
         self._open_run_dir(held)
+        held.callback(self.log.close)
         self.tokenizer = self._prepare_tokenizer()
         self.train_data, self.valid_data = self._load_data()
         self.model_config = self.config.model_config(self.tokenizer.vocab_size, pad_id=PAD_ID)
@@ -218,6 +229,8 @@ class Trainer:
         c = self.config
         files = (c.src, c.tgt, c.tsv, c.valid_src, c.valid_tgt, c.valid_tsv)
         check_corpus_files(*(Path(name) for name in files if name))
+        if c.tensorboard:
+            require("tensorboard", "tensorboard", needed_by="tensorboard: true (--tensorboard)")
         if c.tokenizer:
             source = Path(c.tokenizer)
             if not source.is_file():
@@ -314,6 +327,12 @@ class Trainer:
         if self.distributed.is_main:
             if latest is None:
                 metrics_path.unlink(missing_ok=True)
+                shutil.rmtree(self.run_dir / TENSORBOARD_DIR, ignore_errors=True)
+            if self.config.tensorboard:
+                purge_step = self.progress.step + 1 if latest is not None else None
+                self.log.tensorboard = TensorBoardLog(
+                    self.run_dir / TENSORBOARD_DIR, purge_step=purge_step
+                )
             rundir.write_config(self.run_dir, self.config.to_dict())
         self.distributed.barrier()
 
