@@ -227,13 +227,6 @@ def test_max_epochs_stops_at_the_end_of_an_epoch(corpus: tuple[Path, Path], tmp_
     assert records[per_epoch[0] - 1]["tokens_seen"] == corpus_tokens
 
 
-def test_tokens_per_update_sets_accumulation() -> None:
-    settings = dict(tokens_per_update=25_000, max_tokens=1000, accumulate=1)
-    assert trainer.accumulation(**settings, world_size=1) == 25
-    assert trainer.accumulation(**settings, world_size=8) == 4  # ceil(25000 / 8000)
-    assert trainer.accumulation(**{**settings, "tokens_per_update": 0}, world_size=8) == 1
-
-
 # -- stopping and resuming ------------------------------------------------------------------
 
 

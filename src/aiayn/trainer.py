@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import math
 import shutil
 import sys
 import time
@@ -41,7 +40,7 @@ from torch.nn.parallel import DistributedDataParallel
 from aiayn import checkpoint as ckpt
 from aiayn import rundir
 from aiayn.acceleration import maybe_compile, native_bf16_cpu
-from aiayn.batching import make_batches, shard_batches
+from aiayn.batching import accumulation, epoch_updates
 from aiayn.config import TrainConfig
 from aiayn.data import ParallelDataset, check_corpus_files, load_or_build
 from aiayn.distributed import Distributed, init_distributed
@@ -70,33 +69,7 @@ class TrainingError(RuntimeError):
     """The run cannot start or continue (the message says why and what to do)."""
 
 
-# -- batches, stopping, the result ----------------------------------------------------------
-
-
-def _epoch_updates(
-    dataset: ParallelDataset,
-    *,
-    max_tokens: int,
-    seed: int,
-    epoch: int,
-    accumulate: int,
-    distributed: Distributed,
-) -> list[list[np.ndarray]]:
-    """This rank's updates of an epoch, each a list of `accumulate` batches (index arrays)."""
-    batches = make_batches(
-        dataset.src_lengths, dataset.tgt_lengths, max_tokens=max_tokens, seed=seed, epoch=epoch
-    )
-    mine = shard_batches(batches, distributed.rank, distributed.world_size)
-    return [mine[i : i + accumulate] for i in range(0, len(mine), accumulate)]
-
-
-def accumulation(
-    *, tokens_per_update: int, max_tokens: int, accumulate: int, world_size: int
-) -> int:
-    """Batches per update and process: `accumulate`, or enough for `tokens_per_update`."""
-    if tokens_per_update > 0:
-        return max(1, math.ceil(tokens_per_update / (max_tokens * world_size)))
-    return accumulate
+# -- the progress bar, the result -----------------------------------------------------------
 
 
 def _progress_bar(enabled: bool, total: int, initial: int) -> Any:
@@ -429,13 +402,15 @@ class Trainer:
     def _run_epoch(self) -> bool:
         """The rest of the current epoch; True if a stop request ended it."""
         c, progress = self.config, self.progress
-        updates = _epoch_updates(
-            self.train_data,
+        updates = epoch_updates(
+            self.train_data.src_lengths,
+            self.train_data.tgt_lengths,
             max_tokens=c.max_tokens,
             seed=c.seed,
             epoch=progress.epoch,
             accumulate=self.accumulate,
-            distributed=self.distributed,
+            rank=self.distributed.rank,
+            world_size=self.distributed.world_size,
         )
         if not updates:
             raise TrainingError(
@@ -585,23 +560,15 @@ class Trainer:
             return
         record = self.last_valid = ValidRecord(step=step, **valid)
         self.log.write(record)
-        bleu_text = "" if record.valid_bleu is None else f", BLEU {record.valid_bleu:.2f}"
+        improved = self.early_stopping.observe(self.progress, record)
+        more = "" if record.valid_bleu is None else f", BLEU {record.valid_bleu:.2f}"
+        if c.patience and not improved:
+            more += f"; not better for {self.progress.validations_since_best}/{c.patience}"
         logger.info(
-            "step %d: valid loss %.4f, ppl %.2f%s",
-            step,
-            record.valid_loss,
-            record.valid_ppl,
-            bleu_text,
+            "step %d: valid loss %.4f, ppl %.2f%s", step, record.valid_loss, record.valid_ppl, more
         )
-        if self.early_stopping.observe(self.progress, record):
+        if improved:
             self._save_model_dir("best", {**self._metadata(), **record.metrics()})
-        elif self.config.patience:
-            logger.info(
-                "step %d: no improvement for %d of %d validations",
-                step,
-                self.progress.validations_since_best,
-                self.config.patience,
-            )
 
     def save(self) -> None:
         """A checkpoint of this update, and `model/` (rank 0); every rank must call it."""
