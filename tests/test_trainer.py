@@ -897,8 +897,8 @@ def test_early_stopping_keeps_the_best_model_and_a_resume_keeps_counting(
         assert main([*cli_args(config), "--resume"]) == 0
     assert nlls == [1.0]
     assert (
-        "early stop: valid loss (NLL) has not improved for 3 validations (best 2.0000 at step 2)"
-        in caplog.text
+        "early stop: valid perplexity has not improved for 3 validations (best 7.39 at step 2)"
+        in caplog.text  # e² = 7.39
     )
     records = read_metrics(tmp_path / "run")
     assert [r["step"] for r in records if r["type"] == "valid"] == [1, 2, 3, 5, 6]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import signal
 from dataclasses import dataclass
 from typing import Any
@@ -89,13 +90,14 @@ class EarlyStopping:
         return 0 < self.patience <= progress.validations_since_best
 
     def describe(self, progress: Progress) -> str:
-        """Why the run stopped, e.g. "valid loss (NLL) has not improved for 3 validations
-        (best 4.1200 at step 600)"."""
+        """Why the run stopped, e.g. "valid perplexity has not improved for 3 validations
+        (best 4.12 at step 600)": perplexity, as the validation log lines show it (not the
+        label-smoothed loss), ranks validations as the NLL does."""
         if self.metric == "bleu":
-            what, best = "valid BLEU", f"{progress.best_valid_bleu:.2f}"
+            what, best = "valid BLEU", progress.best_valid_bleu
         else:
-            what, best = "valid loss (NLL)", f"{progress.best_valid_nll:.4f}"
+            what, best = "valid perplexity", math.exp(min(progress.best_valid_nll, 100.0))
         return (
             f"{what} has not improved for {progress.validations_since_best} validations "
-            f"(best {best} at step {progress.best_step})"
+            f"(best {best:.2f} at step {progress.best_step})"
         )
