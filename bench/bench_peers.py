@@ -49,7 +49,6 @@ from torch import nn
 import peers
 from aiayn.acceleration import maybe_compile, native_bf16_cpu
 from aiayn.config import ModelConfig, preset
-from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
 from aiayn.search import DecodingOptions, beam_search, greedy_search
@@ -187,8 +186,7 @@ def _aiayn_step(
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
         with autocast:
-            logits = forward(src, tgt_in)
-        sums = label_smoothed_loss(logits, tgt_out, epsilon=0.1, pad_id=PAD_ID)
+            sums = forward(src, tgt_in, tgt_out, label_smoothing=0.1)  # the trainer's chunked loss
         (sums.loss / sums.n_tokens).backward()
         optimizer.step()
         return sums.loss.item()

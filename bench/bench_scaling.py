@@ -2,8 +2,9 @@
 
 For one preset (default `small`; `--presets small base` adds `base`) this measures
 
-- the training step the trainer takes (forward, `loss.label_smoothed_loss` with ε_ls = 0.1,
-  backward, the fused Adam of `optim.build_optimizer`; dropout 0.1) on random full-length
+- the training step the trainer takes (`Transformer.forward` with the target: the projection
+  and `loss.projected_label_smoothed_loss` with ε_ls = 0.1 in chunks, never the whole (B·T, V)
+  logits; backward, the fused Adam of `optim.build_optimizer`; dropout 0.1) on random full-length
   sentences (no padding, vocabulary 8000):
   - length sweep: 32, 64, ..., 1024 tokens per side at a constant 4096 target tokens per batch
     (batch = 4096 // length), so a change in tokens/s is the cost of longer sequences and not of
@@ -56,7 +57,6 @@ from pathlib import Path
 import torch
 
 from aiayn.config import preset
-from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, set_learning_rate
 from aiayn.tokenizer import PAD_ID
@@ -155,8 +155,7 @@ def time_training(
         src, tgt_in, tgt_out = batch
         optimizer.zero_grad(set_to_none=True)
         with autocast():
-            logits = model(src, tgt_in)
-        sums = label_smoothed_loss(logits, tgt_out, epsilon=LABEL_SMOOTHING, pad_id=PAD_ID)
+            sums = model(src, tgt_in, tgt_out, label_smoothing=LABEL_SMOOTHING)
         (sums.loss / sums.n_tokens).backward()
         optimizer.step()
         return sums.loss.item()  # .item() synchronises the device

@@ -226,6 +226,9 @@ def test_checkpoint_holds_a_model_dir_and_the_training_state(
         "best_valid_nll": float("inf"),
         "tokens_seen": 0,
         "interval": {"loss": 1.5},
+        "best_valid_bleu": -float("inf"),
+        "best_step": 0,
+        "validations_since_best": 0,
     }
     assert sorted(raw) == ["accumulate", "optimizer", "progress", "rng", "world_size"]
 

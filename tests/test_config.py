@@ -202,3 +202,25 @@ def test_train_config_types_come_from_the_annotations() -> None:
     ]:
         with pytest.raises(ConfigError, match=re.escape(message)):
             TrainConfig(**values)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"patience_metric": "bleu"}, "patience_metric ('bleu') needs valid_bleu"),
+        ({"patience_metric": "acc"}, "patience_metric ('acc') must be one of loss, bleu"),
+        ({"patience": -1}, "patience (-1) must be >= 0"),
+        ({"patience": 3}, "patience (3) needs a validation set: give valid_src and valid_tgt"),
+        ({"patience": 3, "valid_tsv": "v", "valid_every": 0}, "patience (3) needs valid_every > 0"),
+    ],
+)
+def test_early_stopping_settings_are_checked(values: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig(src="a", tgt="b", **values)
+
+
+def test_early_stopping_on_bleu_with_valid_bleu_is_accepted() -> None:
+    config = TrainConfig(
+        src="a", tgt="b", valid_tsv="v", valid_bleu=True, patience=3, patience_metric="bleu"
+    )
+    assert (config.patience, config.patience_metric) == (3, "bleu")

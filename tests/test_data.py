@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.batching import Batch, collate, make_batches, shard_batches
+from aiayn.batching import Batch, accumulation, collate, make_batches, shard_batches
 from aiayn.data import (
     DataError,
     FilterStats,
@@ -453,3 +453,10 @@ def test_dataloader_with_batch_sampler(parallel: tuple[Path, Path], tmp_path: Pa
     batches = make_batches(dataset.src_lengths, dataset.tgt_lengths, max_tokens=20, seed=0, epoch=0)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=collate)
     assert sum(len(batch) for batch in loader) == len(dataset)
+
+
+def test_tokens_per_update_sets_accumulation() -> None:
+    settings = dict(tokens_per_update=25_000, max_tokens=1000, accumulate=1)
+    assert accumulation(**settings, world_size=1) == 25
+    assert accumulation(**settings, world_size=8) == 4  # ceil(25000 / 8000)
+    assert accumulation(**{**settings, "tokens_per_update": 0}, world_size=8) == 1

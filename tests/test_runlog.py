@@ -3,6 +3,7 @@ cut back to a checkpoint on resume."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from aiayn.runlog import (
     ValidRecord,
     parse_record,
     read_metrics,
+    scalars,
     truncate_metrics,
 )
 
@@ -76,3 +78,27 @@ def test_parse_record_reads_old_and_unknown_records() -> None:
     assert isinstance(old, TrainRecord) and old.step == 3 and old.lr is None
     assert parse_record({"type": "note", "step": 1}) is None
     assert parse_record({"step": 1}) is None
+
+
+def test_tensorboard_tags_are_the_records_numbers() -> None:
+    train = TrainRecord(step=5, epoch=1, loss=2.5, nll=2.0, ppl=7.4, lr=1e-3, tokens_per_s=900.0,
+                        tokens_seen=4000)  # fmt: skip
+    assert scalars(train) == {
+        "train/epoch": 1.0,
+        "train/loss": 2.5,
+        "train/nll": 2.0,
+        "train/ppl": 7.4,
+        "train/lr": 1e-3,
+        "train/tokens_per_s": 900.0,
+        "train/tokens_seen": 4000.0,
+    }
+    valid = ValidRecord(step=5, valid_loss=2.6, valid_nll=2.1, valid_ppl=8.2, valid_tokens=300)
+    assert scalars(valid) == {
+        "valid/loss": 2.6,
+        "valid/nll": 2.1,
+        "valid/ppl": 8.2,
+        "valid/tokens": 300.0,
+    }  # no BLEU measured: no BLEU tag
+    with_bleu = dataclasses.replace(valid, valid_bleu=20.0, bleu_signature="nrefs:1|...")
+    assert scalars(with_bleu)["valid/bleu"] == 20.0
+    assert "valid/bleu_signature" not in scalars(with_bleu)

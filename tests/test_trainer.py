@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +30,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from aiayn import checkpoint as ckpt
-from aiayn import trainer
-from aiayn.batching import collate
+from aiayn import trainer, update, validation
 from aiayn.cli import main
 from aiayn.config import TrainConfig
 from aiayn.data import load_or_build
-from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer
 from aiayn.optim import learning_rate
 from aiayn.runlog import read_metrics
-from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.tokenizer import Tokenizer
 from aiayn.translator import Translator
 
 LETTERS = "abcdefgh"
@@ -148,15 +146,15 @@ def run_dir_snapshot(run_dir: Path) -> dict[str, bytes]:
 
 def stop_at(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     """Deliver SIGTERM to this process during update `step` (as `kill` or a scheduler would)."""
-    update = trainer._update
+    optimizer_update = trainer.optimizer_update
 
     def update_then_signal(*args: Any, **kwargs: Any) -> Any:
-        result = update(*args, **kwargs)
+        result = optimizer_update(*args, **kwargs)
         if kwargs["step"] == step:
             signal.raise_signal(signal.SIGTERM)
         return result
 
-    monkeypatch.setattr(trainer, "_update", update_then_signal)
+    monkeypatch.setattr(trainer, "optimizer_update", update_then_signal)
 
 
 # -- a whole run ----------------------------------------------------------------------------
@@ -229,117 +227,6 @@ def test_max_epochs_stops_at_the_end_of_an_epoch(corpus: tuple[Path, Path], tmp_
     assert records[per_epoch[0] - 1]["tokens_seen"] == corpus_tokens
 
 
-def test_tokens_per_update_sets_accumulation() -> None:
-    settings = dict(tokens_per_update=25_000, max_tokens=1000, accumulate=1)
-    assert trainer.accumulation(**settings, world_size=1) == 25
-    assert trainer.accumulation(**settings, world_size=8) == 4  # ceil(25000 / 8000)
-    assert trainer.accumulation(**{**settings, "tokens_per_update": 0}, world_size=8) == 1
-
-
-# -- one update -----------------------------------------------------------------------------
-
-
-class _LetterEncoder:
-    """One id per letter (a stand-in tokenizer for building a data cache)."""
-
-    vocab_size = 4 + len(LETTERS)
-    sha256 = "letters"
-
-    def encode_batch(self, texts: list[str]) -> list[list[int]]:
-        return [[4 + LETTERS.index(c) for c in text.split()] for text in texts]
-
-
-class _GradientRecorder(torch.optim.SGD):
-    """An optimizer that records the gradients it is given and leaves the weights alone."""
-
-    def __init__(self, params: Any) -> None:
-        super().__init__(params, lr=0.0)
-        self.grads: list[list[torch.Tensor]] = []
-
-    def step(self, closure: Callable | None = None) -> None:
-        self.grads.append([p.grad.clone() for g in self.param_groups for p in g["params"]])
-
-
-def test_update_normalises_by_the_target_tokens_of_the_whole_update(
-    corpus: tuple[Path, Path], tmp_path: Path
-) -> None:
-    """Accumulating batches A and B gives the gradient of (loss(A) + loss(B)) / tokens(A ∪ B):
-    the same as one batch holding both, not the mean of two per-batch means."""
-    dataset, _ = load_or_build(*corpus, None, _LetterEncoder(), tmp_path / "data", max_len=16)
-    config = make_config(corpus, tmp_path / "run", label_smoothing=0.1)
-    model_config = config.model_config(_LetterEncoder.vocab_size).replace(dropout=0.0)
-    torch.manual_seed(0)
-    model = Transformer(model_config)
-    by_length = sorted(range(len(dataset)), key=lambda i: len(dataset[i][1]))
-    a, b = torch.tensor(by_length[:3]), torch.tensor(by_length[-7:])  # 3 short, 7 long pairs
-    batches = [collate([dataset[int(i)] for i in idx]) for idx in (a, b)]
-    assert batches[0].n_tgt_tokens != batches[1].n_tgt_tokens
-
-    def run(group: list[torch.Tensor]) -> tuple[trainer.UpdateStats, list[torch.Tensor]]:
-        optimizer = _GradientRecorder(model.parameters())
-        result = trainer._update(
-            model,
-            optimizer,
-            dataset,
-            [g.numpy() for g in group],
-            step=3,
-            d_model=16,
-            warmup_steps=config.warmup_steps,
-            lr_scale=config.lr_scale,
-            label_smoothing=config.label_smoothing,
-            clip_norm=config.clip_norm,
-            bf16=False,
-            device=torch.device("cpu"),
-            distributed=trainer.Distributed(),
-        )
-        assert all(p.grad is None for p in model.parameters())  # cleared for the next update
-        return result, optimizer.grads[0]
-
-    stats, accumulated = run([a, b])
-    _, joint = run([torch.cat([a, b])])
-
-    n_tokens = sum(batch.n_tgt_tokens for batch in batches)
-    total_loss = total_nll = 0.0
-    for batch in batches:
-        sums = label_smoothed_loss(
-            model(batch.src, batch.tgt_in), batch.tgt_out, epsilon=0.1, pad_id=PAD_ID
-        )
-        (sums.loss / n_tokens).backward()
-        total_loss += sums.loss.item()
-        total_nll += sums.nll.item()
-    expected = [p.grad for p in model.parameters()]
-
-    assert stats.tokens == n_tokens
-    assert stats.lr == learning_rate(3, d_model=16, warmup_steps=4)
-    assert stats.loss == pytest.approx(total_loss, rel=1e-6)
-    assert stats.nll == pytest.approx(total_nll, rel=1e-6)
-    for got, want, one_batch in zip(accumulated, expected, joint, strict=True):
-        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
-        torch.testing.assert_close(one_batch, want, rtol=1e-4, atol=1e-6)
-
-
-@torch.no_grad()
-def test_validate_reports_per_token_means_in_eval_mode(
-    corpus: tuple[Path, Path], tmp_path: Path
-) -> None:
-    dataset, _ = load_or_build(*corpus, None, _LetterEncoder(), tmp_path / "data", max_len=16)
-    config = make_config(corpus, tmp_path / "run")
-    model = Transformer(config.model_config(_LetterEncoder.vocab_size))  # dropout 0.1
-    model.train()
-    metrics = trainer.validation_loss(
-        model, dataset, max_tokens=64, device=torch.device("cpu"), label_smoothing=0.1
-    )
-    assert not model.training  # no dropout: the numbers below are reproducible
-    everything = collate([dataset[i] for i in range(len(dataset))], bos_id=BOS_ID, eos_id=EOS_ID)
-    sums = label_smoothed_loss(
-        model(everything.src, everything.tgt_in), everything.tgt_out, epsilon=0.1, pad_id=PAD_ID
-    )
-    assert metrics["valid_tokens"] == everything.n_tgt_tokens == sums.n_tokens
-    assert metrics["valid_loss"] == pytest.approx(sums.loss.item() / sums.n_tokens, rel=1e-5)
-    assert metrics["valid_nll"] == pytest.approx(sums.nll.item() / sums.n_tokens, rel=1e-5)
-    assert metrics["valid_ppl"] == pytest.approx(math.exp(metrics["valid_nll"]))
-
-
 # -- stopping and resuming ------------------------------------------------------------------
 
 
@@ -383,16 +270,16 @@ def test_tokens_per_second_after_a_resume_counts_only_the_resumed_updates(
     updates: what the run measured before the stop, not 1.5 times it (#15)."""
     clock = [0.0]
     tokens: dict[int, int] = {}
-    update = trainer._update
+    optimizer_update = trainer.optimizer_update
 
-    def timed_update(*args: Any, **kwargs: Any) -> trainer.UpdateStats:
-        stats = update(*args, **kwargs)
+    def timed_update(*args: Any, **kwargs: Any) -> update.UpdateStats:
+        stats = optimizer_update(*args, **kwargs)
         clock[0] += 1.0
         tokens[kwargs["step"]] = stats.tokens
         return stats
 
     monkeypatch.setattr(trainer, "time", type("Clock", (), {"monotonic": lambda: clock[0]}))
-    monkeypatch.setattr(trainer, "_update", timed_update)
+    monkeypatch.setattr(trainer, "optimizer_update", timed_update)
     config = make_config(corpus, tmp_path / "run", max_steps=6, log_every=3)
     with monkeypatch.context() as patch:
         stop_at(patch, 4)
@@ -439,7 +326,7 @@ def test_validation_records_of_a_resumed_run_equal_an_uninterrupted_one(
     dataset, _ = load_or_build(
         corpus[0], corpus[1], None, tokenizer, tmp_path / "data", max_len=config.max_len
     )
-    fresh = trainer.validation_loss(
+    fresh = validation.validation_loss(
         loaded.model,
         dataset,
         max_tokens=config.max_tokens,
@@ -471,13 +358,13 @@ def test_sigterm_during_validation_abandons_it_saves_once_and_exits_143(
             time.sleep(0.3)
 
     if phase == "loss":
-        make_batches = trainer.make_batches
+        make_batches = validation.make_batches
 
         def slow_batches(*args: Any, shuffle: bool = True, **kwargs: Any) -> Any:
             batches = make_batches(*args, shuffle=shuffle, **kwargs)
             return batches if shuffle else slowly(batches)  # validation does not shuffle
 
-        monkeypatch.setattr(trainer, "make_batches", slow_batches)
+        monkeypatch.setattr(validation, "make_batches", slow_batches)
     else:
         translate = Translator.translate
         calls = iter(slowly(list(range(1000))))
@@ -956,7 +843,157 @@ def test_a_latest_checkpoint_without_checksums_is_named_when_skipped(
     assert f"resumed from {run / 'checkpoints' / 'step_00000002'} at step 2" in caplog.text
 
 
+# -- early stopping -------------------------------------------------------------------------
+
+
+def fake_validation(
+    monkeypatch: pytest.MonkeyPatch, nlls: list[float], bleus: list[float] | None = None
+) -> None:
+    """Validations that report the next of `nlls` (and of `bleus`), in the order they run."""
+
+    def validation_loss(*args: Any, **kwargs: Any) -> dict[str, float]:
+        nll = nlls.pop(0)
+        return {"valid_loss": nll + 0.5, "valid_nll": nll, "valid_ppl": math.exp(nll),
+                "valid_tokens": 100}  # fmt: skip
+
+    def validation_bleu(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        assert bleus is not None
+        return {"valid_bleu": bleus.pop(0), "valid_chrf": 50.0, "bleu_signature": "fake"}
+
+    monkeypatch.setattr(trainer, "validation_loss", validation_loss)
+    monkeypatch.setattr(trainer, "validation_bleu", validation_bleu)
+
+
+def test_early_stopping_keeps_the_best_model_and_a_resume_keeps_counting(
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """patience 3, a validation after every update. Stopped by SIGTERM during update 4 (after
+    validations 1-3: best at step 2, then one worse) and resumed: validations 5 and 6 are
+    worse than step 2's too, so the run stops after update 6, not at max_steps, and `best/`
+    is step 2's. A resume that forgot the count would have made step 5 the new best."""
+    config = make_config(
+        corpus,
+        tmp_path / "run",
+        max_steps=20,
+        valid_every=1,
+        valid_src=str(corpus[0]),
+        valid_tgt=str(corpus[1]),
+        patience=3,
+    )
+    nlls = [3.0, 2.0, 2.5]
+    fake_validation(monkeypatch, nlls)
+    with monkeypatch.context() as patch:
+        stop_at(patch, 4)
+        assert main(cli_args(config)) == 128 + signal.SIGTERM
+    assert nlls == []
+    state = ckpt.load_training_state(tmp_path / "run" / "checkpoints" / "step_00000004")
+    assert (state.progress.best_step, state.progress.validations_since_best) == (2, 1)
+
+    nlls += [2.4, 2.1, 1.0]  # 1.0 is never reached
+    with caplog.at_level(logging.INFO, logger="aiayn.trainer"):
+        assert main([*cli_args(config), "--resume"]) == 0
+    assert nlls == [1.0]
+    assert (
+        "early stop: valid perplexity has not improved for 3 validations (best 7.39 at step 2)"
+        in caplog.text  # e² = 7.39
+    )
+    records = read_metrics(tmp_path / "run")
+    assert [r["step"] for r in records if r["type"] == "valid"] == [1, 2, 3, 5, 6]
+    assert max(r["step"] for r in records) == 6
+    assert checkpoint_steps(tmp_path / "run")[-1] == 6
+    best = ckpt.load_model_dir(tmp_path / "run" / "best").metadata
+    assert (best["step"], best["valid_nll"]) == (2, 2.0)
+    assert ckpt.load_model_dir(tmp_path / "run").metadata["step"] == 6
+
+    # Resumed again, the run has nothing left to do: it stops before any update.
+    assert main([*cli_args(config), "--resume"]) == 0
+    assert max(r["step"] for r in read_metrics(tmp_path / "run")) == 6
+
+
+def test_early_stopping_on_bleu_chooses_best_by_bleu(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The NLL improves at every validation, BLEU peaks at step 2: `best/` is step 2's, and
+    with patience 2 the run stops after update 4."""
+    config = make_config(
+        corpus,
+        tmp_path / "run",
+        max_steps=20,
+        valid_every=1,
+        valid_src=str(corpus[0]),
+        valid_tgt=str(corpus[1]),
+        valid_bleu=True,
+        patience=2,
+        patience_metric="bleu",
+    )
+    fake_validation(monkeypatch, [4.0, 3.0, 2.0, 1.0, 0.5], [10.0, 30.0, 20.0, 25.0, 40.0])
+    result = trainer.train(config)
+    assert (result.step, result.early_stopped, result.interrupted) == (4, True, False)
+    best = ckpt.load_model_dir(tmp_path / "run" / "best").metadata
+    assert (best["step"], best["valid_bleu"], best["valid_nll"]) == (2, 30.0, 3.0)
+
+
 # -- the metrics log ------------------------------------------------------------------------
+
+
+def test_tensorboard_scalars_are_the_metrics_log_and_a_resume_writes_no_step_twice(
+    corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Every number of metrics.jsonl is a scalar of RUN/tensorboard/ at its step. A resume from
+    step 3 after updates 4-6 had been logged (their checkpoint lost, as in a kill before the
+    save) logs them again; TensorBoard shows each step once."""
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    config = make_config(
+        corpus,
+        run,
+        max_steps=6,
+        save_every=3,
+        valid_every=3,
+        valid_src=str(corpus[0]),
+        valid_tgt=str(corpus[1]),
+        tensorboard=True,
+    )
+    assert main(cli_args(config)) == 0
+    shutil.rmtree(run / "checkpoints" / "step_00000006")
+    assert main([*cli_args(config), "--resume"]) == 0
+    assert len(list((run / "tensorboard").iterdir())) == 2  # one event file per process
+
+    events = EventAccumulator(str(run / "tensorboard")).Reload()
+    records = read_metrics(run)
+    expected: dict[str, list[tuple[int, float]]] = {}
+    for record in records:
+        kind = record["type"]
+        for name, value in record.items():
+            if name not in ("type", "step") and isinstance(value, (int, float)):
+                tag = f"{kind}/{name.removeprefix(kind + '_')}"
+                expected.setdefault(tag, []).append((record["step"], value))
+    assert {"train/loss", "train/lr", "valid/loss", "valid/ppl"} <= set(expected)
+    assert set(events.Tags()["scalars"]) == set(expected)
+    for tag, points in expected.items():
+        got = [(e.step, e.value) for e in events.Scalars(tag)]
+        assert [step for step, _ in got] == [step for step, _ in points], tag
+        assert [v for _, v in got] == pytest.approx([v for _, v in points], rel=1e-6), tag
+
+
+def test_tensorboard_without_its_extra_is_one_line_before_anything_is_written(
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # as if not installed
+    config = make_config(corpus, tmp_path / "run", tensorboard=True)
+    assert main(cli_args(config)) == 2
+    err = capsys.readouterr().err
+    assert "needs tensorboard, which is not installed: pip install -e '.[tensorboard]'" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "run").exists()
 
 
 def test_tsv_training_and_validation_bleu(tmp_path: Path, corpus: tuple[Path, Path]) -> None:
@@ -1006,30 +1043,22 @@ def test_a_fresh_run_remakes_a_vocabulary_made_from_other_settings(
     assert (run_dir / "tokenizer.model").read_bytes() != first
 
 
-def test_bf16_autocast_is_opt_in_on_cpu() -> None:
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    default = TrainConfig(src="a", tgt="b")
-    flags = {"bf16": default.bf16, "cpu_bf16": default.cpu_bf16}
-    assert trainer.uses_bf16(cuda, **flags) and not trainer.uses_bf16(cpu, **flags)
-    assert trainer.uses_bf16(cpu, bf16=True, cpu_bf16=True)
-    assert not trainer.uses_bf16(cuda, bf16=False, cpu_bf16=True)
-
-
 def test_cpu_bf16_training_runs_in_bf16_and_learns(
     corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With cpu_bf16 the forward runs under bf16 autocast; weights and losses stay float32."""
-    seen: list[torch.dtype] = []
+    seen: list[tuple[torch.dtype | None, torch.dtype]] = []
     forward = Transformer.forward
 
-    def recording_forward(self: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        logits = forward(self, src, tgt)
-        seen.append(logits.dtype)
-        return logits
+    def recording_forward(self: Transformer, *args: Any, **kwargs: Any) -> Any:
+        sums = forward(self, *args, **kwargs)
+        autocast = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None
+        seen.append((autocast, sums.loss.dtype))
+        return sums
 
     monkeypatch.setattr(Transformer, "forward", recording_forward)
     result = trainer.train(make_config(corpus, tmp_path / "run", max_steps=8, cpu_bf16=True))
-    assert seen and set(seen) == {torch.bfloat16}
+    assert seen and set(seen) == {(torch.bfloat16, torch.float32)}
     assert all(w.dtype == torch.float32 for w in weights(result.model_dir).values())
     losses = [loss for _, loss, _ in train_losses(result.run_dir)]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]

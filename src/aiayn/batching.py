@@ -10,6 +10,7 @@ Shapes: ``B`` batch size, ``S`` source length, ``T`` target length.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -148,6 +149,32 @@ def shard_batches(batches: Sequence[T], rank: int, world_size: int) -> list[T]:
             world_size,
         )
     return list(batches[rank:usable:world_size])
+
+
+def accumulation(
+    *, tokens_per_update: int, max_tokens: int, accumulate: int, world_size: int
+) -> int:
+    """Batches per update and process: `accumulate`, or enough for `tokens_per_update`."""
+    if tokens_per_update > 0:
+        return max(1, math.ceil(tokens_per_update / (max_tokens * world_size)))
+    return accumulate
+
+
+def epoch_updates(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray,
+    *,
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+    accumulate: int,
+    rank: int,
+    world_size: int,
+) -> list[list[np.ndarray]]:
+    """This rank's updates of an epoch, each a list of `accumulate` batches (index arrays)."""
+    batches = make_batches(src_lengths, tgt_lengths, max_tokens=max_tokens, seed=seed, epoch=epoch)
+    mine = shard_batches(batches, rank, world_size)
+    return [mine[i : i + accumulate] for i in range(0, len(mine), accumulate)]
 
 
 @dataclass(frozen=True)

@@ -95,6 +95,10 @@ class Progress:
     position: int = 0  # updates already taken in this epoch
     best_valid_nll: float = math.inf
     tokens_seen: int = 0
+    # Early stopping (aiayn.stopping); checkpoints of earlier releases load with the defaults.
+    best_valid_bleu: float = -math.inf
+    best_step: int = 0  # the validation that chose `best/`
+    validations_since_best: int = 0
     interval: dict[str, float] = field(default_factory=new_interval)
 
 
@@ -107,7 +111,8 @@ class TrainingState:
 
     Attributes:
         optimizer: The optimizer's `state_dict()`.
-        progress: Step, epoch, data position, best validation NLL, the open metrics interval.
+        progress: Step, epoch, data position, the open metrics interval, the best validation
+            so far and the validations since it.
         rng: Every rank's RNG states (`capture_rng`), indexed by rank.
         world_size, accumulate: The processes × batches of one update, which `position` counts.
     """

@@ -19,6 +19,7 @@ import yaml
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
 SHARE_EMBEDDINGS = ("all", "decoder", "none")
 ACTIVATIONS = ("relu", "gelu", "swish")
+PATIENCE_METRICS = ("loss", "bleu")
 
 
 class ConfigError(ValueError):
@@ -254,8 +255,14 @@ class TrainConfig:
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
             compile: aiayn.acceleration).
         log_every: Updates between metric lines in metrics.jsonl.
+        tensorboard: Also write the records of metrics.jsonl as TensorBoard scalars into
+            RUN/tensorboard/ (needs the tensorboard extra: pip install -e '.[tensorboard]').
         valid_every: Updates between validations (0 = only at the end).
         valid_bleu: Also decode the validation set and report sacreBLEU.
+        patience: Stop early once `patience_metric` has not improved for this many validations
+            in a row (0 = never); needs a validation set and valid_every.
+        patience_metric: What early stopping watches and what chooses `best/`: "loss" (the
+            validation NLL per token, i.e. perplexity) or "bleu" (needs valid_bleu).
         save_every: Updates between checkpoints (0 = only at the end).
         save_every_minutes: Also checkpoint every this many minutes (0 = off; the paper: 10).
         keep_last: Number of step checkpoints kept (the best is kept separately).
@@ -296,8 +303,11 @@ class TrainConfig:
     cpu_bf16: bool = False
     compile: bool = False
     log_every: int = 100
+    tensorboard: bool = False
     valid_every: int = 1000
     valid_bleu: bool = False
+    patience: int = 0
+    patience_metric: str = "loss"
     save_every: int = 1000
     save_every_minutes: float = 0.0
     keep_last: int = 5
@@ -329,7 +339,7 @@ class TrainConfig:
         for name in ("vocab_size", "max_len", "max_tokens", "accumulate", "max_steps"):
             _require(getattr(self, name) >= 1, f"{name} ({getattr(self, name)}) must be >= 1")
         for name in ("tokens_per_update", "max_epochs", "warmup_steps", "valid_every",
-                     "save_every", "threads"):  # fmt: skip
+                     "save_every", "threads", "patience"):  # fmt: skip
             _require(getattr(self, name) >= 0, f"{name} ({getattr(self, name)}) must be >= 0")
         _require(self.warmup_steps >= 1, f"warmup_steps ({self.warmup_steps}) must be >= 1")
         _require(self.log_every >= 1, f"log_every ({self.log_every}) must be >= 1")
@@ -347,6 +357,7 @@ class TrainConfig:
             _require(getattr(self, name) > 0, f"{name} ({getattr(self, name)}) must be > 0")
         for name in ("max_ratio", "clip_norm", "save_every_minutes"):
             _require(getattr(self, name) >= 0, f"{name} ({getattr(self, name)}) must be >= 0")
+        self._check_early_stopping()
         _require(
             self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
             f"device ({self.device!r}) must be auto, cpu, cuda or cuda:N",
@@ -359,6 +370,28 @@ class TrainConfig:
             message = str(error)
             prefix = "" if message.startswith("model.") else "model: "
             raise ConfigError(prefix + message) from None
+
+    def _check_early_stopping(self) -> None:
+        _require(
+            self.patience_metric in PATIENCE_METRICS,
+            f"patience_metric ({self.patience_metric!r}) must be one of "
+            f"{', '.join(PATIENCE_METRICS)}",
+        )
+        _require(
+            self.patience_metric != "bleu" or self.valid_bleu,
+            "patience_metric ('bleu') needs valid_bleu: BLEU is measured only with it",
+        )
+        if self.patience > 0:
+            _require(
+                self.valid_tsv is not None or self.valid_src is not None,
+                f"patience ({self.patience}) needs a validation set: give valid_src and "
+                "valid_tgt, or valid_tsv",
+            )
+            _require(
+                self.valid_every > 0,
+                f"patience ({self.patience}) needs valid_every > 0: with valid_every 0 the "
+                "run validates only at its end",
+            )
 
     def model_config(self, vocab_size: int, pad_id: int = 0) -> ModelConfig:
         """The `ModelConfig` for a joint vocabulary of `vocab_size` (preset + overrides)."""

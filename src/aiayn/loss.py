@@ -55,6 +55,7 @@ def perplexity(nll_sum: float, n_tokens: int) -> float:
     return math.exp(min(nll_sum / n_tokens, 100.0))  # float64: exp(100) overflows float32
 
 
+@torch.compiler.disable  # eager under torch.compile: a loop of chunks with its own backward
 def projected_label_smoothed_loss(
     hidden: Tensor,
     weight: Tensor,

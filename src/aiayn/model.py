@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from aiayn.attention import MultiHeadAttention
 from aiayn.cache import DecoderCache
 from aiayn.config import ModelConfig
+from aiayn.loss import LossSums, projected_label_smoothed_loss
 
 ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,  # Eq. 2
@@ -380,21 +381,57 @@ class Transformer(nn.Module):
         need_weights: bool = False,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Shifted target tokens (B, T) → logits (B, T, V) for the next token at each position."""
-        x = self.tgt_embed(tgt_tokens) + self.positions(tgt_tokens.size(1))
-        x, self_maps, cross_maps = self.decoder(
-            self.embed_dropout(x), memory, src_key_mask, need_weights
-        )
+        x, self_maps, cross_maps = self._decode(tgt_tokens, memory, src_key_mask, need_weights)
         return self.output_projection(x), self_maps, cross_maps
 
-    def forward(self, src_tokens: Tensor, tgt_tokens: Tensor) -> Tensor:
-        """Teacher-forced pass: source (B, S), shifted target (B, T) → logits (B, T, V).
+    def _decode(
+        self,
+        tgt_tokens: Tensor,
+        memory: Tensor,
+        src_key_mask: Tensor | None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
+        """The decoder stack's output (B, T, D), before the pre-softmax projection."""
+        x = self.tgt_embed(tgt_tokens) + self.positions(tgt_tokens.size(1))
+        return self.decoder(self.embed_dropout(x), memory, src_key_mask, need_weights)
 
-        The softmax of §3.4 is left to the loss (`log_softmax` + label smoothing) and to
-        decoding, which is both faster and numerically safer.
+    def forward(
+        self,
+        src_tokens: Tensor,
+        tgt_tokens: Tensor,
+        target: Tensor | None = None,
+        *,
+        label_smoothing: float = 0.0,
+    ) -> Tensor | LossSums:
+        """Teacher-forced pass: source (B, S), shifted target (B, T) → logits (B, T, V); or,
+        given the reference `target` (B, T), the label-smoothed loss (§5.4) as `LossSums`.
+
+        The softmax of §3.4 is left to the loss and to decoding, which is both faster and
+        numerically safer. With `target`, the pre-softmax projection and the loss are computed
+        together, a chunk of positions at a time (`loss.projected_label_smoothed_loss`): the
+        (B·T, V) logits, log-probabilities and their gradients are never held at once, and
+        the loss is in float32 under bf16 autocast. Training and validation take this path
+        through `forward` because DistributedDataParallel synchronises gradients only for a
+        call of the module it wraps.
+
+        Args:
+            src_tokens: Source tokens (B, S), right-padded with `pad_id`.
+            tgt_tokens: The target shifted right, BOS first (B, T).
+            target: The tokens to predict at each position (B, T), `pad_id` where none.
+            label_smoothing: ε_ls of §5.4 (with `target` only).
         """
         memory, src_key_mask, _ = self._encode(src_tokens, need_weights=False)
-        logits, _, _ = self.decode(tgt_tokens, memory, src_key_mask)
-        return logits
+        if target is None:
+            logits, _, _ = self.decode(tgt_tokens, memory, src_key_mask)
+            return logits
+        hidden, _, _ = self._decode(tgt_tokens, memory, src_key_mask)
+        return projected_label_smoothed_loss(
+            hidden,
+            self.output_projection.weight,
+            target,
+            epsilon=label_smoothing,
+            pad_id=self.config.pad_id,
+        )
 
     def forward_with_attention(
         self, src_tokens: Tensor, tgt_tokens: Tensor

@@ -5,6 +5,7 @@
         tokenizer.model     the joint vocabulary (+ tokenizer.json: what it was made from)
         data/               the binarised corpus cache
         metrics.jsonl       the run log (aiayn.runlog)
+        tensorboard/        the same records as TensorBoard scalars (with `tensorboard: true`)
         checkpoints/        step_XXXXXXXX/ (aiayn.checkpoint)
         model/, best/       the latest and the best model directory
         train.lock          who is training here
@@ -152,13 +153,14 @@ def write_config(run_dir: Path, values: dict[str, Any]) -> None:
 # vocabulary, training data and its filters, batch size, optimizer and schedule, seed) is
 # refused. `accumulate` may change because the number of processes may: it is how an update
 # keeps its size on other hardware (the trainer warns that the epoch's batches then differ);
-# `out_dir` because a run directory may be moved.
+# `out_dir` because a run directory may be moved. `patience` may change (the count goes on), not
+# `patience_metric`: `best/` and the count would mix two metrics.
 RESUMABLE = frozenset(
     {
         "max_steps", "max_epochs", "save_every", "save_every_minutes", "keep_last",
         "valid_every", "valid_bleu", "valid_src", "valid_tgt", "valid_tsv", "log_every",
         "threads", "progress", "device", "bf16", "cpu_bf16", "compile", "accumulate",
-        "src_lang", "tgt_lang", "out_dir",
+        "src_lang", "tgt_lang", "out_dir", "patience", "tensorboard",
     }
 )  # fmt: skip
 _PATHS = ("out_dir", "src", "tgt", "tsv", "tokenizer", "valid_src", "valid_tgt", "valid_tsv")

@@ -5,7 +5,8 @@ Named for what it holds (a log), not ``metrics``: the metrics themselves (BLEU, 
 
 Records are `TrainRecord`s (`type` "train") and `ValidRecord`s (`type` "valid"), written as
 flat JSON objects. Readers stop at the last complete line, so a log that a running job is
-writing can be read.
+writing can be read. With `tensorboard: true` the same records also go to RUN_DIR/tensorboard/
+as TensorBoard scalars (`TensorBoardLog`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from aiayn.extras import require
+
 METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
 
 
 @dataclass(frozen=True)
@@ -108,16 +112,65 @@ def truncate_metrics(path: Path, step: int) -> None:
     os.replace(tmp, path)
 
 
+def scalars(record: Record) -> dict[str, float]:
+    """A record's numbers as TensorBoard tags: `train/loss`, `train/lr`, ..., `valid/loss`,
+    `valid/bleu`, ... (the step is TensorBoard's own axis; the BLEU signature is no number)."""
+    kind = record.type
+    values = dataclasses.asdict(record)
+    return {
+        f"{kind}/{name.removeprefix(kind + '_')}": float(value)
+        for name, value in values.items()
+        if name != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+
+
+class TensorBoardLog:
+    """The records of a metrics log as TensorBoard scalars, at the record's step.
+
+    Args:
+        directory: Where the event files go (RUN_DIR/tensorboard).
+        purge_step: On resume, the first step after the checkpoint: TensorBoard hides what an
+            earlier process wrote from this step on (updates that are done again), as
+            `truncate_metrics` drops those records from metrics.jsonl.
+    """
+
+    def __init__(self, directory: Path, *, purge_step: int | None = None) -> None:
+        require("tensorboard", "tensorboard", needed_by="tensorboard: true (--tensorboard)")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(directory), purge_step=purge_step)
+
+    def write(self, record: Record) -> None:
+        for tag, value in scalars(record).items():
+            self.writer.add_scalar(tag, value, global_step=record.step)
+        self.writer.flush()  # as metrics.jsonl: a crash loses no record written before it
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 class MetricsLog:
-    """Appends records to a run's metrics log; disabled on all but the main process of a job."""
+    """Appends records to a run's metrics log; disabled on all but the main process of a job.
+
+    Attributes:
+        tensorboard: Also writes every record there, when set (by the trainer, on rank 0).
+    """
 
     def __init__(self, path: Path, enabled: bool) -> None:
         self.path, self.enabled = path, enabled
+        self.tensorboard: TensorBoardLog | None = None
 
     def write(self, record: Record | dict[str, Any]) -> None:
         """Appends one record as a line and closes the file: a crash loses at most that line."""
+        if self.enabled and self.tensorboard is not None and not isinstance(record, dict):
+            self.tensorboard.write(record)
         if isinstance(record, (TrainRecord, ValidRecord)):
             record = record.to_dict()
         if self.enabled:
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
+
+    def close(self) -> None:
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None

@@ -5,13 +5,15 @@
 1. `Trainer.setup`: the run directory (aiayn.rundir: locked against a second trainer, its
    settings kept on `--resume`), a joint SentencePiece vocabulary made once (§5.1), the
    binarised data, the model and Adam, restored from the last checkpoint on resume;
-2. `Trainer.update`: one optimizer update over batches of about `max_tokens` tokens, grouped by
-   length and shuffled per epoch from the seed, normalised by the true number of target tokens,
-   so one process with `accumulate=k` and k data-parallel processes compute the same update;
-3. `Trainer.validate` and `Trainer.save`: validation, checkpoints that resume exactly (weights,
-   optimizer, step, RNG, data position: `checkpoint.TrainingState`), a `model/` directory that
-   inference loads with no flags and a `best/` one;
-4. `Trainer.run`: the loop; SIGINT/SIGTERM finish the current update, save and exit.
+2. `Trainer.update`: one optimizer update (aiayn.update) over batches of about `max_tokens`
+   tokens, grouped by length and shuffled per epoch from the seed, normalised by the true
+   number of target tokens, so one process with `accumulate=k` and k data-parallel processes
+   compute the same update;
+3. `Trainer.validate` (aiayn.validation) and `Trainer.save`: checkpoints that resume exactly
+   (weights, optimizer, step, RNG, data position: `checkpoint.TrainingState`), a `model/`
+   directory that inference loads with no flags and a `best/` one;
+4. `Trainer.run`: the loop; SIGINT/SIGTERM finish the current update, save and exit; with
+   `patience`, the run ends once validation stops improving (aiayn.stopping).
 
 Multi-GPU / multi-node: launch with `torchrun ... -m aiayn train ...`; every rank takes its
 share of the batches (DDP over NCCL on GPUs, gloo on CPUs) and rank 0 alone writes.
@@ -22,11 +24,9 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import math
-import signal
+import shutil
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,21 +40,27 @@ from torch.nn.parallel import DistributedDataParallel
 from aiayn import checkpoint as ckpt
 from aiayn import rundir
 from aiayn.acceleration import maybe_compile, native_bf16_cpu
-from aiayn.batching import collate, make_batches, shard_batches
+from aiayn.batching import accumulation, epoch_updates
 from aiayn.config import TrainConfig
-from aiayn.data import (
-    ParallelDataset,
-    check_corpus_files,
-    load_or_build,
-    read_parallel,
-    read_tsv,
-)
+from aiayn.data import ParallelDataset, check_corpus_files, load_or_build
 from aiayn.distributed import Distributed, init_distributed
-from aiayn.loss import label_smoothed_loss, perplexity
+from aiayn.extras import require
+from aiayn.loss import perplexity
 from aiayn.model import Transformer
-from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
-from aiayn.runlog import METRICS_FILE, MetricsLog, TrainRecord, ValidRecord, truncate_metrics
-from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.optim import build_optimizer
+from aiayn.runlog import (
+    METRICS_FILE,
+    TENSORBOARD_DIR,
+    MetricsLog,
+    TensorBoardLog,
+    TrainRecord,
+    ValidRecord,
+    truncate_metrics,
+)
+from aiayn.stopping import EarlyStopping, StopFlag
+from aiayn.tokenizer import PAD_ID, Tokenizer
+from aiayn.update import UpdateStats, optimizer_update, uses_bf16
+from aiayn.validation import validation_bleu, validation_loss
 
 logger = logging.getLogger(__name__)
 
@@ -63,180 +69,7 @@ class TrainingError(RuntimeError):
     """The run cannot start or continue (the message says why and what to do)."""
 
 
-# -- one update -----------------------------------------------------------------------------
-
-
-def uses_bf16(device: torch.device, *, bf16: bool, cpu_bf16: bool) -> bool:
-    """bf16 autocast: on CUDA unless `bf16` is off; on a CPU only with `cpu_bf16` (opt-in)."""
-    if device.type == "cuda":
-        return bf16
-    return device.type == "cpu" and cpu_bf16
-
-
-def _autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
-    """Mixed precision: matrix products in bf16, weights, optimizer and loss in float32."""
-    if bf16:
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-@dataclass(frozen=True)
-class UpdateStats:
-    """What one update measured, summed over its batches and every process."""
-
-    loss: float  # label-smoothed, summed over target tokens
-    nll: float  # summed over target tokens
-    tokens: int  # target tokens
-    lr: float  # the learning rate the update used (Eq. 3)
-
-
-def _update(
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    dataset: ParallelDataset,
-    group: list[np.ndarray],
-    *,
-    step: int,
-    d_model: int,
-    warmup_steps: int,
-    lr_scale: float,
-    label_smoothing: float,
-    clip_norm: float,
-    bf16: bool,
-    device: torch.device,
-    distributed: Distributed,
-) -> UpdateStats:
-    """One optimizer update over the batches in `group` (gradient accumulation).
-
-    The loss of every batch is divided by the number of target tokens in the whole update
-    across all ranks, and multiplied by the world size because DDP averages gradients: the
-    update is the same however the tokens are split over batches and processes.
-    """
-    model.train()
-    batches = [
-        collate([dataset[int(i)] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
-        for indices in group
-    ]
-    local_tokens = sum(b.n_tgt_tokens for b in batches)
-    (n_tokens,) = distributed.sum([float(local_tokens)], device)
-    sums_per_batch = []
-    for i, batch in enumerate(batches):
-        batch = batch.to(device)
-        last = i == len(batches) - 1
-        sync = contextlib.nullcontext() if last or not distributed.enabled else model.no_sync()
-        with sync:
-            with _autocast(device, bf16):
-                logits = model(batch.src, batch.tgt_in)
-            sums = label_smoothed_loss(
-                logits, batch.tgt_out, epsilon=label_smoothing, pad_id=PAD_ID
-            )
-            (sums.loss * (distributed.world_size / n_tokens)).backward()
-        sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll]))
-    lr = learning_rate(step, d_model=d_model, warmup_steps=warmup_steps, scale=lr_scale)
-    set_learning_rate(optimizer, lr)
-    if clip_norm > 0:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    # One device-to-host copy per update (not per batch); summed in float64 as before.
-    local_sums = torch.stack(sums_per_batch).double().sum(dim=0).tolist()
-    loss_sum, nll_sum = distributed.sum(local_sums, device)
-    return UpdateStats(loss=loss_sum, nll=nll_sum, tokens=int(n_tokens), lr=lr)
-
-
-@torch.no_grad()
-def validation_loss(
-    model: nn.Module,
-    dataset: ParallelDataset,
-    *,
-    max_tokens: int,
-    device: torch.device,
-    label_smoothing: float,
-    bf16: bool = False,
-    should_stop: Callable[[], bool] = lambda: False,
-) -> dict[str, float] | None:
-    """Loss, NLL per token and perplexity on a validation set (eval mode, no dropout).
-
-    Returns None, abandoning the pass, as soon as `should_stop()` says so between batches: a
-    real dev set takes longer than a scheduler waits between SIGTERM and SIGKILL.
-    """
-    model.eval()
-    batches = make_batches(
-        dataset.src_lengths,
-        dataset.tgt_lengths,
-        max_tokens=max_tokens,
-        seed=0,
-        epoch=0,
-        shuffle=False,
-    )
-    loss = nll = 0.0
-    tokens = 0
-    for indices in batches:
-        if should_stop():
-            return None
-        batch = collate(
-            [dataset[int(i)] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID
-        ).to(device)
-        with _autocast(device, bf16):
-            logits = model(batch.src, batch.tgt_in)
-        sums = label_smoothed_loss(logits, batch.tgt_out, epsilon=label_smoothing, pad_id=PAD_ID)
-        loss += float(sums.loss)
-        nll += float(sums.nll)
-        tokens += sums.n_tokens
-    return {
-        "valid_loss": loss / tokens,
-        "valid_nll": nll / tokens,
-        "valid_ppl": perplexity(nll, tokens),
-        "valid_tokens": tokens,
-    }
-
-
-def validation_bleu(
-    model: nn.Module,
-    tokenizer: Tokenizer,
-    config: TrainConfig,
-    should_stop: Callable[[], bool] = lambda: False,
-) -> dict[str, Any] | None:
-    """sacreBLEU of the validation set decoded with the paper's beam search (§6.1), or None
-    when `should_stop()` said stop; see `aiayn.evaluation.validation_bleu`."""
-    from aiayn import evaluation
-    from aiayn.translator import Translator
-
-    if config.valid_tsv:
-        pairs = list(read_tsv(Path(config.valid_tsv)))
-    else:
-        pairs = list(read_parallel(Path(config.valid_src), Path(config.valid_tgt)))
-    translator = Translator.from_model(model, tokenizer, max_tokens=config.max_tokens)
-    return evaluation.validation_bleu(translator, pairs, should_stop=should_stop)
-
-
-# -- batches, stopping, the result ----------------------------------------------------------
-
-
-def _epoch_updates(
-    dataset: ParallelDataset,
-    *,
-    max_tokens: int,
-    seed: int,
-    epoch: int,
-    accumulate: int,
-    distributed: Distributed,
-) -> list[list[np.ndarray]]:
-    """This rank's updates of an epoch, each a list of `accumulate` batches (index arrays)."""
-    batches = make_batches(
-        dataset.src_lengths, dataset.tgt_lengths, max_tokens=max_tokens, seed=seed, epoch=epoch
-    )
-    mine = shard_batches(batches, distributed.rank, distributed.world_size)
-    return [mine[i : i + accumulate] for i in range(0, len(mine), accumulate)]
-
-
-def accumulation(
-    *, tokens_per_update: int, max_tokens: int, accumulate: int, world_size: int
-) -> int:
-    """Batches per update and process: `accumulate`, or enough for `tokens_per_update`."""
-    if tokens_per_update > 0:
-        return max(1, math.ceil(tokens_per_update / (max_tokens * world_size)))
-    return accumulate
+# -- the progress bar, the result -----------------------------------------------------------
 
 
 def _progress_bar(enabled: bool, total: int, initial: int) -> Any:
@@ -247,35 +80,6 @@ def _progress_bar(enabled: bool, total: int, initial: int) -> Any:
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
 
-class _StopFlag:
-    """SIGINT/SIGTERM set a flag; the loop saves and exits after the current update, or
-    abandons a validation under way."""
-
-    def __init__(self) -> None:
-        self.requested = False
-        self.signum: int | None = None
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopFlag:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(ValueError):  # not in the main thread
-                self._previous[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.requested:  # second signal: give up immediately
-            raise KeyboardInterrupt
-        self.requested = True
-        self.signum = signum
-        logger.warning(
-            "received %s: saving a checkpoint after this update", signal.strsignal(signum)
-        )
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
 @dataclass
 class TrainResult:
     run_dir: Path
@@ -284,6 +88,7 @@ class TrainResult:
     interrupted: bool
     last_valid: dict[str, Any] | None
     stop_signal: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM)
+    early_stopped: bool = False  # validation stopped improving (`patience`)
 
 
 # -- the job --------------------------------------------------------------------------------
@@ -359,7 +164,8 @@ class Trainer:
         self.progress = ckpt.Progress()
         self.log = MetricsLog(self.run_dir / METRICS_FILE, distributed.is_main)
         self.last_valid: ValidRecord | None = None
-        self.stop = _StopFlag()
+        self.stop = StopFlag()
+        self.early_stopping = EarlyStopping(config.patience, config.patience_metric)
         self._last_save_time = time.monotonic()
         # Throughput is measured by this process from the updates it ran, apart from
         # `progress.interval`: a resumed interval holds the tokens of updates before the stop.
@@ -374,6 +180,7 @@ class Trainer:
             torch.set_num_threads(self.config.threads)
         self._check_inputs()
         self._open_run_dir(held)
+        held.callback(self.log.close)
         self.tokenizer = self._prepare_tokenizer()
         self.train_data, self.valid_data = self._load_data()
         self.model_config = self.config.model_config(self.tokenizer.vocab_size, pad_id=PAD_ID)
@@ -395,6 +202,8 @@ class Trainer:
         c = self.config
         files = (c.src, c.tgt, c.tsv, c.valid_src, c.valid_tgt, c.valid_tsv)
         check_corpus_files(*(Path(name) for name in files if name))
+        if c.tensorboard:
+            require("tensorboard", "tensorboard", needed_by="tensorboard: true (--tensorboard)")
         if c.tokenizer:
             source = Path(c.tokenizer)
             if not source.is_file():
@@ -491,6 +300,12 @@ class Trainer:
         if self.distributed.is_main:
             if latest is None:
                 metrics_path.unlink(missing_ok=True)
+                shutil.rmtree(self.run_dir / TENSORBOARD_DIR, ignore_errors=True)
+            if self.config.tensorboard:
+                purge_step = self.progress.step + 1 if latest is not None else None
+                self.log.tensorboard = TensorBoardLog(
+                    self.run_dir / TENSORBOARD_DIR, purge_step=purge_step
+                )
             rundir.write_config(self.run_dir, self.config.to_dict())
         self.distributed.barrier()
 
@@ -548,27 +363,32 @@ class Trainer:
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
-        """Train until `max_steps` (or `max_epochs`), or until a stop request; then validate
-        and save. A stop request skips or abandons the final validation (resuming makes it
-        up); the last update is saved either way."""
+        """Train until `max_steps` (or `max_epochs`), a stop request or an early stop; then
+        validate and save. A stop request skips or abandons the final validation (resuming
+        makes it up), an early stop has just validated; the last update is saved either way."""
         c, progress = self.config, self.progress
         self._bar = _progress_bar(
             self.distributed.is_main and c.progress, c.max_steps, progress.step
         )
         self._timer_start, self._timer_tokens = time.monotonic(), 0
-        interrupted = False
+        interrupted = early_stopped = False
         with self.stop:  # also around the final save: a signal cannot cut it in half
             while progress.step < c.max_steps and not interrupted:
                 if c.max_epochs and progress.epoch > c.max_epochs:
+                    break
+                early_stopped = self.early_stopping.exhausted(progress)
+                if early_stopped:
                     break
                 interrupted = self._run_epoch()
             if self._bar is not None:
                 self._bar.close()
             if not interrupted:
-                interrupted = not self.validate()
+                interrupted = not early_stopped and not self.validate()
                 self.save()
         if interrupted:
             logger.warning("stopped at step %d; continue with --resume", progress.step)
+        elif early_stopped and self.distributed.is_main:
+            logger.info("early stop: %s", self.early_stopping.describe(progress))
         return TrainResult(
             self.run_dir,
             self.run_dir / "model",
@@ -576,18 +396,21 @@ class Trainer:
             interrupted,
             self.last_valid.metrics() if self.last_valid else None,
             self.stop.signum if interrupted else None,
+            early_stopped,
         )
 
     def _run_epoch(self) -> bool:
         """The rest of the current epoch; True if a stop request ended it."""
         c, progress = self.config, self.progress
-        updates = _epoch_updates(
-            self.train_data,
+        updates = epoch_updates(
+            self.train_data.src_lengths,
+            self.train_data.tgt_lengths,
             max_tokens=c.max_tokens,
             seed=c.seed,
             epoch=progress.epoch,
             accumulate=self.accumulate,
-            distributed=self.distributed,
+            rank=self.distributed.rank,
+            world_size=self.distributed.world_size,
         )
         if not updates:
             raise TrainingError(
@@ -600,6 +423,8 @@ class Trainer:
             done = progress.step >= c.max_steps
             if c.valid_every and progress.step % c.valid_every == 0 and not done and not stop_now:
                 stop_now = not self.validate()  # a stop during validation: save now
+                if self.early_stopping.exhausted(progress) and not stop_now:
+                    return False  # `run` saves this update
             periodic = c.save_every and progress.step % c.save_every == 0
             if (periodic or timed or stop_now) and not done:
                 self.save()
@@ -614,7 +439,7 @@ class Trainer:
     def update(self, group: list[np.ndarray]) -> UpdateStats:
         """One optimizer update over the batches of `group`; advances `progress`."""
         c, progress = self.config, self.progress
-        stats = _update(
+        stats = optimizer_update(
             self.train_model,
             self.optimizer,
             self.train_data,
@@ -700,8 +525,11 @@ class Trainer:
         if self.distributed.is_main:
             self._validate_on_main()
         self.distributed.barrier()
-        (stopped,) = self.distributed.sum([float(self.stop.requested)], self.device)
-        return stopped == 0
+        # Rank 0 counted the validation; every rank must agree on an early stop.
+        count = self.progress.validations_since_best if self.distributed.is_main else 0
+        flags = self.distributed.sum([float(self.stop.requested), float(count)], self.device)
+        self.progress.validations_since_best = int(flags[1])
+        return flags[0] == 0
 
     def _validate_on_main(self) -> None:
         assert self.valid_data is not None
@@ -717,25 +545,30 @@ class Trainer:
             should_stop=should_stop,
         )
         if valid is not None and c.valid_bleu:
-            bleu = validation_bleu(self.model, self.tokenizer, c, should_stop)
+            bleu = validation_bleu(
+                self.model,
+                self.tokenizer,
+                valid_tsv=c.valid_tsv,
+                valid_src=c.valid_src,
+                valid_tgt=c.valid_tgt,
+                max_tokens=c.max_tokens,
+                should_stop=should_stop,
+            )
             valid = None if bleu is None else {**valid, **bleu}
         if valid is None:
             logger.warning("step %d: validation abandoned on the stop request", step)
             return
         record = self.last_valid = ValidRecord(step=step, **valid)
         self.log.write(record)
-        bleu_text = "" if record.valid_bleu is None else f", BLEU {record.valid_bleu:.2f}"
+        improved = self.early_stopping.observe(self.progress, record)
+        more = "" if record.valid_bleu is None else f", BLEU {record.valid_bleu:.2f}"
+        if c.patience and not improved:
+            more += f"; not better for {self.progress.validations_since_best}/{c.patience}"
         logger.info(
-            "step %d: valid loss %.4f, ppl %.2f%s",
-            step,
-            record.valid_loss,
-            record.valid_ppl,
-            bleu_text,
+            "step %d: valid loss %.4f, ppl %.2f%s", step, record.valid_loss, record.valid_ppl, more
         )
-        if record.valid_nll < self.progress.best_valid_nll:
-            self.progress.best_valid_nll = record.valid_nll
-            metadata = {**self._metadata(), **record.metrics()}
-            self._save_model_dir("best", metadata)
+        if improved:
+            self._save_model_dir("best", {**self._metadata(), **record.metrics()})
 
     def save(self) -> None:
         """A checkpoint of this update, and `model/` (rank 0); every rank must call it."""

@@ -78,15 +78,15 @@ def test_sigterm_stops_the_demo_after_training_saved(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     """`aiayn demo` under SIGTERM exits 143 once training has saved, evaluating nothing."""
-    update = trainer._update
+    optimizer_update = trainer.optimizer_update
 
     def update_then_signal(*args, **kwargs):
-        result = update(*args, **kwargs)
+        result = optimizer_update(*args, **kwargs)
         if kwargs["step"] == 1:
             signal.raise_signal(signal.SIGTERM)
         return result
 
-    monkeypatch.setattr(trainer, "_update", update_then_signal)
+    monkeypatch.setattr(trainer, "optimizer_update", update_then_signal)
     threads = torch.get_num_threads()
     try:
         status = main(["demo", "-o", str(tmp_path), "--max-steps", "50"])
