@@ -258,15 +258,22 @@ def fairseq_preprocess(
             tgt_out.write(" ".join(names[t] for t in tgt_ids) + "\n")
     command = [str(fairseq_bin / "fairseq-preprocess"), "--source-lang", sl, "--target-lang", tl]
     command += ["--trainpref", str(text / "train"), "--destdir", str(prepared.fairseq_data)]
-    if args.valid_src:  # encoded whole (unfiltered); not used within the measured window
-        with (
-            open(text / f"valid.{sl}", "w", encoding="utf-8") as src_out,
-            open(text / f"valid.{tl}", "w", encoding="utf-8") as tgt_out,
-        ):
+    # fairseq-train loads a valid split even with --disable-validation; it is never evaluated.
+    # The dev set if given (encoded whole), else the first training pairs.
+    with (
+        open(text / f"valid.{sl}", "w", encoding="utf-8") as src_out,
+        open(text / f"valid.{tl}", "w", encoding="utf-8") as tgt_out,
+    ):
+        if args.valid_src:
             for source, target in read_parallel(Path(args.valid_src), Path(args.valid_tgt)):
                 src_out.write(" ".join(names[t] for t in tokenizer.encode(source)) + "\n")
                 tgt_out.write(" ".join(names[t] for t in tokenizer.encode(target)) + "\n")
-        command += ["--validpref", str(text / "valid")]
+        else:
+            for i in range(min(100, len(dataset))):
+                src_ids, tgt_ids = dataset[i]
+                src_out.write(" ".join(names[t] for t in src_ids) + "\n")
+                tgt_out.write(" ".join(names[t] for t in tgt_ids) + "\n")
+    command += ["--validpref", str(text / "valid")]
     command += ["--joined-dictionary", "--srcdict", str(text / "dict.txt"), "--workers", "1"]
     print("running: " + shlex.join(command), flush=True)
     done = subprocess.run(command, capture_output=True, text=True, env=child_env(args.threads))
@@ -560,12 +567,11 @@ def fairseq_inference_copies(m: ModelConfig) -> int:
 
 
 def _params_note(trainers: list[Trainer], m: ModelConfig) -> str:
-    counts = {t.name: {r.params for r in t.runs} - {None} for t in trainers}
-    ours = counts.get("aiayn train", set())
-    theirs = counts.get(FAIRSEQ, set())
-    text = "; ".join(
-        f"{k} {', '.join(f'{p:,}' for p in sorted(v))}" for k, v in counts.items() if v
-    )
+    ours = {r.params for t in trainers if t.name != FAIRSEQ for r in t.runs} - {None}
+    theirs = {r.params for t in trainers if t.name == FAIRSEQ for r in t.runs} - {None}
+    parts = [f"{name} {', '.join(f'{p:,}' for p in sorted(v))}"
+             for name, v in (("aiayn", ours), ("fairseq", theirs)) if v]  # fmt: skip
+    text = "; ".join(parts) or "?"
     if len(ours) == 1 and len(theirs) == 1:
         (a,), (f,) = ours, theirs
         if f - a == fairseq_inference_copies(m):
@@ -574,7 +580,7 @@ def _params_note(trainers: list[Trainer], m: ModelConfig) -> str:
                 "layers' weights for its inference-only BetterTransformer path (no gradient, "
                 f"not updated): the same {a:,} trained on both sides"
             )
-    return text or "?"
+    return text
 
 
 def notes(
@@ -686,7 +692,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--src", required=True, help="training source text, one line per pair")
     parser.add_argument("--tgt", required=True, help="training target text, line-aligned")
-    parser.add_argument("--valid-src", help="dev source: also binarised for fairseq (unused)")
+    parser.add_argument(
+        "--valid-src", help="dev source, fairseq's valid split (loaded, never evaluated)"
+    )
     parser.add_argument("--valid-tgt", help="dev target, likewise")
     parser.add_argument(
         "-c", "--config", default="recipes/bible-en-es-cpu.yaml", help="training recipe (YAML)"
