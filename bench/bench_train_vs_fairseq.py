@@ -9,14 +9,16 @@ log:
   updates: the interval's target tokens (non-padding, EOS included) / its wall time, batching
   and collation included;
 - fairseq: `wps` of its `--log-format json` "train_inner" lines, one per `--log-interval`
-  updates. `wps` is `metrics.log_speed("wps", ntokens)` in `fairseq/trainer.py`: the
-  interval's `ntokens`, which the translation task's collater counts as the target tokens
-  (non-padding, EOS included), over the meter's time since the previous log line (the
-  "train_inner" meters are reset after each). The same quantity as aiayn's.
+  updates. `wps` is `metrics.log_speed("wps", ntokens)` (`FairseqTask.reduce_metrics`, fairseq
+  0.12.2): the interval's `ntokens`, which the translation collater counts as the target
+  tokens (non-padding, EOS included), over the time since the previous log line (the
+  "train_inner" meters are reset after each). The same quantity as aiayn's. (The meter is
+  created by the first update, whose tokens it does not count: the first line's `wps` is low.)
 
-The first interval of every run is left out (it holds the first steps' one-time costs); the
+The first interval of every run is left out (it holds the first steps' one-time costs), and so
+is one logged after the window closed (aiayn finishes the update under way when stopped); the
 rest are pooled per trainer: median and range, the ratio aiayn / fairseq of the medians, the
-updates each run reached within the window, and the peak resident memory (`VmHWM` of the
+updates each run logged within the window, and the peak resident memory (`VmHWM` of the
 trainer process, read just before it is stopped; fairseq's data-loader worker separately).
 
 The same work on both sides, by construction:
@@ -32,8 +34,10 @@ The same work on both sides, by construction:
 - **Model.** The recipe's `ModelConfig` (here `small`: d_model 256, d_ff 1024, 4 heads, 3+3
   layers, post-norm, ReLU, sinusoidal positions, one matrix for both embeddings and the
   pre-softmax projection) as fairseq's `transformer` architecture flags (`--share-all-embeddings`
-  for `share_embeddings: all`); both parameter counts are printed. fairseq's LayerNorm epsilon
-  is 1e-5 (aiayn's 1e-6): no effect on speed.
+  for `share_embeddings: all`); both parameter counts are printed (fairseq's includes copies of
+  the encoder weights for its inference-only BetterTransformer path, which get no gradient:
+  `fairseq_inference_copies`). fairseq's LayerNorm epsilon is 1e-5 (aiayn's 1e-6): no effect
+  on speed.
 - **Training.** Batches of ≤ `max_tokens` tokens a side, padding included (fairseq
   `--max-tokens`, with `--required-batch-size-multiple 1`: aiayn does not round batch sizes to
   a multiple of 8), `accumulate` as `--update-freq`, label smoothing (`--criterion
@@ -41,7 +45,8 @@ The same work on both sides, by construction:
   Eq. 3 as fairseq's `inverse_sqrt` with the same warm-up and peak rate: peak = lr_scale ·
   d_model^-0.5 · warmup^-0.5, `--warmup-init-lr 0` (fairseq's first update runs at lr 0, aiayn's
   at peak/warmup: no effect on speed). No validation (no validation set for aiayn,
-  `--disable-validation`), no checkpoint within the window (aiayn `--save-every` beyond the run,
+  `--disable-validation`; fairseq still loads a valid split: the dev set if given, else the
+  first training pairs), no checkpoint within the window (aiayn `--save-every` beyond the run,
   fairseq `--no-save`), the CPU, the same threads (`OMP_NUM_THREADS`/`MKL_NUM_THREADS` for both,
   and aiayn's `--threads`). fairseq keeps its default of one data-loader worker process
   (`--fairseq-workers`); aiayn collates in the training process.
@@ -50,7 +55,7 @@ A run is stopped at the end of its window with SIGTERM to its process group (aia
 a checkpoint and exits, outside the window), or ends by itself at `--max-updates`.
 
     .venv/bin/python bench/bench_train_vs_fairseq.py --src DATA/train.en --tgt DATA/train.es \\
-        --fairseq-bin /tmp/peers/fairseq/bin                      # ~16 min, idle machine
+        --fairseq-bin /tmp/peers/fairseq/bin               # ~16 min (2 × 2 × 210 s), idle
     .venv/bin/python bench/bench_train_vs_fairseq.py ... --with-bf16 --update-benchmarks
     .venv/bin/python bench/bench_train_vs_fairseq.py --src ... --tgt ... --fairseq-bin ... \\
         --rounds 1 --seconds 120 --max-updates 3 --log-every 1    # a smoke run
@@ -159,6 +164,8 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     for key in ("valid_src", "valid_tgt", "valid_tsv", "tsv", "tokenizer"):
         if values.get(key):
             raise SystemExit(f"{args.config}: sets {key}; the benchmark gives the data itself")
+    if values.get("tokens_per_update"):  # sets accumulate from the world size at run time
+        raise SystemExit(f"{args.config}: sets tokens_per_update; give accumulate instead")
     values.update(src=str(Path(args.src).resolve()), tgt=str(Path(args.tgt).resolve()))
     return TrainConfig.from_dict(values, source=args.config)
 
@@ -200,6 +207,8 @@ def fairseq_model_flags(m: ModelConfig) -> list[str]:
 
 @dataclass
 class Prepared:
+    """What both trainers train on, made once before the first run."""
+
     tokenizer: Tokenizer
     cache_root: Path  # aiayn's data cache, copied into each run directory as data/train
     pairs: int
@@ -208,7 +217,10 @@ class Prepared:
     fairseq_check: str = ""
 
 
-def prepare(args: argparse.Namespace, c: TrainConfig, work: Path, fairseq_bin: Path | None):
+def prepare(
+    args: argparse.Namespace, c: TrainConfig, work: Path, fairseq_bin: Path | None
+) -> Prepared:
+    """The vocabulary, aiayn's data cache and (with fairseq) fairseq's binarised data."""
     src, tgt = Path(c.src), Path(c.tgt)
     print(f"vocabulary: joint BPE, {c.vocab_size} pieces requested, seed {c.seed}", flush=True)
     tokenizer = Tokenizer.train_or_reuse(
@@ -438,6 +450,7 @@ def run_fairseq(
     command += ["--warmup-init-lr", "0", "--max-tokens", str(c.max_tokens)]
     command += ["--required-batch-size-multiple", "1", "--update-freq", str(c.accumulate)]
     command += ["--max-update", str(args.max_updates or c.max_steps), "--seed", str(c.seed)]
+    command += ["--max-epoch", str(c.max_epochs)]  # 0: no limit, on both sides
     command += ["--cpu", "--num-workers", str(args.fairseq_workers), "--disable-validation"]
     command += ["--no-save", "--save-dir", str(run_dir / "checkpoints")]
     command += ["--log-format", "json", "--log-interval", str(args.log_every)]
@@ -479,10 +492,12 @@ def one_run(
     else:
         bf16 = "bf16" in trainer.name
         window, intervals, params, pairs = run_aiayn(args, c, prepared, run_dir, bf16)
+    logged = [t for t, line in window.lines if _is_interval_line(trainer.name, line)]
+    if len(logged) == len(intervals):  # an update under way at SIGTERM ends outside the window
+        intervals = [i for i, t in zip(intervals, logged, strict=True) if t <= args.seconds]
     if not intervals:
         tail = "\n".join(line for _, line in window.lines[-30:])
         raise SystemExit(f"{trainer.name} logged no interval in {window.wall_s:.0f} s:\n{tail}")
-    logged = [t for t, line in window.lines if _is_interval_line(trainer.name, line)]
     run = Run(
         trainer=trainer.name,
         round=round_,
