@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: size demo test lint format bench bench-peers bench-decode browser-deps bible-deps docs clean
+.PHONY: size demo test lint format bench bench-peers bench-decode bench-train-vs-fairseq browser-deps bible-deps docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -71,6 +71,23 @@ docs: $(STAMP)
 
 bench-decode: $(STAMP)
 	$(BIN)/python bench/bench_decode.py
+
+# `aiayn train` against `fairseq-train` on the Bible corpus, side by side (issue #17): ~16 min,
+# needs an otherwise idle machine. DATA: a directory with train.en / train.es (made by `aiayn
+# prepare bible-en-es`); FAIRSEQ_BIN: the bin/ of a fairseq 0.12.2 install (a tool, not a
+# dependency: without it the fairseq row says "not measured"); BENCH_ARGS: more options, e.g.
+# `--with-bf16 --update-benchmarks`.
+FAIRSEQ_BIN ?= /tmp/peers/fairseq/bin
+DATA ?=
+BENCH_ARGS ?=
+ifneq ($(filter bench-train-vs-fairseq,$(MAKECMDGOALS)),)
+ifeq ($(DATA),)
+$(error give DATA=DIR holding train.en and train.es, e.g. make bench-train-vs-fairseq DATA=data/bible-en-es)
+endif
+endif
+bench-train-vs-fairseq: $(STAMP)
+	$(BIN)/python bench/bench_train_vs_fairseq.py --src $(DATA)/train.en --tgt $(DATA)/train.es \
+		--fairseq-bin $(FAIRSEQ_BIN) $(BENCH_ARGS)
 
 # Module and function sizes (the README's Development section).
 size: $(STAMP)

@@ -1,0 +1,789 @@
+"""`aiayn train` against `fairseq-train`: the real training loops, same data, model and settings.
+
+Issue #17. Both trainers run as the commands users run, in child processes, one after the
+other in interleaved rounds (aiayn, fairseq, aiayn, fairseq, ...: noise from other processes
+hits both alike), each for the same wall time (`--seconds`), and each is measured by its *own*
+log:
+
+- aiayn: `tokens_per_s` of the "train" records of its `metrics.jsonl`, one per `--log-every`
+  updates: the interval's target tokens (non-padding, EOS included) / its wall time, batching
+  and collation included;
+- fairseq: `wps` of its `--log-format json` "train_inner" lines, one per `--log-interval`
+  updates. `wps` is `metrics.log_speed("wps", ntokens)` (`FairseqTask.reduce_metrics`, fairseq
+  0.12.2): the interval's `ntokens`, which the translation collater counts as the target
+  tokens (non-padding, EOS included), over the time since the previous log line (the
+  "train_inner" meters are reset after each). The same quantity as aiayn's. (The meter is
+  created by the first update, whose tokens it does not count: the first line's `wps` is low.)
+
+The first interval of every run is left out (it holds the first steps' one-time costs), and so
+is one logged after the window closed (aiayn finishes the update under way when stopped); the
+rest are pooled per trainer: median and range, the ratio aiayn / fairseq of the medians, the
+updates each run logged within the window, and the peak resident memory (`VmHWM` of the
+trainer process, read just before it is stopped; fairseq's data-loader worker separately).
+
+The same work on both sides, by construction:
+
+- **Data and segmentation.** aiayn's joint SentencePiece BPE vocabulary is trained once from the
+  recipe's `vocab_size` and `seed` (`Tokenizer.train_or_reuse`, as `aiayn train` makes it) and
+  given to aiayn as `--tokenizer`; the corpus is binarised once through aiayn's cache
+  (`load_or_build`, with the recipe's length filter) and the cache copied into each aiayn run
+  (so neither side prepares data inside its window). fairseq gets exactly the pairs that cache
+  holds, written as piece strings, and aiayn's vocabulary as its dictionary (`fairseq-preprocess
+  --joined-dictionary --srcdict`, the 4 special pieces being fairseq's own): same pairs, same
+  pieces, same vocabulary size (both printed).
+- **Model.** The recipe's `ModelConfig` (here `small`: d_model 256, d_ff 1024, 4 heads, 3+3
+  layers, post-norm, ReLU, sinusoidal positions, one matrix for both embeddings and the
+  pre-softmax projection) as fairseq's `transformer` architecture flags (`--share-all-embeddings`
+  for `share_embeddings: all`); both parameter counts are printed (fairseq's includes copies of
+  the encoder weights for its inference-only BetterTransformer path, which get no gradient:
+  `fairseq_inference_copies`). fairseq's LayerNorm epsilon is 1e-5 (aiayn's 1e-6): no effect
+  on speed.
+- **Training.** Batches of ≤ `max_tokens` tokens a side, padding included (fairseq
+  `--max-tokens`, with `--required-batch-size-multiple 1`: aiayn does not round batch sizes to
+  a multiple of 8), `accumulate` as `--update-freq`, label smoothing (`--criterion
+  label_smoothed_cross_entropy`), Adam β and ε, dropout, no gradient clipping, the same seed;
+  Eq. 3 as fairseq's `inverse_sqrt` with the same warm-up and peak rate: peak = lr_scale ·
+  d_model^-0.5 · warmup^-0.5, `--warmup-init-lr 0` (fairseq's first update runs at lr 0, aiayn's
+  at peak/warmup: no effect on speed). No validation (no validation set for aiayn,
+  `--disable-validation`; fairseq still loads a valid split: the dev set if given, else the
+  first training pairs), no checkpoint within the window (aiayn `--save-every` beyond the run,
+  fairseq `--no-save`), the CPU, the same threads (`OMP_NUM_THREADS`/`MKL_NUM_THREADS` for both,
+  and aiayn's `--threads`). fairseq keeps its default of one data-loader worker process
+  (`--fairseq-workers`); aiayn collates in the training process.
+
+A run is stopped at the end of its window with SIGTERM to its process group (aiayn then saves
+a checkpoint and exits, outside the window), or ends by itself at `--max-updates`.
+
+    .venv/bin/python bench/bench_train_vs_fairseq.py --src DATA/train.en --tgt DATA/train.es \\
+        --fairseq-bin /tmp/peers/fairseq/bin               # ~16 min (2 × 2 × 210 s), idle
+    .venv/bin/python bench/bench_train_vs_fairseq.py ... --with-bf16 --update-benchmarks
+    .venv/bin/python bench/bench_train_vs_fairseq.py --src ... --tgt ... --fairseq-bin ... \\
+        --rounds 1 --seconds 120 --max-updates 3 --log-every 1    # a smoke run
+
+fairseq is a tool here, never a dependency: without `--fairseq-bin` (a directory holding
+`fairseq-preprocess` and `fairseq-train`, e.g. the venv made by an install script) its rows say
+"not measured".
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.acceleration import native_bf16_cpu
+from aiayn.config import ModelConfig, TrainConfig, load_yaml_config
+from aiayn.data import ParallelDataset, load_or_build, read_parallel
+from aiayn.optim import learning_rate
+from aiayn.runlog import read_metrics
+from aiayn.tokenizer import SPECIAL_PIECES, Tokenizer
+
+# bench/ scripts import each other: running one puts bench/ on sys.path
+from bench_train_run import MODEL_LINE, aiayn_command
+from bench_train_step import _load_average, machine_info
+from benchmarks_md import BENCHMARKS_MD, replace_section
+
+START_MARK = "<!-- bench_train_vs_fairseq:start -->"
+END_MARK = "<!-- bench_train_vs_fairseq:end -->"
+HEADING = "## Training run: `aiayn train` vs `fairseq-train`, side by side"
+FAIRSEQ = "fairseq-train"
+STOP_GRACE_S = 120  # after SIGTERM: aiayn finishes its update and saves
+
+FAIRSEQ_INNER = re.compile(r"\| train_inner \| (\{.*\})\s*$")
+FAIRSEQ_PARAMS = re.compile(r"num\. (?:shared )?model params: ([\d,]+)")
+FAIRSEQ_PAIRS = re.compile(r"loaded ([\d,]+) examples from: \S*train\.")
+FAIRSEQ_DICT = re.compile(r"\[(\S+)\] Dictionary: (\d+) types")
+FAIRSEQ_UNK = re.compile(r"\[(\S+)\] (\S+): (\d+) sents, (\d+) tokens, ([\d.]+)% replaced")
+AIAYN_CACHE = re.compile(r"(building|reusing) data cache")
+
+
+@dataclass
+class Interval:
+    """One logged interval of a run, as the trainer reported it."""
+
+    updates: int
+    tokens: float  # target tokens
+    tokens_per_s: float
+
+
+@dataclass
+class Run:
+    """One trainer's run in one round."""
+
+    trainer: str
+    round: int
+    wall_s: float
+    updates: int
+    intervals: list[Interval]
+    peak_rss_mib: float | None
+    worker_rss_mib: float | None
+    first_log_s: float | None  # from launch to the first logged interval
+    params: int | None
+    pairs: int | None
+    log: str
+
+    @property
+    def steady(self) -> list[Interval]:
+        return self.intervals[1:]
+
+
+@dataclass
+class Trainer:
+    name: str
+    missing: str | None = None
+    runs: list[Run] = field(default_factory=list)
+
+    def rates(self) -> list[float]:
+        return [i.tokens_per_s for run in self.runs for i in run.steady]
+
+
+# --------------------------------------------------------------------------------------------
+# Settings, from the recipe
+# --------------------------------------------------------------------------------------------
+
+
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The recipe with the benchmark's data (absolute paths: the cache key holds them)."""
+    values = load_yaml_config(args.config)
+    for key in ("valid_src", "valid_tgt", "valid_tsv", "tsv", "tokenizer"):
+        if values.get(key):
+            raise SystemExit(f"{args.config}: sets {key}; the benchmark gives the data itself")
+    if values.get("tokens_per_update"):  # sets accumulate from the world size at run time
+        raise SystemExit(f"{args.config}: sets tokens_per_update; give accumulate instead")
+    values.update(src=str(Path(args.src).resolve()), tgt=str(Path(args.tgt).resolve()))
+    return TrainConfig.from_dict(values, source=args.config)
+
+
+def peak_lr(c: TrainConfig, d_model: int) -> float:
+    """Eq. 3 at the end of the warm-up: lr_scale · d_model^-0.5 · warmup^-0.5."""
+    return learning_rate(
+        c.warmup_steps, d_model=d_model, warmup_steps=c.warmup_steps, scale=c.lr_scale
+    )
+
+
+def fairseq_model_flags(m: ModelConfig) -> list[str]:
+    """fairseq `transformer` flags for the same model; refuses what it cannot express."""
+    if m.d_k * m.n_heads != m.d_model or m.d_v * m.n_heads != m.d_model:
+        raise SystemExit(f"fairseq needs d_k = d_v = d_model / n_heads (d_k {m.d_k}, d_v {m.d_v})")
+    flags = ["--arch", "transformer", "--activation-fn", m.activation]
+    for side, layers in (("encoder", m.n_encoder_layers), ("decoder", m.n_decoder_layers)):
+        flags += [f"--{side}-embed-dim", str(m.d_model), f"--{side}-ffn-embed-dim", str(m.d_ff)]
+        flags += [f"--{side}-attention-heads", str(m.n_heads), f"--{side}-layers", str(layers)]
+        if m.norm_first:
+            flags.append(f"--{side}-normalize-before")
+        if m.positional_encoding == "learned":
+            flags.append(f"--{side}-learned-pos")
+    flags += {
+        "all": ["--share-all-embeddings"],
+        "decoder": ["--share-decoder-input-output-embed"],
+        "none": [],
+    }[m.share_embeddings]
+    flags += ["--dropout", str(m.dropout), "--attention-dropout", str(m.attention_dropout)]
+    flags += ["--activation-dropout", "0.0"]
+    positions = str(m.max_positions)
+    return [*flags, "--max-source-positions", positions, "--max-target-positions", positions]
+
+
+# --------------------------------------------------------------------------------------------
+# Data: one vocabulary, one binarised corpus, the same pairs as piece strings for fairseq
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prepared:
+    """What both trainers train on, made once before the first run."""
+
+    tokenizer: Tokenizer
+    cache_root: Path  # aiayn's data cache, copied into each run directory as data/train
+    pairs: int
+    fairseq_data: Path | None = None
+    fairseq_dict: dict[str, int] = field(default_factory=dict)  # language -> types
+    fairseq_check: str = ""
+
+
+def prepare(
+    args: argparse.Namespace, c: TrainConfig, work: Path, fairseq_bin: Path | None
+) -> Prepared:
+    """The vocabulary, aiayn's data cache and (with fairseq) fairseq's binarised data."""
+    src, tgt = Path(c.src), Path(c.tgt)
+    print(f"vocabulary: joint BPE, {c.vocab_size} pieces requested, seed {c.seed}", flush=True)
+    tokenizer = Tokenizer.train_or_reuse(
+        work / "tokenizer.model", src=src, tgt=tgt, vocab_size=c.vocab_size, seed=c.seed
+    )
+    cache_root = work / "aiayn-data"
+    dataset, stats = load_or_build(
+        src, tgt, None, tokenizer, cache_root / "train", max_len=c.max_len,
+        max_ratio=c.max_ratio or None,
+    )  # fmt: skip
+    print(f"aiayn vocabulary: {tokenizer.vocab_size} pieces; train data: {stats}", flush=True)
+    prepared = Prepared(tokenizer, cache_root, len(dataset))
+    if fairseq_bin is not None:
+        prepared.fairseq_data = work / "fairseq-data"
+        fairseq_preprocess(args, c, tokenizer, dataset, work, fairseq_bin, prepared)
+    return prepared
+
+
+def fairseq_preprocess(
+    args: argparse.Namespace,
+    c: TrainConfig,
+    tokenizer: Tokenizer,
+    dataset: ParallelDataset,
+    work: Path,
+    fairseq_bin: Path,
+    prepared: Prepared,
+) -> None:
+    """The cached pairs as piece strings, aiayn's pieces as the joint dictionary, binarised."""
+    names = tokenizer.pieces(range(tokenizer.vocab_size))
+    odd = [p for p in names if len(p.split()) != 1]
+    if odd:
+        raise SystemExit(f"pieces that fairseq would split on whitespace: {odd[:5]}")
+    text = work / "fairseq-text"
+    text.mkdir(parents=True, exist_ok=True)
+    specials = set(SPECIAL_PIECES.values())  # fairseq adds its own <s>, <pad>, </s>, <unk>
+    (text / "dict.txt").write_text(
+        "".join(f"{p} 1\n" for p in names if p not in specials), encoding="utf-8"
+    )
+    sl, tl = c.src_lang, c.tgt_lang
+    with (
+        open(text / f"train.{sl}", "w", encoding="utf-8") as src_out,
+        open(text / f"train.{tl}", "w", encoding="utf-8") as tgt_out,
+    ):
+        for i in range(len(dataset)):
+            src_ids, tgt_ids = dataset[i]
+            src_out.write(" ".join(names[t] for t in src_ids) + "\n")
+            tgt_out.write(" ".join(names[t] for t in tgt_ids) + "\n")
+    command = [str(fairseq_bin / "fairseq-preprocess"), "--source-lang", sl, "--target-lang", tl]
+    command += ["--trainpref", str(text / "train"), "--destdir", str(prepared.fairseq_data)]
+    # fairseq-train loads a valid split even with --disable-validation; it is never evaluated.
+    # The dev set if given (encoded whole), else the first training pairs.
+    with (
+        open(text / f"valid.{sl}", "w", encoding="utf-8") as src_out,
+        open(text / f"valid.{tl}", "w", encoding="utf-8") as tgt_out,
+    ):
+        if args.valid_src:
+            for source, target in read_parallel(Path(args.valid_src), Path(args.valid_tgt)):
+                src_out.write(" ".join(names[t] for t in tokenizer.encode(source)) + "\n")
+                tgt_out.write(" ".join(names[t] for t in tokenizer.encode(target)) + "\n")
+        else:
+            for i in range(min(100, len(dataset))):
+                src_ids, tgt_ids = dataset[i]
+                src_out.write(" ".join(names[t] for t in src_ids) + "\n")
+                tgt_out.write(" ".join(names[t] for t in tgt_ids) + "\n")
+    command += ["--validpref", str(text / "valid")]
+    command += ["--joined-dictionary", "--srcdict", str(text / "dict.txt"), "--workers", "1"]
+    print("running: " + shlex.join(command), flush=True)
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(args.threads))
+    (work / "fairseq-preprocess.log").write_text(done.stdout + done.stderr, encoding="utf-8")
+    if done.returncode != 0:
+        raise SystemExit(f"fairseq-preprocess failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    output = done.stdout + done.stderr
+    prepared.fairseq_dict = {lang: int(n) for lang, n in FAIRSEQ_DICT.findall(output)}
+    # The check that both sides train on the same tokens: fairseq's counts of the train files
+    # (EOS included) against aiayn's cache.
+    expected = {
+        sl: int(dataset.src_lengths.sum()) + len(dataset),
+        tl: int(dataset.tgt_lengths.sum()) + len(dataset),
+    }
+    counted = {
+        lang: (int(tokens), float(unk))
+        for lang, name, _, tokens, unk in FAIRSEQ_UNK.findall(output)
+        if Path(name).name.startswith("train.")
+    }
+    for lang, tokens in expected.items():
+        found, unk = counted.get(lang, (None, None))
+        if found != tokens or unk != 0.0:
+            raise SystemExit(
+                f"fairseq-preprocess counted {found} {lang} tokens ({unk}% <unk>), aiayn's cache "
+                f"{tokens}: the segmentations differ"
+            )
+    prepared.fairseq_check = (
+        f"fairseq-preprocess counted the same tokens as aiayn's cache ({expected[sl]} source, "
+        f"{expected[tl]} target, EOS included), none replaced by <unk>"
+    )
+    print(f"  {prepared.fairseq_check}", flush=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Running one trainer for a window
+# --------------------------------------------------------------------------------------------
+
+
+def child_env(threads: int) -> dict[str, str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    return env
+
+
+def _vm_hwm_kib(pid: int) -> int | None:
+    """Peak resident set of a live process (`VmHWM`), in KiB."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    found = re.search(r"^VmHWM:\s+(\d+) kB", text, re.MULTILINE)
+    return int(found.group(1)) if found else None
+
+
+def _children(pid: int) -> list[int]:
+    pids = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            pids += [int(p) for p in (task / "children").read_text().split()]
+    return pids
+
+
+@dataclass
+class Window:
+    wall_s: float
+    lines: list[tuple[float, str]]
+    peak_rss_kib: int | None
+    worker_rss_kib: int | None
+    stopped: bool  # by the benchmark at the end of the window (else it ended by itself)
+
+
+def run_window(command: list[str], env: dict[str, str], seconds: float, log: Path) -> Window:
+    """Run `command` for at most `seconds`; its output, timestamped, also goes to `log`."""
+    lines: list[tuple[float, str]] = []
+    started = time.perf_counter()
+    child = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        start_new_session=True,  # its own process group: the stop reaches data-loader workers
+    )  # fmt: skip
+
+    def read() -> None:
+        assert child.stdout is not None
+        with open(log, "w", encoding="utf-8") as out:
+            for line in child.stdout:
+                elapsed = time.perf_counter() - started
+                lines.append((elapsed, line.rstrip("\n")))
+                out.write(f"[{elapsed:8.2f}] {line}")
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    peak = worker = None
+    deadline = started + seconds
+    while child.poll() is None and time.perf_counter() < deadline:
+        peak = _vm_hwm_kib(child.pid) or peak  # VmHWM only grows: the last read is the peak
+        workers = [_vm_hwm_kib(p) or 0 for p in _children(child.pid)]
+        worker = max([*workers, worker or 0]) or None
+        time.sleep(0.5)
+    stopped = child.poll() is None
+    if stopped:
+        peak = _vm_hwm_kib(child.pid) or peak
+        os.killpg(child.pid, signal.SIGTERM)
+        try:
+            child.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+    wall = time.perf_counter() - started
+    reader.join(timeout=10)
+    if not stopped and child.returncode != 0:
+        tail = "\n".join(line for _, line in lines[-30:])
+        raise SystemExit(f"{command[0]} exited with status {child.returncode}:\n{tail}")
+    return Window(wall, lines, peak, worker, stopped)
+
+
+def _mib(kib: int | None) -> float | None:
+    return None if kib is None else kib / 1024
+
+
+def _first_match(pattern: re.Pattern[str], lines: list[tuple[float, str]]) -> re.Match | None:
+    return next((m for _, line in lines if (m := pattern.search(line))), None)
+
+
+def run_aiayn(
+    args: argparse.Namespace, c: TrainConfig, prepared: Prepared, run_dir: Path, bf16: bool
+) -> tuple[Window, list[Interval], int | None, int | None]:
+    # The binarised corpus, as if this run had built it (its key: paths, sizes, tokenizer).
+    shutil.copytree(prepared.cache_root, run_dir / "data")
+    command = [*aiayn_command(), "train", "-c", args.config, "--src", c.src, "--tgt", c.tgt]
+    command += ["--tokenizer", str(prepared.tokenizer.model_file), "--out-dir", str(run_dir)]
+    command += ["--max-steps", str(args.max_updates or c.max_steps), "--log-every"]
+    command += [str(args.log_every), "--save-every", str(10**9), "--save-every-minutes", "0"]
+    command += ["--valid-every", "0", "--device", "cpu", "--threads", str(args.threads)]
+    command += ["--no-progress", "--cpu-bf16" if bf16 else "--no-cpu-bf16"]
+    print("  " + shlex.join(command), flush=True)
+    window = run_window(command, child_env(args.threads), args.seconds, run_dir / "train.log")
+    cache = _first_match(AIAYN_CACHE, window.lines)
+    if cache is None or cache.group(1) != "reusing":
+        print("  warning: aiayn did not reuse the prepared data cache", flush=True)
+    intervals, seen, step = [], 0, 0
+    records = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+    for r in (r for r in records if r.get("type") == "train"):
+        intervals.append(Interval(r["step"] - step, r["tokens_seen"] - seen, r["tokens_per_s"]))
+        seen, step = r["tokens_seen"], r["step"]
+    model = _first_match(MODEL_LINE, window.lines)
+    params = int(model.group(1).replace(",", "")) if model else None
+    return window, intervals, params, int(model.group(2)) if model else None
+
+
+def run_fairseq(
+    args: argparse.Namespace, c: TrainConfig, prepared: Prepared, run_dir: Path
+) -> tuple[Window, list[Interval], int | None, int | None]:
+    m = c.model_config(prepared.tokenizer.vocab_size)
+    command = [str(args.fairseq_bin / "fairseq-train"), str(prepared.fairseq_data)]
+    command += ["--task", "translation", "--source-lang", c.src_lang, "--target-lang", c.tgt_lang]
+    command += fairseq_model_flags(m)
+    command += ["--criterion", "label_smoothed_cross_entropy"]
+    command += ["--label-smoothing", str(c.label_smoothing)]
+    command += ["--optimizer", "adam", "--adam-betas", f"({c.adam_beta1}, {c.adam_beta2})"]
+    command += ["--adam-eps", str(c.adam_eps), "--weight-decay", "0.0"]
+    command += ["--clip-norm", str(c.clip_norm), "--lr", repr(peak_lr(c, m.d_model))]
+    command += ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(c.warmup_steps)]
+    command += ["--warmup-init-lr", "0", "--max-tokens", str(c.max_tokens)]
+    command += ["--required-batch-size-multiple", "1", "--update-freq", str(c.accumulate)]
+    command += ["--max-update", str(args.max_updates or c.max_steps), "--seed", str(c.seed)]
+    command += ["--max-epoch", str(c.max_epochs)]  # 0: no limit, on both sides
+    command += ["--cpu", "--num-workers", str(args.fairseq_workers), "--disable-validation"]
+    command += ["--no-save", "--save-dir", str(run_dir / "checkpoints")]
+    command += ["--log-format", "json", "--log-interval", str(args.log_every)]
+    print("  " + shlex.join(command), flush=True)
+    run_dir.mkdir(parents=True)
+    window = run_window(command, child_env(args.threads), args.seconds, run_dir / "train.log")
+    intervals, step = [], 0
+    for _, line in window.lines:
+        if (found := FAIRSEQ_INNER.search(line)) is None:
+            continue
+        record = json.loads(found.group(1))
+        updates = int(float(record["num_updates"])) - step
+        step += updates
+        wpb = float(record["wpb"])  # target tokens per update, averaged over the interval
+        intervals.append(Interval(updates, wpb * updates, float(record["wps"])))
+    params = _first_match(FAIRSEQ_PARAMS, window.lines)
+    pairs = _first_match(FAIRSEQ_PAIRS, window.lines)
+    return (
+        window,
+        intervals,
+        int(params.group(1).replace(",", "")) if params else None,
+        int(pairs.group(1).replace(",", "")) if pairs else None,
+    )
+
+
+def one_run(
+    args: argparse.Namespace,
+    c: TrainConfig,
+    prepared: Prepared,
+    trainer: Trainer,
+    round_: int,
+    work: Path,
+) -> Run:
+    slug = re.sub(r"[^a-z0-9]+", "-", trainer.name.lower()).strip("-")
+    run_dir = work / f"round{round_}-{slug}"
+    print(f"[round {round_}] {trainer.name}, {args.seconds:.0f} s", flush=True)
+    if trainer.name == FAIRSEQ:
+        window, intervals, params, pairs = run_fairseq(args, c, prepared, run_dir)
+    else:
+        bf16 = "bf16" in trainer.name
+        window, intervals, params, pairs = run_aiayn(args, c, prepared, run_dir, bf16)
+    logged = [t for t, line in window.lines if _is_interval_line(trainer.name, line)]
+    if len(logged) == len(intervals):  # an update under way at SIGTERM ends outside the window
+        intervals = [i for i, t in zip(intervals, logged, strict=True) if t <= args.seconds]
+    if not intervals:
+        tail = "\n".join(line for _, line in window.lines[-30:])
+        raise SystemExit(f"{trainer.name} logged no interval in {window.wall_s:.0f} s:\n{tail}")
+    run = Run(
+        trainer=trainer.name,
+        round=round_,
+        wall_s=window.wall_s,
+        updates=sum(i.updates for i in intervals),
+        intervals=intervals,
+        peak_rss_mib=_mib(window.peak_rss_kib),
+        worker_rss_mib=_mib(window.worker_rss_kib),
+        first_log_s=logged[0] if logged else None,
+        params=params,
+        pairs=pairs,
+        log=str(run_dir / "train.log"),
+    )
+    rates = [f"{i.tokens_per_s:.0f}" for i in intervals]
+    print(
+        f"  {run.updates} updates logged, tok/s per interval: {' '.join(rates)} (first left "
+        f"out); peak RSS {_fmt_mib(run.peak_rss_mib)}; "
+        f"{'stopped at the window' if window.stopped else 'ended by itself'}",
+        flush=True,
+    )
+    return run
+
+
+def _is_interval_line(trainer: str, line: str) -> bool:
+    if trainer == FAIRSEQ:
+        return FAIRSEQ_INNER.search(line) is not None
+    return re.search(r"aiayn\.trainer: step \d+: loss", line) is not None
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+# --------------------------------------------------------------------------------------------
+
+
+def _fmt_mib(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0f} MiB"
+
+
+def table(trainers: list[Trainer]) -> str:
+    lines = [
+        "| trainer | target tok/s: median of intervals | min–max | vs fairseq-train "
+        "| median per run | intervals | updates per run | first log (s) | peak RSS |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    fairseq = next((t for t in trainers if t.name == FAIRSEQ and t.rates()), None)
+    reference = statistics.median(fairseq.rates()) if fairseq else None
+    for t in trainers:
+        if t.missing is not None:
+            lines.append(f"| {t.name} | not measured: {t.missing} | | | | | | | |")
+            continue
+        rates = t.rates()
+        if not rates:
+            lines.append(f"| {t.name} | no steady interval: raise --seconds | | | | | | | |")
+            continue
+        median = statistics.median(rates)
+        ratio = f"{median / reference:.2f}×" if reference else ""
+        per_run = ", ".join(
+            f"{statistics.median(i.tokens_per_s for i in r.steady):.0f}" if r.steady else "–"
+            for r in t.runs
+        )
+        updates = ", ".join(str(r.updates) for r in t.runs)
+        first = ", ".join(f"{r.first_log_s:.0f}" if r.first_log_s else "?" for r in t.runs)
+        peaks = [r.peak_rss_mib for r in t.runs if r.peak_rss_mib is not None]
+        workers = [r.worker_rss_mib for r in t.runs if r.worker_rss_mib]
+        rss = _fmt_mib(max(peaks) if peaks else None)
+        if workers:
+            rss += f" (+ worker {max(workers):.0f} MiB)"
+        name = t.name if t.name == FAIRSEQ else f"**{t.name}**"
+        lines.append(
+            f"| {name} | **{median:.0f}** | {min(rates):.0f}–{max(rates):.0f} | {ratio} "
+            f"| {per_run} | {len(rates)} | {updates} | {first} | {rss} |"
+        )
+    return "\n".join(lines)
+
+
+def fairseq_inference_copies(m: ModelConfig) -> int:
+    """Parameters fairseq 0.12's encoder layers hold for the inference-only BetterTransformer
+    path: zero-initialised copies of the attention and feed-forward weights (`in_proj_weight`,
+    `fc1_weight`, ...), counted in its parameter total but unused in training (no gradient)."""
+    d, d_ff = m.d_model, m.d_ff
+    return m.n_encoder_layers * (3 * d * d + 3 * d + d * d + d + 2 * d * d_ff + d_ff + d)
+
+
+def _params_note(trainers: list[Trainer], m: ModelConfig) -> str:
+    ours = {r.params for t in trainers if t.name != FAIRSEQ for r in t.runs} - {None}
+    theirs = {r.params for t in trainers if t.name == FAIRSEQ for r in t.runs} - {None}
+    parts = [f"{name} {', '.join(f'{p:,}' for p in sorted(v))}"
+             for name, v in (("aiayn", ours), ("fairseq", theirs)) if v]  # fmt: skip
+    text = "; ".join(parts) or "?"
+    if len(ours) == 1 and len(theirs) == 1:
+        (a,), (f,) = ours, theirs
+        if f - a == fairseq_inference_copies(m):
+            text += (
+                f", of which {f - a:,} are fairseq's zero-initialised copies of the encoder "
+                "layers' weights for its inference-only BetterTransformer path (no gradient, "
+                f"not updated): the same {a:,} trained on both sides"
+            )
+    return text
+
+
+def notes(
+    args: argparse.Namespace,
+    c: TrainConfig,
+    prepared: Prepared,
+    trainers: list[Trainer],
+    info: dict[str, Any],
+    versions: dict[str, str],
+) -> list[str]:
+    m = c.model_config(prepared.tokenizer.vocab_size)
+    pairs = {t.name: {r.pairs for r in t.runs} - {None} for t in trainers}
+    vocab = f"aiayn {prepared.tokenizer.vocab_size} pieces"
+    if prepared.fairseq_dict:
+        vocab += ", fairseq dictionary " + " / ".join(
+            f"{n} types ({lang})" for lang, n in prepared.fairseq_dict.items()
+        )
+    out = [
+        f"- Data: `{Path(args.src).name}` → `{Path(args.tgt).name}`, "
+        f"{prepared.pairs} training pairs after the recipe's length filter "
+        f"(max_len {c.max_len}); the pairs each trainer loaded: "
+        + ", ".join(f"{k} {', '.join(map(str, v)) or '?'}" for k, v in pairs.items() if v)
+        + f". Joint BPE vocabulary, one segmentation for both: {vocab}"
+        + (f"; {prepared.fairseq_check}." if prepared.fairseq_check else "."),
+        f"- Model: recipe `{args.config}`, preset `{c.preset}` (d_model {m.d_model}, d_ff "
+        f"{m.d_ff}, {m.n_heads} heads, {m.n_encoder_layers}+{m.n_decoder_layers} layers, "
+        f"{'pre' if m.norm_first else 'post'}-norm, share_embeddings: {m.share_embeddings}, "
+        f"dropout {m.dropout}); parameters: {_params_note(trainers, m)}.",
+        f"- Training: ≤ {c.max_tokens} tokens a side per batch, accumulate {c.accumulate}, "
+        f"label smoothing {c.label_smoothing}, Adam β ({c.adam_beta1}, {c.adam_beta2}), "
+        f"inverse-sqrt schedule, warm-up {c.warmup_steps}, peak lr "
+        f"{peak_lr(c, m.d_model):.6g} (Eq. 3 × {c.lr_scale}); no validation, no checkpoint "
+        f"in the window; {args.threads} threads each; fairseq with {args.fairseq_workers} "
+        "data-loader worker(s).",
+        f"- Method: {args.rounds} round(s) × {args.seconds:.0f} s wall time per trainer, "
+        "interleaved; each trainer's own tokens/s (aiayn `metrics.jsonl` `tokens_per_s`, "
+        f"fairseq `wps`: target tokens / interval wall time) every {args.log_every} updates, "
+        "the first interval of each run left out; peak RSS = `VmHWM` of the trainer process "
+        "at the end of its window (max over runs).",
+        f"- Machine: {info['cpu']}, {info['cores']} cores; "
+        + ", ".join(f"{k} {v}" for k, v in versions.items())
+        + f", Python {info['python']}; native bf16: {'yes' if native_bf16_cpu() else 'no'}.",
+        f"- 1-minute load average {info['load_average']} (the machine may be shared).",
+        "- Command: `.venv/bin/python bench/bench_train_vs_fairseq.py "
+        + shlex.join(args.argv)
+        + "`",
+        f"- Run on {time.strftime('%Y-%m-%d %H:%M %Z')}.",
+    ]
+    return out
+
+
+EXPLANATION = f"""{HEADING}
+
+`bench/bench_train_vs_fairseq.py` (`make bench-train-vs-fairseq`) runs the real `aiayn train` and
+`fairseq-train` (0.12.2) on the same data, one after the other in interleaved rounds of equal
+wall time, with the same subword segmentation (aiayn's joint BPE vocabulary, given to fairseq
+as its dictionary), the same pairs, the same model (the recipe's `ModelConfig` as fairseq's
+`transformer` flags) and the same training settings (token budget, label smoothing, Adam,
+inverse-sqrt warm-up and peak rate, dropout, threads, no validation or checkpoints in the
+window), and reads each trainer's own tokens/s log (target tokens per second of each logged
+interval). fairseq is not a dependency: the script takes its `bin/` directory
+(`--fairseq-bin`); without it, its row says "not measured".
+
+```sh
+.venv/bin/python bench/bench_train_vs_fairseq.py --src DATA/train.en --tgt DATA/train.es \\
+    --fairseq-bin /tmp/peers/fairseq/bin --update-benchmarks
+```
+"""
+
+
+def render_section(
+    args: argparse.Namespace,
+    c: TrainConfig,
+    prepared: Prepared,
+    trainers: list[Trainer],
+    info: dict[str, Any],
+    versions: dict[str, str],
+) -> str:
+    return "\n".join([table(trainers), "", *notes(args, c, prepared, trainers, info, versions)])
+
+
+# --------------------------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------------------------
+
+
+def fairseq_missing(fairseq_bin: Path | None) -> str | None:
+    if fairseq_bin is None:
+        return "no --fairseq-bin given"
+    for tool in ("fairseq-preprocess", "fairseq-train"):
+        if not os.access(fairseq_bin / tool, os.X_OK):
+            return f"no {tool} in {fairseq_bin}"
+    return None
+
+
+def fairseq_versions(fairseq_bin: Path) -> str:
+    python = fairseq_bin / "python"
+    code = "import fairseq, torch; print(f'{fairseq.__version__} (torch {torch.__version__})')"
+    try:
+        done = subprocess.run(
+            [str(python), "-c", code], capture_output=True, text=True, timeout=120
+        )
+    except OSError:
+        return "?"
+    return done.stdout.strip() or "?"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--src", required=True, help="training source text, one line per pair")
+    parser.add_argument("--tgt", required=True, help="training target text, line-aligned")
+    parser.add_argument(
+        "--valid-src", help="dev source, fairseq's valid split (loaded, never evaluated)"
+    )
+    parser.add_argument("--valid-tgt", help="dev target, likewise")
+    parser.add_argument(
+        "-c", "--config", default="recipes/bible-en-es-cpu.yaml", help="training recipe (YAML)"
+    )
+    parser.add_argument(
+        "--fairseq-bin", type=Path, help="directory of fairseq-preprocess and fairseq-train"
+    )
+    parser.add_argument("--fairseq-workers", type=int, default=1, help="fairseq --num-workers")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--seconds", type=float, default=210, help="wall time per run")
+    parser.add_argument("--log-every", type=int, default=10, help="updates per logged interval")
+    parser.add_argument("--max-updates", type=int, help="also stop a run here (smoke runs)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--with-bf16", action="store_true", help="add aiayn --cpu-bf16")
+    parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: temporary)")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--update-benchmarks",
+        action="store_true",
+        help=f"rewrite the bench_train_vs_fairseq section of {BENCHMARKS_MD.name}",
+    )
+    args = parser.parse_args(argv)
+    args.argv = sys.argv[1:] if argv is None else list(argv)
+    if (args.valid_src is None) != (args.valid_tgt is None):
+        parser.error("--valid-src and --valid-tgt go together")
+    if args.rounds < 1 or args.seconds <= 0 or args.log_every < 1 or args.threads < 1:
+        parser.error("--rounds, --seconds, --log-every and --threads must be positive")
+    if args.update_benchmarks and (args.max_updates or args.seconds < 60):
+        parser.error("a smoke run (--max-updates, or --seconds < 60) does not go in BENCHMARKS.md")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    c = train_config(args)
+    missing = fairseq_missing(args.fairseq_bin)
+    trainers = [Trainer("aiayn train"), Trainer(FAIRSEQ, missing=missing)]
+    if args.with_bf16:
+        trainers.append(Trainer("aiayn train --cpu-bf16"))
+    info = machine_info(torch.device("cpu"))
+    versions = {"torch": torch.__version__}
+    versions["fairseq"] = "missing" if missing else fairseq_versions(args.fairseq_bin)
+    print(f"{info['cpu']}, {info['cores']} cores, {args.threads} threads; {versions}", flush=True)
+    if missing:
+        print(f"fairseq-train: not measured ({missing})", flush=True)
+    load_before = _load_average()
+    with tempfile.TemporaryDirectory(prefix="bench_train_vs_fairseq-") as tmp:
+        work = args.work_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        prepared = prepare(args, c, work, None if missing else args.fairseq_bin)
+        live = [t for t in trainers if t.missing is None]
+        for round_ in range(1, args.rounds + 1):
+            for trainer in live:
+                trainer.runs.append(one_run(args, c, prepared, trainer, round_, work))
+    info["load_average"] = f"{load_before} before, {_load_average()} after"
+    text = table(trainers)
+    print(f"\n{text}\n")
+    for line in notes(args, c, prepared, trainers, info, versions):
+        print(line)
+    if args.json is not None:
+        result = {
+            "machine": info,
+            "versions": versions,
+            "trainers": [
+                {"name": t.name, "missing": t.missing, "runs": [vars(r) for r in t.runs]}
+                for t in trainers
+            ],
+        }
+        args.json.write_text(json.dumps(result, indent=2, default=vars))
+    if args.update_benchmarks:
+        section = render_section(args, c, prepared, trainers, info, versions)
+        replace_section(BENCHMARKS_MD, START_MARK, END_MARK, section, EXPLANATION)
+        print(f"updated {BENCHMARKS_MD}")
+
+
+if __name__ == "__main__":
+    main()
