@@ -1,8 +1,9 @@
 """Tests for the flags `aiayn` generates from dataclasses: help from the attribute docs, defaults
 from the fields (never restated), values layered on the dataclass defaults.
 
-The commands themselves are tested in test_cli_translate.py (translate, evaluate), test_plots.py
-(plot, attention) and tests/integration (train).
+The commands themselves are tested in tests/cli/test_translate.py (translate, evaluate),
+tests/cli/test_interop.py (export, import, --backend), test_plots.py (plot, attention) and
+tests/integration (train).
 """
 
 from __future__ import annotations
