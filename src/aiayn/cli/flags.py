@@ -96,7 +96,8 @@ def add_dataclass_flags(
 
     The type comes from the annotation (see :func:`_flag_type`). The help is the field's
     description in the class's ``Attributes:`` docstring (:func:`attribute_docs`) followed by
-    "(default: X)" read from the field, so it cannot go stale; a field without a description
+    "(default: X)" read from the field, so it cannot go stale (nothing for None: the description
+    says what an unset field means); a field without a description
     is an error. A flag not given parses as None, so that :func:`dataclass_values` returns
     exactly what the user set and the dataclass keeps the defaults.
     """
@@ -109,7 +110,9 @@ def add_dataclass_flags(
     for name in only if only is not None else [n for n in fields if n not in skip]:
         if name not in docs:
             raise TypeError(f"{cls.__name__}.{name} has no description in the class docstring")
-        help_text = f"{docs[name]} (default: {_default_text(fields[name])})"
+        default = _default_text(fields[name])
+        # A None default means "not set"; the description says what happens then.
+        help_text = docs[name] if default == "None" else f"{docs[name]} (default: {default})"
         flag = (names or {}).get(name) or "--" + name.replace("_", "-")
         keywords = _flag_type(name, hints[name])
         if "type" in keywords and "choices" not in keywords:

@@ -33,7 +33,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     bible = what.add_parser("bible-en-es", help="Bible EN→ES from Debian's SWORD modules")
     bible.add_argument(
-        "--sword-dir", default=str(DEFAULT_SWORD_DIR), help=f"(default {DEFAULT_SWORD_DIR})"
+        "--sword-dir",
+        default=str(DEFAULT_SWORD_DIR),
+        help=f"where the SWORD modules are installed (default {DEFAULT_SWORD_DIR})",
     )
     for q in (wmt, iwslt, hf):
         q.add_argument(
