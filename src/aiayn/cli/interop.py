@@ -197,17 +197,19 @@ def check_output_dir(directory: Path, kind: str) -> None:
     wanted = KINDS[kind]
     if not wanted.holds(directory):
         other = next((k.name for k in KINDS.values() if k.holds(directory)), None)
-        what = f"holds {other}" if other else "is not empty"
-        raise CheckpointError(
-            f"{directory} {what}, not {wanted.name}; choose another output directory "
-            "(nothing was changed)"
-        )
-    foreign = [name for name in names if name not in wanted.files]
+        if other:
+            raise CheckpointError(
+                f"{directory} holds {other}, not {wanted.name}; choose another output directory "
+                "(nothing was changed)"
+            )
+        foreign = names
+    else:
+        foreign = [name for name in names if name not in wanted.files]
     if foreign:
         shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
         raise CheckpointError(
-            f"{directory} already holds files that aiayn did not write ({shown}); choose another "
-            "output directory (nothing was changed)"
+            f"{directory} already holds files that are not {wanted.name}'s ({shown}); choose "
+            "another output directory (nothing was changed)"
         )
 
 
