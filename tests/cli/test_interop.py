@@ -5,6 +5,7 @@ one-line error. Each test skips when its optional runtime is missing."""
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from aiayn.cli import main
 from interop_models import SENTENCES, tiny_model_dir
 
 FAST = ["--threads", "1", "--no-progress"]
+TEXTS = [s for s in SENTENCES if s][:3]
 
 
 @pytest.fixture(scope="module")
@@ -168,3 +170,26 @@ def test_the_cli_lists_ctranslate2s_quantizations() -> None:
     from aiayn.interop import ctranslate2
 
     assert QUANTIZATIONS == ctranslate2.QUANTIZATIONS
+
+
+def test_serve_on_ctranslate2_translates_and_refuses_attention(ct2_dir, model_dir) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from aiayn.cli import build_parser
+    from aiayn.cli.common import load_translator, search_options
+    from aiayn.serve import Decoding, ServerSettings, create_app
+
+    args = build_parser().parse_args(["serve", "-m", str(model_dir), "--backend", "ctranslate2"])
+    translator = load_translator(args)
+    decoding = Decoding(**dataclasses.asdict(search_options(args)))
+    assert decoding.length_penalty_kind == "power"
+    expected = translator.translate(TEXTS, options=search_options(args))
+    with TestClient(create_app(translator, ServerSettings(decoding=decoding))) as client:
+        answer = client.post("/translate", json={"texts": TEXTS})
+        assert answer.status_code == 200, answer.text
+        assert [t["text"] for t in answer.json()["translations"]] == [r.text for r in expected]
+        refused = client.post("/translate", json={"text": "hello", "return_attention": True})
+        assert refused.status_code == 422
+        assert "no attention maps" in refused.json()["error"]
+        assert client.get("/").status_code == 200

@@ -55,6 +55,7 @@ from aiayn.extras import require
 # ruff: noqa: E402  (the imports below need the extra, which this line checks first)
 require("serve", "fastapi", "uvicorn", "python_multipart|multipart", needed_by="aiayn.serve")
 
+import torch
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -303,6 +304,12 @@ async def _translate_aiayn(
     service.charge(body.api_key, texts)
     service.check_texts(texts, name, single=body.text is not None)
     decoding = _decoding(body, service.settings)
+    if decoding.return_attention and not service.translator.returns_attention:
+        raise ApiError(
+            422,
+            "this server's model returns no attention maps (a CTranslate2 or ONNX export): "
+            "leave out return_attention",
+        )
     full = decoding.return_attention and body.full_attention
     results = await service.translate(request, texts, decoding, name, full_attention=full)
     translations = [
@@ -462,7 +469,12 @@ def _info(service: Service) -> dict[str, Any]:
     return {
         "version": __version__,
         "model": translator.model.config.to_dict(),
-        "parameters": sum(p.numel() for p in translator.model.parameters()),
+        # An export (CTranslate2, ONNX) holds its weights outside PyTorch: no count.
+        "parameters": (
+            sum(p.numel() for p in translator.model.parameters())
+            if isinstance(translator.model, torch.nn.Module)
+            else None
+        ),
         "languages": {
             "source": {"code": service.src_lang, "name": name(service.src_lang)},
             "target": {"code": service.tgt_lang, "name": name(service.tgt_lang)},
