@@ -282,13 +282,14 @@ def test_cli_evaluate_prints_tokenized_bleu_next_to_sacrebleu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from aiayn import cli
+    from aiayn.cli import translate as cli_translate
 
     src = write(tmp_path / "test.en", ["north-south"])
     ref = write(tmp_path / "test.de", [COMPOUND_REF])
     translator = FakeTranslator({"north-south": COMPOUND_HYP})
     translator.model_dir = tmp_path  # type: ignore[attr-defined]
     translator.model_dirs = [tmp_path]  # type: ignore[attr-defined]
-    monkeypatch.setattr(cli, "_load_translator", lambda args: translator)
+    monkeypatch.setattr(cli_translate, "load_translator", lambda args: translator)
     args = ["evaluate", "-m", str(tmp_path), "--src", str(src), "--ref", str(ref)]
     args += ["-o", str(tmp_path / "test.hyp"), "--tokenized-bleu"]
 

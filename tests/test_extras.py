@@ -7,6 +7,7 @@ import fail as if they were not installed.
 from __future__ import annotations
 
 import importlib
+import subprocess
 import sys
 
 import pytest
@@ -37,7 +38,9 @@ def test_require_imports_the_first_alternative_that_exists() -> None:
 def test_serve_without_its_extra_says_what_to_install(monkeypatch, missing: str) -> None:
     hide(monkeypatch, missing, "aiayn.serve")
     with pytest.raises(MissingExtra) as error:
-        importlib.import_module("aiayn.serve")
+        importlib.import_module("aiayn.serve.app")
+    with pytest.raises(MissingExtra):
+        from aiayn.serve import serve  # noqa: F401
     message = str(error.value)
     assert f"aiayn.serve needs {missing}, which is not installed" in message
     assert "pip install -e '.[serve]'" in message and "\n" not in message
@@ -59,3 +62,14 @@ def test_plots_without_matplotlib_is_a_one_line_error(monkeypatch, capsys, tmp_p
     assert main(["plot", "schedule", "-o", output]) == 2
     err = capsys.readouterr().err
     assert "needs matplotlib" in err and "'.[viz]'" in err and "Traceback" not in err
+
+
+def test_serve_settings_need_neither_the_extra_nor_torch() -> None:
+    """The CLI builds `aiayn serve`'s flags from `ServerSettings` while parsing any command."""
+    code = (
+        "import sys; sys.modules['fastapi'] = None; import aiayn.serve.settings; "
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "False"

@@ -93,8 +93,9 @@ def test_wmt14_recipe_is_the_papers_experiment(size: str) -> None:
 
 
 def test_search_defaults_are_section_6_1() -> None:
-    # The one home of the decoding defaults: search, Translator, the CLI flags (tests/test_cli.py)
-    # and validation BLEU (tests/test_evaluation.py) all take theirs from it.
+    # The one home of the decoding defaults: search, Translator, the CLI flags
+    # (tests/cli/test_flags.py) and validation BLEU (tests/test_evaluation.py) all take theirs
+    # from it.
     defaults = DecodingOptions()
     assert defaults.beam_size == 4
     assert defaults.length_penalty == 0.6

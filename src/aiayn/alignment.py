@@ -35,6 +35,7 @@ __all__ = [
     "attention_maps",
     "check_index",
     "format_alignment",
+    "format_translation",
     "hard_alignment",
 ]
 
@@ -106,3 +107,28 @@ def hard_alignment(result: TranslationResult, layer: int = -1) -> list[tuple[int
 def format_alignment(pairs: list[tuple[int, int]]) -> str:
     """Pharaoh format: ``"0-0 1-2 2-1"`` (source-target, space-separated)."""
     return " ".join(f"{src}-{tgt}" for src, tgt in pairs)
+
+
+def format_translation(
+    number: int, result: TranslationResult, n_best: int | None, alignment_layer: int | None = None
+) -> str:
+    """The output line(s) of one translation, newline-terminated, in one of three formats:
+
+    * plain: the text on one line (line breaks in it become spaces);
+    * ``n_best`` (Moses/fairseq n-best): ``"i ||| text ||| score"`` per hypothesis, best first,
+      ``i`` the 0-based input line ``number`` and score the hypothesis' log-probability
+      divided by the length penalty;
+    * ``alignment_layer`` (a decoder layer, the result holding attention):
+      ``"text<TAB>i-j i-j ..."``, the hard alignment of that layer in the Pharaoh format
+      (:func:`format_alignment`); tabs in the text become spaces.
+    """
+    from aiayn.translator import one_line
+
+    if alignment_layer is not None:
+        pairs = hard_alignment(result, layer=alignment_layer)
+        return f"{one_line(result.text).replace(chr(9), ' ')}\t{format_alignment(pairs)}\n"
+    if n_best is None:
+        return one_line(result.text) + "\n"
+    return "".join(
+        f"{number} ||| {one_line(h.text)} ||| {h.score:.4f}\n" for h in result.hypotheses
+    )

@@ -323,6 +323,12 @@ class Translator:
         )
 
     @property
+    def returns_attention(self) -> bool:
+        """Whether ``translate(..., return_attention=True)`` can give attention maps: one
+        PyTorch model can; an ensemble, an ONNX or a CTranslate2 export cannot."""
+        return len(self.models) == 1 and not isinstance(self.models[0], ExportedModel)
+
+    @property
     def max_source_tokens(self) -> int:
         """Longest source the model accepts, in subword tokens before EOS: max_positions − 1
         (the smallest of an ensemble's)."""

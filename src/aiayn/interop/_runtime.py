@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from aiayn.config import ModelConfig
+from aiayn.extras import MissingExtra
 
 INSTALL = "pip install -e '.[export]'"
 
@@ -18,12 +19,13 @@ def require(module: str, purpose: str) -> ModuleType:
     """Import an optional dependency, or fail with the line that installs it.
 
     Raises:
-        ImportError: `module` is missing; the message names `purpose` and the pip command.
+        MissingExtra: `module` is missing (an ImportError that the CLI prints as one line); the
+            message names `purpose` and the pip command.
     """
     try:
         return importlib.import_module(module)
     except ImportError as error:
-        raise ImportError(
+        raise MissingExtra(
             f"{purpose} needs the optional package {module!r} ({error}); run: {INSTALL}"
         ) from error
 

@@ -46,10 +46,16 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from aiayn.extras import require
+
+# ruff: noqa: E402  (the imports below need the extra, which this line checks first)
+require("serve", "fastapi", "uvicorn", "python_multipart|multipart", needed_by="aiayn.serve")
+
+import torch
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -59,7 +65,6 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn import __version__
-from aiayn.search import DecodingOptions
 from aiayn.serve import libretranslate
 from aiayn.serve.batcher import Batcher, BatcherClosed, QueueFull
 from aiayn.serve.connections import (
@@ -68,12 +73,11 @@ from aiayn.serve.connections import (
     fit_fd_limit,
     install_access_log_filter,
 )
-from aiayn.serve.keys import ApiKey, KeyRejected, RateLimiter
+from aiayn.serve.keys import KeyRejected, RateLimiter
 from aiayn.serve.policy import BrowserPolicy
 from aiayn.serve.requests import read_request
 from aiayn.serve.schemas import (
     ERROR_RESPONSES,
-    MAX_LENGTH_PENALTY,
     ApiError,
     ClientGone,
     TranslateRequest,
@@ -83,6 +87,12 @@ from aiayn.serve.schemas import (
     check_texts,
     parse_body,
 )
+from aiayn.serve.settings import (
+    INTEGER_LIMITS,
+    MAX_LENGTH_PENALTY,
+    Decoding,
+    ServerSettings,
+)
 from aiayn.translator import TranslationResult, Translator
 
 logger = logging.getLogger(__name__)
@@ -90,123 +100,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["Decoding", "ServerSettings", "Service", "create_app", "serve", "serve_in_background"]
 
 STATIC_DIR = Path(__file__).parent / "static"
-
-
-# --------------------------------------------------------------------------------------------
-# Settings
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Decoding(DecodingOptions):
-    """The decoding of one request: its `DecodingOptions` (the one home of the paper's §6.1
-    defaults and of their checks) and whether to return attention. Frozen, so requests with
-    equal decodings share model calls (the batcher groups by it)."""
-
-    return_attention: bool = False
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    """How the server decodes by default, how it batches, and what it refuses.
-
-    ``docs/serving.md`` says what each limit protects. Costs are in the unit of
-    :meth:`Translator.cost` with the output-length limit: source tokens × beam size × most
-    output tokens, both with EOS, a bound on a search's work whatever the model prefers.
-
-    Attributes:
-        decoding: Defaults; a request may change beam_size, n_best, length_penalty and
-            return_attention (not the length limits, so no request can make decoding slow).
-        max_chars: Longest text, in characters (Unicode code points).
-        max_texts: Most texts in one request.
-        max_queue: Most requests waiting for the model; more get 429.
-        max_beam_size: Largest beam a request may ask for.
-        max_body_bytes: Largest request body.
-        batching: Merge concurrent requests into one model call (False: one call each).
-        batch_wait_ms: How long a request may wait for others to join its call (no wait while
-            requests come one at a time; see :mod:`aiayn.serve.batcher`).
-        max_batch_cost: Budget of one model call; a text that alone costs more is refused
-            (413). It bounds how long a short request waits behind a long one: one call.
-        max_request_cost: Budget of one request, all its texts together (413 beyond).
-        max_attention_values: Most attention values one answer may hold: texts × T × S (the
-            last layer's head average), × layers × heads with ``full_attention`` (413 beyond).
-        busy_after_s: ``GET /health`` says "busy" once the oldest unanswered request has
-            waited this long.
-        timeout_keep_alive_s: An idle kept-alive connection is closed after this.
-        timeout_head_s: A request's line and headers must arrive within this (a new
-            connection that sends nothing is closed after it too).
-        timeout_body_s: A request's body must arrive within this (408 beyond).
-        max_connections: Open connections; more are closed at once (and uvicorn answers 503
-            beyond as many requests in progress).
-        api_keys: The keys clients may send (``api_key``), with their limits.
-        require_api_key: Refuse requests without a key (403).
-        key_requests_per_minute: Default request rate of a key (429 beyond).
-        key_chars_per_minute: Default characters per minute of a key (429 beyond).
-        cors_origins: Origins (``https://example.org``) whose pages may call the API; none
-            by default; POSTs from other origins are refused (:mod:`aiayn.serve.policy`).
-        docs: Serve ``/docs`` and ``/redoc`` (they load scripts from a CDN).
-    """
-
-    decoding: Decoding = field(default_factory=Decoding)
-    max_chars: int = 5000
-    max_texts: int = 64
-    max_queue: int = 256
-    max_beam_size: int = 16
-    max_body_bytes: int = 4 * 1024 * 1024
-    batching: bool = True
-    batch_wait_ms: float = 5.0
-    max_batch_cost: int = 2**23
-    max_request_cost: int = 2**25
-    max_attention_values: int = 2**21
-    busy_after_s: float = 2.0
-    timeout_keep_alive_s: float = 5.0
-    timeout_head_s: float = 10.0
-    timeout_body_s: float = 30.0
-    max_connections: int = 256
-    api_keys: tuple[ApiKey, ...] = ()
-    require_api_key: bool = False
-    key_requests_per_minute: int = 60
-    key_chars_per_minute: int = 100_000
-    cors_origins: tuple[str, ...] = ()
-    docs: bool = False
-
-    def __post_init__(self) -> None:
-        for name in INTEGER_LIMITS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} ({value!r}) must be an integer >= 1")
-        if not self.batch_wait_ms >= 0:
-            raise ValueError(f"batch_wait_ms ({self.batch_wait_ms}) must be >= 0")
-        for name in ("busy_after_s", "timeout_keep_alive_s", "timeout_head_s", "timeout_body_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be > 0")
-        if not 1 <= self.decoding.beam_size <= self.max_beam_size:
-            raise ValueError(
-                f"the default beam size ({self.decoding.beam_size}) must be between 1 and "
-                f"max_beam_size ({self.max_beam_size})"
-            )
-        if not 0 <= self.decoding.length_penalty <= MAX_LENGTH_PENALTY:
-            raise ValueError(
-                f"the default length penalty ({self.decoding.length_penalty}) must be between "
-                f"0 and {MAX_LENGTH_PENALTY}"
-            )
-        if self.require_api_key and not self.api_keys:
-            raise ValueError("require_api_key needs api_keys (--api-keys or $AIAYN_API_KEYS)")
-
-
-INTEGER_LIMITS = (
-    "max_chars",
-    "max_texts",
-    "max_queue",
-    "max_beam_size",
-    "max_body_bytes",
-    "max_batch_cost",
-    "max_request_cost",
-    "max_attention_values",
-    "max_connections",
-    "key_requests_per_minute",
-    "key_chars_per_minute",
-)  # shown in /info and named in errors by their flag: --max-chars, ...
 
 
 # --------------------------------------------------------------------------------------------
@@ -411,6 +304,12 @@ async def _translate_aiayn(
     service.charge(body.api_key, texts)
     service.check_texts(texts, name, single=body.text is not None)
     decoding = _decoding(body, service.settings)
+    if decoding.return_attention and not service.translator.returns_attention:
+        raise ApiError(
+            422,
+            "this server's model returns no attention maps (a CTranslate2 or ONNX export): "
+            "leave out return_attention",
+        )
     full = decoding.return_attention and body.full_attention
     results = await service.translate(request, texts, decoding, name, full_attention=full)
     translations = [
@@ -570,7 +469,12 @@ def _info(service: Service) -> dict[str, Any]:
     return {
         "version": __version__,
         "model": translator.model.config.to_dict(),
-        "parameters": sum(p.numel() for p in translator.model.parameters()),
+        # An export (CTranslate2, ONNX) holds its weights outside PyTorch: no count.
+        "parameters": (
+            sum(p.numel() for p in translator.model.parameters())
+            if isinstance(translator.model, torch.nn.Module)
+            else None
+        ),
         "languages": {
             "source": {"code": service.src_lang, "name": name(service.src_lang)},
             "target": {"code": service.tgt_lang, "name": name(service.tgt_lang)},

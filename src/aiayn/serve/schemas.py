@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from aiayn.serve.settings import MAX_LENGTH_PENALTY
 from aiayn.translator import TranslationHypothesis, TranslationResult
 
 __all__ = [
@@ -41,11 +42,6 @@ __all__ = [
 ]
 
 ATTENTION_DECIMALS = 4  # enough for a heatmap; keeps (L, H, T, S) JSON-sized
-
-# Bounds of the decoding options a request may set, whatever the server's settings; they move
-# to search.DecodingOptions (with its other bounds) once that lands. Limits that depend on the
-# server (--max-beam-size, --max-texts, --max-chars) are added to the OpenAPI schema per app.
-MAX_LENGTH_PENALTY = 5.0  # α; GNMT tuned 0.6-1.0; ((5 + |Y|) / 6) ** α overflows floats ≳ 400
 
 
 class ApiError(Exception):

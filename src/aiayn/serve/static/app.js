@@ -76,6 +76,10 @@ async function translate() {
       response = await post({ ...request, full_attention: false }); // the average is smaller
       answer = await response.json();
     }
+    if (response.status === 422 && String(answer.error).includes("no attention maps")) {
+      response = await post({ ...request, return_attention: false }); // e.g. CTranslate2
+      answer = await response.json();
+    }
     if (!response.ok) {
       setStatus(answer.error || `the server answered ${response.status}`, true);
       return;

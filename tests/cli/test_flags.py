@@ -1,8 +1,9 @@
 """Tests for the flags `aiayn` generates from dataclasses: help from the attribute docs, defaults
 from the fields (never restated), values layered on the dataclass defaults.
 
-The commands themselves are tested in test_cli_translate.py (translate, evaluate), test_plots.py
-(plot, attention) and tests/integration (train).
+The commands themselves are tested in tests/cli/test_translate.py (translate, evaluate),
+tests/cli/test_interop.py (export, import, --backend), test_plots.py (plot, attention) and
+tests/integration (train).
 """
 
 from __future__ import annotations
@@ -77,7 +78,8 @@ def test_train_flags_show_the_attribute_docs_and_defaults() -> None:
         if f.name == "model":
             continue
         text = help_texts["--" + f.name.replace("_", "-")]
-        assert text == f"{docs[f.name]} (default: {f.default})"
+        default = "" if f.default is None else f" (default: {f.default})"
+        assert text == f"{docs[f.name]}{default}"
     assert "Number of optimizer updates" in help_texts["--max-steps"]
     assert help_texts["--src"] == help_texts["--tgt"]  # documented together as "src, tgt:"
 
@@ -207,3 +209,32 @@ def test_building_the_flags_imports_no_torch() -> None:
     code = "import sys, aiayn.cli; aiayn.cli.build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def every_command(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+    """(command path, parser) for every command and sub-command: ("plot", "schedule"), ..."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from every_command(sub, (*path, name))
+            return
+    yield path, parser
+
+
+def test_every_command_documents_every_flag() -> None:
+    commands = dict(every_command(build_parser()))
+    assert {"export", "import", "serve", ("plot", "schedule")} <= {
+        c[0] if len(c) == 1 else c for c in commands
+    }
+    for command, parser in commands.items():
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            name = "/".join(action.option_strings) or action.dest
+            text = formatter._expand_help(action) if action.help else ""
+            where = f"aiayn {' '.join(command)} {name}"
+            assert text.strip(), f"{where} has no help"
+            assert not text.startswith("(default"), f"{where} has only its default: {text}"
+            assert "(default: None)" not in text, f"{where}: {text}"
+            assert "``" not in text and ":mod:" not in text, f"{where} shows markup: {text}"

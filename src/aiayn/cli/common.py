@@ -1,0 +1,256 @@
+"""What several commands share: loading the model (`-m`, device, threads, int8/bf16, the
+CTranslate2 backend), the search flags, and the progress bar."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import logging
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aiayn.cli.flags import add_dataclass_flags, dataclass_from_args
+from aiayn.decoding_options import DecodingOptions  # no torch: --help stays fast
+
+if TYPE_CHECKING:
+    from aiayn.translator import Translator
+
+logger = logging.getLogger("aiayn")
+
+# Flags of `DecodingOptions` fields: the search ones are shared by translate, evaluate, serve
+# and attention; the sampling ones are translate's (with its own --n-best).
+SEARCH_FIELDS = ("beam_size", "length_penalty", "length_penalty_kind", "max_len_a", "max_len_b")
+SAMPLING_FIELDS = ("sampling", "temperature", "top_k", "top_p")
+
+BACKENDS = ("pytorch", "ctranslate2")
+CT2_MARKERS = ("model.bin", "aiayn.json")  # what `export_ctranslate2` writes, among others
+
+
+def add_search_options(
+    p: argparse.ArgumentParser, *, ensemble: bool = False, backend: bool = False
+) -> None:
+    """Model loading and beam search flags shared by `translate`, `evaluate`, `serve` and
+    `attention`; with ``ensemble``, -m may be repeated; with ``backend``, the model may run on
+    CTranslate2."""
+    add_model_dir_flag(p, ensemble=ensemble)
+    g = p.add_argument_group("search (defaults are the paper's, §6.1)")
+    add_dataclass_flags(g, DecodingOptions, only=SEARCH_FIELDS)
+    add_model_flags(p, backend=backend)
+
+
+def add_model_dir_flag(p: argparse.ArgumentParser, *, ensemble: bool) -> None:
+    if ensemble:
+        p.add_argument(
+            "-m",
+            "--model-dir",
+            required=True,
+            action="append",
+            help="model directory (or run directory); repeat for the ensemble of "
+            "several models trained with the same tokenizer: the mean of their probabilities "
+            "at every step",
+        )
+    else:
+        p.add_argument(
+            "-m", "--model-dir", required=True, help="model directory (or run directory)"
+        )
+
+
+def add_model_flags(p: argparse.ArgumentParser, *, backend: bool = False) -> None:
+    """How `load_translator` loads and runs the model: batch budget, device, threads, int8,
+    and with ``backend`` the runtime (PyTorch or CTranslate2)."""
+    g = p.add_argument_group("model")
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=4096,
+        help="batch budget: padded source tokens x beam size; for score, padded tokens "
+        "(default 4096)",
+    )
+    g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
+    g.add_argument(
+        "--threads",
+        type=int,
+        help="CPU threads; 0 = PyTorch's default, one per core (default: the cores that the "
+        "1-minute load average leaves idle, 1 to 4: on cores busy with other work, PyTorch's "
+        "threads wait for each other and decoding gets many times slower)",
+    )
+    g.add_argument(
+        "--int8",
+        action="store_true",
+        help="int8 dynamic quantization of the linear layers (CPU only; faster, see "
+        "BENCHMARKS.md for the effect on BLEU)",
+    )
+    g.add_argument(
+        "--bf16",
+        action="store_true",
+        help="run the model in bfloat16 (faster on GPUs and CPUs with native bf16; see "
+        "BENCHMARKS.md for the effect on BLEU)",
+    )
+    if not backend:
+        return
+    g.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="run the model with PyTorch or CTranslate2 (pip install -e '.[export]'). "
+        "ctranslate2 takes a directory written by 'aiayn export --to ctranslate2', or converts "
+        "an aiayn model directory into a temporary one first; it returns no attention maps "
+        "and ranks beam hypotheses by log_prob / |Y|^alpha (--length-penalty-kind power, its "
+        "default here). (default: ctranslate2 for a CTranslate2 export, else pytorch)",
+    )
+    g.add_argument(
+        "--compute-type",
+        help="CTranslate2's compute type: int8, int8_float32, int16, float16, bfloat16, "
+        "float32, ... (default: as the export stores the weights)",
+    )
+
+
+def is_ct2_export(path: str | Path) -> bool:
+    """A directory written by `aiayn.interop.export_ctranslate2`."""
+    return all((Path(path) / name).is_file() for name in CT2_MARKERS)
+
+
+def backend_of(args: argparse.Namespace) -> str:
+    """The backend the flags ask for: --backend, or what -m holds."""
+    dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]
+    backend = getattr(args, "backend", None)
+    exported = [d for d in dirs if is_ct2_export(d)]
+    if backend is None:
+        if exported and not hasattr(args, "backend"):
+            raise ValueError(
+                f"{exported[0]} is a CTranslate2 export; this command needs the aiayn model "
+                "directory it was exported from"
+            )
+        backend = "ctranslate2" if exported else "pytorch"
+    if backend == "pytorch" and exported:
+        raise ValueError(
+            f"{exported[0]} is a CTranslate2 export: leave out --backend pytorch, or give the "
+            "aiayn model directory"
+        )
+    if backend == "pytorch" and getattr(args, "compute_type", None):
+        raise ValueError("--compute-type is CTranslate2's: use it with --backend ctranslate2")
+    return backend
+
+
+def load_translator(args: argparse.Namespace) -> Translator:
+    """The translator the flags describe: PyTorch (one model or an ensemble, or an ONNX export)
+    or CTranslate2."""
+    import torch
+
+    if backend_of(args) == "ctranslate2":
+        return _load_ct2_translator(args)
+    from aiayn.translator import Translator
+
+    device, int8 = args.device, getattr(args, "int8", False)
+    if device == "auto":
+        device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
+    threads = args.threads
+    if threads is None:
+        threads = _default_threads(torch.device(device).type == "cpu")
+    return Translator(
+        args.model_dir,
+        device=device,
+        max_tokens=args.max_tokens,
+        threads=threads,
+        int8=int8,
+        bf16=getattr(args, "bf16", False),
+    )
+
+
+def _default_threads(on_cpu: bool) -> int:
+    from aiayn.acceleration import decoding_threads
+
+    threads = decoding_threads()
+    if on_cpu:
+        logger.info("decoding with %d CPU thread(s); --threads to change", threads)
+    return threads
+
+
+def _load_ct2_translator(args: argparse.Namespace) -> Translator:
+    """`CTranslate2Translator` over -m: an export, or an aiayn model directory converted into
+    a temporary directory (removed once CTranslate2 has loaded it)."""
+    from aiayn.interop._runtime import require
+
+    ctranslate2 = require("ctranslate2", "--backend ctranslate2")
+    from aiayn.interop.ctranslate2 import CTranslate2Translator, export_ctranslate2
+
+    dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]
+    if len(dirs) > 1:
+        raise ValueError("--backend ctranslate2 runs one model: give -m once (no ensembles)")
+    if args.int8 or args.bf16:
+        flag = "--int8" if args.int8 else "--bf16"
+        kind = "int8" if args.int8 else "bfloat16"
+        raise ValueError(f"{flag} is PyTorch's; with CTranslate2 use --compute-type {kind}")
+    device = args.device
+    if device == "auto":
+        device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+    if device not in ("cpu", "cuda", "cuda:0"):
+        raise ValueError(f"--device {device}: the CTranslate2 backend runs on cpu or cuda")
+    device = device.split(":")[0]
+    threads = args.threads
+    if threads is None:
+        threads = _default_threads(device == "cpu")
+    options = dict(
+        device=device,
+        compute_type=args.compute_type or "default",
+        max_tokens=args.max_tokens,
+        threads=threads,
+    )
+    model_dir = Path(dirs[0])
+    if is_ct2_export(model_dir):
+        return CTranslate2Translator(model_dir, **options)
+    tmp = Path(tempfile.mkdtemp(prefix="aiayn-ct2-"))
+    try:
+        logger.info(
+            "converting %s to CTranslate2 (to skip this, run once: aiayn export %s --to "
+            "ctranslate2 -o DIR, and pass -m DIR)",
+            model_dir,
+            model_dir,
+        )
+        export_ctranslate2(model_dir, tmp / "model")
+        translator = CTranslate2Translator(tmp / "model", **options)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    translator.model_dirs = [model_dir]  # what the user named, not the temporary copy
+    translator.model_dir = model_dir
+    return translator
+
+
+def search_options(args: argparse.Namespace) -> DecodingOptions:
+    """The `DecodingOptions` of the flags given (every field a command has no flag for keeps
+    its default). On CTranslate2, beam search ranks by ``log_prob / |Y| ** α`` unless
+    --length-penalty-kind says otherwise (the translator refuses GNMT's)."""
+    options = dataclass_from_args(DecodingOptions, args)
+    if getattr(args, "length_penalty_kind", None) is None and backend_of(args) == "ctranslate2":
+        return dataclasses.replace(options, length_penalty_kind="power")
+    return options
+
+
+def add_progress_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress bar (one is drawn on stderr, with an ETA, when it is a terminal)",
+    )
+
+
+@contextlib.contextmanager
+def progress_bar(wanted: bool, total: int | None) -> Iterator[Callable[[int], None] | None]:
+    """A progress bar on stderr counting lines, if ``wanted`` and stderr is a terminal: yields
+    its ``update`` (or None). ``total`` None counts without an ETA. Log records are written
+    above the bar instead of through it while it is open."""
+    if not (wanted and sys.stderr.isatty()):
+        yield None
+        return
+    from tqdm import tqdm
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    with (
+        logging_redirect_tqdm(),
+        tqdm(total=total, unit="line", file=sys.stderr, dynamic_ncols=True) as bar,
+    ):
+        yield bar.update

@@ -1,0 +1,197 @@
+"""``aiayn info``, ``train``, ``average`` and ``demo``: models before and during training."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiayn.cli.flags import add_dataclass_flags, dataclass_values, parse_assignments
+
+if TYPE_CHECKING:
+    from aiayn.config import TrainConfig
+
+logger = logging.getLogger("aiayn")
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    _add_info(sub)
+    _add_train(sub)
+    _add_average(sub)
+    _add_demo(sub)
+
+
+def _add_info(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("info", help="print a model's architecture and parameter counts")
+    p.add_argument("-m", "--model-dir", help="a trained model directory (instead of a preset)")
+    p.add_argument("--preset", default="base", help="preset name (base, big, small, tiny)")
+    p.add_argument("--vocab-size", type=int, default=37000, help="joint vocabulary size")
+    p.add_argument("--tgt-vocab-size", type=int, help="target vocabulary size if not joint")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a model field, e.g. --set n_heads=16 (repeatable)",
+    )
+    p.set_defaults(run=_run_info)
+
+
+def _run_info(args: argparse.Namespace) -> int:
+    import torch
+
+    from aiayn.config import preset
+    from aiayn.describe import describe
+    from aiayn.model import Transformer
+
+    if args.model_dir:
+        from aiayn.checkpoint import read_model_config, resolve_model_dir
+
+        config = read_model_config(resolve_model_dir(args.model_dir))
+    else:
+        overrides = parse_assignments(args.set, "--set")
+        if args.tgt_vocab_size is not None:
+            overrides.setdefault("share_embeddings", "decoder")
+        config = preset(
+            args.preset,
+            src_vocab_size=args.vocab_size,
+            tgt_vocab_size=args.tgt_vocab_size,
+            **overrides,
+        )
+    with torch.device("meta"):  # shapes only: no memory, no time
+        model = Transformer(config)
+    print(describe(model, config))
+    return 0
+
+
+def _add_train(sub: argparse._SubParsersAction) -> None:
+    from aiayn.config import TrainConfig
+
+    p = sub.add_parser(
+        "train",
+        help="train a model from parallel text",
+        description="Train from line-aligned files (--src/--tgt) or a TSV. Settings come from "
+        "--config (YAML) and flags; flags win. Launch with torchrun for several GPUs/nodes.",
+    )
+    p.add_argument("-c", "--config", help="YAML file with training settings")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the last checkpoint, with the run's settings (its "
+        "train_config.yaml); flags may change only how it goes on (--max-steps, saving, "
+        "logging, validation, device)",
+    )
+    add_dataclass_flags(p, TrainConfig, skip={"model"})
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="override a model field, e.g. --model d_model=256 (repeatable)",
+    )
+    p.set_defaults(run=_run_train)
+
+
+def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
+    """YAML file values, then flag values on top; validated as a `TrainConfig`.
+
+    With `--resume`, the run's own `train_config.yaml` comes first: what the file and flags
+    give goes on top of it, where the trainer accepts it as an override or refuses it.
+    """
+    from aiayn.config import TrainConfig, load_yaml_config
+    from aiayn.rundir import read_config
+
+    values: dict[str, Any] = load_yaml_config(args.config) if args.config else {}
+    source = args.config or "flags"
+    out_dir = args.out_dir or values.get("out_dir") or TrainConfig.out_dir
+    if args.resume and (saved := read_config(Path(out_dir))) is not None:
+        values = {**saved, **values}
+    if args.model:
+        merged = dict(values.get("model") or {})
+        merged.update(parse_assignments(args.model, "--model"))
+        values["model"] = merged
+    values.update(dataclass_values(TrainConfig, args, skip={"model"}))
+    return TrainConfig.from_dict(values, source=source)
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from aiayn.trainer import train
+
+    config = train_config_from_args(args)
+    result = train(config, resume=args.resume)
+    # A run stopped by a signal exits as the shell reports one: 128 + its number (143 for
+    # SIGTERM, 130 for SIGINT), which schedulers and wrappers read as "stopped, not failed".
+    status = 128 + (result.stop_signal or signal.SIGINT) if result.interrupted else 0
+    if os.environ.get("RANK", "0") != "0":  # under torchrun, rank 0 alone reports
+        return status
+    if result.interrupted:
+        print(
+            f"interrupted at step {result.step}; continue with: aiayn train --resume "
+            f"--out-dir {result.run_dir}",
+            file=sys.stderr,
+        )
+        return status
+    print(f"model directory: {result.model_dir}")
+    return 0
+
+
+def _add_average(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("average", help="average the last N checkpoints of a run (§6.1)")
+    p.add_argument("run_dir", help="run directory (its checkpoints/ are used)")
+    p.add_argument("-n", "--last", type=int, default=5, help="number of checkpoints (default 5)")
+    p.add_argument("-o", "--output", required=True, help="output model directory")
+    p.set_defaults(run=_run_average)
+
+
+def _run_average(args: argparse.Namespace) -> int:
+    import json
+
+    from aiayn import checkpoint as ckpt
+
+    ckpt.check_replaceable(args.output)  # refused before averaging, not after
+    paths = ckpt.list_checkpoints(args.run_dir)
+    if not paths:
+        raise ckpt.CheckpointError(f"no checkpoints in {Path(args.run_dir) / 'checkpoints'}")
+    if args.last < 1:
+        raise ValueError(f"--last ({args.last}) must be >= 1")
+    chosen = paths[-args.last :]
+    if len(chosen) < args.last:
+        logger.warning("only %d checkpoint(s) available; averaging those", len(chosen))
+    model = ckpt.average_checkpoints(chosen)
+    metadata = json.loads((chosen[-1] / ckpt.METADATA_FILE).read_text())
+    metadata["averaged"] = [p.name for p in chosen]
+    ckpt.save_model_dir(
+        args.output, model, tokenizer_file=chosen[-1] / ckpt.TOKENIZER_FILE, metadata=metadata
+    )
+    print(
+        f"averaged {len(chosen)} checkpoints ({chosen[0].name} … {chosen[-1].name}) "
+        f"into {args.output}"
+    )
+    return 0
+
+
+def _add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="the whole job offline: numbers in English words → German, trained and evaluated",
+    )
+    p.add_argument("-o", "--out-dir", default="demo_run", help="output directory (demo_run)")
+    p.add_argument("--max-steps", type=int, default=None, help="optimizer updates")
+    p.add_argument("--seed", type=int, default=1, help="seed (default 1)")
+    p.set_defaults(run=_run_demo)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    from aiayn.demo import DemoStopped, format_report, run_demo
+
+    options = {} if args.max_steps is None else {"max_steps": args.max_steps}
+    try:
+        result = run_demo(args.out_dir, seed=args.seed, **options)
+    except DemoStopped as stopped:
+        print(stopped, file=sys.stderr)
+        return 128 + (stopped.signum or signal.SIGINT)
+    print(format_report(result))
+    return 0

@@ -1,0 +1,358 @@
+"""``aiayn translate``, ``evaluate``, ``score`` and ``attention``: a trained model on text."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from aiayn.cli.common import (
+    SAMPLING_FIELDS,
+    add_model_dir_flag,
+    add_model_flags,
+    add_progress_flag,
+    add_search_options,
+    backend_of,
+    load_translator,
+    progress_bar,
+    search_options,
+)
+from aiayn.cli.flags import add_dataclass_flags
+from aiayn.decoding_options import DecodingOptions
+
+if TYPE_CHECKING:
+    from aiayn.translator import Translator
+
+logger = logging.getLogger("aiayn")
+
+
+def add(sub: argparse._SubParsersAction) -> None:
+    _add_translate(sub)
+    _add_evaluate(sub)
+    _add_score(sub)
+    _add_attention(sub)
+
+
+def _add_translate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "translate",
+        help="translate text, one sentence per line",
+        description="Translate a file or stdin, one sentence per line, into a file or stdout: "
+        "one output line per input line, in input order, empty lines kept empty. With a "
+        "terminal on stdin and no -i, translate interactively. Sentences longer than the model "
+        "accepts (max_positions - 1 tokens) are truncated with a warning.",
+        epilog="--n-best N writes N lines per input line, best first, in the Moses/fairseq "
+        "n-best style 'i ||| text ||| score': i is the 0-based input line number and score "
+        "the hypothesis' log-probability divided by the length penalty (the plain "
+        "log-probability for greedy search and sampling). An empty input line gives one "
+        "line 'i |||  ||| 0.0000'. --alignment appends to each output line a tab and hard "
+        "word alignments in the Pharaoh format of fast_align and Moses: space-separated "
+        "'i-j' pairs, i the 0-based source position and j the 0-based target position, "
+        "counted in subword pieces (SentencePiece pieces, not words). Each output token is "
+        "aligned to the source piece it attends to most (encoder-decoder attention of "
+        "--alignment-layer, averaged over heads); the EOS of source and output are left out, "
+        "so there is one pair per output piece. Tabs in the translation become spaces. An "
+        "empty input line gives a line with only the tab.",
+    )
+    p.add_argument("-i", "--input", help="input file (default: stdin; '-' = stdin)")
+    p.add_argument("-o", "--output", help="output file (default: stdout)")
+    add_progress_flag(p)
+    p.add_argument(
+        "--n-best", type=int, metavar="N", help="write the N best hypotheses in n-best format"
+    )
+    p.add_argument(
+        "--alignment",
+        action="store_true",
+        help="append a tab and source-target word alignments 'i-j ...' (see below; not with "
+        "an ensemble)",
+    )
+    p.add_argument(
+        "--alignment-layer",
+        type=int,
+        default=-1,
+        metavar="L",
+        help="decoder layer whose attention gives the alignments; 0-based, negative counts "
+        "from the end (default -1, the last)",
+    )
+    add_search_options(p, ensemble=True, backend=True)
+    g = p.add_argument_group("sampling (instead of beam search)")
+    add_dataclass_flags(g, DecodingOptions, only=SAMPLING_FIELDS)
+    g.add_argument("--seed", type=int, help="seed for reproducible samples")
+    p.set_defaults(run=_run_translate)
+
+
+def _run_translate(args: argparse.Namespace) -> int:
+    from aiayn.alignment import format_translation
+    from aiayn.data import count_lines
+    from aiayn.translator import read_lines
+
+    from_file = args.input not in (None, "-")
+    if from_file and not Path(args.input).is_file():
+        raise FileNotFoundError(f"input file {args.input} does not exist")
+    if from_file and args.output and Path(args.output).resolve() == Path(args.input).resolve():
+        raise ValueError(f"refusing to write the translation over its input {args.input}")
+    if args.alignment and args.n_best is not None:
+        raise ValueError("--alignment cannot be combined with --n-best")
+    if args.alignment and backend_of(args) == "ctranslate2":
+        raise ValueError(
+            "--alignment needs the attention maps, which the CTranslate2 backend does not "
+            "return: translate with the aiayn model directory (--backend pytorch)"
+        )
+    options = {
+        "options": search_options(args),  # with --n-best and the sampling flags
+        "return_attention": args.alignment,
+        "seed": args.seed,
+    }
+    translator = load_translator(args)
+    translator.translate([], **options)  # checks the options before reading any input
+    alignment_layer = None
+    if args.alignment:
+        from aiayn.alignment import check_index
+
+        n_layers = translator.model.config.n_decoder_layers
+        alignment_layer = check_index(args.alignment_layer, n_layers, "layer", "decoder layers")
+
+    if args.input is None and sys.stdin.isatty():
+        return _translate_interactively(translator, options, args.n_best, alignment_layer)
+    lines = read_lines(args.input) if from_file else read_lines(sys.stdin.buffer, name="<stdin>")
+    # No bar when the translations themselves go to the terminal: they would tear it.
+    show_progress = not args.no_progress and bool(args.output or not sys.stdout.isatty())
+    total = count_lines(Path(args.input)) if from_file and show_progress else None
+    with contextlib.ExitStack() as stack:
+        progress = stack.enter_context(progress_bar(show_progress, total))
+        results = translator.translate_iterable(lines, progress=progress, **options)
+        out = sys.stdout
+        if args.output:
+            out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
+        for number, result in enumerate(results):
+            out.write(format_translation(number, result, args.n_best, alignment_layer))
+        out.flush()
+    return 0
+
+
+def _translate_interactively(
+    translator: Translator, options: dict[str, Any], n_best: int | None, alignment_layer: int | None
+) -> int:
+    """A '> ' prompt on stderr, each translation on stdout, until end of input (Ctrl-D)."""
+    from aiayn.alignment import format_translation
+
+    print("Type a sentence and press Enter; Ctrl-D to quit.", file=sys.stderr)
+    number = 0
+    while True:
+        print("> ", end="", file=sys.stderr, flush=True)
+        line = sys.stdin.readline()
+        if not line:
+            print(file=sys.stderr)
+            return 0
+        [result] = translator.translate([line], **options)
+        sys.stdout.write(format_translation(number, result, n_best, alignment_layer))
+        sys.stdout.flush()
+        number += 1
+
+
+def _add_evaluate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="translate a test set and score it with sacreBLEU (BLEU, chrF)",
+        description="Translate --src, write the hypotheses, and print corpus BLEU and chrF "
+        "against one or more references, with sacreBLEU signatures.",
+    )
+    p.add_argument("--src", required=True, help="source sentences, one per line")
+    p.add_argument(
+        "--ref",
+        action="append",
+        required=True,
+        help="reference translations, line-aligned with --src (repeat for several)",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        help="where to write the hypotheses (default: <name of --src>.hyp in the current "
+        "directory)",
+    )
+    p.add_argument("--tokenize", help="sacreBLEU tokenizer for BLEU (default 13a; zh, intl...)")
+    p.add_argument(
+        "--tokenized-bleu",
+        action="store_true",
+        help="also print tokenized BLEU with compound splitting, as the paper reported on EN-DE "
+        "(13a tokenization approximating Moses; not comparable with sacreBLEU)",
+    )
+    p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
+    add_progress_flag(p)
+    add_search_options(p, ensemble=True, backend=True)
+    p.set_defaults(run=_run_evaluate)
+
+
+def _run_evaluate(args: argparse.Namespace) -> int:
+    import json
+
+    from aiayn.data import count_lines
+    from aiayn.evaluation import evaluate_files, tokenized_bleu
+    from aiayn.translator import read_lines
+
+    out_path = Path(args.output) if args.output else Path.cwd() / f"{Path(args.src).name}.hyp"
+    for path in (args.src, *args.ref):
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+    translator = load_translator(args)
+    with progress_bar(not args.no_progress, count_lines(Path(args.src))) as progress:
+        scores = evaluate_files(
+            translator,
+            args.src,
+            args.ref,
+            out_path=out_path,
+            tokenize=args.tokenize,
+            options=search_options(args),
+            progress=progress,
+        )
+    tokenized = None
+    if args.tokenized_bleu:
+        tokenized = tokenized_bleu(
+            [line.strip() for line in read_lines(out_path)],
+            [[line.strip() for line in read_lines(path)] for path in args.ref],
+        )
+    if args.json:
+        report = {
+            **scores.to_dict(),
+            "hypotheses_file": str(out_path),
+            "model_dir": str(translator.model_dir),
+        }
+        if len(translator.model_dirs) > 1:
+            report["ensemble"] = [str(d) for d in translator.model_dirs]
+        if tokenized is not None:
+            report["tokenized_bleu"] = tokenized.bleu
+            report["tokenized_bleu_label"] = tokenized.label
+            report["tokenized_bleu_text"] = tokenized.bleu_text
+        print(json.dumps(report, indent=2))
+    else:
+        print(scores)
+        if tokenized is not None:
+            print(tokenized)
+    return 0
+
+
+def _add_score(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "score",
+        help="the model's log-probability and perplexity of given translations",
+        description="Score line-aligned (source, target) pairs with the model's "
+        "log-probability of the target given the source, teacher-forced, without search "
+        "(fairseq's --score-reference): to filter a corpus or check translations. Writes one "
+        "line per pair, 'log_prob<TAB>tokens<TAB>perplexity', tokens counting the target's "
+        "subword pieces + EOS and perplexity = exp(-log_prob / tokens); with --json one JSON "
+        "object per line. The corpus totals go to stderr. With several -m, each token's "
+        "probability is the mean of the models'.",
+    )
+    p.add_argument("--src", required=True, help="source sentences, one per line")
+    p.add_argument("--tgt", required=True, help="their translations, line-aligned with --src")
+    p.add_argument("-o", "--output", help="output file (default: stdout)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="write JSON lines {log_prob, tokens, perplexity, truncated}",
+    )
+    add_progress_flag(p)
+    add_model_dir_flag(p, ensemble=True)
+    add_model_flags(p)
+    p.set_defaults(run=_run_score)
+
+
+def _run_score(args: argparse.Namespace) -> int:
+    import json
+    import math
+
+    from aiayn.data import count_lines
+    from aiayn.scoring import score_pairs
+    from aiayn.translator import read_lines
+
+    src, tgt = Path(args.src), Path(args.tgt)
+    for path in (src, tgt):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+    n_src, n_tgt = count_lines(src), count_lines(tgt)
+    if n_src != n_tgt:
+        raise ValueError(f"{src} has {n_src} lines but {tgt} has {n_tgt} lines")
+    if args.output and Path(args.output).resolve() in (src.resolve(), tgt.resolve()):
+        raise ValueError(f"refusing to write the scores over the input {args.output}")
+    translator = load_translator(args)
+    pairs = zip(read_lines(src), read_lines(tgt), strict=True)
+    show_progress = not args.no_progress and bool(args.output or not sys.stdout.isatty())
+    log_prob, n_tokens = 0.0, 0
+    with contextlib.ExitStack() as stack:
+        progress = stack.enter_context(progress_bar(show_progress, n_src))
+        out = sys.stdout
+        if args.output:
+            out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
+        scores = score_pairs(
+            translator.models,
+            translator.tokenizer,
+            pairs,
+            max_tokens=translator.max_tokens,
+            progress=progress,
+        )
+        for pair in scores:
+            log_prob, n_tokens = log_prob + pair.log_prob, n_tokens + pair.n_tokens
+            if args.json:
+                fields = {"log_prob": pair.log_prob, "tokens": pair.n_tokens}
+                fields |= {"perplexity": pair.perplexity, "truncated": pair.truncated}
+                out.write(json.dumps(fields) + "\n")
+            else:
+                out.write(f"{pair.log_prob:.4f}\t{pair.n_tokens}\t{pair.perplexity:.4f}\n")
+        out.flush()
+    perplexity = math.exp(min(-log_prob / n_tokens, 700.0)) if n_tokens else math.nan
+    print(
+        f"scored {n_src} pairs: {n_tokens} target tokens (EOS included), log-probability "
+        f"{log_prob:.2f}, perplexity {perplexity:.2f}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _add_attention(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "attention",
+        help="translate a sentence and draw its attention maps (PNG or SVG)",
+        description="Translate one sentence and draw its attention with the subword pieces on "
+        "the axes. --kind alignment (default): encoder-decoder attention of one layer averaged "
+        "over heads, output (rows) x source (columns). encoder, decoder, cross: a grid of "
+        "every layer x head of encoder self-attention, masked decoder self-attention or "
+        "encoder-decoder attention. The format comes from the suffix of -o (.png, .svg).",
+    )
+    p.add_argument("sentence", nargs="+", help="the sentence (quoted, or as several words)")
+    p.add_argument("-o", "--output", required=True, help="image file, .png or .svg")
+    p.add_argument(
+        "--kind",
+        choices=["alignment", "encoder", "decoder", "cross"],
+        default="alignment",
+        help="which attention to draw (default: alignment)",
+    )
+    p.add_argument(
+        "--layer",
+        type=int,
+        help="0-based layer, negative from the end (default: the last for alignment, every "
+        "layer for grids)",
+    )
+    p.add_argument(
+        "--head", type=int, help="one head (default: mean over heads / every head in grids)"
+    )
+    p.add_argument("--dpi", type=int, default=150, help="image resolution (default 150)")
+    add_search_options(p)
+    p.set_defaults(run=_run_attention)
+
+
+def _run_attention(args: argparse.Namespace) -> int:
+    from aiayn.plots import check_image_path, plot_attention, save_figure
+    from aiayn.translator import one_line
+
+    output = check_image_path(args.output)  # before the slow part
+    translator = load_translator(args)
+    sentence = " ".join(args.sentence)
+    [result] = translator.translate([sentence], search_options(args), return_attention=True)
+    figure = plot_attention(result, args.kind, layer=args.layer, head=args.head)
+    save_figure(figure, output, dpi=args.dpi)
+    print(one_line(result.text))
+    logger.info("wrote %s", output)
+    return 0

@@ -1,0 +1,195 @@
+"""Tests for `aiayn export`, `aiayn import` and `--backend ctranslate2`, through `main`: an
+export translates to the same lines as the PyTorch model, an HF export imported back translates
+identically, `-o` never destroys files aiayn did not write, and what a backend cannot do is a
+one-line error. Each test skips when its optional runtime is missing."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiayn.cli import main
+from interop_models import SENTENCES, tiny_model_dir
+
+FAST = ["--threads", "1", "--no-progress"]
+TEXTS = [s for s in SENTENCES if s][:3]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(tmp_path_factory.mktemp("cli-interop"))
+
+
+@pytest.fixture(scope="module")
+def source(model_dir: Path) -> Path:
+    path = model_dir.parent / "source.txt"
+    path.write_text("".join(f"{s}\n" for s in SENTENCES), encoding="utf-8")
+    return path
+
+
+def translate(model: Path | str, source: Path, *flags: str) -> list[str]:
+    out = source.parent / "out.txt"
+    argv = ["translate", "-m", str(model), "-i", str(source), "-o", str(out), *FAST, *flags]
+    assert main(argv) == 0
+    return out.read_text(encoding="utf-8").splitlines()
+
+
+def export(model_dir: Path, to: str, out: Path, *flags: str) -> Path:
+    assert main(["export", str(model_dir), "--to", to, "-o", str(out), *flags]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def ct2_dir(model_dir: Path) -> Path:
+    pytest.importorskip("ctranslate2", reason="optional: pip install -e '.[export]'")
+    return export(model_dir, "ctranslate2", model_dir.parent / "ct2")
+
+
+# -- CTranslate2 ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param(["--beam-size", "1"], id="greedy"),
+        pytest.param(["--beam-size", "4", "--length-penalty-kind", "power"], id="beam4"),
+    ],
+)
+def test_a_ctranslate2_export_translates_as_pytorch(ct2_dir, model_dir, source, flags) -> None:
+    assert translate(ct2_dir, source, *flags) == translate(model_dir, source, *flags)
+
+
+def test_backend_ctranslate2_converts_a_model_directory(ct2_dir, model_dir, source) -> None:
+    # Beam search on CTranslate2 ranks by log_prob / |Y|^α unless told otherwise.
+    pytorch = translate(model_dir, source, "--length-penalty-kind", "power")
+    assert translate(model_dir, source, "--backend", "ctranslate2") == pytorch
+    assert translate(ct2_dir, source, "--compute-type", "float32") == pytorch
+
+
+def test_ctranslate2_refuses_alignments_and_gnmt(ct2_dir, model_dir, source, capsys) -> None:
+    argv = ["translate", "-m", str(ct2_dir), "-i", str(source), *FAST]
+    assert main([*argv, "--alignment"]) == 2
+    err = capsys.readouterr().err
+    assert "--alignment" in err and "CTranslate2" in err and "Traceback" not in err
+    assert main([*argv, "--length-penalty-kind", "gnmt"]) == 2
+    assert "length_penalty_kind='power'" in capsys.readouterr().err
+    assert main([*argv, "--backend", "pytorch"]) == 2
+    assert "is a CTranslate2 export" in capsys.readouterr().err
+    assert main([*argv, "--int8"]) == 2
+    assert "--compute-type int8" in capsys.readouterr().err
+    plain = ["translate", "-m", str(model_dir), "-i", str(source), *FAST]
+    assert main([*plain, "--compute-type", "int8"]) == 2
+    assert "--backend ctranslate2" in capsys.readouterr().err
+
+
+def test_commands_that_need_pytorch_refuse_an_export(ct2_dir, source, capsys) -> None:
+    argv = ["score", "-m", str(ct2_dir), "--src", str(source), "--tgt", str(source)]
+    assert main(argv) == 2
+    assert "needs the aiayn model directory" in capsys.readouterr().err
+
+
+def test_quantization_is_stored(ct2_dir, model_dir, source) -> None:
+    out = export(model_dir, "ctranslate2", model_dir.parent / "ct2-int8", "--quantization", "int8")
+    assert '"quantization": "int8"' in (out / "aiayn.json").read_text()
+    assert len(translate(out, source, "--beam-size", "1")) == len(SENTENCES)
+
+
+# -- ONNX, Hugging Face -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags", [["--beam-size", "1"], ["--beam-size", "4"]], ids=["1", "4"])
+def test_an_onnx_export_translates_as_pytorch(model_dir, source, flags) -> None:
+    pytest.importorskip("onnxruntime", reason="optional: pip install -e '.[export]'")
+    pytest.importorskip("onnxscript", reason="optional: pip install -e '.[export]'")
+    out = model_dir.parent / "onnx"
+    if not out.exists():
+        export(model_dir, "onnx", out)
+    assert translate(out, source, *flags) == translate(model_dir, source, *flags)
+
+
+def test_an_hf_export_imported_back_translates_identically(model_dir, source, tmp_path) -> None:
+    pytest.importorskip("transformers", reason="optional: pip install -e '.[export]'")
+    hf = export(model_dir, "hf", tmp_path / "hf")
+    assert main(["import", str(hf), "-o", str(tmp_path / "back")]) == 0
+    for flags in (["--beam-size", "1"], []):
+        back = translate(tmp_path / "back", source, *flags)
+        assert back == translate(model_dir, source, *flags)
+
+
+# -- -o and flag checks -----------------------------------------------------------------------
+
+
+def test_output_with_a_foreign_file_is_refused_and_the_file_kept(model_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    for argv in (
+        ["export", str(model_dir), "--to", "ctranslate2", "-o", str(out)],
+        ["export", str(model_dir), "--to", "onnx", "-o", str(out)],
+        ["import", str(model_dir), "-o", str(out)],
+    ):
+        assert main(argv) == 2
+        assert "notes.txt" in capsys.readouterr().err
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary left
+
+
+def test_an_earlier_export_of_the_same_kind_is_replaced(ct2_dir, model_dir, tmp_path, capsys):
+    out = export(model_dir, "ctranslate2", tmp_path / "again")
+    export(model_dir, "ctranslate2", out, "--quantization", "int16")
+    assert '"quantization": "int16"' in (out / "aiayn.json").read_text()
+    assert main(["export", str(model_dir), "--to", "onnx", "-o", str(out)]) == 2
+    assert "holds a CTranslate2 export, not an ONNX export" in capsys.readouterr().err
+    assert (out / "model.bin").is_file()
+
+
+def test_format_specific_flags_are_refused_for_other_formats(model_dir, tmp_path, capsys):
+    out = str(tmp_path / "x")
+    assert main(["export", str(model_dir), "--to", "hf", "-o", out, "--quantization", "int8"]) == 2
+    assert "--quantization is for --to ctranslate2" in capsys.readouterr().err
+    assert main(["export", str(model_dir), "--to", "ctranslate2", "-o", out, "--opset", "17"]) == 2
+    assert "--opset is for --to onnx" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_missing_runtime_is_the_install_line(model_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # as if not installed
+    assert main(["export", str(model_dir), "--to", "ctranslate2", "-o", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install -e '.[export]'" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_the_cli_lists_ctranslate2s_quantizations() -> None:
+    pytest.importorskip("ctranslate2", reason="optional: pip install -e '.[export]'")
+    from aiayn.cli.interop import QUANTIZATIONS
+    from aiayn.interop import ctranslate2
+
+    assert QUANTIZATIONS == ctranslate2.QUANTIZATIONS
+
+
+def test_serve_on_ctranslate2_translates_and_refuses_attention(ct2_dir, model_dir) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from aiayn.cli import build_parser
+    from aiayn.cli.common import load_translator, search_options
+    from aiayn.serve import Decoding, ServerSettings, create_app
+
+    args = build_parser().parse_args(["serve", "-m", str(model_dir), "--backend", "ctranslate2"])
+    translator = load_translator(args)
+    decoding = Decoding(**dataclasses.asdict(search_options(args)))
+    assert decoding.length_penalty_kind == "power"
+    expected = translator.translate(TEXTS, options=search_options(args))
+    with TestClient(create_app(translator, ServerSettings(decoding=decoding))) as client:
+        answer = client.post("/translate", json={"texts": TEXTS})
+        assert answer.status_code == 200, answer.text
+        assert [t["text"] for t in answer.json()["translations"]] == [r.text for r in expected]
+        refused = client.post("/translate", json={"text": "hello", "return_attention": True})
+        assert refused.status_code == 422
+        assert "no attention maps" in refused.json()["error"]
+        assert client.get("/").status_code == 200
