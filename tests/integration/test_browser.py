@@ -101,7 +101,13 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 def api(url: str, texts: list[str]) -> list[dict[str, Any]]:
     """What the JSON API answers for the request the page makes."""
-    body = {"texts": texts, "beam_size": 2, "n_best": 1, "return_attention": True}
+    body = {
+        "texts": texts,
+        "beam_size": 2,
+        "n_best": 1,
+        "return_attention": True,
+        "full_attention": True,
+    }
     request = urllib.request.Request(
         url + "/translate", json.dumps(body).encode(), {"Content-Type": "application/json"}
     )
