@@ -223,6 +223,29 @@ def test_schedule_picture_is_eq_3_with_its_peak_at_warmup(tmp_path: Path) -> Non
     assert_image(save_figure(figure, tmp_path / "lr.png", dpi=DPI), size_of(figure), DPI)
 
 
+def test_schedule_curves_each_take_their_own_lr_scale() -> None:
+    """The paper's base model at Eq. 3's rate beside the demo's at half of it (make docs)."""
+    figure = plot_schedule([(512, 4000, 1.0), (128, 200, 0.5)], steps=5000)
+    ax = figure.axes[0]
+    curves = [line for line in ax.lines if len(line.get_xdata()) > 1]
+    settings = [(512, 4000, 1.0), (128, 200, 0.5)]
+    for line, (d_model, warmup, scale) in zip(curves, settings, strict=True):
+        steps = np.asarray(line.get_xdata())
+        expected = [learning_rate(int(s), d_model=d_model, warmup_steps=warmup, scale=scale)
+                    for s in steps]  # fmt: skip
+        np.testing.assert_allclose(line.get_ydata(), expected)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "d_model = 512, warmup = 4000, × 1",
+        "d_model = 128, warmup = 200, × 0.5",
+    ]
+    assert "×" not in ax.get_title()
+    # one scale for every curve goes in the title, as with the keyword `scale`
+    for figure in (plot_schedule([(128, 200, 0.5)]), plot_schedule([(128, 200)], scale=0.5)):
+        assert figure.axes[0].get_title().endswith("× 0.5")
+    with pytest.raises(ValueError, match=r"scale \(0\.0\) must be > 0"):
+        plot_schedule([(128, 200, 0.0)])
+
+
 def test_curves_plot_train_and_valid_series(tmp_path: Path) -> None:
     write_metrics(tmp_path / "metrics.jsonl", TRAIN + VALID)
     figure = plot_curves(tmp_path)
@@ -369,9 +392,17 @@ def test_plot_positional_encoding_and_schedule_commands(
     argv = ["plot", "schedule", "--d-model", "512", "--d-model", "256", "--warmup", "4000"]
     assert main([*argv, "--steps", "10000", "-o", str(lr), "--dpi", str(DPI)]) == 0
     assert_image(lr, size_of(plot_schedule()), DPI)
+    parser = build_parser()
+    argv = ["plot", "schedule", "--d-model", "512", "--warmup", "4000", "--lr-scale", "1"]
+    args = parser.parse_args(
+        [*argv, "--d-model", "128", "--warmup", "200", "--lr-scale", "0.5", "-o", "x.png"]
+    )
+    assert (args.d_model, args.warmup, args.lr_scale) == ([512, 128], [4000, 200], [1.0, 0.5])
 
     argv = ["plot", "schedule", "--d-model", "1", "--d-model", "2"]
     assert main([*argv, "--warmup", "1", "--warmup", "2", "--warmup", "3", "-o", str(lr)]) == 2
-    assert "--d-model is given 2 times and --warmup 3 times" in capsys.readouterr().err
+    assert (
+        "given --d-model 2 times, --warmup 3 times, --lr-scale 1 time:" in capsys.readouterr().err
+    )
     assert main(["plot", "positional-encoding", "-o", str(tmp_path / "pe.gif")]) == 2
     assert "use one of .png, .svg" in capsys.readouterr().err

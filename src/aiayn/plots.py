@@ -334,35 +334,47 @@ def plot_positional_encoding(
 
 
 def plot_schedule(
-    settings: Sequence[tuple[int, int]] = ((512, 4000),),
+    settings: Sequence[tuple[int, int] | tuple[int, int, float]] = ((512, 4000),),
     *,
     steps: int = 100_000,
     scale: float = 1.0,
 ) -> Figure:
-    """Eq. 3's learning rate over ``steps`` updates, one curve per (d_model, warmup_steps),
-    with each peak (at step = warmup_steps) marked. Uses ``aiayn.optim.learning_rate``, the
-    function training uses."""
+    """Eq. 3's learning rate over ``steps`` updates, one curve per (d_model, warmup_steps) or
+    (d_model, warmup_steps, lr_scale), with each peak (at step = warmup_steps) marked. Uses
+    ``aiayn.optim.learning_rate``, the function training uses.
+
+    Args:
+        settings: One tuple per curve; a curve without its own scale takes ``scale``.
+        steps: Updates on the x axis.
+        scale: Factor on Eq. 3 (``TrainConfig.lr_scale``) for curves that give none.
+    """
     from aiayn.optim import learning_rate
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps ({steps!r}) must be a positive integer")
     if not settings:
         raise ValueError("give at least one (d_model, warmup_steps) pair")
-    for d_model, warmup in settings:
+    curves = [(d, w, scale) if len(rest) == 0 else (d, w, *rest) for d, w, *rest in settings]
+    for d_model, warmup, curve_scale in curves:
         if d_model < 1 or warmup < 1:
             raise ValueError(f"d_model ({d_model}) and warmup ({warmup}) must be >= 1")
+        if not curve_scale > 0:
+            raise ValueError(f"the learning-rate scale ({curve_scale}) must be > 0")
     # ~2000 points, plus every warmup step so that each peak is drawn exactly.
     points = np.linspace(1, steps, num=min(steps, 2000)).round().astype(int)
-    points = np.unique(np.concatenate([points, [w for _, w in settings if w <= steps]]))
+    points = np.unique(np.concatenate([points, [w for _, w, _ in curves if w <= steps]]))
+    scales = {s for _, _, s in curves}
+    common = scales.pop() if len(scales) == 1 else None  # in the title, else in each label
 
     figure = Figure(figsize=(8, 5), layout="constrained")
     ax = figure.add_subplot()
-    for d_model, warmup in settings:
-        rates = [learning_rate(int(s), d_model=d_model, warmup_steps=warmup, scale=scale)
+    for d_model, warmup, curve_scale in curves:
+        rates = [learning_rate(int(s), d_model=d_model, warmup_steps=warmup, scale=curve_scale)
                  for s in points]  # fmt: skip
-        (line,) = ax.plot(points, rates, label=f"d_model = {d_model}, warmup = {warmup}")
+        label = f"d_model = {d_model}, warmup = {warmup}"
+        (line,) = ax.plot(points, rates, label=label if common else f"{label}, × {curve_scale:g}")
         if warmup <= steps:
-            peak = learning_rate(warmup, d_model=d_model, warmup_steps=warmup, scale=scale)
+            peak = learning_rate(warmup, d_model=d_model, warmup_steps=warmup, scale=curve_scale)
             ax.plot([warmup], [peak], "o", color=line.get_color(), markersize=4)
             ax.annotate(
                 f"{peak:.2e}",
@@ -375,7 +387,7 @@ def plot_schedule(
     ax.set_xlabel("training step")
     ax.set_ylabel("learning rate")
     title = "Learning-rate schedule (Eq. 3): d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)"
-    ax.set_title(title if scale == 1.0 else f"{title} × {scale:g}", fontsize=10)
+    ax.set_title(title if common in (None, 1.0) else f"{title} × {common:g}", fontsize=10)
     ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
     ax.set_xlim(0, steps)
     ax.set_ylim(bottom=0)
