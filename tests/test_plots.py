@@ -12,6 +12,7 @@ import json
 import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import matplotlib.image
 import numpy as np
@@ -166,6 +167,21 @@ def test_grid_has_every_layer_and_head(
     one = plot_attention_grid(result, kind, layer=-1, head=0)
     [panel] = [ax for ax in one.axes if ax.images]
     np.testing.assert_allclose(panel.images[0].get_array(), maps[-1, 0].numpy())
+
+
+@pytest.mark.parametrize("kind", ["alignment", "encoder", "cross"])
+def test_colours_run_from_0_to_1_unless_auto_scaled(result: TranslationResult, kind: str) -> None:
+    """A fixed scale makes two pictures comparable (as on the web page); --auto-scale stretches
+    it to the largest weight shown."""
+
+    def scale_of(figure: Any) -> tuple[float, float, float]:
+        images = [image for ax in figure.axes for image in ax.images]
+        largest = max(float(np.max(image.get_array())) for image in images)
+        return (*images[0].get_clim(), largest)
+
+    assert scale_of(plot_attention(result, kind))[:2] == (0.0, 1.0)
+    low, high, largest = scale_of(plot_attention(result, kind, auto_scale=True))
+    assert low == 0.0 and high == pytest.approx(largest) and largest < 1.0
 
 
 def test_decoder_grid_labels_inputs_and_predictions(result: TranslationResult) -> None:
@@ -324,7 +340,7 @@ def test_attention_command_writes_the_picture(
 def test_attention_command_takes_words_and_writes_svg(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "a.svg"
     argv = ["attention", "-m", str(model_dir), *SENTENCE.split(), "-o", str(out), "--layer", "0"]
-    assert main([*argv, *CLI_FAST]) == 0
+    assert main([*argv, *CLI_FAST, "--auto-scale"]) == 0
     assert ET.parse(out).getroot().tag.endswith("svg")
 
 
