@@ -52,7 +52,9 @@ bible-deps:
 		(apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y \
 			sword-text-web sword-text-sparv)
 
-# Figures of docs/walkthrough.md, drawn by aiayn's own commands from the demo model.
+# Figures of docs/walkthrough.md, drawn by aiayn's own commands from the demo model. The schedule
+# is the paper's base model beside the demo's (d_model, warmup_steps, lr_scale), which
+# tests/test_demo.py checks against what run_demo trains with.
 DEMO_MODEL := demo_run/run/model
 FIG := docs/figures
 EXAMPLE := four thousand, three hundred and twenty-one
@@ -61,8 +63,8 @@ docs: $(STAMP)
 	mkdir -p $(FIG)
 	$(BIN)/aiayn info -m $(DEMO_MODEL) > $(FIG)/demo-model.txt
 	$(BIN)/aiayn plot positional-encoding --d-model 128 --length 64 -o $(FIG)/positional-encoding.png
-	$(BIN)/aiayn plot schedule --d-model 512 --warmup 4000 --d-model 128 --warmup 200 \
-		--steps 20000 -o $(FIG)/schedule.png
+	$(BIN)/aiayn plot schedule --d-model 512 --warmup 4000 --lr-scale 1 \
+		--d-model 128 --warmup 200 --lr-scale 0.5 --steps 20000 -o $(FIG)/schedule.png
 	$(BIN)/aiayn plot curves demo_run/run -o $(FIG)/demo-curves.png
 	$(BIN)/aiayn attention -m $(DEMO_MODEL) "$(EXAMPLE)" -o $(FIG)/alignment.png
 	$(BIN)/aiayn attention -m $(DEMO_MODEL) "$(EXAMPLE)" --kind encoder -o $(FIG)/encoder-self-attention.png

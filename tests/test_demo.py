@@ -10,14 +10,16 @@ from pathlib import Path
 import pytest
 
 from aiayn import checkpoint, demo, trainer
-from aiayn.demo import EXAMPLES, split_numbers, write_demo_corpus
+from aiayn.config import PRESETS
+from aiayn.demo import EXAMPLES, SMALL, SMALL_EXAMPLES, split_numbers, write_demo_corpus
 
 
-def test_split_keeps_the_shown_examples_out_of_training() -> None:
+def test_split_keeps_the_shown_examples_out_of_training_and_0_to_100_in() -> None:
     splits = split_numbers(1000, n_valid=50, n_test=100, seed=1)
     shown = [n for n in EXAMPLES if n < 1000]
     assert splits.test[: len(shown)] == shown
     assert not set(shown) & set(splits.train + splits.valid)
+    assert set(SMALL) <= set(splits.train) and set(SMALL_EXAMPLES) <= set(SMALL)
     parts = [splits.train, splits.valid, splits.test]
     assert [len(p) for p in parts] == [850, 50, 100]
     assert sorted(splits.train + splits.valid + splits.test) == list(range(1000))
@@ -26,11 +28,20 @@ def test_split_keeps_the_shown_examples_out_of_training() -> None:
 
 def test_demo_corpus_is_line_aligned_english_and_german(tmp_path: Path) -> None:
     splits = demo.DemoSplits(train=[21, 3], valid=[97], test=[4321])
-    files = write_demo_corpus(tmp_path / "corpus", splits)
-    assert set(files) == {"train", "valid", "test"}
+    files = write_demo_corpus(tmp_path / "corpus", splits, small_weight=1)
+    assert set(files) == {"train", "valid", "test", "vocab"}
     en, de = files["train"]
     assert en.read_text(encoding="utf-8").splitlines() == ["twenty-one", "three"]
     assert de.read_text(encoding="utf-8").splitlines() == ["einundzwanzig", "drei"]
+
+
+def test_demo_corpus_repeats_only_the_small_numbers_in_training(tmp_path: Path) -> None:
+    splits = demo.DemoSplits(train=[21, 20, 101], valid=[5], test=[7])
+    files = write_demo_corpus(tmp_path / "corpus", splits, small_weight=3)
+    lines = {name: en.read_text(encoding="utf-8").splitlines() for name, (en, _) in files.items()}
+    assert lines["train"] == ["twenty-one"] * 3 + ["twenty"] * 3 + ["one hundred and one"]
+    assert lines["vocab"] == ["twenty-one", "twenty", "one hundred and one"]  # each number once
+    assert (lines["valid"], lines["test"]) == (["five"], ["seven"])
 
 
 class _Stop(Exception):
@@ -56,3 +67,47 @@ def test_demo_resumes_only_from_a_complete_checkpoint(
     with pytest.raises(_Stop):
         demo.run_demo(tmp_path, limit=1000, progress=False)
     assert calls == [complete]
+
+
+def test_make_docs_draws_the_schedule_the_demo_trains_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make docs` draws the demo's Eq. 3 curve from flags; they must be the demo's settings."""
+    configs = []
+
+    def fake_train(config: object, *, resume: bool) -> None:
+        configs.append(config)
+        raise _Stop
+
+    monkeypatch.setattr(trainer, "train", fake_train)
+    with pytest.raises(_Stop):
+        demo.run_demo(tmp_path, limit=1000, progress=False)
+    [config] = configs
+    d_model = PRESETS[config.preset]["d_model"]
+    flags = f"--d-model {d_model} --warmup {config.warmup_steps} --lr-scale {config.lr_scale:g}"
+    makefile = (Path(__file__).parents[1] / "Makefile").read_text(encoding="utf-8")
+    assert flags in " ".join(makefile.replace("\\\n", " ").split())
+    assert config.preset == "demo" and not config.model  # the preset says what the model is
+
+
+def test_report_says_which_numbers_were_seen_in_training() -> None:
+    result = demo.DemoResult(
+        model_dir=Path("m"),
+        exact_match=0.99,
+        chrf=99.9,
+        chrf_signature="nrefs:1",
+        small_wrong=[("zero", "sechshundertelf")],
+        small_total=101,
+        small_weight=20,
+        minutes=2.0,
+        examples=[
+            demo.DemoExample("five", "fünf", "fünf", held_out=False),
+            demo.DemoExample("three hundred and forty-two", "x", "dreihundertzweiundvierzig", True),
+        ],
+    )
+    report = demo.format_report(result).splitlines()
+    assert "Held-out numbers (never seen in training): exact match 99.0%" in report
+    assert "Numbers 0–100 (in training, weighted ×20): 100/101 right" in report
+    assert "  wrong: zero → sechshundertelf" in report
+    assert "  five  (in training)" in report and "    → fünf  ✓" in report
+    assert "  three hundred and forty-two  (held out)" in report and "    → x  ✗" in report

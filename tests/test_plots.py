@@ -12,6 +12,7 @@ import json
 import math
 import xml.etree.ElementTree as ET
 from pathlib import Path
+from typing import Any
 
 import matplotlib.image
 import numpy as np
@@ -168,6 +169,21 @@ def test_grid_has_every_layer_and_head(
     np.testing.assert_allclose(panel.images[0].get_array(), maps[-1, 0].numpy())
 
 
+@pytest.mark.parametrize("kind", ["alignment", "encoder", "cross"])
+def test_colours_run_from_0_to_1_unless_auto_scaled(result: TranslationResult, kind: str) -> None:
+    """A fixed scale makes two pictures comparable (as on the web page); --auto-scale stretches
+    it to the largest weight shown."""
+
+    def scale_of(figure: Any) -> tuple[float, float, float]:
+        images = [image for ax in figure.axes for image in ax.images]
+        largest = max(float(np.max(image.get_array())) for image in images)
+        return (*images[0].get_clim(), largest)
+
+    assert scale_of(plot_attention(result, kind))[:2] == (0.0, 1.0)
+    low, high, largest = scale_of(plot_attention(result, kind, auto_scale=True))
+    assert low == 0.0 and high == pytest.approx(largest) and largest < 1.0
+
+
 def test_decoder_grid_labels_inputs_and_predictions(result: TranslationResult) -> None:
     figure = plot_attention_grid(result, "decoder", layer=0, head=0)
     ax = next(ax for ax in figure.axes if ax.images)
@@ -221,6 +237,29 @@ def test_schedule_picture_is_eq_3_with_its_peak_at_warmup(tmp_path: Path) -> Non
         "d_model = 256, warmup = 1000",
     ]
     assert_image(save_figure(figure, tmp_path / "lr.png", dpi=DPI), size_of(figure), DPI)
+
+
+def test_schedule_curves_each_take_their_own_lr_scale() -> None:
+    """The paper's base model at Eq. 3's rate beside the demo's at half of it (make docs)."""
+    figure = plot_schedule([(512, 4000, 1.0), (128, 200, 0.5)], steps=5000)
+    ax = figure.axes[0]
+    curves = [line for line in ax.lines if len(line.get_xdata()) > 1]
+    settings = [(512, 4000, 1.0), (128, 200, 0.5)]
+    for line, (d_model, warmup, scale) in zip(curves, settings, strict=True):
+        steps = np.asarray(line.get_xdata())
+        expected = [learning_rate(int(s), d_model=d_model, warmup_steps=warmup, scale=scale)
+                    for s in steps]  # fmt: skip
+        np.testing.assert_allclose(line.get_ydata(), expected)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+        "d_model = 512, warmup = 4000, × 1",
+        "d_model = 128, warmup = 200, × 0.5",
+    ]
+    assert "×" not in ax.get_title()
+    # one scale for every curve goes in the title, as with the keyword `scale`
+    for figure in (plot_schedule([(128, 200, 0.5)]), plot_schedule([(128, 200)], scale=0.5)):
+        assert figure.axes[0].get_title().endswith("× 0.5")
+    with pytest.raises(ValueError, match=r"scale \(0\.0\) must be > 0"):
+        plot_schedule([(128, 200, 0.0)])
 
 
 def test_curves_plot_train_and_valid_series(tmp_path: Path) -> None:
@@ -301,7 +340,7 @@ def test_attention_command_writes_the_picture(
 def test_attention_command_takes_words_and_writes_svg(model_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "a.svg"
     argv = ["attention", "-m", str(model_dir), *SENTENCE.split(), "-o", str(out), "--layer", "0"]
-    assert main([*argv, *CLI_FAST]) == 0
+    assert main([*argv, *CLI_FAST, "--auto-scale"]) == 0
     assert ET.parse(out).getroot().tag.endswith("svg")
 
 
@@ -369,9 +408,17 @@ def test_plot_positional_encoding_and_schedule_commands(
     argv = ["plot", "schedule", "--d-model", "512", "--d-model", "256", "--warmup", "4000"]
     assert main([*argv, "--steps", "10000", "-o", str(lr), "--dpi", str(DPI)]) == 0
     assert_image(lr, size_of(plot_schedule()), DPI)
+    parser = build_parser()
+    argv = ["plot", "schedule", "--d-model", "512", "--warmup", "4000", "--lr-scale", "1"]
+    args = parser.parse_args(
+        [*argv, "--d-model", "128", "--warmup", "200", "--lr-scale", "0.5", "-o", "x.png"]
+    )
+    assert (args.d_model, args.warmup, args.lr_scale) == ([512, 128], [4000, 200], [1.0, 0.5])
 
     argv = ["plot", "schedule", "--d-model", "1", "--d-model", "2"]
     assert main([*argv, "--warmup", "1", "--warmup", "2", "--warmup", "3", "-o", str(lr)]) == 2
-    assert "--d-model is given 2 times and --warmup 3 times" in capsys.readouterr().err
+    assert (
+        "given --d-model 2 times, --warmup 3 times, --lr-scale 1 time:" in capsys.readouterr().err
+    )
     assert main(["plot", "positional-encoding", "-o", str(tmp_path / "pe.gif")]) == 2
     assert "use one of .png, .svg" in capsys.readouterr().err

@@ -152,6 +152,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                   dropout=0.1),
     "tiny": dict(d_model=64, d_ff=256, n_heads=4, n_encoder_layers=2, n_decoder_layers=2,
                  dropout=0.1),
+    # `aiayn demo`'s model (1.4M parameters with its 400-piece vocabulary): `small`'s depth at
+    # half its width, which learns the numbers task in 600 updates on 2 CPU cores.
+    "demo": dict(d_model=128, d_ff=512, n_heads=4, n_encoder_layers=3, n_decoder_layers=3,
+                 dropout=0.1),
 }  # fmt: skip
 
 
@@ -159,7 +163,8 @@ def preset(name: str, *, src_vocab_size: int, tgt_vocab_size: int | None = None,
     """The named preset as a `ModelConfig`, with optional field overrides.
 
     Args:
-        name: One of `PRESETS` ("base", "big" as in Table 3; "small", "tiny" for CPUs).
+        name: One of `PRESETS` ("base", "big" as in Table 3; "small", "tiny" for CPUs; "demo",
+            the model of `aiayn demo`).
         src_vocab_size: Source vocabulary size (also the target's unless given).
         tgt_vocab_size: Target vocabulary size.
         **overrides: Any other `ModelConfig` field.

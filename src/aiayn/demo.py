@@ -6,6 +6,12 @@ einundzwanzig". It needs what real translation needs: reordering ("twenty-one" �
 "einundzwanzig", units before tens), dropping words ("and", commas), and subwords (German
 writes the whole number as one word, which the BPE vocabulary must split). Held-out numbers
 are never seen in training, so exact match on them measures generalisation, not memory.
+
+The numbers people type first, 0–100, are 1 in 100 of 0–9999: trained on once each, the model
+got only 4 of 0–19 right ("five" → "fünftausend"). They are therefore never held out and are
+written `SMALL_WEIGHT` times into the training file; the vocabulary is still learned from each
+number once. The demo reports their accuracy separately, as accuracy on numbers it trained on,
+not as generalisation.
 """
 
 from __future__ import annotations
@@ -21,38 +27,62 @@ from num2words import num2words
 
 logger = logging.getLogger(__name__)
 
-EXAMPLES = (21, 97, 342, 1909, 4321, 7777)
+SMALL = range(101)
+"""Numbers always in training, never held out: the first ones people type."""
+SMALL_WEIGHT = 20
+"""Times each number of `SMALL` is written into the training file."""
+SMALL_EXAMPLES = (5, 12, 42)
+"""Shown at the end: numbers of `SMALL`, so in training."""
+EXAMPLES = (342, 1909, 4321, 7777)
+"""Shown at the end: held-out numbers, never in training."""
 
 
 @dataclass(frozen=True)
 class DemoSplits:
+    """Which numbers go where; each number once (`write_demo_corpus` weights `SMALL`)."""
+
     train: list[int]
     valid: list[int]
     test: list[int]
 
 
 def split_numbers(limit: int, *, n_valid: int, n_test: int, seed: int) -> DemoSplits:
-    """Numbers 0 .. limit-1, shuffled from `seed` and split; `EXAMPLES` are kept out of
-    training so that the translations shown at the end are of unseen numbers."""
+    """Numbers 0 .. limit-1, shuffled from `seed` and split. `SMALL` is all in training;
+    `EXAMPLES` are all in the test set, so that the held-out translations shown at the end are
+    of unseen numbers."""
     numbers = list(range(limit))
     random.Random(seed).shuffle(numbers)
+    small = [n for n in SMALL if n < limit]
     held_out = [n for n in EXAMPLES if n < limit]
-    rest = [n for n in numbers if n not in held_out]
+    rest = [n for n in numbers if n not in held_out and n not in SMALL]
     test = held_out + rest[: n_test - len(held_out)]
     valid = rest[n_test - len(held_out) : n_test - len(held_out) + n_valid]
-    train = rest[n_test - len(held_out) + n_valid :]
+    train = small + rest[n_test - len(held_out) + n_valid :]
     return DemoSplits(train=train, valid=valid, test=test)
 
 
-def write_demo_corpus(directory: Path, splits: DemoSplits) -> dict[str, tuple[Path, Path]]:
-    """Write `{train,valid,test}.{en,de}`; returns split → (English file, German file).
+def training_weight(n: int, *, small_weight: int) -> int:
+    """Times `n` is written into the training file."""
+    return small_weight if n in SMALL else 1
 
-    Not `aiayn.prepare.write_corpus`: the numbers are generated clean, one per line, so there is
-    nothing to clean, drop or record in a manifest.
+
+def write_demo_corpus(
+    directory: Path,
+    splits: DemoSplits,
+    *,
+    small_weight: int = SMALL_WEIGHT,
+) -> dict[str, tuple[Path, Path]]:
+    """Write `{train,valid,test,vocab}.{en,de}`; returns name → (English file, German file).
+
+    The training file holds each number `training_weight` times; `vocab` holds the training
+    numbers once each, for the vocabulary. Not `aiayn.prepare.write_corpus`: the numbers are
+    generated clean, one per line, so there is nothing to clean, drop or record in a manifest.
     """
     directory.mkdir(parents=True, exist_ok=True)
+    train = [n for n in splits.train for _ in range(training_weight(n, small_weight=small_weight))]
     files = {}
-    for name, numbers in (("train", splits.train), ("valid", splits.valid), ("test", splits.test)):
+    named = [("train", train), ("valid", splits.valid), ("test", splits.test)]
+    for name, numbers in [*named, ("vocab", splits.train)]:
         en, de = directory / f"{name}.en", directory / f"{name}.de"
         en.write_text("".join(num2words(n, lang="en") + "\n" for n in numbers), encoding="utf-8")
         de.write_text("".join(num2words(n, lang="de") + "\n" for n in numbers), encoding="utf-8")
@@ -71,14 +101,34 @@ class DemoStopped(Exception):
         self.signum = signum
 
 
+@dataclass(frozen=True)
+class DemoExample:
+    source: str
+    hypothesis: str
+    reference: str
+    held_out: bool  # False: a number of `SMALL`, seen in training
+
+
 @dataclass
 class DemoResult:
+    """What the demo measured.
+
+    Attributes:
+        exact_match: Fraction of the held-out test numbers translated exactly.
+        small_wrong: The numbers of `SMALL` translated wrongly, as (source, hypothesis).
+        small_total: How many numbers of `SMALL` were translated.
+        small_weight: Times each of them was in the training file.
+    """
+
     model_dir: Path
     exact_match: float
     chrf: float
     chrf_signature: str
+    small_wrong: list[tuple[str, str]]
+    small_total: int
+    small_weight: int
     minutes: float
-    examples: list[tuple[str, str, str]]  # source, hypothesis, reference
+    examples: list[DemoExample]
 
 
 def run_demo(
@@ -87,32 +137,41 @@ def run_demo(
     limit: int = 10_000,
     max_steps: int = 600,
     seed: int = 1,
+    small_weight: int = SMALL_WEIGHT,
     progress: bool = True,
     **overrides: Any,
 ) -> DemoResult:
-    """Build the corpus, train a small Transformer on it, evaluate on held-out numbers.
+    """Build the corpus, train a small Transformer on it, evaluate on held-out numbers and on
+    0–100.
 
     Args:
         out_dir: Where the corpus, run directory and hypotheses go.
         limit: Numbers 0 .. limit-1 make the corpus.
         max_steps: Optimizer updates.
         seed: Seeds the split, the model and the batch order.
+        small_weight: Times each number of `SMALL` is in the training file.
         progress: Show the training progress bar.
         **overrides: Other `TrainConfig` fields (e.g. a smaller model for tests).
     """
     from aiayn.checkpoint import list_checkpoints
     from aiayn.config import TrainConfig
     from aiayn.evaluation import score
+    from aiayn.tokenizer import Tokenizer
     from aiayn.trainer import train
     from aiayn.translator import Translator
 
     start = time.monotonic()
     out_dir = Path(out_dir)
     splits = split_numbers(limit, n_valid=200, n_test=500, seed=seed)
-    files = write_demo_corpus(out_dir / "corpus", splits)
+    files = write_demo_corpus(out_dir / "corpus", splits, small_weight=small_weight)
+    small = [n for n in SMALL if n < limit]
     logger.info(
-        "corpus: %d train / %d valid / %d test pairs in %s",
+        "corpus: %d train numbers (%d–%d ×%d: %d pairs) / %d valid / %d test in %s",
         len(splits.train),
+        small[0],
+        small[-1],
+        small_weight,
+        sum(training_weight(n, small_weight=small_weight) for n in splits.train),
         len(splits.valid),
         len(splits.test),
         out_dir / "corpus",
@@ -126,8 +185,7 @@ def run_demo(
         src_lang="en",
         tgt_lang="de",
         vocab_size=400,
-        preset="small",
-        model={"d_model": 128, "d_ff": 512, "n_heads": 4, "dropout": 0.1},
+        preset="demo",
         max_len=64,
         max_tokens=1600,
         max_steps=max_steps,
@@ -144,6 +202,14 @@ def run_demo(
         progress=progress,
     )
     settings.update(overrides)
+    if "tokenizer" not in overrides:
+        # Learned from each training number once: repeating 0–100 weights them in the loss and
+        # should not also reshape the BPE merges (it made "undzwanzig" one piece, so "zwanzig"
+        # was no longer a piece to align with "twenty").
+        tokenizer = out_dir / "corpus" / "tokenizer.model"
+        vocab_files = list(files["vocab"])
+        Tokenizer.train(vocab_files, tokenizer, vocab_size=settings["vocab_size"], seed=seed)
+        settings["tokenizer"] = str(tokenizer)
     config = TrainConfig(**settings)
     # Continue an interrupted demo exactly when the trainer would find a checkpoint to resume.
     result = train(config, resume=bool(list_checkpoints(out_dir / "run")))
@@ -156,28 +222,53 @@ def run_demo(
     (out_dir / "test.hyp.de").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
     exact = sum(h == r for h, r in zip(hypotheses, references, strict=True)) / len(references)
     scores = score(hypotheses, [references])
-    shown = [(sources[i], hypotheses[i], references[i]) for i in range(len(EXAMPLES))]
+
+    small_sources = [num2words(n, lang="en") for n in small]
+    small_references = [num2words(n, lang="de") for n in small]
+    small_hypotheses = [r.text for r in translator.translate(small_sources)]
+    small_wrong = [
+        (s, h)
+        for s, h, r in zip(small_sources, small_hypotheses, small_references, strict=True)
+        if h != r
+    ]
+    shown = [
+        DemoExample(small_sources[n], small_hypotheses[n], small_references[n], held_out=False)
+        for n in SMALL_EXAMPLES
+        if n < limit
+    ]
+    shown += [  # EXAMPLES open the test set (split_numbers)
+        DemoExample(sources[i], hypotheses[i], references[i], held_out=True)
+        for i in range(len([n for n in EXAMPLES if n < limit]))
+    ]
     return DemoResult(
         model_dir=result.model_dir,
         exact_match=exact,
         chrf=scores.chrf,
         chrf_signature=scores.chrf_signature,
+        small_wrong=small_wrong,
+        small_total=len(small),
+        small_weight=small_weight,
         minutes=(time.monotonic() - start) / 60,
         examples=shown,
     )
 
 
 def format_report(result: DemoResult) -> str:
+    right = result.small_total - len(result.small_wrong)
     lines = [
         "",
         f"Held-out numbers (never seen in training): exact match {100 * result.exact_match:.1f}%",
         f"chrF {result.chrf:.1f}  ({result.chrf_signature})",
         "(BLEU says nothing here: a German number is one word, so it has no word 4-grams.)",
-        "",
+        f"Numbers 0–{result.small_total - 1} (in training, weighted ×{result.small_weight}): "
+        f"{right}/{result.small_total} right",
     ]
-    for source, hypothesis, reference in result.examples:
-        mark = "✓" if hypothesis == reference else "✗"
-        lines.append(f"  {source}\n    → {hypothesis}  {mark}")
+    lines += [f"  wrong: {source} → {hypothesis}" for source, hypothesis in result.small_wrong]
+    lines.append("")
+    for example in result.examples:
+        mark = "✓" if example.hypothesis == example.reference else "✗"
+        seen = "held out" if example.held_out else "in training"
+        lines.append(f"  {example.source}  ({seen})\n    → {example.hypothesis}  {mark}")
     lines += [
         "",
         f"Finished in {result.minutes:.1f} minutes. Model directory: {result.model_dir}",

@@ -118,9 +118,15 @@ def plot_attention(
     *,
     layer: int | None = None,
     head: int | None = None,
+    auto_scale: bool = False,
 ) -> Figure:
     """The picture ``aiayn attention`` draws: :func:`plot_alignment` for "alignment", else
     :func:`plot_attention_grid` for "encoder", "decoder" or "cross".
+
+    Colours run from 0 to 1 by default, as attention weights do (and as on the web page of
+    ``aiayn serve``), so that two pictures compare at a glance: a pale one is diffuse attention.
+    ``auto_scale`` stretches them to the largest weight shown instead, which brings out the
+    structure of diffuse maps at the cost of comparability.
 
     Args:
         result: From ``Translator.translate(..., return_attention=True)``.
@@ -128,6 +134,7 @@ def plot_attention(
         layer: 0-based, negative from the end. Alignment: default the last; grids: default
             every layer.
         head: Alignment: one head instead of the mean over heads; grids: only this head.
+        auto_scale: Colour scale from 0 to the largest weight shown instead of 0 to 1.
 
     Raises:
         ValueError: Unknown kind, layer or head (the message lists the valid ones), or no
@@ -138,16 +145,30 @@ def plot_attention(
             f"unknown attention kind {kind!r}; choose one of {', '.join(ATTENTION_KINDS)}"
         )
     if kind == "alignment":
-        return plot_alignment(result, layer=-1 if layer is None else layer, head=head)
-    return plot_attention_grid(result, kind, layer=layer, head=head)
+        layer = -1 if layer is None else layer
+        return plot_alignment(result, layer=layer, head=head, auto_scale=auto_scale)
+    return plot_attention_grid(result, kind, layer=layer, head=head, auto_scale=auto_scale)
+
+
+def _color_scale(weights: np.ndarray, auto_scale: bool) -> tuple[float, str]:
+    """(vmax, colour bar label): 1, or the largest weight shown (see :func:`plot_attention`)."""
+    if not auto_scale:
+        return 1.0, "attention weight"
+    return (float(weights.max()) if weights.size else 1.0), "attention weight (0 to the largest)"
 
 
 def plot_alignment(
-    result: TranslationResult, *, layer: int = -1, head: int | None = None
+    result: TranslationResult,
+    *,
+    layer: int = -1,
+    head: int | None = None,
+    auto_scale: bool = False,
 ) -> Figure:
     """Encoder-decoder attention of one decoder layer averaged over heads (or one ``head``):
-    output pieces (rows) × source pieces (columns), the soft alignment of the translation."""
+    output pieces (rows) × source pieces (columns), the soft alignment of the translation;
+    colours from 0 to 1, or to the largest weight with ``auto_scale``."""
     matrix = alignment_matrix(result, layer, head).numpy()  # (T, S)
+    vmax, label = _color_scale(matrix, auto_scale)
     n_layers, n_heads = attention_maps(result).cross.shape[:2]
     layer = layer % n_layers
     n_tgt, n_src = matrix.shape
@@ -156,7 +177,9 @@ def plot_alignment(
         layout="constrained",
     )
     ax = figure.add_subplot()
-    image = ax.imshow(matrix, cmap=CMAP, vmin=0.0, aspect="auto", interpolation="nearest")
+    image = ax.imshow(
+        matrix, cmap=CMAP, vmin=0.0, vmax=vmax, aspect="auto", interpolation="nearest"
+    )
     font = 8 if max(n_src, n_tgt) <= 30 else 7
     _token_ticks(ax, result.src_tokens, result.tgt_tokens, font)
     ax.set_xlabel("source (subword pieces)")
@@ -166,7 +189,7 @@ def plot_alignment(
         f"Encoder-decoder attention\ndecoder layer {layer} (of 0–{n_layers - 1}), {heads}",
         fontsize=10,
     )
-    figure.colorbar(image, ax=ax, label="attention weight", shrink=0.8)
+    figure.colorbar(image, ax=ax, label=label, shrink=0.8)
     return figure
 
 
@@ -176,6 +199,7 @@ def plot_attention_grid(
     *,
     layer: int | None = None,
     head: int | None = None,
+    auto_scale: bool = False,
 ) -> Figure:
     """Every layer (rows) × head (columns) of one kind of attention, on one colour scale.
 
@@ -184,6 +208,7 @@ def plot_attention_grid(
         kind: "encoder", "decoder" or "cross".
         layer: Only this layer (0-based, negative from the end); default all.
         head: Only this head; default all.
+        auto_scale: Colours from 0 to the largest weight in the grid instead of 0 to 1.
     """
     if kind not in _GRID_TITLES:
         raise ValueError(
@@ -207,7 +232,7 @@ def plot_attention_grid(
     )
     axes = figure.subplots(len(layers), len(heads), squeeze=False)
     font = 6 if max(n_q, n_k) <= 20 else 4.5
-    vmax = float(shown.max()) if shown.size else 1.0
+    vmax, label = _color_scale(shown, auto_scale)
     image = None
     for r, layer_index in enumerate(layers):
         for c, head_index in enumerate(heads):
@@ -224,7 +249,7 @@ def plot_attention_grid(
                 n_y=n_q,
             )
             ax.set_title(f"layer {layer_index} · head {head_index}", fontsize=7)
-    figure.colorbar(image, ax=axes, label="attention weight", shrink=0.6)
+    figure.colorbar(image, ax=axes, label=label, shrink=0.6)
     figure.supxlabel(k_name, fontsize=9)
     figure.supylabel(q_name, fontsize=9)
     figure.suptitle(f"{_GRID_TITLES[kind]}: layer × head")
@@ -334,35 +359,47 @@ def plot_positional_encoding(
 
 
 def plot_schedule(
-    settings: Sequence[tuple[int, int]] = ((512, 4000),),
+    settings: Sequence[tuple[int, int] | tuple[int, int, float]] = ((512, 4000),),
     *,
     steps: int = 100_000,
     scale: float = 1.0,
 ) -> Figure:
-    """Eq. 3's learning rate over ``steps`` updates, one curve per (d_model, warmup_steps),
-    with each peak (at step = warmup_steps) marked. Uses ``aiayn.optim.learning_rate``, the
-    function training uses."""
+    """Eq. 3's learning rate over ``steps`` updates, one curve per (d_model, warmup_steps) or
+    (d_model, warmup_steps, lr_scale), with each peak (at step = warmup_steps) marked. Uses
+    ``aiayn.optim.learning_rate``, the function training uses.
+
+    Args:
+        settings: One tuple per curve; a curve without its own scale takes ``scale``.
+        steps: Updates on the x axis.
+        scale: Factor on Eq. 3 (``TrainConfig.lr_scale``) for curves that give none.
+    """
     from aiayn.optim import learning_rate
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps ({steps!r}) must be a positive integer")
     if not settings:
         raise ValueError("give at least one (d_model, warmup_steps) pair")
-    for d_model, warmup in settings:
+    curves = [(d, w, scale) if len(rest) == 0 else (d, w, *rest) for d, w, *rest in settings]
+    for d_model, warmup, curve_scale in curves:
         if d_model < 1 or warmup < 1:
             raise ValueError(f"d_model ({d_model}) and warmup ({warmup}) must be >= 1")
+        if not curve_scale > 0:
+            raise ValueError(f"the learning-rate scale ({curve_scale}) must be > 0")
     # ~2000 points, plus every warmup step so that each peak is drawn exactly.
     points = np.linspace(1, steps, num=min(steps, 2000)).round().astype(int)
-    points = np.unique(np.concatenate([points, [w for _, w in settings if w <= steps]]))
+    points = np.unique(np.concatenate([points, [w for _, w, _ in curves if w <= steps]]))
+    scales = {s for _, _, s in curves}
+    common = scales.pop() if len(scales) == 1 else None  # in the title, else in each label
 
     figure = Figure(figsize=(8, 5), layout="constrained")
     ax = figure.add_subplot()
-    for d_model, warmup in settings:
-        rates = [learning_rate(int(s), d_model=d_model, warmup_steps=warmup, scale=scale)
+    for d_model, warmup, curve_scale in curves:
+        rates = [learning_rate(int(s), d_model=d_model, warmup_steps=warmup, scale=curve_scale)
                  for s in points]  # fmt: skip
-        (line,) = ax.plot(points, rates, label=f"d_model = {d_model}, warmup = {warmup}")
+        label = f"d_model = {d_model}, warmup = {warmup}"
+        (line,) = ax.plot(points, rates, label=label if common else f"{label}, × {curve_scale:g}")
         if warmup <= steps:
-            peak = learning_rate(warmup, d_model=d_model, warmup_steps=warmup, scale=scale)
+            peak = learning_rate(warmup, d_model=d_model, warmup_steps=warmup, scale=curve_scale)
             ax.plot([warmup], [peak], "o", color=line.get_color(), markersize=4)
             ax.annotate(
                 f"{peak:.2e}",
@@ -375,7 +412,7 @@ def plot_schedule(
     ax.set_xlabel("training step")
     ax.set_ylabel("learning rate")
     title = "Learning-rate schedule (Eq. 3): d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)"
-    ax.set_title(title if scale == 1.0 else f"{title} × {scale:g}", fontsize=10)
+    ax.set_title(title if common in (None, 1.0) else f"{title} × {common:g}", fontsize=10)
     ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
     ax.set_xlim(0, steps)
     ax.set_ylim(bottom=0)

@@ -22,6 +22,7 @@ from aiayn.cli import (
     attribute_docs,
     build_parser,
     dataclass_from_args,
+    main,
     train_config_from_args,
 )
 from aiayn.config import TrainConfig
@@ -238,3 +239,71 @@ def test_every_command_documents_every_flag() -> None:
             assert not text.startswith("(default"), f"{where} has only its default: {text}"
             assert "(default: None)" not in text, f"{where}: {text}"
             assert "``" not in text and ":mod:" not in text, f"{where} shows markup: {text}"
+
+
+# -- did you mean -----------------------------------------------------------------------------
+
+
+def error_of(argv: list[str], capsys: pytest.CaptureFixture[str]) -> list[str]:
+    """The lines `aiayn.cli.main` prints to stderr before exiting with status 2."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["trian"], "aiayn: error: unknown command 'trian'; did you mean 'train'?"),
+        (
+            ["plot", "shedule"],
+            "aiayn plot: error: unknown command 'shedule'; did you mean 'schedule'?",
+        ),
+        (["xyzzy"], "aiayn: error: unknown command 'xyzzy'; choose from info, train, average,"),
+    ],
+)
+def test_a_misspelt_command_gets_the_closest_one(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = error_of(argv, capsys)
+    assert lines[-1].startswith(message)
+    assert lines[0].startswith(f"usage: aiayn {' '.join(argv[:-1])}".rstrip() + " [-h]")
+
+
+@pytest.mark.parametrize(
+    ("argv", "suggestion"),
+    [
+        # a prefix is no longer taken for the flag (allow_abbrev=False): it is corrected
+        (["train", "--max-step", "5"], "; did you mean '--max-steps'?"),
+        (["train", "--max-stpes=5"], "; did you mean '--max-steps'?"),
+        (
+            ["train", "--max-stpes", "5", "--sed", "3"],
+            "; did you mean '--max-steps' for '--max-stpes', '--seed' for '--sed'?",
+        ),
+        (["plot", "schedule", "--warmpu", "4", "-o", "x.png"], "; did you mean '--warmup'?"),
+    ],
+)
+def test_a_misspelt_flag_gets_the_closest_one_with_the_subcommands_usage(
+    argv: list[str], suggestion: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines = error_of(argv, capsys)
+    command = " ".join(a for a in argv if not a.startswith("-") and a.isalpha())
+    assert lines[0].startswith(f"usage: aiayn {command} [-h]")
+    assert lines[-1].startswith(f"aiayn {command}: error: unrecognized arguments: ")
+    assert lines[-1].endswith(suggestion)
+
+
+def test_a_misspelt_required_flag_is_suggested_too(capsys: pytest.CaptureFixture[str]) -> None:
+    [*_, last] = error_of(["translate", "--modle-dir", "m"], capsys)
+    assert last == (
+        "aiayn translate: error: the following arguments are required: -m/--model-dir; "
+        "did you mean '--model-dir'?"
+    )
+
+
+def test_an_extra_argument_with_no_close_flag_gets_no_suggestion(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    [*_, last] = error_of(["info", "extra", "--zzzzzz"], capsys)
+    assert last == "aiayn info: error: unrecognized arguments: extra --zzzzzz"

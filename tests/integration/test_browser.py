@@ -229,11 +229,18 @@ def test_errors_are_shown_on_the_page(browser: Any, server: str) -> None:
     status = browser.find_element(By.ID, "status")
     assert status.text == "Type a sentence first." and "error" in status.get_attribute("class")
     browser.find_element(By.ID, "source").send_keys("the cat")
+    browser.find_element(By.ID, "translate").click()
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#translations > li"))
+    assert browser.find_element(By.ID, "attention").is_displayed()
     beam = browser.find_element(By.ID, "beam-size")
     browser.execute_script("arguments[0].value = '99'", beam)  # past the max attribute
     browser.find_element(By.ID, "translate").click()
     wait(browser, lambda d: "--max-beam-size" in d.find_element(By.ID, "status").text)
     assert "error" in browser.find_element(By.ID, "status").get_attribute("class")
+    # the translation of the request before is gone: it is not the answer to this one
+    assert browser.find_elements(By.CSS_SELECTOR, "#translations > li") == []
+    assert browser.find_elements(By.CSS_SELECTOR, "#heatmap table") == []
+    assert not browser.find_element(By.ID, "attention").is_displayed()
 
 
 def test_the_page_loads_nothing_from_elsewhere(browser: Any, server: str) -> None:

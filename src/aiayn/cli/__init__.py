@@ -12,6 +12,7 @@ with exit status 2, never as a traceback. The commands live by family, each modu
 - :mod:`aiayn.cli.plot`, :mod:`aiayn.cli.prepare`
 - :mod:`aiayn.cli.interop`: export, import
 
+:mod:`aiayn.cli.parser` is argparse with "did you mean" for a misspelt command or flag;
 :mod:`aiayn.cli.flags` turns dataclass fields into flags; :mod:`aiayn.cli.common` holds what
 several commands share (loading the model, the search flags, the progress bar). Building the
 parser imports no torch, so ``aiayn --help`` is fast.
@@ -33,6 +34,7 @@ from aiayn.cli.flags import (
     dataclass_values,
     parse_assignments,
 )
+from aiayn.cli.parser import ArgumentParser
 from aiayn.cli.train import train_config_from_args
 
 __all__ = [
@@ -68,7 +70,7 @@ def _setup_logging(verbose: bool) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = ArgumentParser(
         prog="aiayn",
         description="The Transformer of 'Attention Is All You Need': train, translate, inspect.",
     )

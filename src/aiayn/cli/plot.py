@@ -46,7 +46,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         "--warmup", type=int, action="append", help="warmup steps (default 4000); repeatable"
     )
     sc.add_argument("--steps", type=int, default=100_000, help="steps (default 100000)")
-    sc.add_argument("--scale", type=float, default=1.0, help="multiplier (default 1.0)")
+    sc.add_argument(
+        "--lr-scale",
+        "--scale",
+        type=float,
+        action="append",
+        help="factor on Eq. 3, train's --lr-scale (default 1.0); repeatable, pairs like --warmup",
+    )
     sc.set_defaults(run=_run_plot_schedule)
 
     cu = what.add_parser("curves", help="loss, perplexity, BLEU and learning rate of a run")
@@ -78,18 +84,20 @@ def _run_plot_positional_encoding(args: argparse.Namespace) -> int:
 def _run_plot_schedule(args: argparse.Namespace) -> int:
     from aiayn.plots import plot_schedule
 
-    d_models, warmups = args.d_model or [512], args.warmup or [4000]
-    if len(d_models) == 1:
-        d_models = d_models * len(warmups)
-    if len(warmups) == 1:
-        warmups = warmups * len(d_models)
-    if len(d_models) != len(warmups):
+    given = {
+        "--d-model": args.d_model or [512],
+        "--warmup": args.warmup or [4000],
+        "--lr-scale": args.lr_scale or [1.0],
+    }
+    n_curves = max(len(values) for values in given.values())
+    if any(len(values) not in (1, n_curves) for values in given.values()):
+        counts = ", ".join(f"{flag} {len(v)} time{'s' * (len(v) > 1)}" for flag, v in given.items())
         raise ValueError(
-            f"--d-model is given {len(args.d_model)} times and --warmup {len(args.warmup)} "
-            "times: give each the same number of times (they pair up), or one of them once"
+            f"given {counts}: give each the same number of times (they pair up), or once"
         )
-    settings = list(zip(d_models, warmups, strict=True))
-    return _save_plot(args, lambda: plot_schedule(settings, steps=args.steps, scale=args.scale))
+    columns = [values * (n_curves // len(values)) for values in given.values()]
+    settings = list(zip(*columns, strict=True))
+    return _save_plot(args, lambda: plot_schedule(settings, steps=args.steps))
 
 
 def _run_plot_curves(args: argparse.Namespace) -> int:

@@ -28,7 +28,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 def _add_info(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="print a model's architecture and parameter counts")
     p.add_argument("-m", "--model-dir", help="a trained model directory (instead of a preset)")
-    p.add_argument("--preset", default="base", help="preset name (base, big, small, tiny)")
+    p.add_argument("--preset", default="base", help="preset name (base, big, small, tiny, demo)")
     p.add_argument("--vocab-size", type=int, default=37000, help="joint vocabulary size")
     p.add_argument("--tgt-vocab-size", type=int, help="target vocabulary size if not joint")
     p.add_argument(

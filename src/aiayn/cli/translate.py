@@ -338,6 +338,12 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--head", type=int, help="one head (default: mean over heads / every head in grids)"
     )
+    p.add_argument(
+        "--auto-scale",
+        action="store_true",
+        help="colours from 0 to the largest weight shown (default: a fixed 0 to 1, the same in "
+        "every picture)",
+    )
     p.add_argument("--dpi", type=int, default=150, help="image resolution (default 150)")
     add_search_options(p)
     p.set_defaults(run=_run_attention)
@@ -351,7 +357,9 @@ def _run_attention(args: argparse.Namespace) -> int:
     translator = load_translator(args)
     sentence = " ".join(args.sentence)
     [result] = translator.translate([sentence], search_options(args), return_attention=True)
-    figure = plot_attention(result, args.kind, layer=args.layer, head=args.head)
+    figure = plot_attention(
+        result, args.kind, layer=args.layer, head=args.head, auto_scale=args.auto_scale
+    )
     save_figure(figure, output, dpi=args.dpi)
     print(one_line(result.text))
     logger.info("wrote %s", output)

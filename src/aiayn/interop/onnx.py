@@ -176,7 +176,7 @@ def export_onnx(model_dir: str | Path, out_dir: str | Path, opset: int = OPSET) 
     sentences, source, rows, past = dim("N"), dim("S"), dim("R"), dim("t")
     with torch.no_grad():
         torch.onnx.export(
-            _Encoder(model, table),
+            _Encoder(model, table).eval(),
             (src,),
             str(out_dir / ENCODER_FILE),
             input_names=["src_tokens"],
@@ -187,7 +187,7 @@ def export_onnx(model_dir: str | Path, out_dir: str | Path, opset: int = OPSET) 
             external_data=False,
         )
         torch.onnx.export(
-            _DecoderStep(model, table),
+            _DecoderStep(model, table).eval(),
             step_args,
             str(out_dir / DECODER_STEP_FILE),
             input_names=[

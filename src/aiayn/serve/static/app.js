@@ -14,10 +14,21 @@ const state = {
   sentence: 0, // which translation the heatmap shows
 };
 
+// An error clears the previous result, so that it is never read as the answer to this request.
 function setStatus(message, isError = false) {
   const status = $("status");
   status.textContent = message;
   status.classList.toggle("error", isError);
+  if (isError) clearResult();
+}
+
+function clearResult() {
+  state.texts = [];
+  state.translations = [];
+  state.sentence = 0;
+  $("translations").replaceChildren();
+  $("heatmap").replaceChildren();
+  $("attention").hidden = true;
 }
 
 function formatCount(n) {
