@@ -12,6 +12,12 @@ got only 4 of 0–19 right ("five" → "fünftausend"). They are therefore never
 written `SMALL_WEIGHT` times into the training file; the vocabulary is still learned from each
 number once. The demo reports their accuracy separately, as accuracy on numbers it trained on,
 not as generalisation.
+
+Measured on 2 CPU cores (seeds 1 and 2): ×8 over 1200 updates gives 100/101 of 0–100 and 100%
+held-out exact match in about 4 minutes; ×20 gave 98/101 (and, over 600 updates, 88.6% held
+out), ×12 100/101, ×10 over 900 updates 98/101. The one number still wrong is "zero": "null"
+shares no BPE piece with any other German number word, so the model must spell it letter by
+letter from one training line; writing it 40 times more made it worse ("nulllll…").
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 SMALL = range(101)
 """Numbers always in training, never held out: the first ones people type."""
-SMALL_WEIGHT = 20
+SMALL_WEIGHT = 8
 """Times each number of `SMALL` is written into the training file."""
 SMALL_EXAMPLES = (5, 12, 42)
 """Shown at the end: numbers of `SMALL`, so in training."""
@@ -135,7 +141,7 @@ def run_demo(
     out_dir: str | Path = "demo_run",
     *,
     limit: int = 10_000,
-    max_steps: int = 600,
+    max_steps: int = 1200,
     seed: int = 1,
     small_weight: int = SMALL_WEIGHT,
     progress: bool = True,

@@ -40,20 +40,24 @@ def test_demo_reaches_95_percent_exact_match_on_held_out_numbers(demo: DemoResul
     assert "nrefs:1" in demo.chrf_signature
 
 
+def test_demo_gets_at_least_97_of_the_numbers_0_to_100_right(demo: DemoResult) -> None:
+    """They are in training (×SMALL_WEIGHT), so this is memory, not generalisation — but they
+    are the numbers people type first, and the model once got 4 of 0–19 right. Measured: 100/101
+    with seeds 1 and 2 ("zero" wrong); the margin is for other CPUs' numerics."""
+    assert demo.small_total == len(SMALL) == 101
+    right = demo.small_total - len(demo.small_wrong)
+    assert right >= 97, f"{right}/101 right; wrong: {demo.small_wrong}"
+    report = format_report(demo)
+    assert f"Numbers 0–100 (in training, weighted ×{SMALL_WEIGHT}): {right}/101 right" in report
+
+
 @pytest.mark.xfail(
-    reason="issue #15, open: 0-100 x20 in training gave 90/101 right (zero, twelve, sixteen, "
-    "seventeen, the round tens, one hundred wrong) with the vocabulary learned from the weighted "
-    "file; not yet measured with the vocabulary learned from each number once; x100 for 0-20 "
-    "and the tens cost held-out accuracy (84%) and still gave 88/101",
+    reason="issue #15, open: 100/101 measured (seeds 1 and 2, x8, 1200 updates); 'zero' → 'null' "
+    "shares no BPE piece with any other number word and comes out as 'n' or 'ul'",
     strict=False,
 )
 def test_demo_translates_every_number_from_0_to_100(demo: DemoResult) -> None:
-    """They are in training (×SMALL_WEIGHT), so this is memory, not generalisation — but they
-    are the numbers people type first, and the model once got 4 of 0–19 right."""
-    assert demo.small_total == len(SMALL) == 101
     assert demo.small_wrong == []
-    report = format_report(demo)
-    assert f"Numbers 0–100 (in training, weighted ×{SMALL_WEIGHT}): 101/101 right" in report
 
 
 def test_the_examples_shown_are_small_numbers_from_training_and_held_out_ones(
