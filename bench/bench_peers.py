@@ -270,6 +270,15 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
             for compute_type, quantization in (("float32", None), ("int8", "int8")):
                 path = peers.ct2_convert(model, Path(tmp) / compute_type, quantization)
                 ct2[compute_type] = peers.ct2_translator(path, compute_type, threads)
+        # aiayn's ONNX export (`aiayn export --to onnx`'s graphs) run by onnxruntime under
+        # aiayn's own search, as `Translator(export_dir)` runs it.
+        onnx_missing = peers.available("onnxruntime") or peers.available("onnxscript")
+        onnx_model = None
+        if onnx_missing is None:
+            from aiayn.interop.onnx import OnnxModel, write_onnx_graphs
+
+            write_onnx_graphs(model, Path(tmp) / "onnx")
+            onnx_model = OnnxModel(Path(tmp) / "onnx", threads=threads)
         hf_missing = peers.available("transformers")
         hf = None
         if hf_missing is None:
@@ -308,6 +317,13 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
             runners = [
                 Runner("aiayn fp32", ours(model, mode, f"aiayn {mode}"), tokens, False),
                 Runner("aiayn int8", ours(int8_model, mode, "int8"), tokens, False, fp32=False),
+                Runner(
+                    "aiayn ONNX (onnxruntime) fp32",
+                    ours(onnx_model, mode, f"onnx {mode}"),
+                    tokens,
+                    False,
+                    missing=onnx_missing,
+                ),
                 Runner("HF generate fp32", hf_run, tokens, missing=hf_missing),
                 Runner(
                     "CTranslate2 fp32",
@@ -341,7 +357,20 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
                 a, b = outputs[f"aiayn {mode}"], outputs[f"ct2 {mode}"]
                 same = sum(x == y[: len(x)] for x, y in zip(a, b, strict=True)) / len(a)
                 print(f"  CTranslate2 fp32 output = aiayn's for {100 * same:.0f}% of sentences")
-            results.append({"task": "decode", "shape": mode, "runners": runners, "same": same})
+            same_onnx = None
+            if f"onnx {mode}" in outputs:
+                a, b = outputs[f"aiayn {mode}"], outputs[f"onnx {mode}"]
+                same_onnx = sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+                print(f"  ONNX output = aiayn's for {100 * same_onnx:.0f}% of sentences")
+            results.append(
+                {
+                    "task": "decode",
+                    "shape": mode,
+                    "runners": runners,
+                    "same": same,
+                    "same_onnx": same_onnx,
+                }
+            )
     return results
 
 
@@ -459,7 +488,7 @@ def main(argv: list[str] | None = None) -> None:
     info = machine_info(torch.device("cpu"))
     load_before = _load_average()
     versions = {"torch": torch.__version__}
-    for module in ("transformers", "ctranslate2"):
+    for module in ("transformers", "ctranslate2", "onnxruntime"):
         versions[module] = "missing" if peers.available(module) else peers.version(module)
     print(
         f"{info['cpu']}, {args.threads} threads; "
@@ -510,6 +539,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.update_benchmarks:
         argv_text = shlex.join(sys.argv[1:] if argv is None else argv)
         same = [r["same"] for r in results if r.get("same") is not None]
+        same_onnx = [r["same_onnx"] for r in results if r.get("same_onnx") is not None]
         notes = [
             f"- Machine: {info['cpu']}, {info['cores']} cores, {args.threads} threads for every "
             f"system; "
@@ -527,6 +557,15 @@ def main(argv: list[str] | None = None) -> None:
             notes.append(
                 "- CTranslate2 runs aiayn's own weights: its fp32 output equals aiayn's for "
                 + " / ".join(f"{100 * s:.0f}%" for s in same)
+                + " of the sentences (beam 4 / greedy). It is converted by the converter of "
+                "`aiayn export --to ctranslate2` and run as `--backend ctranslate2` runs it."
+            )
+        if same_onnx:
+            notes.append(
+                "- aiayn ONNX: the graphs of `aiayn export --to onnx` run by onnxruntime under "
+                "aiayn's search (as `Translator` runs an ONNX export); output equal to aiayn "
+                "fp32's for "
+                + " / ".join(f"{100 * s:.0f}%" for s in same_onnx)
                 + " of the sentences (beam 4 / greedy)."
             )
         notes.append(

@@ -147,10 +147,23 @@ def export_onnx(model_dir: str | Path, out_dir: str | Path, opset: int = OPSET) 
     Returns:
         `out_dir`.
     """
+    loaded = load_model_dir(model_dir)
+    out_dir = write_onnx_graphs(loaded.model, out_dir, opset=opset, metadata=loaded.metadata)
+    files = tokenizer_files(loaded.tokenizer_file)
+    for file in files:
+        shutil.copyfile(file, out_dir / (file.name if len(files) > 1 else TOKENIZER_FILE_NAME))
+    logger.info("exported %s to ONNX (opset %d) -> %s", model_dir, opset, out_dir)
+    return out_dir
+
+
+def write_onnx_graphs(
+    model: Transformer, out_dir: str | Path, *, opset: int = OPSET, metadata: dict | None = None
+) -> Path:
+    """The graphs and ``aiayn.json`` of `export_onnx`, from a model in memory (no tokenizer:
+    `OnnxModel(out_dir)` runs on token ids, as the benchmarks do)."""
     require("onnx", "exporting to ONNX")
     require("onnxscript", "exporting to ONNX")
-    loaded = load_model_dir(model_dir)
-    c, model = loaded.config, loaded.model.float().eval()
+    c, model = model.config, model.float().eval()
     if c.positional_encoding == "sinusoidal":
         table = sinusoidal_positional_encoding(c.max_positions + EXTRA_POSITIONS, c.d_model)
     else:
@@ -207,17 +220,13 @@ def export_onnx(model_dir: str | Path, out_dir: str | Path, opset: int = OPSET) 
             dynamo=True,
             external_data=False,
         )  # fmt: skip
-    files = tokenizer_files(loaded.tokenizer_file)
-    for file in files:
-        shutil.copyfile(file, out_dir / (file.name if len(files) > 1 else TOKENIZER_FILE_NAME))
     aiayn = {
         "config": c.to_dict(),
-        "metadata": loaded.metadata,
+        "metadata": metadata or {},
         "opset": opset,
         "positions": table.size(0),
     }
     (out_dir / AIAYN_FILE).write_text(json.dumps(aiayn, indent=2) + "\n")
-    logger.info("exported %s to ONNX (opset %d) -> %s", model_dir, opset, out_dir)
     return out_dir
 
 
