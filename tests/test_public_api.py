@@ -9,6 +9,7 @@ import pytest
 
 import aiayn
 import aiayn.config
+import aiayn.decoding_options
 import aiayn.model
 import aiayn.translator
 
@@ -26,13 +27,14 @@ def test_public_names_are_the_modules_own() -> None:
     assert aiayn.Translator is aiayn.translator.Translator
     assert aiayn.Transformer is aiayn.model.Transformer
     assert aiayn.ModelConfig is aiayn.config.ModelConfig
+    assert aiayn.DecodingOptions is aiayn.decoding_options.DecodingOptions
     from aiayn import Translator
 
     assert Translator is aiayn.translator.Translator
 
 
 def test_dir_and_all_list_the_public_names() -> None:
-    public = {"ModelConfig", "Transformer", "Translator", "__version__"}
+    public = {"DecodingOptions", "ModelConfig", "Transformer", "Translator", "__version__"}
     assert public <= set(dir(aiayn))
     assert set(aiayn.__all__) == public
 

@@ -7,11 +7,12 @@ The names most users need are importable from the package itself::
     translator = Translator("runs/en-es/model")
     print(translator.translate(["In the beginning God created the heavens."])[0].text)
 
-``Transformer`` (the model), ``ModelConfig`` (its hyperparameters) and ``Translator`` (a trained
-model directory, ready to translate) are imported on first use (PEP 562), so ``import aiayn``
-does not import PyTorch: a tool that only needs ``aiayn.__version__`` or one light module stays
-fast. Everything else lives in the module named after its concept (``aiayn.search``,
-``aiayn.trainer``, ...).
+``Transformer`` (the model), ``ModelConfig`` (its hyperparameters), ``Translator`` (a trained
+model directory, ready to translate) and ``DecodingOptions`` (beam size, length penalty and the
+other §6.1 search settings ``Translator.translate`` takes) are imported on first use (PEP 562),
+so ``import aiayn`` does not import PyTorch: a tool that only needs ``aiayn.__version__`` or one
+light module stays fast. Everything else lives in the module named after its concept
+(``aiayn.search``, ``aiayn.trainer``, ...).
 """
 
 from __future__ import annotations
@@ -23,15 +24,17 @@ __version__ = "0.1.0"
 
 # Public name → the module that defines it.
 _LAZY = {
+    "DecodingOptions": "aiayn.decoding_options",
     "ModelConfig": "aiayn.config",
     "Transformer": "aiayn.model",
     "Translator": "aiayn.translator",
 }
 
-__all__ = ["ModelConfig", "Transformer", "Translator", "__version__"]
+__all__ = ["DecodingOptions", "ModelConfig", "Transformer", "Translator", "__version__"]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ below
     from aiayn.config import ModelConfig
+    from aiayn.decoding_options import DecodingOptions
     from aiayn.model import Transformer
     from aiayn.translator import Translator
 
