@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from aiayn.translator import SentenceAttention, TranslationResult
+    from aiayn.results import SentenceAttention, TranslationResult
 
 __all__ = [
     "alignment_matrix",
@@ -122,7 +122,7 @@ def format_translation(
       ``"text<TAB>i-j i-j ..."``, the hard alignment of that layer in the Pharaoh format
       (:func:`format_alignment`); tabs in the text become spaces.
     """
-    from aiayn.translator import one_line
+    from aiayn.lines import one_line
 
     if alignment_layer is not None:
         pairs = hard_alignment(result, layer=alignment_layer)

@@ -21,13 +21,16 @@ Shapes: B sentences, R rows (hypotheses) of the decoder cache, S source length, 
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from aiayn.checkpoint import CheckpointError, LoadedModel
 from aiayn.search import IncrementalModel, ReorderableCache
 
 __all__ = ["Ensemble", "EnsembleCache"]
@@ -99,3 +102,28 @@ class Ensemble:
         if len(self.models) == 1:
             return log_probs[0]
         return log_probs.logsumexp(dim=0) - math.log(len(self.models))
+
+
+def check_same_vocabulary(loaded: list[LoadedModel]) -> None:
+    """An ensemble's models must share the tokenizer (byte for byte) and the target vocabulary
+    size: then a token id means the same piece to each of them."""
+    first = loaded[0]
+    first_sha = _sha256(first.tokenizer_file)
+    for other in loaded[1:]:
+        sha = _sha256(other.tokenizer_file)
+        if sha != first_sha:
+            raise CheckpointError(
+                f"cannot ensemble {first.directory} and {other.directory}: their tokenizers "
+                f"differ (sha256 {first_sha[:12]}… and {sha[:12]}…); the models of an ensemble "
+                "must be trained with the same tokenizer"
+            )
+        sizes = first.config.tgt_vocab_size, other.config.tgt_vocab_size
+        if sizes[0] != sizes[1]:
+            raise CheckpointError(
+                f"cannot ensemble {first.directory} and {other.directory}: their target "
+                f"vocabularies have {sizes[0]} and {sizes[1]} entries"
+            )
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -25,8 +25,9 @@ from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from aiayn.data import count_lines
+from aiayn.lines import one_line, read_lines
 from aiayn.search import DecodingOptions
-from aiayn.translator import Translator, one_line, read_lines
+from aiayn.translator import Translator
 
 logger = logging.getLogger(__name__)
 

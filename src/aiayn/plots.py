@@ -45,7 +45,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 if TYPE_CHECKING:
-    from aiayn.translator import TranslationResult
+    from aiayn.results import TranslationResult
 
 __all__ = [
     "ATTENTION_KINDS",

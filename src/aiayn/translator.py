@@ -25,25 +25,30 @@ Shapes: S source length (EOS included), T output length (EOS included), L layers
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from aiayn import search
 from aiayn.acceleration import native_bf16_cpu
-from aiayn.checkpoint import CheckpointError, LoadedModel, load_model_dir, unwrap
-from aiayn.data import decode_line
-from aiayn.ensemble import Ensemble
+from aiayn.checkpoint import CheckpointError, load_model_dir, unwrap
+from aiayn.ensemble import Ensemble, check_same_vocabulary
 from aiayn.interop._runtime import ExportedModel
 from aiayn.interop.onnx import is_onnx_export, load_onnx_export
+from aiayn.lines import one_line, read_lines
 from aiayn.model import Transformer
+from aiayn.results import (
+    SentenceAttention,
+    TranslationHypothesis,
+    TranslationResult,
+    empty_result,
+)
 from aiayn.scoring import PairScore, score_pairs
 from aiayn.search import DecodingOptions
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, load_tokenizer
@@ -73,91 +78,6 @@ def quantize_int8(model: Transformer) -> Transformer:
         return torch.ao.quantization.quantize_dynamic(
             model, {torch.nn.Linear}, dtype=torch.qint8, inplace=False
         )
-
-
-# --------------------------------------------------------------------------------------------
-# Results
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class SentenceAttention:
-    """Every attention map of one sentence, without padding, for pictures and alignments.
-
-    Computed by one teacher-forced ``Transformer.forward_with_attention`` pass over the source
-    and ``[BOS] + output``; because decoder self-attention is causal (§3.2.3), these are the
-    probabilities incremental decoding used for the best hypothesis.
-
-    Attributes:
-        encoder: (L, H, S, S) encoder self-attention.
-        decoder: (L, H, T, T) masked decoder self-attention; row t is the input position whose
-            next token is output token t (row 0 is BOS).
-        cross: (L, H, T, S) encoder-decoder attention.
-    """
-
-    encoder: Tensor
-    decoder: Tensor
-    cross: Tensor
-
-
-@dataclass(frozen=True)
-class TranslationHypothesis:
-    """One entry of the n-best list.
-
-    Attributes:
-        text: Detokenized output.
-        tokens: Output subword pieces, without EOS.
-        token_ids: Output ids, without BOS and EOS.
-        score: Ranking score: ``log_prob`` divided by the length penalty (beam search), or
-            ``log_prob`` itself (greedy search and sampling).
-        log_prob: Model log-probability of the tokens and the final EOS.
-    """
-
-    text: str
-    tokens: list[str]
-    token_ids: list[int]
-    score: float
-    log_prob: float
-
-
-@dataclass(frozen=True)
-class TranslationResult:
-    """The translation of one input sentence; ``text``, ``score``, ... are the best hypothesis'.
-
-    Attributes:
-        text: Detokenized best output ("" for a blank input).
-        tokens: Its subword pieces, without EOS.
-        token_ids: Its ids, without BOS and EOS.
-        score: Its ranking score (see :class:`TranslationHypothesis`); 0 for a blank input.
-        log_prob: Its log-probability; 0 for a blank input.
-        hypotheses: The n-best list, best first; ``hypotheses[0]`` is the best. A blank input
-            has a single empty hypothesis.
-        src_tokens: Source pieces fed to the model, ``</s>`` included (after truncation).
-        tgt_tokens: Output pieces, ``</s>`` included: the labels of ``attention``'s rows.
-        attention: (T, S) encoder-decoder attention of the last decoder layer averaged over
-            heads, for the best hypothesis; only with ``return_attention=True``.
-        attention_maps: Every layer's and head's maps; only with ``return_attention=True``.
-        truncated: The source was longer than the model accepts and was cut.
-    """
-
-    text: str
-    tokens: list[str]
-    token_ids: list[int]
-    score: float
-    log_prob: float
-    hypotheses: list[TranslationHypothesis]
-    src_tokens: list[str] = field(default_factory=list)
-    tgt_tokens: list[str] = field(default_factory=list)
-    attention: Tensor | None = None
-    attention_maps: SentenceAttention | None = None
-    truncated: bool = False
-
-
-def _empty_result() -> TranslationResult:
-    empty = TranslationHypothesis(text="", tokens=[], token_ids=[], score=0.0, log_prob=0.0)
-    return TranslationResult(
-        text="", tokens=[], token_ids=[], score=0.0, log_prob=0.0, hypotheses=[empty]
-    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -258,7 +178,7 @@ class Translator:
                     "aiayn.interop.CTranslate2Translator"
                 )
         loaded = [load_model_dir(d, device=device) for d in dirs]
-        _check_same_vocabulary(loaded)
+        check_same_vocabulary(loaded)
         tokenizer = load_tokenizer(loaded[0].tokenizer_file)
         models = [one.model for one in loaded]
         if int8:
@@ -534,7 +454,7 @@ class Translator:
                 "differently): ask for attention or alignments with a single model"
             )
         sentences = list(sentences)
-        results = [_empty_result() for _ in sentences]
+        results = [empty_result() for _ in sentences]
         sources = self._prepare(sentences, options, first_number)
         if progress is not None and len(sentences) > len(sources):
             progress(len(sentences) - len(sources))  # the blank ones are done
@@ -719,71 +639,9 @@ class Translator:
         return f"Translator({where!r}, device={str(self.device)!r})"
 
 
-def _check_same_vocabulary(loaded: list[LoadedModel]) -> None:
-    """An ensemble's models must share the tokenizer (byte for byte) and the target vocabulary
-    size: then a token id means the same piece to each of them."""
-    first = loaded[0]
-    first_sha = _sha256(first.tokenizer_file)
-    for other in loaded[1:]:
-        sha = _sha256(other.tokenizer_file)
-        if sha != first_sha:
-            raise CheckpointError(
-                f"cannot ensemble {first.directory} and {other.directory}: their tokenizers "
-                f"differ (sha256 {first_sha[:12]}… and {sha[:12]}…); the models of an ensemble "
-                "must be trained with the same tokenizer"
-            )
-        sizes = first.config.tgt_vocab_size, other.config.tgt_vocab_size
-        if sizes[0] != sizes[1]:
-            raise CheckpointError(
-                f"cannot ensemble {first.directory} and {other.directory}: their target "
-                f"vocabularies have {sizes[0]} and {sizes[1]} entries"
-            )
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def _pad(rows: list[list[int]], device: torch.device) -> Tensor:
     """Right-pads id lists into a (B, max length) long tensor."""
     out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
     return out.to(device)
-
-
-# --------------------------------------------------------------------------------------------
-# Reading and writing lines
-# --------------------------------------------------------------------------------------------
-
-
-def read_lines(source: str | Path | BinaryIO, name: str | None = None) -> Iterator[str]:
-    """Yields the lines of a UTF-8 file or binary stream, without their line endings.
-
-    Lines are split on ``\\n`` bytes only (as ``wc -l`` and ``aiayn.data.count_lines`` do),
-    and a UTF-8 byte-order mark on the first line is dropped.
-
-    Args:
-        source: A path, or an open binary stream such as ``sys.stdin.buffer``.
-        name: How messages name a stream (default: its ``name`` attribute).
-
-    Raises:
-        DataError: A line is not valid UTF-8; the message names the file and 1-based line.
-        FileNotFoundError: The path does not exist.
-    """
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.is_file():
-            raise FileNotFoundError(f"input file {path} does not exist")
-        with path.open("rb") as f:
-            yield from read_lines(f, name=str(path))
-        return
-    label = Path(name or getattr(source, "name", "<stream>"))
-    for lineno, raw in enumerate(source, start=1):
-        yield decode_line(raw, label, lineno).rstrip("\r\n")
-
-
-def one_line(text: str) -> str:
-    """``text`` with line breaks replaced by spaces, so one output line per input line holds
-    even if the model generated a newline (possible through byte-fallback pieces)."""
-    return text.replace("\r", " ").replace("\n", " ")

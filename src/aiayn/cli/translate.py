@@ -87,7 +87,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 def _run_translate(args: argparse.Namespace) -> int:
     from aiayn.alignment import format_translation
     from aiayn.data import count_lines
-    from aiayn.translator import read_lines
+    from aiayn.lines import read_lines
 
     from_file = args.input not in (None, "-")
     if from_file and not Path(args.input).is_file():
@@ -191,7 +191,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
 
     from aiayn.data import count_lines
     from aiayn.evaluation import evaluate_files, tokenized_bleu
-    from aiayn.translator import read_lines
+    from aiayn.lines import read_lines
 
     out_path = Path(args.output) if args.output else Path.cwd() / f"{Path(args.src).name}.hyp"
     for path in (args.src, *args.ref):
@@ -265,8 +265,8 @@ def _run_score(args: argparse.Namespace) -> int:
     import math
 
     from aiayn.data import count_lines
+    from aiayn.lines import read_lines
     from aiayn.scoring import score_pairs
-    from aiayn.translator import read_lines
 
     src, tgt = Path(args.src), Path(args.tgt)
     for path in (src, tgt):
@@ -350,8 +350,8 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_attention(args: argparse.Namespace) -> int:
+    from aiayn.lines import one_line
     from aiayn.plots import check_image_path, plot_attention, save_figure
-    from aiayn.translator import one_line
 
     output = check_image_path(args.output)  # before the slow part
     translator = load_translator(args)

@@ -35,6 +35,7 @@ from aiayn.checkpoint import CheckpointError, load_model_dir
 from aiayn.config import ModelConfig
 from aiayn.interop._runtime import ExportedModel, require
 from aiayn.model import Transformer, sinusoidal_positional_encoding
+from aiayn.results import TranslationResult
 from aiayn.search import DecodingOptions, Hypothesis
 from aiayn.tokenizer import (
     BOS_ID,
@@ -48,7 +49,7 @@ from aiayn.tokenizer import (
     load_tokenizer,
     tokenizer_files,
 )
-from aiayn.translator import TranslationResult, Translator, _Source
+from aiayn.translator import Translator, _Source
 
 logger = logging.getLogger(__name__)
 

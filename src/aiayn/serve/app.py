@@ -65,6 +65,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn import __version__
+from aiayn.results import TranslationResult
 from aiayn.serve import libretranslate
 from aiayn.serve.batcher import Batcher, BatcherClosed, QueueFull
 from aiayn.serve.connections import (
@@ -93,7 +94,7 @@ from aiayn.serve.settings import (
     Decoding,
     ServerSettings,
 )
-from aiayn.translator import TranslationResult, Translator
+from aiayn.translator import Translator
 
 logger = logging.getLogger(__name__)
 

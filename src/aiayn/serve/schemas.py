@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from aiayn.results import TranslationHypothesis, TranslationResult
 from aiayn.serve.settings import MAX_LENGTH_PENALTY
-from aiayn.translator import TranslationHypothesis, TranslationResult
 
 __all__ = [
     "ERROR_RESPONSES",
