@@ -27,9 +27,13 @@ import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from num2words import num2words
+
+if TYPE_CHECKING:
+    from aiayn.config import TrainConfig
+    from aiayn.translator import Translator
 
 logger = logging.getLogger(__name__)
 
@@ -160,9 +164,7 @@ def run_demo(
         **overrides: Other `TrainConfig` fields (e.g. a smaller model for tests).
     """
     from aiayn.checkpoint import list_checkpoints
-    from aiayn.config import TrainConfig
     from aiayn.evaluation import score
-    from aiayn.tokenizer import Tokenizer
     from aiayn.trainer import train
     from aiayn.translator import Translator
 
@@ -182,6 +184,51 @@ def run_demo(
         len(splits.test),
         out_dir / "corpus",
     )
+    config = demo_train_config(
+        out_dir, files, max_steps=max_steps, seed=seed, progress=progress, **overrides
+    )
+    # Continue an interrupted demo exactly when the trainer would find a checkpoint to resume.
+    result = train(config, resume=bool(list_checkpoints(out_dir / "run")))
+    if result.interrupted:
+        raise DemoStopped(result.step, result.stop_signal, out_dir)
+    translator = Translator(result.model_dir)
+    held_out = _translate_pairs(translator, *files["test"])
+    (out_dir / "test.hyp.de").write_text(
+        "".join(example.hypothesis + "\n" for example in held_out), encoding="utf-8"
+    )
+    hypotheses = [example.hypothesis for example in held_out]
+    references = [example.reference for example in held_out]
+    exact = sum(h == r for h, r in zip(hypotheses, references, strict=True)) / len(references)
+    scores = score(hypotheses, [references])
+    seen = _translate_numbers(translator, small)
+    shown = [seen[n] for n in SMALL_EXAMPLES if n < limit]
+    shown += held_out[: len([n for n in EXAMPLES if n < limit])]  # EXAMPLES open the test set
+    return DemoResult(
+        model_dir=result.model_dir,
+        exact_match=exact,
+        chrf=scores.chrf,
+        chrf_signature=scores.chrf_signature,
+        small_wrong=[(e.source, e.hypothesis) for e in seen if e.hypothesis != e.reference],
+        small_total=len(small),
+        small_weight=small_weight,
+        minutes=(time.monotonic() - start) / 60,
+        examples=shown,
+    )
+
+
+def demo_train_config(
+    out_dir: Path,
+    files: dict[str, tuple[Path, Path]],
+    *,
+    max_steps: int,
+    seed: int,
+    progress: bool,
+    **overrides: Any,
+) -> TrainConfig:
+    """The demo's training settings, and its vocabulary (unless `overrides` name a tokenizer)."""
+    from aiayn.config import TrainConfig
+    from aiayn.tokenizer import Tokenizer
+
     settings: dict[str, Any] = dict(
         out_dir=str(out_dir / "run"),
         src=str(files["train"][0]),
@@ -216,47 +263,28 @@ def run_demo(
         vocab_files = list(files["vocab"])
         Tokenizer.train(vocab_files, tokenizer, vocab_size=settings["vocab_size"], seed=seed)
         settings["tokenizer"] = str(tokenizer)
-    config = TrainConfig(**settings)
-    # Continue an interrupted demo exactly when the trainer would find a checkpoint to resume.
-    result = train(config, resume=bool(list_checkpoints(out_dir / "run")))
-    if result.interrupted:
-        raise DemoStopped(result.step, result.stop_signal, out_dir)
-    translator = Translator(result.model_dir)
-    sources = files["test"][0].read_text(encoding="utf-8").splitlines()
-    references = files["test"][1].read_text(encoding="utf-8").splitlines()
-    hypotheses = [r.text for r in translator.translate(sources)]  # the paper's beam search
-    (out_dir / "test.hyp.de").write_text("\n".join(hypotheses) + "\n", encoding="utf-8")
-    exact = sum(h == r for h, r in zip(hypotheses, references, strict=True)) / len(references)
-    scores = score(hypotheses, [references])
+    return TrainConfig(**settings)
 
-    small_sources = [num2words(n, lang="en") for n in small]
-    small_references = [num2words(n, lang="de") for n in small]
-    small_hypotheses = [r.text for r in translator.translate(small_sources)]
-    small_wrong = [
-        (s, h)
-        for s, h, r in zip(small_sources, small_hypotheses, small_references, strict=True)
-        if h != r
+
+def _translate_pairs(translator: Translator, english: Path, german: Path) -> list[DemoExample]:
+    """The test set translated with the paper's beam search: held-out numbers."""
+    sources = english.read_text(encoding="utf-8").splitlines()
+    references = german.read_text(encoding="utf-8").splitlines()
+    hypotheses = [r.text for r in translator.translate(sources)]
+    return [
+        DemoExample(s, h, r, held_out=True)
+        for s, h, r in zip(sources, hypotheses, references, strict=True)
     ]
-    shown = [
-        DemoExample(small_sources[n], small_hypotheses[n], small_references[n], held_out=False)
-        for n in SMALL_EXAMPLES
-        if n < limit
+
+
+def _translate_numbers(translator: Translator, numbers: list[int]) -> list[DemoExample]:
+    """`numbers` (all in training) translated; the result's index is the number's."""
+    sources = [num2words(n, lang="en") for n in numbers]
+    hypotheses = [r.text for r in translator.translate(sources)]
+    return [
+        DemoExample(s, h, num2words(n, lang="de"), held_out=False)
+        for n, s, h in zip(numbers, sources, hypotheses, strict=True)
     ]
-    shown += [  # EXAMPLES open the test set (split_numbers)
-        DemoExample(sources[i], hypotheses[i], references[i], held_out=True)
-        for i in range(len([n for n in EXAMPLES if n < limit]))
-    ]
-    return DemoResult(
-        model_dir=result.model_dir,
-        exact_match=exact,
-        chrf=scores.chrf,
-        chrf_signature=scores.chrf_signature,
-        small_wrong=small_wrong,
-        small_total=len(small),
-        small_weight=small_weight,
-        minutes=(time.monotonic() - start) / 60,
-        examples=shown,
-    )
 
 
 def format_report(result: DemoResult) -> str:
