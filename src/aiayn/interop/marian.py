@@ -46,7 +46,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.checkpoint import load_model_dir, save_model_dir
+from aiayn.checkpoint import LoadedModel, load_model_dir, save_model_dir
 from aiayn.config import ModelConfig
 from aiayn.interop._runtime import require
 from aiayn.model import Transformer
@@ -160,13 +160,14 @@ def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
     """Write `model_dir` as a Hugging Face Marian directory.
 
     `MarianMTModel.from_pretrained(out_dir)`, `MarianTokenizer.from_pretrained(out_dir)` and
-    `pipeline("translation", model=out_dir)` load it offline; greedy outputs equal aiayn's.
+    `pipeline("translation", model=out_dir)` (transformers 4; 5 removed the task) load it offline;
+    greedy outputs equal aiayn's.
 
     Raises:
         MarianFormatError: The model uses something MarianMTModel cannot represent.
     """
     require("transformers", "exporting to Hugging Face")
-    from transformers import GenerationConfig, MarianConfig, MarianMTModel, MarianTokenizer
+    from transformers import GenerationConfig, MarianMTModel
 
     loaded = load_model_dir(model_dir)
     c, model = loaded.config, loaded.model
@@ -178,6 +179,40 @@ def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
             c.layer_norm_eps,
             MARIAN_LAYER_NORM_EPS,
         )
+    hf = MarianMTModel(_marian_config(c)).eval()
+    perm = _hidden_permutation(c.d_model)
+    ours = model.state_dict()
+    theirs = dict(hf.named_parameters())
+    with torch.no_grad():
+        embedding = _permute(ours["tgt_embed.embedding.weight"], (1,), perm)
+        theirs["model.shared.weight"].copy_(embedding)
+        for a, h, dims in _layer_pairs(c.n_encoder_layers, c.n_decoder_layers):
+            theirs[h].copy_(_permute(ours[a], dims, perm))
+        hf.final_logits_bias.zero_()
+    if hf.get_output_embeddings().weight is not hf.get_input_embeddings().weight:
+        raise RuntimeError("transformers did not tie MarianMTModel's embeddings")
+    hf.generation_config = GenerationConfig(
+        decoder_start_token_id=BOS_ID,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+        forced_eos_token_id=None,
+        bad_words_ids=[[PAD_ID], [BOS_ID]],  # aiayn never generates them
+        num_beams=1,
+        do_sample=False,
+        max_length=c.max_positions + EXTRA_POSITIONS,
+    )
+    out_dir = Path(out_dir)
+    hf.save_pretrained(out_dir)
+    _save_marian_tokenizer(loaded, out_dir)
+    logger.info("exported %s to Hugging Face Marian -> %s", model_dir, out_dir)
+    return out_dir
+
+
+def _marian_config(c: ModelConfig) -> Any:
+    """The `MarianConfig` of aiayn's architecture `c` (post-norm, ×√d_model, tied weights)."""
+    from transformers import MarianConfig
+
     hf_config = MarianConfig(
         vocab_size=c.tgt_vocab_size,
         decoder_vocab_size=c.tgt_vocab_size,
@@ -204,31 +239,12 @@ def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
     )
     hf_config.aiayn_layer_norm_eps = c.layer_norm_eps  # read back by import_marian only
     hf_config.aiayn_max_positions = c.max_positions
-    hf = MarianMTModel(hf_config).eval()
-    perm = _hidden_permutation(c.d_model)
-    ours = model.state_dict()
-    theirs = dict(hf.named_parameters())
-    with torch.no_grad():
-        embedding = _permute(ours["tgt_embed.embedding.weight"], (1,), perm)
-        theirs["model.shared.weight"].copy_(embedding)
-        for a, h, dims in _layer_pairs(c.n_encoder_layers, c.n_decoder_layers):
-            theirs[h].copy_(_permute(ours[a], dims, perm))
-        hf.final_logits_bias.zero_()
-    if hf.get_output_embeddings().weight is not hf.get_input_embeddings().weight:
-        raise RuntimeError("transformers did not tie MarianMTModel's embeddings")
-    hf.generation_config = GenerationConfig(
-        decoder_start_token_id=BOS_ID,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID,
-        forced_eos_token_id=None,
-        bad_words_ids=[[PAD_ID], [BOS_ID]],  # aiayn never generates them
-        num_beams=1,
-        do_sample=False,
-        max_length=c.max_positions + EXTRA_POSITIONS,
-    )
-    out_dir = Path(out_dir)
-    hf.save_pretrained(out_dir)
+    return hf_config
+
+
+def _save_marian_tokenizer(loaded: LoadedModel, out_dir: Path) -> None:
+    """A `MarianTokenizer` (source.spm, target.spm, vocab.json) for the model's tokenizer."""
+    from transformers import MarianTokenizer
 
     tokenizer = load_tokenizer(loaded.tokenizer_file)
     files = tokenizer_files(loaded.tokenizer_file)
@@ -250,11 +266,9 @@ def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
             unk_token=SPECIAL_PIECES[UNK_ID],
             eos_token=SPECIAL_PIECES[EOS_ID],
             pad_token=SPECIAL_PIECES[PAD_ID],
-            model_max_length=c.max_positions,
+            model_max_length=loaded.config.max_positions,
         )
         hf_tokenizer.save_pretrained(out_dir)
-    logger.info("exported %s to Hugging Face Marian -> %s", model_dir, out_dir)
-    return out_dir
 
 
 # --------------------------------------------------------------------------------------------

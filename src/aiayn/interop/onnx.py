@@ -156,6 +156,25 @@ def export_onnx(model_dir: str | Path, out_dir: str | Path, opset: int = OPSET) 
     return out_dir
 
 
+def _example_inputs(c: ModelConfig) -> tuple[Tensor, tuple[Tensor, ...]]:
+    """Inputs to trace the encoder and the decoder step with: sizes all different, none 0 or
+    1, so that the exporter keeps every dynamic dimension apart."""
+    l, h = c.n_decoder_layers, c.n_heads
+    n, k, s, t = 2, 3, 5, 4  # sentences, beam, source length, positions so far
+    src = torch.full((n, s), 5, dtype=torch.long)
+    src[1, -1] = PAD_ID
+    step_args = (
+        torch.full((n * k,), 5, dtype=torch.long),
+        torch.tensor([t]),
+        torch.randn(l, n * k, h, t, c.d_k),
+        torch.randn(l, n * k, h, t, c.d_v),
+        torch.randn(l, n, h, s, c.d_k),
+        torch.randn(l, n, h, s, c.d_v),
+        src != PAD_ID,
+    )
+    return src, step_args
+
+
 def write_onnx_graphs(
     model: Transformer, out_dir: str | Path, *, opset: int = OPSET, metadata: dict | None = None
 ) -> Path:
@@ -170,21 +189,7 @@ def write_onnx_graphs(
         table = model.positions.embedding.weight.detach().clone()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    l, h = c.n_decoder_layers, c.n_heads
-    n, k, s, t = 2, 3, 5, 4  # example sizes: all different, none 0 or 1
-    src = torch.full((n, s), 5, dtype=torch.long)
-    src[1, -1] = PAD_ID
-    cross_k = torch.randn(l, n, h, s, c.d_k)
-    cross_v = torch.randn(l, n, h, s, c.d_v)
-    step_args = (
-        torch.full((n * k,), 5, dtype=torch.long),
-        torch.tensor([t]),
-        torch.randn(l, n * k, h, t, c.d_k),
-        torch.randn(l, n * k, h, t, c.d_v),
-        cross_k,
-        cross_v,
-        src != PAD_ID,
-    )
+    src, step_args = _example_inputs(c)
     dim = torch.export.Dim
     sentences, source, rows, past = dim("N"), dim("S"), dim("R"), dim("t")
     with torch.no_grad():
