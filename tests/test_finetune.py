@@ -138,8 +138,9 @@ def test_resume_continues_from_the_runs_checkpoint_without_init_from(
         ({"model": {"d_model": 32, "n_heads": 2}}, "model.d_model (32) differs from init_from's"),
         ({"preset": "small", "model": {}}, "preset ('small') has d_model (256) differs from"),
         ({"vocab_size": 400}, "vocab_size (400) differs from the"),
+        ({"tokenizer": "OTHER"}, "is not the tokenizer of init_from's model"),
     ],
-    ids=["model-field", "preset", "vocab-size"],
+    ids=["model-field", "preset", "vocab-size", "tokenizer"],
 )
 def test_what_fine_tuning_cannot_change_is_refused_before_anything_is_written(
     change: dict[str, Any],
@@ -150,6 +151,11 @@ def test_what_fine_tuning_cannot_change_is_refused_before_anything_is_written(
     capsys: pytest.CaptureFixture,
 ) -> None:
     values = {"vocab_size": pieces(base_run), **change}
+    if change.get("tokenizer") == "OTHER":  # another vocabulary of the same corpus
+        model_file = tmp_path / "other.model"
+        other = Tokenizer.train(list(corpus), model_file, vocab_size=300, model_type="unigram")
+        values["tokenizer"] = str(other.model_file)
+        assert other.sha256 != Tokenizer.load(base_run / "tokenizer.model").sha256
     args = finetune_args(corpus, tmp_path / "run", base_run / "model", **values)
     assert message in _fails(args, capsys)
     assert not (tmp_path / "run").exists()

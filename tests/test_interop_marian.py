@@ -263,3 +263,5 @@ def test_an_imported_model_fine_tunes_with_its_split_tokenizer(opus_dir: Path, t
     shutil.rmtree(imported)  # a resume continues from the run's checkpoint and its tokenizer
     assert main(["train", "--resume", "--out-dir", str(run), "--max-steps", "4"]) == 0
     assert checkpoint.load_model_dir(run).metadata["step"] == 4
+    assert main(["average", str(run), "-n", "2", "-o", str(tmp_path / "averaged")]) == 0
+    assert (tmp_path / "averaged" / "vocab.json").is_file()  # the split tokenizer goes along

@@ -68,7 +68,7 @@ def read_init_model(config: TrainConfig, directory: str | Path) -> InitModel:
         found = ckpt.resolve_model_dir(directory)
         ckpt.verify(found)
         architecture = ckpt.read_model_config(found)
-        tokenizer = load_tokenizer(_tokenizer_file(found))
+        tokenizer = load_tokenizer(ckpt.tokenizer_file_of(found))
     except (ckpt.CheckpointError, TokenizerError) as error:
         raise ConfigError(f"init_from ({str(directory)!r}): {error}") from None
     _check_architecture(config, architecture, found)
@@ -80,7 +80,7 @@ def read_init_model(config: TrainConfig, directory: str | Path) -> InitModel:
 def resumed_model(checkpoint: Path) -> InitModel:
     """What a resumed fine-tuning run is: its own `checkpoint`'s architecture and tokenizer
     (checked against the run's settings by the resume itself, not against `init_from`)."""
-    tokenizer = load_tokenizer(_tokenizer_file(checkpoint))
+    tokenizer = load_tokenizer(ckpt.tokenizer_file_of(checkpoint))
     model_config = ckpt.read_model_config(checkpoint)
     return InitModel(checkpoint, model_config, tokenizer.model_file, tokenizer.vocab_size)
 
@@ -101,11 +101,6 @@ def copy_tokenizer(init: InitModel, run_dir: Path, *, keep: bool) -> Tokenizer |
         for file in tokenizer_files(init.tokenizer_file):
             shutil.copyfile(file, run_dir / file.name)
     return SplitTokenizer.load(target)
-
-
-def _tokenizer_file(directory: Path) -> Path:
-    joint = directory / ckpt.TOKENIZER_FILE
-    return joint if joint.is_file() else directory / VOCAB_FILE
 
 
 def _check_architecture(config: TrainConfig, architecture: ModelConfig, directory: Path) -> None:
