@@ -55,3 +55,30 @@ def tiny_model_dir(directory: Path, *, eos_scale: float = 4.0, **overrides: obje
     return checkpoint.save_model_dir(
         directory / "model", model, tokenizer_file=tokenizer.model_file
     )
+
+
+def split_tokenizer_files(directory: Path) -> Path:
+    """A `SplitTokenizer`'s files in `directory`, as `aiayn import` writes them: a source model
+    learned on the English lines of `CORPUS`, a target model on the German ones (so the two cut
+    German text differently), and a vocab.json of both models' pieces. Returns the vocab.json."""
+    import json
+
+    import sentencepiece as spm
+
+    pieces = ["<pad>", "<unk>", "<s>", "</s>"]
+    for name, lines in (("source", CORPUS[:3] + CORPUS[6:7]), ("target", CORPUS[3:6] + CORPUS[7:])):
+        text = directory / f"{name}.txt"
+        text.write_text("\n".join(lines * 3) + "\n", encoding="utf-8")
+        spm.SentencePieceTrainer.train(
+            input=str(text),
+            model_prefix=str(directory / name),
+            vocab_size=60,
+            hard_vocab_limit=False,
+            minloglevel=2,
+        )
+        model = (directory / f"{name}.model").rename(directory / f"{name}.spm")
+        sp = spm.SentencePieceProcessor(model_file=str(model))
+        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i)]
+    vocab_file = directory / "vocab.json"
+    vocab_file.write_text(json.dumps({"pieces": list(dict.fromkeys(pieces))}), encoding="utf-8")
+    return vocab_file

@@ -24,7 +24,8 @@ from aiayn.data import (
     read_parallel,
     read_tsv,
 )
-from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, SplitTokenizer, Tokenizer
+from interop_models import split_tokenizer_files
 
 
 class WordEncoder:
@@ -39,6 +40,9 @@ class WordEncoder:
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         self.calls += 1
         return [[self._id(word) for word in text.split()] for text in texts]
+
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.encode_batch(texts)  # one vocabulary for both sides
 
     def _id(self, word: str) -> int:
         return self._ids.setdefault(word, 4 + len(self._ids) % (self.vocab_size - 4))
@@ -460,3 +464,19 @@ def test_tokens_per_update_sets_accumulation() -> None:
     assert accumulation(**settings, world_size=1) == 25
     assert accumulation(**settings, world_size=8) == 4  # ceil(25000 / 8000)
     assert accumulation(**{**settings, "tokens_per_update": 0}, world_size=8) == 1
+
+
+def test_binarize_encodes_targets_with_the_target_side_of_a_split_tokenizer(
+    tmp_path: Path,
+) -> None:
+    """An imported Marian model cuts source and target text with different SentencePiece
+    models: training data must hold the target model's ids, which the model learned to emit."""
+    tokenizer = SplitTokenizer.load(split_tokenizer_files(tmp_path))
+    pair = ("the cat sat on the mat", "die katze sass auf der matte")
+    src = write_lines(tmp_path / "t.en", [pair[0]] * 3)
+    tgt = write_lines(tmp_path / "t.de", [pair[1]] * 3)
+    dataset, _ = load_or_build(src, tgt, None, tokenizer, tmp_path / "cache", max_len=64)
+    src_ids, tgt_ids = (ids.tolist() for ids in dataset[0])
+    assert src_ids == tokenizer.encode(pair[0])
+    assert tgt_ids == tokenizer.encode_target(pair[1]) != tokenizer.encode(pair[1])
+    assert tokenizer.decode(tgt_ids) == pair[1]

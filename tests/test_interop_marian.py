@@ -226,3 +226,42 @@ def test_import_refuses_what_aiayn_cannot_represent(opus_dir: Path, tmp_path, fi
     (changed / "config.json").write_text(json.dumps(config))
     with pytest.raises(MarianFormatError, match=rf"^{field} \({value!r}\): "):
         import_marian(changed, tmp_path / "out")
+
+
+def test_an_imported_model_fine_tunes_with_its_split_tokenizer(opus_dir: Path, tmp_path: Path):
+    """`aiayn import` then `aiayn train --init-from`: the run carries source.spm, target.spm
+    and vocab.json; targets are cut with target.spm; the result translates."""
+    from aiayn.cli import main
+    from aiayn.data import ParallelDataset
+    from aiayn.tokenizer import SplitTokenizer
+
+    imported = tmp_path / "imported"
+    assert main(["import", str(opus_dir), "-o", str(imported)]) == 0
+    src, tgt = tmp_path / "train.en", tmp_path / "train.de"
+    src.write_text("\n".join([*CORPUS[:3], CORPUS[6]] * 4) + "\n", encoding="utf-8")
+    tgt.write_text("\n".join([*CORPUS[3:6], CORPUS[7]] * 4) + "\n", encoding="utf-8")
+    run = tmp_path / "run"
+    flags = ["--src", str(src), "--tgt", str(tgt), "--valid-src", str(src), "--valid-tgt"]
+    flags += [str(tgt), "--valid-bleu", "--out-dir", str(run), "--init-from", str(imported)]
+    flags += ["--max-steps", "3", "--warmup-steps", "4", "--max-len", "64", "--max-tokens"]
+    flags += ["256", "--valid-every", "0", "--save-every", "0", "--threads", "1", "--no-progress"]
+    assert main(["train", *flags]) == 0
+
+    for name in ("source.spm", "target.spm", "vocab.json"):
+        assert (run / "model" / name).read_bytes() == (imported / name).read_bytes()
+    assert not (run / "model" / "tokenizer.model").exists()
+    tokenizer = SplitTokenizer.load(run / "vocab.json")
+    [cache] = (run / "data" / "train").iterdir()
+    _, first_target = ParallelDataset(cache)[0]
+    assert first_target.tolist() == tokenizer.encode_target(CORPUS[3])
+    assert first_target.tolist() != tokenizer.encode(CORPUS[3])  # not source.spm's pieces
+    assert checkpoint.read_model_config(run / "model") == checkpoint.read_model_config(imported)
+
+    [result] = Translator(run).translate(["the cat sat"], beam_size=2)
+    assert result.src_tokens[:-1] == tokenizer.pieces(tokenizer.encode("the cat sat"))
+
+    shutil.rmtree(imported)  # a resume continues from the run's checkpoint and its tokenizer
+    assert main(["train", "--resume", "--out-dir", str(run), "--max-steps", "4"]) == 0
+    assert checkpoint.load_model_dir(run).metadata["step"] == 4
+    assert main(["average", str(run), "-n", "2", "-o", str(tmp_path / "averaged")]) == 0
+    assert (tmp_path / "averaged" / "vocab.json").is_file()  # the split tokenizer goes along

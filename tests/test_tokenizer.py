@@ -8,8 +8,18 @@ import random
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 
-from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, TokenizerError
+from aiayn.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    SplitTokenizer,
+    Tokenizer,
+    TokenizerError,
+)
+from interop_models import split_tokenizer_files
 
 EN_WORDS = [
     "the",
@@ -230,3 +240,21 @@ def test_train_or_reuse_remakes_only_for_another_recipe(tmp_path: Path) -> None:
     assert model_file.stat().st_mtime_ns == mtime and kept.sha256 == first.sha256
     Tokenizer.train_or_reuse(model_file, **{**settings, "seed": 2})
     assert json.loads(model_file.with_suffix(".json").read_text())["seed"] == 2
+
+
+def test_a_joint_tokenizer_encodes_targets_as_sources(tokenizer: Tokenizer) -> None:
+    texts = ["the cat", "der Hund"]
+    assert tokenizer.encode_target_batch(texts) == tokenizer.encode_batch(texts)
+    assert tokenizer.encode_target("der Hund") == tokenizer.encode("der Hund")
+
+
+def test_a_split_tokenizer_encodes_targets_with_the_target_model(tmp_path: Path) -> None:
+    vocab_file = split_tokenizer_files(tmp_path)
+    tokenizer = SplitTokenizer.load(vocab_file)
+    target = spm.SentencePieceProcessor(model_file=str(tmp_path / "target.spm"))
+    text = "die katze sass auf der matte"
+    ids = tokenizer.encode_target(text)
+    assert tokenizer.pieces(ids) == target.encode(text, out_type=str)
+    assert ids != tokenizer.encode(text)  # the source model cuts German otherwise
+    assert tokenizer.encode_target_batch([text, "hallo"]) == [ids, tokenizer.encode_target("hallo")]
+    assert tokenizer.decode(ids) == text

@@ -34,6 +34,8 @@ class _LetterEncoder:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [[4 + LETTERS.index(c) for c in text.split()] for text in texts]
 
+    encode_target_batch = encode_batch
+
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> ParallelDataset:

@@ -28,6 +28,8 @@ class _LetterEncoder:
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [[4 + LETTERS.index(c) for c in text.split()] for text in texts]
 
+    encode_target_batch = encode_batch
+
 
 @torch.no_grad()
 def test_validation_loss_reports_per_token_means_in_eval_mode(tmp_path) -> None:

@@ -454,16 +454,20 @@ def load_model_dir(directory: str | Path, *, device: str | torch.device = "cpu")
     model = Transformer(config)
     load_weights(model, directory / WEIGHTS_FILE)
     metadata = json.loads((directory / METADATA_FILE).read_text())
-    tokenizer_file = directory / TOKENIZER_FILE
-    if not tokenizer_file.is_file():
-        tokenizer_file = directory / VOCAB_FILE  # a split tokenizer (tokenizer.SplitTokenizer)
     return LoadedModel(
         model=model.to(device).eval(),
         config=config,
-        tokenizer_file=tokenizer_file,
+        tokenizer_file=tokenizer_file_of(directory),
         metadata=metadata,
         directory=directory,
     )
+
+
+def tokenizer_file_of(directory: str | Path) -> Path:
+    """The tokenizer of a model directory or checkpoint, as `tokenizer.load_tokenizer` takes it:
+    `tokenizer.model`, or a split tokenizer's `vocab.json` (tokenizer.SplitTokenizer)."""
+    joint = Path(directory) / TOKENIZER_FILE
+    return joint if joint.is_file() else Path(directory) / VOCAB_FILE
 
 
 def load_weights(model: nn.Module, weights_file: Path) -> None:

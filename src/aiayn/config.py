@@ -237,6 +237,12 @@ class TrainConfig:
         tokenizer: An existing SentencePiece model to reuse; else one is trained.
         vocab_size: Size of the joint BPE vocabulary to train (§5.1: ~37000 for EN-DE).
         preset: Model preset (`PRESETS`); `model` overrides individual `ModelConfig` fields.
+        init_from: Fine-tune: start from the weights of this model directory (e.g. one `aiayn
+            import` made; a run directory means its model/) instead of a random initialisation.
+            Its config.json is the architecture and its tokenizer the vocabulary: a preset, model
+            field, tokenizer or vocab_size that disagrees is refused, but model.dropout and
+            model.attention_dropout (regularisation, not architecture) may be set. Adam and the
+            learning-rate schedule start afresh at step 0 (aiayn.finetune).
         max_len: Longest sentence kept, in subword tokens (longer pairs are filtered out).
         max_ratio: Drop pairs whose length ratio exceeds this (0 = no ratio filter).
         max_tokens: Token budget of one batch on one device, per side, padding included (§5.1).
@@ -288,6 +294,7 @@ class TrainConfig:
     vocab_size: int = 8000
     preset: str = "base"
     model: dict = dataclasses.field(default_factory=dict)
+    init_from: str | None = None
     max_len: int = 256
     max_ratio: float = 0.0
     max_tokens: int = 4096
@@ -341,6 +348,7 @@ class TrainConfig:
         _require(
             self.preset in PRESETS, f"preset ({self.preset!r}) must be one of {', '.join(PRESETS)}"
         )
+        _require(self.init_from != "", "init_from ('') must name a model directory")
         for name in ("vocab_size", "max_len", "max_tokens", "accumulate", "max_steps"):
             _require(getattr(self, name) >= 1, f"{name} ({getattr(self, name)}) must be >= 1")
         for name in ("tokens_per_update", "max_epochs", "warmup_steps", "valid_every",

@@ -186,6 +186,8 @@ class BatchEncoder(Protocol):
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
 
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]: ...
+
 
 @dataclass(frozen=True)
 class FilterStats:
@@ -250,8 +252,9 @@ def binarize(
 ) -> FilterStats:
     """Encodes and filters ``pairs`` into flat token files in ``out_dir``.
 
-    Pairs are encoded ``chunk_size`` at a time with ``tokenizer.encode_batch`` and appended to
-    disk, so memory stays flat whatever the corpus size. The layout is::
+    Pairs are encoded ``chunk_size`` at a time (sources with ``tokenizer.encode_batch``, targets
+    with ``tokenizer.encode_target_batch``: a split tokenizer cuts them with different models)
+    and appended to disk, so memory stays flat whatever the corpus size. The layout is::
 
         src.bin, tgt.bin              all token ids, concatenated (dtype in meta.json)
         src_offsets.npy, tgt_offsets.npy
@@ -261,7 +264,8 @@ def binarize(
 
     Args:
         pairs: ``(source, target)`` text pairs, e.g. from :func:`read_parallel`.
-        tokenizer: Anything with ``encode_batch``, ``vocab_size`` and ``sha256``.
+        tokenizer: Anything with ``encode_batch``, ``encode_target_batch``, ``vocab_size`` and
+            ``sha256``.
         out_dir: Directory to write into (created if needed).
         max_len: Drop pairs with more subword tokens than this on either side, not counting
             the BOS/EOS the model adds.
@@ -292,7 +296,7 @@ def binarize(
         for chunk in _chunked(pairs, chunk_size):
             total += len(chunk)
             src_ids = tokenizer.encode_batch([src for src, _ in chunk])
-            tgt_ids = tokenizer.encode_batch([tgt for _, tgt in chunk])
+            tgt_ids = tokenizer.encode_target_batch([tgt for _, tgt in chunk])
             kept_src, kept_tgt = [], []
             for src, tgt in zip(src_ids, tgt_ids, strict=True):
                 reason = _drop_reason(len(src), len(tgt), max_len, min_len, max_ratio)

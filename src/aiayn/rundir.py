@@ -3,6 +3,8 @@
     RUN_DIR/
         train_config.yaml   the resolved `TrainConfig` (written once the run starts)
         tokenizer.model     the joint vocabulary (+ tokenizer.json: what it was made from)
+                            (fine-tuning an imported Marian model, `init_from`: its
+                            source.spm + target.spm + vocab.json instead)
         data/               the binarised corpus cache
         metrics.jsonl       the run log (aiayn.runlog)
         tensorboard/        the same records as TensorBoard scalars (with `tensorboard: true`)

@@ -132,7 +132,7 @@ def _prepare(
     first_number: int,
 ) -> list[_Pair]:
     sources = tokenizer.encode_batch([src.strip() for src, _ in chunk])
-    targets = tokenizer.encode_batch([tgt.strip() for _, tgt in chunk])
+    targets = tokenizer.encode_target_batch([tgt.strip() for _, tgt in chunk])
     prepared = []
     for i, (src, tgt) in enumerate(zip(sources, targets, strict=True)):
         number = first_number + i

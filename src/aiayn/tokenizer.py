@@ -278,6 +278,14 @@ class Tokenizer:
         threads = 1 if len(texts) < 256 else -1  # -1: SentencePiece's default
         return self._sp.encode(list(texts), out_type=int, num_threads=threads)
 
+    def encode_target(self, text: str) -> list[int]:
+        """Target text → ids: the same as :meth:`encode`, the vocabulary being joint (§5.1)."""
+        return self.encode(text)
+
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Many target sentences → ids: the same as :meth:`encode_batch`."""
+        return self.encode_batch(texts)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Turns ids back into text, skipping ``<pad>``, ``<s>`` and ``</s>``.
 
@@ -448,7 +456,9 @@ class SplitTokenizer:
     OPUS-MT targets) is kept whole when the vocabulary has it. Unlike ``MarianTokenizer``,
     no Moses punctuation normalisation is applied first.
 
-    The same interface as :class:`Tokenizer`; ``model_file`` is the ``vocab.json``.
+    The same interface as :class:`Tokenizer`; ``model_file`` is the ``vocab.json``. Source text
+    is cut with ``source.spm`` (:meth:`encode`), target text with ``target.spm``
+    (:meth:`encode_target`, what training data and scored targets need).
     """
 
     def __init__(self, source: bytes, target: bytes, pieces: list[str], model_file: Path) -> None:
@@ -492,7 +502,21 @@ class SplitTokenizer:
         return self._sha256.hexdigest()
 
     def encode(self, text: str) -> list[int]:
-        """Source text → ids, without BOS/EOS."""
+        """Source text → ids with the source model, without BOS/EOS."""
+        return self._encode(self._source, text)
+
+    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(text) for text in texts]
+
+    def encode_target(self, text: str) -> list[int]:
+        """Target text → ids with the target model (what training and scoring compare the
+        model's outputs with), without BOS/EOS."""
+        return self._encode(self._target, text)
+
+    def encode_target_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode_target(text) for text in texts]
+
+    def _encode(self, model: spm.SentencePieceProcessor, text: str) -> list[int]:
         code = []
         if (
             text.startswith(">>")
@@ -500,11 +524,8 @@ class SplitTokenizer:
             and text[: end + 2] in self._ids
         ):
             code, text = [self._ids[text[: end + 2]]], text[end + 2 :]
-        pieces = self._source.encode(text, out_type=str)
+        pieces = model.encode(text, out_type=str)
         return code + [self._ids.get(piece, UNK_ID) for piece in pieces]
-
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [self.encode(text) for text in texts]
 
     def decode(self, ids: Sequence[int]) -> str:
         """Target ids → text with the target model, skipping ``<pad>``, ``<s>`` and ``</s>``."""

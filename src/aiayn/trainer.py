@@ -4,7 +4,8 @@
 
 1. `Trainer.setup`: the run directory (aiayn.rundir: locked against a second trainer, its
    settings kept on `--resume`), a joint SentencePiece vocabulary made once (§5.1), the
-   binarised data, the model and Adam, restored from the last checkpoint on resume;
+   binarised data, the model and Adam, restored from the last checkpoint on resume; with
+   `init_from`, the model and its vocabulary come from a model directory (aiayn.finetune);
 2. `Trainer.update`: one optimizer update (aiayn.update) over batches of about `max_tokens`
    tokens, grouped by length and shuffled per epoch from the seed, normalised by the true
    number of target tokens, so one process with `accumulate=k` and k data-parallel processes
@@ -27,7 +28,7 @@ import logging
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from aiayn import checkpoint as ckpt
-from aiayn import rundir
+from aiayn import finetune, rundir
 from aiayn.acceleration import maybe_compile, native_bf16_cpu
 from aiayn.batching import accumulation, epoch_updates
 from aiayn.config import TrainConfig
@@ -58,7 +59,7 @@ from aiayn.runlog import (
     truncate_metrics,
 )
 from aiayn.stopping import EarlyStopping, StopFlag
-from aiayn.tokenizer import PAD_ID, Tokenizer
+from aiayn.tokenizer import PAD_ID, SplitTokenizer, Tokenizer, load_tokenizer
 from aiayn.update import UpdateStats, optimizer_update, uses_bf16
 from aiayn.validation import validation_bleu, validation_loss
 
@@ -132,7 +133,9 @@ class Trainer:
         distributed: This process's rank and the world size (a single process outside torchrun).
         device: Where the model trains.
         run_dir: The run directory (aiayn.rundir).
-        tokenizer: The joint vocabulary.
+        tokenizer: The joint vocabulary (or, fine-tuning an imported Marian model, its split
+            one).
+        init: The model directory a fine-tuning run starts from (`init_from`), else None.
         model: The `Transformer` (what is saved); `train_model` is what updates run through
             (the same, or it wrapped by torch.compile and/or DDP).
         optimizer: Adam (§5.3).
@@ -161,6 +164,7 @@ class Trainer:
             world_size=distributed.world_size,
         )
         self.run_dir = Path(config.out_dir)
+        self.init: finetune.InitModel | None = None
         self.progress = ckpt.Progress()
         self.log = MetricsLog(self.run_dir / METRICS_FILE, distributed.is_main)
         self.last_valid: ValidRecord | None = None
@@ -183,7 +187,10 @@ class Trainer:
         held.callback(self.log.close)
         self.tokenizer = self._prepare_tokenizer()
         self.train_data, self.valid_data = self._load_data()
-        self.model_config = self.config.model_config(self.tokenizer.vocab_size, pad_id=PAD_ID)
+        if self.init is not None:
+            self.model_config = self.init.model_config
+        else:
+            self.model_config = self.config.model_config(self.tokenizer.vocab_size, pad_id=PAD_ID)
         torch.manual_seed(self.config.seed)
         self.model = Transformer(self.model_config).to(self.device)
         if self.distributed.rank > 0:
@@ -198,13 +205,22 @@ class Trainer:
     def _check_inputs(self) -> None:
         """What can be checked of the inputs without reading them whole, before the run
         directory is touched: the corpus files (missing, directories, UTF-16), a given
-        tokenizer."""
+        tokenizer, the model directory to start from."""
         c = self.config
         files = (c.src, c.tgt, c.tsv, c.valid_src, c.valid_tgt, c.valid_tsv)
         check_corpus_files(*(Path(name) for name in files if name))
         if c.tensorboard:
             require("tensorboard", "tensorboard", needed_by="tensorboard: true (--tensorboard)")
-        if c.tokenizer:
+        if c.init_from:
+            # A resumed run continues from its own checkpoint and never reads init_from again.
+            resumed = ckpt.list_checkpoints(self.run_dir)[-1:] if self.resume_requested else []
+            if resumed:
+                self.init = finetune.resumed_model(resumed[0])
+            else:
+                self.init = finetune.read_init_model(c, c.init_from)
+            # The run's vocabulary is the model's: train_config.yaml records its true size.
+            self.config = replace(c, vocab_size=self.init.vocab_size)
+        elif c.tokenizer:
             source = Path(c.tokenizer)
             if not source.is_file():
                 raise TrainingError(f"tokenizer not found: {source}")
@@ -237,8 +253,15 @@ class Trainer:
             for name, (before, after) in rundir.resume_overrides(self.run_dir, self.config).items():
                 logger.info("resume: %s changed from %r to %r", name, before, after)
 
-    def _prepare_tokenizer(self) -> Tokenizer:
-        """The joint vocabulary (§5.1), made by rank 0; a resumed run keeps its own."""
+    def _prepare_tokenizer(self) -> Tokenizer | SplitTokenizer:
+        """The joint vocabulary (§5.1), made by rank 0, or the init model's, copied; a resumed
+        run keeps its own."""
+        keep = self.resume_requested and bool(ckpt.list_checkpoints(self.run_dir))
+        if self.init is not None:
+            if self.distributed.is_main:
+                finetune.copy_tokenizer(self.init, self.run_dir, keep=keep)
+            self.distributed.barrier()
+            return load_tokenizer(self.run_dir / self.init.tokenizer_file.name)
         model_file = self.run_dir / ckpt.TOKENIZER_FILE
         if self.distributed.is_main:
             c = self.config
@@ -250,7 +273,7 @@ class Trainer:
                 copy_from=Path(c.tokenizer) if c.tokenizer else None,
                 vocab_size=c.vocab_size,
                 seed=c.seed,
-                keep=self.resume_requested and bool(ckpt.list_checkpoints(self.run_dir)),
+                keep=keep,
             )
         self.distributed.barrier()
         return Tokenizer.load(model_file)
@@ -297,6 +320,8 @@ class Trainer:
                 logger.info("resumed from %s at step %d", latest, self.progress.step)
         elif self.resume_requested and self.distributed.is_main:
             logger.info("no checkpoint in %s yet: starting from scratch", self.run_dir)
+        if latest is None and self.init is not None:
+            self._start_from_init(self.init)
         if self.distributed.is_main:
             if latest is None:
                 metrics_path.unlink(missing_ok=True)
@@ -334,6 +359,16 @@ class Trainer:
         # (seed + rank), rather than drawing rank 0's dropout masks
         self.progress = state.progress
         self.model.to(self.device)
+
+    def _start_from_init(self, init: finetune.InitModel) -> None:
+        """Fine-tuning: the weights of `init`; Adam and the schedule stay fresh (step 0)."""
+        ckpt.load_weights(self.model, init.weights_file)
+        if self.distributed.is_main:
+            logger.info(
+                "fine-tuning from %s: its weights and vocabulary; the optimizer and the "
+                "learning-rate schedule (warm-up included) start afresh at step 0",
+                init.directory,
+            )
 
     def _wrap_model(self) -> nn.Module:
         """The model that updates run through: compiled and/or under DDP when asked."""

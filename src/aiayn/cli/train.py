@@ -164,7 +164,7 @@ def _run_average(args: argparse.Namespace) -> int:
     metadata = json.loads((chosen[-1] / ckpt.METADATA_FILE).read_text())
     metadata["averaged"] = [p.name for p in chosen]
     ckpt.save_model_dir(
-        args.output, model, tokenizer_file=chosen[-1] / ckpt.TOKENIZER_FILE, metadata=metadata
+        args.output, model, tokenizer_file=ckpt.tokenizer_file_of(chosen[-1]), metadata=metadata
     )
     print(
         f"averaged {len(chosen)} checkpoints ({chosen[0].name} … {chosen[-1].name}) "

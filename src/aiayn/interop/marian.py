@@ -317,8 +317,8 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
     directory with a `SplitTokenizer` (source.spm, target.spm, vocab.json).
 
     Reads the directory only (no download). The result translates with `Translator` as
-    transformers' greedy ``generate`` does, and loads as any model directory; fine-tuning it
-    needs a training run that starts from its weights and keeps its tokenizer.
+    transformers' greedy ``generate`` does, and loads as any model directory; ``aiayn train
+    --init-from OUT_DIR`` fine-tunes it with its own tokenizer (aiayn.finetune).
 
     Raises:
         MarianFormatError: The model uses something aiayn cannot represent (the message names
