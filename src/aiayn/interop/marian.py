@@ -18,9 +18,10 @@ embeddings and the pre-softmax projection. Moving weights across takes three adj
   row) and writes a `SplitTokenizer`: Marian's source.spm and target.spm plus vocab.json.
 
 Decoding. An export's generation_config.json is aiayn's greedy search: start with ``<s>``,
-never generate ``<pad>`` or ``<s>``, no forced EOS; ``generate()`` (and
-``pipeline("translation")`` in transformers 4; version 5 removed that task) give aiayn's
-greedy outputs (tests). Beam search differs: HF
+never generate ``<pad>`` or ``<s>``, no forced EOS; ``generate()`` gives aiayn's greedy
+outputs, and so does ``pipeline("translation")`` (transformers 4; version 5 removed that task)
+when called with ``num_beams=1``: the pipeline's own default, beam 4, overrides the export's
+(tested on transformers 4 and 5 by ``make test``). Beam search differs: HF
 ranks by ``log_prob / |Y| ** α`` and stops by its own rule, aiayn by GNMT's
 ``((5 + |Y|) / 6) ** α`` (Translator's ``length_penalty_kind="power"`` is HF's formula, but
 the stopping rules still differ), and at the length limit HF stops where aiayn forces EOS.
@@ -161,7 +162,7 @@ def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
 
     `MarianMTModel.from_pretrained(out_dir)`, `MarianTokenizer.from_pretrained(out_dir)` and
     `pipeline("translation", model=out_dir)` (transformers 4; 5 removed the task) load it offline;
-    greedy outputs equal aiayn's.
+    greedy outputs (`num_beams=1` in the pipeline, whose default is beam 4) equal aiayn's.
 
     Raises:
         MarianFormatError: The model uses something MarianMTModel cannot represent.
