@@ -17,7 +17,10 @@ Measured on 2 CPU cores (seeds 1 and 2): ×8 over 1200 updates gives 100/101 of 
 held-out exact match in about 4 minutes; ×20 gave 98/101 (and, over 600 updates, 88.6% held
 out), ×12 100/101, ×10 over 900 updates 98/101. The one number still wrong is "zero": "null"
 shares no BPE piece with any other German number word, so the model must spell it letter by
-letter from one training line; writing it 40 times more made it worse ("nulllll…").
+letter from one training line; writing it 40 times more made it worse ("nulllll…"),
+and ×16 or ×24 for zero alone (seed 1) still gave "n" and broke two others ("sixty" → "sezig",
+"sixteen" → "zehn"). A vocabulary without byte pieces makes "null" one piece, but also
+"viertausenddrei" and "undzwanzig": the pieces no longer follow the English words.
 """
 
 from __future__ import annotations
