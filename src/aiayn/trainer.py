@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import logging
 import shutil
 import sys
@@ -98,6 +99,7 @@ class TrainResult:
 def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
     """Run (or continue, with `resume`) the training job described by `config`."""
     distributed, device = init_distributed(config.device)
+    trainer: Trainer | None = None
     try:
         with contextlib.ExitStack() as held:  # the run directory's lock, while training
             trainer = Trainer(config, resume=resume, distributed=distributed, device=device)
@@ -118,6 +120,14 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
         ) from None
     finally:
         if distributed.enabled and dist.is_initialized():
+            # DDP's reducer holds the process group. Were it the last holder, freeing it
+            # would join gloo's worker threads while holding the GIL, which a worker may be
+            # waiting for to free the tensors of the last collective: a hang at exit, one run
+            # in a few (pytorch#56297). So DDP goes first, while the group is still
+            # registered, and the group is freed by destroy_process_group, without the GIL.
+            if trainer is not None:
+                trainer.release_model_wrapper()
+            gc.collect()
             dist.destroy_process_group()
 
 
@@ -381,6 +391,11 @@ class Trainer:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             train_model = DistributedDataParallel(train_model, device_ids=device_ids)
         return train_model
+
+    def release_model_wrapper(self) -> None:
+        """Drop the DDP / compile wrapper (and with it DDP's reducer); `model` stays."""
+        if hasattr(self, "train_model"):
+            self.train_model = self.model
 
     def _log_setup(self) -> None:
         if self.distributed.is_main:

@@ -12,6 +12,7 @@ What these show:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -147,11 +148,27 @@ def aiayn_train(corpus: tuple[Path, Path], out_dir: Path, *extra: str, nproc: in
     return [*launcher, "train", *data, "--out-dir", str(out_dir), *extra]
 
 
-def run(args: list[str], log: Path) -> None:
+def run(args: list[str], log: Path, timeout: float = 300) -> None:
+    """Run to the end (exit 0); a run that hangs is killed, with torchrun's workers, and fails
+    the test rather than the whole suite's time limit."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with open(log, "w") as out:
-        code = subprocess.run(args, stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+        process = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+    try:
+        code = process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        kill_group(process)
+        pytest.fail(f"still running after {timeout:.0f} s: {args}\n{log.read_text()[-3000:]}")
     assert code == 0, log.read_text()[-3000:]
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL `process` and everything it started (torchrun's workers), then reap it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 @pytest.fixture
@@ -162,14 +179,16 @@ def start() -> Iterator:
     def launch(args: list[str], log: Path) -> subprocess.Popen:
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         with open(log, "w") as out:  # the child keeps its own copy of the descriptor
-            processes.append(subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env))
+            processes.append(
+                subprocess.Popen(
+                    args, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
+            )
         return processes[-1]
 
     yield launch
     for process in processes:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
+        kill_group(process)  # what is left of it: torchrun's workers outlive a killed launcher
 
 
 def last_logged_step(run_dir: Path) -> int:
