@@ -119,6 +119,22 @@ def test_unseen_characters_without_byte_fallback_map_to_unk(
     assert "cat" in tok.decode(ids)
 
 
+def test_max_piece_length_bounds_every_piece(corpus: list[Path], tmp_path: Path) -> None:
+    """The default allows long pieces on this corpus; a bound of 4 keeps every piece ≤ 4."""
+    kwargs = dict(vocab_size=200, byte_fallback=False)
+    default = Tokenizer.train(corpus, tmp_path / "a.model", **kwargs)
+    bounded = Tokenizer.train(corpus, tmp_path / "b.model", max_piece_length=4, **kwargs)
+
+    def longest(tok: Tokenizer) -> int:
+        pieces = tok.pieces(range(4, tok.vocab_size))  # the special pieces excluded
+        return max(len(piece) for piece in pieces)
+
+    assert longest(default) > 4
+    assert longest(bounded) <= 4
+    with pytest.raises(TokenizerError, match=r"max_piece_length \(0\) must be at least 1"):
+        Tokenizer.train(corpus, tmp_path / "c.model", max_piece_length=0, **kwargs)
+
+
 def test_encode_adds_no_bos_or_eos(tokenizer: Tokenizer) -> None:
     ids = tokenizer.encode("the cat")
     assert BOS_ID not in ids and EOS_ID not in ids

@@ -126,6 +126,7 @@ class Tokenizer:
         character_coverage: float = 1.0,
         max_sentences: int = 2_000_000,
         byte_fallback: bool = True,
+        max_piece_length: int = 16,
         seed: int = 0,
     ) -> Tokenizer:
         """Learns one joint vocabulary over all ``input_files`` and writes it to ``model_file``.
@@ -150,6 +151,9 @@ class Tokenizer:
                 multi-million-line corpus whole costs memory and time for no gain); 0 uses all.
             byte_fallback: Reserve 256 byte pieces so unseen characters round-trip instead of
                 becoming ``<unk>``.
+            max_piece_length: The longest piece, in characters (``▁`` included); shorter
+                than SentencePiece's 16 keeps a language that writes compounds as one word
+                (German numbers) in word-sized pieces.
             seed: Seed of the sentence sampling.
 
         Returns:
@@ -162,6 +166,8 @@ class Tokenizer:
         files = [Path(f) for f in input_files]
         model_file = Path(model_file)
         _check_training_inputs(files, vocab_size, max_sentences)
+        if max_piece_length < 1:
+            raise TokenizerError(f"max_piece_length ({max_piece_length}) must be at least 1")
 
         model_writer = io.BytesIO()
         spm.set_random_generator_seed(seed)
@@ -175,6 +181,7 @@ class Tokenizer:
                 input_sentence_size=max_sentences,
                 shuffle_input_sentence=True,
                 byte_fallback=byte_fallback,
+                max_sentencepiece_length=max_piece_length,
                 hard_vocab_limit=False,
                 pad_id=PAD_ID,
                 unk_id=UNK_ID,
