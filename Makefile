@@ -79,6 +79,7 @@ docs: $(STAMP)
 	$(BIN)/aiayn attention -m $(DEMO_MODEL) "$(EXAMPLE)" --kind encoder -o $(FIG)/encoder-self-attention.png
 	$(BIN)/aiayn attention -m $(DEMO_MODEL) "$(EXAMPLE)" --kind decoder -o $(FIG)/decoder-self-attention.png
 	$(BIN)/aiayn attention -m $(DEMO_MODEL) "$(EXAMPLE)" --kind cross -o $(FIG)/encoder-decoder-attention.png
+	$(BIN)/python tools/web_page_figure.py -m $(DEMO_MODEL) -o $(FIG)/web-page.png
 
 bench-decode: $(STAMP)
 	$(BIN)/python bench/bench_decode.py
