@@ -805,6 +805,26 @@ def test_resume_restores_what_an_interrupted_save_moved_aside_and_removes_debris
     assert ckpt.load_model_dir(run).metadata["step"] == 3
 
 
+def test_a_save_killed_before_its_rename_is_put_in_place_and_resumed_from(
+    corpus: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A kill after a checkpoint was written in full, before it was renamed into place: it is
+    complete and verified, so the resume puts it in place and loses no update."""
+    run = tmp_path / "run"
+    config = make_config(corpus, run, max_steps=3, save_every=1)
+    trainer.train(config)
+    pid = _dead_pid()
+    written = run / "checkpoints" / f".step_00000003.tmp-{pid}"
+    os.replace(run / "checkpoints" / "step_00000003", written)
+
+    with caplog.at_level(logging.INFO):
+        assert main([*cli_args(dataclasses.replace(config, max_steps=4)), "--resume"]) == 0
+    assert f"restored it from {written.name}" in caplog.text
+    assert f"resumed from {run / 'checkpoints' / 'step_00000003'} at step 3" in caplog.text
+    assert checkpoint_steps(run) == [1, 2, 3, 4]
+    assert not written.exists()
+
+
 def test_a_corrupt_latest_checkpoint_names_the_previous_one_and_how_to_use_it(
     corpus: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture, caplog
 ) -> None:
