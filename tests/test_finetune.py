@@ -110,6 +110,26 @@ def test_fine_tuning_starts_from_the_models_weights_with_a_fresh_schedule(
     assert len(out.read_text(encoding="utf-8").splitlines()) == 2
 
 
+def test_languages_left_at_their_placeholders_come_from_the_init_model(
+    corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """An imported OPUS-MT model knows its languages: a fine-tuning run that names none
+    records the init model's, one that names them records its own."""
+    base = tmp_path / "base"
+    config = make_config(corpus, base, max_steps=2, src_lang="en", tgt_lang="de")
+    assert main(cli_args(config)) == 0
+    inherited = tmp_path / "inherited"
+    assert main(finetune_args(corpus, inherited, base, pieces(base), max_steps=1)) == 0
+    metadata = ckpt.load_model_dir(inherited).metadata
+    assert (metadata["src_lang"], metadata["tgt_lang"]) == ("en", "de")
+
+    own = tmp_path / "own"
+    args = finetune_args(corpus, own, base, pieces(base), max_steps=1, tgt_lang="nl")
+    assert main(args) == 0
+    metadata = ckpt.load_model_dir(own).metadata
+    assert (metadata["src_lang"], metadata["tgt_lang"]) == ("en", "nl")
+
+
 def test_resume_continues_from_the_runs_checkpoint_without_init_from(
     base_run: Path,
     corpus: tuple[Path, Path],

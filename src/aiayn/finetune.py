@@ -22,6 +22,8 @@ on after the directory it started from has moved.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +52,8 @@ class InitModel:
     model_config: ModelConfig
     tokenizer_file: Path
     vocab_size: int
+    languages: dict[str, str] = dataclasses.field(default_factory=dict)
+    """`src_lang` / `tgt_lang` as the directory's metadata records them (those it has)."""
 
     @property
     def weights_file(self) -> Path:
@@ -74,7 +78,9 @@ def read_init_model(config: TrainConfig, directory: str | Path) -> InitModel:
     _check_architecture(config, architecture, found)
     _check_tokenizer(config, tokenizer, found)
     model_config = _model_config(config, architecture)
-    return InitModel(found, model_config, tokenizer.model_file, tokenizer.vocab_size)
+    return InitModel(
+        found, model_config, tokenizer.model_file, tokenizer.vocab_size, _languages(found)
+    )
 
 
 def resumed_model(checkpoint: Path) -> InitModel:
@@ -82,7 +88,32 @@ def resumed_model(checkpoint: Path) -> InitModel:
     (checked against the run's settings by the resume itself, not against `init_from`)."""
     tokenizer = load_tokenizer(ckpt.tokenizer_file_of(checkpoint))
     model_config = ckpt.read_model_config(checkpoint)
-    return InitModel(checkpoint, model_config, tokenizer.model_file, tokenizer.vocab_size)
+    return InitModel(
+        checkpoint, model_config, tokenizer.model_file, tokenizer.vocab_size, _languages(checkpoint)
+    )
+
+
+def run_languages(config: TrainConfig, init: InitModel | None) -> dict[str, str]:
+    """The languages a run records: `config`'s, but where it leaves one at its placeholder
+    default ("src", "tgt"), the init model's (an imported OPUS-MT model knows its own)."""
+    languages = {}
+    for name in ("src_lang", "tgt_lang"):
+        value = getattr(config, name)
+        if init is not None and value == TrainConfig.__dataclass_fields__[name].default:
+            value = init.languages.get(name, value)
+        languages[name] = value
+    return languages
+
+
+def _languages(directory: Path) -> dict[str, str]:
+    """The language codes in `directory`'s metadata.json (verified with the directory)."""
+    try:
+        metadata = json.loads((directory / ckpt.METADATA_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(metadata, dict):
+        return {}
+    return {k: v for k in ("src_lang", "tgt_lang") if isinstance(v := metadata.get(k), str) and v}
 
 
 def copy_tokenizer(init: InitModel, run_dir: Path, *, keep: bool) -> Tokenizer | SplitTokenizer:

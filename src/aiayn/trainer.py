@@ -646,7 +646,7 @@ class Trainer:
         self._last_save_time = time.monotonic()
 
     def _metadata(self, with_step: bool = True) -> dict[str, Any]:
-        languages = {"src_lang": self.config.src_lang, "tgt_lang": self.config.tgt_lang}
+        languages = finetune.run_languages(self.config, self.init)
         return {**languages, "step": self.progress.step} if with_step else languages
 
     def _save_model_dir(self, name: str, metadata: dict[str, Any]) -> None:
