@@ -47,13 +47,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import peers
-from aiayn.acceleration import maybe_compile, native_bf16_cpu
+from aiayn.acceleration import maybe_compile, native_bf16_cpu, quantize_int8
 from aiayn.config import ModelConfig, preset
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
 from aiayn.search import DecodingOptions, beam_search, greedy_search
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from aiayn.translator import quantize_int8
 from bench_decode import FixedLength
 from bench_train_step import (
     ReferenceTransformer,

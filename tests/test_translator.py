@@ -405,7 +405,7 @@ def test_one_line_removes_line_breaks() -> None:
 def test_int8_quantizes_every_linear_layer_and_stays_close_to_fp32(
     model_dir: Path, model: Transformer
 ) -> None:
-    from aiayn.translator import quantize_int8
+    from aiayn.acceleration import quantize_int8
 
     quantized = quantize_int8(model)
     linears = [m for m in quantized.modules() if type(m) is torch.nn.Linear]

@@ -1,5 +1,6 @@
 """What this machine can speed up: `torch.compile` where it can run (eager PyTorch where it
-cannot), whether the CPU computes in bf16 natively, and how many CPU threads decoding should use.
+cannot), whether the CPU computes in bf16 natively, how many CPU threads decoding should use,
+and int8 weights for decoding on a CPU (`quantize_int8`).
 
 One module for the speed-ups that change how the model runs but not what it computes, so that
 training and translation ask the same questions of the machine in the same place.
@@ -88,3 +89,18 @@ def decoding_threads(cores: int | None = None, load: float | None = None) -> int
         except (AttributeError, OSError):  # not on Windows
             load = 0.0
     return max(1, min(MAX_DECODING_THREADS, cores - round(load)))
+
+
+def quantize_int8(model: nn.Module) -> nn.Module:
+    """A copy of `model` whose `nn.Linear` layers hold int8 weights (dynamic quantization).
+
+    Attention, layer norms and embeddings stay float32; the pre-softmax projection is quantized
+    like every other linear layer (in the copy it no longer shares storage with the embedding).
+    """
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor
+        return torch.ao.quantization.quantize_dynamic(
+            model, {torch.nn.Linear}, dtype=torch.qint8, inplace=False
+        )

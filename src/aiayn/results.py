@@ -10,11 +10,26 @@ Shapes: S source length (EOS included), T output length (EOS included), L layers
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from torch import Tensor
 
-__all__ = ["SentenceAttention", "TranslationHypothesis", "TranslationResult", "empty_result"]
+from aiayn.tokenizer import EOS_ID
+
+if TYPE_CHECKING:
+    from aiayn.model import AttentionMaps
+    from aiayn.search import Hypothesis
+    from aiayn.tokenizer import SplitTokenizer, Tokenizer
+
+__all__ = [
+    "SentenceAttention",
+    "TranslationHypothesis",
+    "TranslationResult",
+    "empty_result",
+    "translation_result",
+]
 
 
 @dataclass(frozen=True)
@@ -96,3 +111,55 @@ def empty_result() -> TranslationResult:
     return TranslationResult(
         text="", tokens=[], token_ids=[], score=0.0, log_prob=0.0, hypotheses=[empty]
     )
+
+
+def translation_result(
+    tokenizer: Tokenizer | SplitTokenizer,
+    source_ids: Sequence[int],
+    hyps: Sequence[Hypothesis],
+    maps: SentenceAttention | None = None,
+    *,
+    truncated: bool = False,
+) -> TranslationResult:
+    """The result of one sentence: its n-best `hyps` (best first) decoded to text and pieces;
+    `source_ids` are the ids the model read (EOS included)."""
+    candidates = [
+        TranslationHypothesis(
+            text=tokenizer.decode(h.tokens),
+            tokens=tokenizer.pieces(h.tokens),
+            token_ids=list(h.tokens),
+            score=h.score,
+            log_prob=h.log_prob,
+        )
+        for h in hyps
+    ]
+    best = candidates[0]
+    return TranslationResult(
+        text=best.text,
+        tokens=best.tokens,
+        token_ids=best.token_ids,
+        score=best.score,
+        log_prob=best.log_prob,
+        hypotheses=candidates,
+        src_tokens=tokenizer.pieces(source_ids),
+        tgt_tokens=tokenizer.pieces([*best.token_ids, EOS_ID]),
+        attention=None if maps is None else maps.cross[-1].mean(dim=0),  # (T, S)
+        attention_maps=maps,
+        truncated=truncated,
+    )
+
+
+def cut_attention(
+    maps: AttentionMaps, source_lengths: Sequence[int], output_lengths: Sequence[int]
+) -> list[SentenceAttention]:
+    """Each sentence's maps out of a batch's (L, B, H, ·, ·) ones, padding cut away; lengths
+    as the model read them (sources with EOS, outputs with the leading BOS)."""
+    encoder, decoder, cross = (m.float().cpu() for m in (maps.encoder, maps.decoder, maps.cross))
+    return [
+        SentenceAttention(
+            encoder=encoder[:, row, :, :s, :s],  # (L, H, S, S)
+            decoder=decoder[:, row, :, :t, :t],  # (L, H, T, T)
+            cross=cross[:, row, :, :t, :s],  # (L, H, T, S)
+        )
+        for row, (s, t) in enumerate(zip(source_lengths, output_lengths, strict=True))
+    ]

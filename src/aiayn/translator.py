@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from aiayn import search
-from aiayn.acceleration import native_bf16_cpu
+from aiayn.acceleration import native_bf16_cpu, quantize_int8
 from aiayn.checkpoint import CheckpointError, load_model_dir, unwrap
 from aiayn.ensemble import Ensemble, check_same_vocabulary
 from aiayn.interop._runtime import ExportedModel
@@ -47,7 +47,9 @@ from aiayn.results import (
     SentenceAttention,
     TranslationHypothesis,
     TranslationResult,
+    cut_attention,
     empty_result,
+    translation_result,
 )
 from aiayn.scoring import PairScore, score_pairs
 from aiayn.search import DecodingOptions
@@ -63,21 +65,6 @@ __all__ = [
     "one_line",
     "read_lines",
 ]
-
-
-def quantize_int8(model: Transformer) -> Transformer:
-    """A copy of `model` whose `nn.Linear` layers hold int8 weights (dynamic quantization).
-
-    Attention, layer norms and embeddings stay float32; the pre-softmax projection is quantized
-    like every other linear layer (in the copy it no longer shares storage with the embedding).
-    """
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor
-        return torch.ao.quantization.quantize_dynamic(
-            model, {torch.nn.Linear}, dtype=torch.qint8, inplace=False
-        )
 
 
 # --------------------------------------------------------------------------------------------
@@ -569,17 +556,17 @@ class Translator:
             nbest = [[h] for h in greedy]
         else:
             nbest = search.beam_search(self._decoder, src, options=options, **ids)
-        maps: list[SentenceAttention | None] = [None] * len(batch)
+        maps: Sequence[SentenceAttention | None] = [None] * len(batch)
         if return_attention:
             maps = self._attention(src, batch, [hyps[0].tokens for hyps in nbest])
         return [
-            self._result(source, hyps, attention)
-            for source, hyps, attention in zip(batch, nbest, maps, strict=True)
+            translation_result(self.tokenizer, s.ids, hyps, m, truncated=s.truncated)
+            for s, hyps, m in zip(batch, nbest, maps, strict=True)
         ]
 
     def _attention(
         self, src: Tensor, batch: list[_Source], outputs: list[list[int]]
-    ) -> list[SentenceAttention | None]:
+    ) -> list[SentenceAttention]:
         """One teacher-forced pass over ``[BOS] + output`` for the whole batch, cut per sentence.
 
         Target padding on the right changes nothing before it, as decoder self-attention is
@@ -587,51 +574,7 @@ class Translator:
         """
         tgt = _pad([[BOS_ID, *tokens] for tokens in outputs], self.device)  # (B, T)
         _, maps = self.model.forward_with_attention(src, tgt)
-        encoder, decoder, cross = (
-            m.float().cpu() for m in (maps.encoder, maps.decoder, maps.cross)
-        )
-        cut: list[SentenceAttention | None] = []
-        for row, (source, tokens) in enumerate(zip(batch, outputs, strict=True)):
-            s, t = len(source.ids), len(tokens) + 1
-            cut.append(
-                SentenceAttention(
-                    encoder=encoder[:, row, :, :s, :s],  # (L, H, S, S)
-                    decoder=decoder[:, row, :, :t, :t],  # (L, H, T, T)
-                    cross=cross[:, row, :, :t, :s],  # (L, H, T, S)
-                )
-            )
-        return cut
-
-    def _result(
-        self,
-        source: _Source,
-        hyps: list[search.Hypothesis],
-        maps: SentenceAttention | None,
-    ) -> TranslationResult:
-        candidates = [
-            TranslationHypothesis(
-                text=self.tokenizer.decode(h.tokens),
-                tokens=self.tokenizer.pieces(h.tokens),
-                token_ids=list(h.tokens),
-                score=h.score,
-                log_prob=h.log_prob,
-            )
-            for h in hyps
-        ]
-        best = candidates[0]
-        return TranslationResult(
-            text=best.text,
-            tokens=best.tokens,
-            token_ids=best.token_ids,
-            score=best.score,
-            log_prob=best.log_prob,
-            hypotheses=candidates,
-            src_tokens=self.tokenizer.pieces(source.ids),
-            tgt_tokens=self.tokenizer.pieces([*best.token_ids, EOS_ID]),
-            attention=None if maps is None else maps.cross[-1].mean(dim=0),  # (T, S)
-            attention_maps=maps,
-            truncated=source.truncated,
-        )
+        return cut_attention(maps, [len(s.ids) for s in batch], [len(t) + 1 for t in outputs])
 
     def __repr__(self) -> str:
         where: Any = [str(d) for d in self.model_dirs] or ["in-memory model"]

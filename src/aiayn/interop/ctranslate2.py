@@ -35,7 +35,7 @@ from aiayn.checkpoint import CheckpointError, load_model_dir
 from aiayn.config import ModelConfig
 from aiayn.interop._runtime import ExportedModel, require
 from aiayn.model import Transformer, sinusoidal_positional_encoding
-from aiayn.results import TranslationResult
+from aiayn.results import TranslationResult, translation_result
 from aiayn.search import DecodingOptions, Hypothesis
 from aiayn.tokenizer import (
     BOS_ID,
@@ -336,7 +336,10 @@ class CTranslate2Translator(Translator):
             found = self._search([batch[i] for i in rows], limit, options)
             for i, hyps in zip(rows, found, strict=True):
                 nbest[i] = hyps
-        return [self._result(s, hyps, None) for s, hyps in zip(batch, nbest, strict=True)]
+        return [
+            translation_result(self.tokenizer, s.ids, hyps, truncated=s.truncated)
+            for s, hyps in zip(batch, nbest, strict=True)
+        ]
 
     def _search(
         self, sources: list[_Source], max_len: int, options: DecodingOptions
