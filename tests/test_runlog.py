@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import pytest
 from aiayn.runlog import (
     METRICS_FILE,
     MetricsLog,
+    TrainingDisplay,
     TrainRecord,
     ValidRecord,
     parse_record,
@@ -102,3 +105,27 @@ def test_tensorboard_tags_are_the_records_numbers() -> None:
     with_bleu = dataclasses.replace(valid, valid_bleu=20.0, bleu_signature="nrefs:1|...")
     assert scalars(with_bleu)["valid/bleu"] == 20.0
     assert "valid/bleu_signature" not in scalars(with_bleu)
+
+
+def test_training_display_logs_a_line_per_record_without_a_terminal(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """No bar off a terminal, even when asked for: the record becomes a log line (only where
+    `log`, i.e. rank 0), and the throughput restarts after it."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    display = TrainingDisplay(logging.getLogger("aiayn.trainer"))
+    display.open(bar=True, total=10, initial=0)
+    assert display.bar is None
+    display.count(500)
+    assert display.tokens_per_s() > 0
+    record = TrainRecord(step=3, epoch=1, loss=2.5, nll=2.0, ppl=7.39, lr=1e-3,
+                         tokens_per_s=1234.0, tokens_seen=500)  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="aiayn.trainer"):
+        display.show(record, log=False)
+        assert caplog.records == []
+        display.show(record, log=True)
+    assert caplog.records[0].name == "aiayn.trainer"
+    assert caplog.records[0].getMessage() == "step 3: loss 2.5000 ppl 7.39 lr 0.001 1234 tok/s"
+    assert display.tokens_per_s() == 0.0
+    display.advance()
+    display.close()

@@ -30,7 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 
 from aiayn import checkpoint as ckpt
-from aiayn import trainer, update, validation
+from aiayn import runlog, trainer, update, validation
 from aiayn.cli import main
 from aiayn.config import TrainConfig
 from aiayn.data import load_or_build
@@ -278,7 +278,9 @@ def test_tokens_per_second_after_a_resume_counts_only_the_resumed_updates(
         tokens[kwargs["step"]] = stats.tokens
         return stats
 
-    monkeypatch.setattr(trainer, "time", type("Clock", (), {"monotonic": lambda: clock[0]}))
+    fake_clock = type("Clock", (), {"monotonic": lambda: clock[0]})
+    monkeypatch.setattr(trainer, "time", fake_clock)
+    monkeypatch.setattr(runlog, "time", fake_clock)  # the throughput's clock
     monkeypatch.setattr(trainer, "optimizer_update", timed_update)
     config = make_config(corpus, tmp_path / "run", max_steps=6, log_every=3)
     with monkeypatch.context() as patch:
@@ -880,8 +882,8 @@ def fake_validation(
         assert bleus is not None
         return {"valid_bleu": bleus.pop(0), "valid_chrf": 50.0, "bleu_signature": "fake"}
 
-    monkeypatch.setattr(trainer, "validation_loss", validation_loss)
-    monkeypatch.setattr(trainer, "validation_bleu", validation_bleu)
+    monkeypatch.setattr(validation, "validation_loss", validation_loss)
+    monkeypatch.setattr(validation, "validation_bleu", validation_bleu)
 
 
 def test_early_stopping_keeps_the_best_model_and_a_resume_keeps_counting(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,6 +35,14 @@ class Distributed:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's `value` (any picklable object), indexed by rank."""
+        if not self.enabled:
+            return [value]
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, value)
+        return gathered
 
     def sum(self, values: list[float], device: torch.device) -> list[float]:
         """Sum floats over all ranks (float64, so token counts stay exact)."""

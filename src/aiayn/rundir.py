@@ -225,6 +225,20 @@ def read_config(run_dir: Path) -> dict[str, Any] | None:
     return values
 
 
+def disk_full_message(error: ckpt.DiskFullError | OSError, run_dir: str | Path) -> str | None:
+    """One line for a run stopped by a full disk (or quota), naming where it can continue
+    from once space is freed; None for any other error."""
+    if isinstance(error, ckpt.DiskFullError):
+        message = str(error)
+    elif error.errno in (errno.ENOSPC, errno.EDQUOT):
+        where = error.filename or run_dir  # a failed write() names no file
+        message = f"no space left on device writing {where}: {error.strerror}"
+    else:
+        return None
+    last = ckpt.list_checkpoints(run_dir)[-1:]
+    return f"{message}; last good checkpoint: {last[0] if last else 'none'}"
+
+
 # -- what killed runs leave -----------------------------------------------------------------
 
 

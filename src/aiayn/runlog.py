@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -174,3 +177,63 @@ class MetricsLog:
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
+
+
+class TrainingDisplay:
+    """What a person sees while training runs: a tqdm bar on a terminal, else a log line per
+    train record; and the throughput they show, measured by this process from the updates it
+    ran since the last record (not from `Progress.interval`, which after a resume also holds
+    the tokens of updates before the stop)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._logger = logger  # the trainer's: its lines read "aiayn.trainer: step ..."
+        self.bar: Any = None
+        self.restart()
+
+    def open(self, *, bar: bool, total: int, initial: int) -> None:
+        """Start showing: a bar where `bar` is asked for and stderr is a terminal."""
+        if bar and sys.stderr.isatty():
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
+        self.restart()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def restart(self) -> None:
+        """A new throughput interval."""
+        self._start, self._tokens = time.monotonic(), 0
+
+    def count(self, tokens: int) -> None:
+        """Target tokens of an update this process ran."""
+        self._tokens += tokens
+
+    def tokens_per_s(self) -> float:
+        return self._tokens / max(time.monotonic() - self._start, 1e-9)
+
+    def show(self, record: TrainRecord, *, log: bool) -> None:
+        """`record` on the bar, or as a log line where `log`; then a new interval."""
+        if self.bar is not None:
+            self.bar.set_postfix(
+                loss=f"{record.loss:.3f}",
+                ppl=f"{record.ppl:.1f}",
+                lr=f"{record.lr:.2e}",
+                tok_s=f"{record.tokens_per_s:.0f}",
+            )
+        elif log:
+            self._logger.info(
+                "step %d: loss %.4f ppl %.2f lr %.3g %.0f tok/s",
+                record.step,
+                record.loss,
+                record.ppl,
+                record.lr,
+                record.tokens_per_s,
+            )
+        self.restart()
+
+    def advance(self) -> None:
+        """One update done."""
+        if self.bar is not None:
+            self.bar.update(1)

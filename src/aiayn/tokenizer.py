@@ -384,6 +384,20 @@ def _train_on_corpus(
         Tokenizer.train(files, model_file, vocab_size=vocab_size, seed=seed)
 
 
+def check_given_tokenizer(model_file: Path, vocab_size: int) -> None:
+    """A tokenizer given to training (`tokenizer:`) exists and has `vocab_size` pieces: the
+    model's vocabulary is the tokenizer's, so a mismatch would silently train another model
+    than the run's settings record."""
+    if not model_file.is_file():
+        raise TokenizerError(f"tokenizer not found: {model_file}")
+    pieces = Tokenizer.load(model_file).vocab_size
+    if pieces != vocab_size:
+        raise TokenizerError(
+            f"tokenizer {model_file} has {pieces} pieces but vocab_size is {vocab_size}; "
+            f"set vocab_size to {pieces} to use it"
+        )
+
+
 def _check_training_inputs(files: list[Path], vocab_size: int, max_sentences: int) -> None:
     """Rejects inputs that SentencePiece would fail on with an opaque message."""
     if not files:

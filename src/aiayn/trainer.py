@@ -23,11 +23,9 @@ share of the batches (DDP over NCCL on GPUs, gloo on CPUs) and rank 0 alone writ
 from __future__ import annotations
 
 import contextlib
-import errno
 import gc
 import logging
 import shutil
-import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -55,31 +53,27 @@ from aiayn.runlog import (
     TENSORBOARD_DIR,
     MetricsLog,
     TensorBoardLog,
+    TrainingDisplay,
     TrainRecord,
     ValidRecord,
     truncate_metrics,
 )
 from aiayn.stopping import EarlyStopping, StopFlag
-from aiayn.tokenizer import PAD_ID, SplitTokenizer, Tokenizer, load_tokenizer
+from aiayn.tokenizer import (
+    PAD_ID,
+    SplitTokenizer,
+    Tokenizer,
+    check_given_tokenizer,
+    load_tokenizer,
+)
 from aiayn.update import UpdateStats, optimizer_update, uses_bf16
-from aiayn.validation import validation_bleu, validation_loss
+from aiayn.validation import validation_metrics
 
 logger = logging.getLogger(__name__)
 
 
 class TrainingError(RuntimeError):
     """The run cannot start or continue (the message says why and what to do)."""
-
-
-# -- the progress bar, the result -----------------------------------------------------------
-
-
-def _progress_bar(enabled: bool, total: int, initial: int) -> Any:
-    if not (enabled and sys.stderr.isatty()):
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True)
 
 
 @dataclass
@@ -93,7 +87,7 @@ class TrainResult:
     early_stopped: bool = False  # validation stopped improving (`patience`)
 
 
-# -- the job --------------------------------------------------------------------------------
+# -- the job: `train`, and the `Trainer` it runs ---------------------------------------------
 
 
 def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
@@ -106,18 +100,10 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
             trainer.setup(held)
             return trainer.run()
     except (ckpt.DiskFullError, OSError) as error:
-        if isinstance(error, ckpt.DiskFullError):
-            message = str(error)
-        elif error.errno in (errno.ENOSPC, errno.EDQUOT):
-            where = error.filename or config.out_dir  # a failed write() names no file
-            message = f"no space left on device writing {where}: {error.strerror}"
-        else:
+        message = rundir.disk_full_message(error, config.out_dir)
+        if message is None:
             raise
-        # What matters now is where the run can continue from once space is freed.
-        last = ckpt.list_checkpoints(config.out_dir)[-1:]
-        raise TrainingError(
-            f"{message}; last good checkpoint: {last[0] if last else 'none'}"
-        ) from None
+        raise TrainingError(message) from None
     finally:
         if distributed.enabled and dist.is_initialized():
             # DDP's reducer holds the process group. Were it the last holder, freeing it
@@ -181,10 +167,7 @@ class Trainer:
         self.stop = StopFlag()
         self.early_stopping = EarlyStopping(config.patience, config.patience_metric)
         self._last_save_time = time.monotonic()
-        # Throughput is measured by this process from the updates it ran, apart from
-        # `progress.interval`: a resumed interval holds the tokens of updates before the stop.
-        self._timer_start, self._timer_tokens = time.monotonic(), 0
-        self._bar: Any = None
+        self.display = TrainingDisplay(logger)
 
     # -- setup ----------------------------------------------------------------------------
 
@@ -231,17 +214,7 @@ class Trainer:
             # The run's vocabulary is the model's: train_config.yaml records its true size.
             self.config = replace(c, vocab_size=self.init.vocab_size)
         elif c.tokenizer:
-            source = Path(c.tokenizer)
-            if not source.is_file():
-                raise TrainingError(f"tokenizer not found: {source}")
-            pieces = Tokenizer.load(source).vocab_size
-            if pieces != c.vocab_size:
-                # The model's vocabulary is the tokenizer's: a silent mismatch would train
-                # another model than train_config.yaml records.
-                raise TrainingError(
-                    f"tokenizer {source} has {pieces} pieces but vocab_size is "
-                    f"{c.vocab_size}; set vocab_size to {pieces} to use it"
-                )
+            check_given_tokenizer(Path(c.tokenizer), c.vocab_size)
 
     def _open_run_dir(self, held: contextlib.ExitStack) -> None:
         """Create and lock the run directory (rank 0 alone: the ranks of one run share it).
@@ -417,10 +390,9 @@ class Trainer:
         validate and save. A stop request skips or abandons the final validation (resuming
         makes it up), an early stop has just validated; the last update is saved either way."""
         c, progress = self.config, self.progress
-        self._bar = _progress_bar(
-            self.distributed.is_main and c.progress, c.max_steps, progress.step
+        self.display.open(
+            bar=self.distributed.is_main and c.progress, total=c.max_steps, initial=progress.step
         )
-        self._timer_start, self._timer_tokens = time.monotonic(), 0
         interrupted = early_stopped = False
         with self.stop:  # also around the final save: a signal cannot cut it in half
             while progress.step < c.max_steps and not interrupted:
@@ -430,8 +402,7 @@ class Trainer:
                 if early_stopped:
                     break
                 interrupted = self._run_epoch()
-            if self._bar is not None:
-                self._bar.close()
+            self.display.close()
             if not interrupted:
                 interrupted = not early_stopped and not self.validate()
                 self.save()
@@ -510,7 +481,7 @@ class Trainer:
         for key, value in (("loss", stats.loss), ("nll", stats.nll), ("tokens", stats.tokens)):
             progress.interval[key] += value
         progress.interval["updates"] += 1
-        self._timer_tokens += stats.tokens
+        self.display.count(stats.tokens)
         return stats
 
     def _log_update(self, stats: UpdateStats) -> None:
@@ -519,26 +490,9 @@ class Trainer:
         if progress.step % self.config.log_every == 0 or progress.step == self.config.max_steps:
             record = self._train_record(stats.lr)
             self.log.write(record)
-            if self._bar is not None:
-                self._bar.set_postfix(
-                    loss=f"{record.loss:.3f}",
-                    ppl=f"{record.ppl:.1f}",
-                    lr=f"{record.lr:.2e}",
-                    tok_s=f"{record.tokens_per_s:.0f}",
-                )
-            elif self.distributed.is_main:
-                logger.info(
-                    "step %d: loss %.4f ppl %.2f lr %.3g %.0f tok/s",
-                    record.step,
-                    record.loss,
-                    record.ppl,
-                    record.lr,
-                    record.tokens_per_s,
-                )
+            self.display.show(record, log=self.distributed.is_main)
             progress.interval = ckpt.new_interval()
-            self._timer_start, self._timer_tokens = time.monotonic(), 0
-        if self._bar is not None:
-            self._bar.update(1)
+        self.display.advance()
 
     def _train_record(self, lr: float) -> TrainRecord:
         progress, interval = self.progress, self.progress.interval
@@ -550,7 +504,7 @@ class Trainer:
             nll=interval["nll"] / tokens,
             ppl=perplexity(interval["nll"], int(tokens)),
             lr=lr,
-            tokens_per_s=self._timer_tokens / max(time.monotonic() - self._timer_start, 1e-9),
+            tokens_per_s=self.display.tokens_per_s(),
             tokens_seen=progress.tokens_seen,
         )
 
@@ -584,27 +538,17 @@ class Trainer:
     def _validate_on_main(self) -> None:
         assert self.valid_data is not None
         c, step = self.config, self.progress.step
-        should_stop = lambda: self.stop.requested  # noqa: E731
-        valid = validation_loss(
+        valid = validation_metrics(
             self.model,
+            self.tokenizer,
             self.valid_data,
+            bleu_files=(c.valid_tsv, c.valid_src, c.valid_tgt) if c.valid_bleu else None,
             max_tokens=c.max_tokens,
             device=self.device,
             label_smoothing=c.label_smoothing,
             bf16=self.bf16,
-            should_stop=should_stop,
+            should_stop=lambda: self.stop.requested,
         )
-        if valid is not None and c.valid_bleu:
-            bleu = validation_bleu(
-                self.model,
-                self.tokenizer,
-                valid_tsv=c.valid_tsv,
-                valid_src=c.valid_src,
-                valid_tgt=c.valid_tgt,
-                max_tokens=c.max_tokens,
-                should_stop=should_stop,
-            )
-            valid = None if bleu is None else {**valid, **bleu}
         if valid is None:
             logger.warning("step %d: validation abandoned on the stop request", step)
             return
@@ -622,7 +566,7 @@ class Trainer:
 
     def save(self) -> None:
         """A checkpoint of this update, and `model/` (rank 0); every rank must call it."""
-        rng = self._all_rng_states()  # a collective: every rank takes part
+        rng = self.distributed.gather(ckpt.capture_rng())  # a collective: every rank takes part
         if self.distributed.is_main:
             state = ckpt.TrainingState(
                 optimizer=self.optimizer.state_dict(),
@@ -654,12 +598,3 @@ class Trainer:
         ckpt.save_model_dir(
             self.run_dir / name, self.model, tokenizer_file=tokenizer_file, metadata=metadata
         )
-
-    def _all_rng_states(self) -> list[dict[str, Any]]:
-        """Every rank's RNG states, indexed by rank (each rank draws its own dropout masks)."""
-        states = ckpt.capture_rng()
-        if not self.distributed.enabled:
-            return [states]
-        gathered: list[Any] = [None] * self.distributed.world_size
-        dist.all_gather_object(gathered, states)
-        return gathered

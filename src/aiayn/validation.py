@@ -90,3 +90,41 @@ def validation_bleu(
         pairs = list(read_parallel(Path(valid_src), Path(valid_tgt)))
     translator = Translator.from_model(model, tokenizer, max_tokens=max_tokens)
     return evaluation.validation_bleu(translator, pairs, should_stop=should_stop)
+
+
+def validation_metrics(
+    model: nn.Module,
+    tokenizer: Tokenizer,
+    dataset: ParallelDataset,
+    *,
+    bleu_files: tuple[str | None, str | None, str | None] | None,
+    max_tokens: int,
+    device: torch.device,
+    label_smoothing: float,
+    bf16: bool = False,
+    should_stop: Callable[[], bool] = lambda: False,
+) -> dict[str, Any] | None:
+    """`validation_loss` on `dataset`, then, given `bleu_files` (valid_tsv, valid_src,
+    valid_tgt), `validation_bleu`; None if `should_stop()` cut either short."""
+    valid = validation_loss(
+        model,
+        dataset,
+        max_tokens=max_tokens,
+        device=device,
+        label_smoothing=label_smoothing,
+        bf16=bf16,
+        should_stop=should_stop,
+    )
+    if valid is None or bleu_files is None:
+        return valid
+    tsv, src, tgt = bleu_files
+    bleu = validation_bleu(
+        model,
+        tokenizer,
+        valid_tsv=tsv,
+        valid_src=src,
+        valid_tgt=tgt,
+        max_tokens=max_tokens,
+        should_stop=should_stop,
+    )
+    return None if bleu is None else {**valid, **bleu}
