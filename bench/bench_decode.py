@@ -2,8 +2,9 @@
 
 Every sentence is forced to produce exactly `--out-len` tokens (EOS is masked until the maximum
 length, where search forces it), so all runs do the same work whatever the random weights
-prefer. Reports the median and min–max over `--repeats` runs of target tokens/s and
-sentences/s.
+prefer. The model runs as `Translator` runs it in float32 on a CPU, its linear layers on
+oneDNN-packed weights (`--no-onednn`: PyTorch's own `nn.Linear`). Reports the median and
+min–max over `--repeats` runs of target tokens/s and sentences/s.
 
     .venv/bin/python bench/bench_decode.py                      # base and small, batch 32
     .venv/bin/python bench/bench_decode.py --update-benchmarks  # rewrite BENCHMARKS.md section
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from aiayn.acceleration import pack_linear_layers
 from aiayn.cache import DecoderCache
 from aiayn.config import preset
 from aiayn.model import Transformer
@@ -63,11 +65,15 @@ def time_search(model: FixedLength, src: torch.Tensor, mode: str, out_len: int) 
     return time.perf_counter() - start
 
 
-def run(presets: list[str], batch: int, src_len: int, out_len: int, repeats: int) -> list[dict]:
+def run(
+    presets: list[str], batch: int, src_len: int, out_len: int, repeats: int, onednn: bool = True
+) -> list[dict]:
     rows = []
     for name in presets:
         torch.manual_seed(0)
         transformer = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
+        if onednn:  # as Translator runs float32 on a CPU
+            transformer = pack_linear_layers(transformer)
         model = FixedLength(transformer, out_len)
         src = torch.randint(4, 8000, (batch, src_len))
         for mode in ("greedy", "beam4"):
@@ -125,21 +131,28 @@ def main() -> None:
     parser.add_argument("--src-len", type=int, default=24)
     parser.add_argument("--out-len", type=int, default=24)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--no-onednn", dest="onednn", action="store_false", help="PyTorch's own nn.Linear"
+    )
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--update-benchmarks", action="store_true")
     args = parser.parse_args()
-    rows = run(args.presets, args.batch, args.src_len, args.out_len, args.repeats)
+    rows = run(args.presets, args.batch, args.src_len, args.out_len, args.repeats, args.onednn)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     if args.update_benchmarks:
-        command = "python bench/bench_decode.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}"
-            for k, v in (
-                ("batch", args.batch),
-                ("src_len", args.src_len),
-                ("out_len", args.out_len),
-                ("repeats", args.repeats),
+        command = (
+            "python bench/bench_decode.py "
+            + " ".join(
+                f"--{k.replace('_', '-')} {v}"
+                for k, v in (
+                    ("batch", args.batch),
+                    ("src_len", args.src_len),
+                    ("out_len", args.out_len),
+                    ("repeats", args.repeats),
+                )
             )
+            + ("" if args.onednn else " --no-onednn")
         )
         replace_section(
             BENCHMARKS_MD,

@@ -13,7 +13,9 @@ other processes hits all of them alike.
   reference) and HF `MarianMTModel`, each with `torch.optim.Adam` and `F.cross_entropy`.
   Fraction of peak = the step's matrix-multiply FLOPs (forward ×3) / step time / GEMM peak.
 - **Decoding**, base shape, batch 32 × 24 source tokens, every output forced to 24 tokens:
-  aiayn fp32 / int8 (dynamic quantization) / bf16 (the model in bfloat16), HF `generate`
+  aiayn fp32 (as `Translator` runs it on a CPU: linear layers on oneDNN-packed weights), fp32
+  `--no-onednn` (PyTorch's own `nn.Linear`, MKL) / int8 (dynamic quantization) / bf16 (the
+  model in bfloat16), HF `generate`
   (fp32), CTranslate2 fp32 and int8 running *our model's weights* (converted by
   `peers.ct2_convert`; the run checks that CTranslate2's fp32 output equals ours). Beam 4
   (α = 0.6) and greedy.
@@ -47,7 +49,12 @@ import torch.nn.functional as F
 from torch import nn
 
 import peers
-from aiayn.acceleration import maybe_compile, native_bf16_cpu, quantize_int8
+from aiayn.acceleration import (
+    maybe_compile,
+    native_bf16_cpu,
+    pack_linear_layers,
+    quantize_int8,
+)
 from aiayn.config import ModelConfig, preset
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
@@ -259,6 +266,7 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
 
         return run
 
+    packed_model = pack_linear_layers(model)  # as Translator runs fp32 on a CPU (oneDNN)
     int8_model = quantize_int8(model)  # as Translator(int8=True)
     bf16_model = copy.deepcopy(model).to(torch.bfloat16)  # as Translator(bf16=True)
     results = []
@@ -314,7 +322,13 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
                     )
 
             runners = [
-                Runner("aiayn fp32", ours(model, mode, f"aiayn {mode}"), tokens, False),
+                Runner("aiayn fp32", ours(packed_model, mode, f"aiayn {mode}"), tokens, False),
+                Runner(
+                    "aiayn fp32 --no-onednn",
+                    ours(model, mode, f"mkl {mode}"),
+                    tokens,
+                    False,
+                ),
                 Runner("aiayn int8", ours(int8_model, mode, "int8"), tokens, False, fp32=False),
                 Runner(
                     "aiayn ONNX (onnxruntime) fp32",
@@ -356,6 +370,9 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
                 a, b = outputs[f"aiayn {mode}"], outputs[f"ct2 {mode}"]
                 same = sum(x == y[: len(x)] for x, y in zip(a, b, strict=True)) / len(a)
                 print(f"  CTranslate2 fp32 output = aiayn's for {100 * same:.0f}% of sentences")
+            a, b = outputs[f"aiayn {mode}"], outputs[f"mkl {mode}"]
+            same_mkl = sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
+            print(f"  --no-onednn output = aiayn's for {100 * same_mkl:.0f}% of sentences")
             same_onnx = None
             if f"onnx {mode}" in outputs:
                 a, b = outputs[f"aiayn {mode}"], outputs[f"onnx {mode}"]
@@ -368,6 +385,7 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
                     "runners": runners,
                     "same": same,
                     "same_onnx": same_onnx,
+                    "same_mkl": same_mkl,
                 }
             )
     return results
@@ -384,7 +402,7 @@ def profile_decode(batch: int, src_len: int, out_len: int, rows: int = 12) -> st
 
     config = preset("base", src_vocab_size=VOCAB, pad_id=PAD_ID, dropout=0.0)
     torch.manual_seed(0)
-    model = FixedLength(Transformer(config).eval(), out_len - 1)
+    model = FixedLength(pack_linear_layers(Transformer(config).eval()), out_len - 1)
     src = torch.randint(4, VOCAB, (batch, src_len), generator=torch.Generator().manual_seed(1))
     ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
     options = DecodingOptions(max_len_a=0.0, max_len_b=out_len - 1)  # beam 4, α 0.6
@@ -539,6 +557,7 @@ def main(argv: list[str] | None = None) -> None:
         argv_text = shlex.join(sys.argv[1:] if argv is None else argv)
         same = [r["same"] for r in results if r.get("same") is not None]
         same_onnx = [r["same_onnx"] for r in results if r.get("same_onnx") is not None]
+        same_mkl = [r["same_mkl"] for r in results if r.get("same_mkl") is not None]
         notes = [
             f"- Machine: {info['cpu']}, {info['cores']} cores, {args.threads} threads for every "
             f"system; "
@@ -565,6 +584,14 @@ def main(argv: list[str] | None = None) -> None:
                 "aiayn's search (as `Translator` runs an ONNX export); output equal to aiayn "
                 "fp32's for "
                 + " / ".join(f"{100 * s:.0f}%" for s in same_onnx)
+                + " of the sentences (beam 4 / greedy)."
+            )
+        if same_mkl:
+            notes.append(
+                "- aiayn fp32 runs its linear layers on oneDNN-packed weights, as `Translator` "
+                "does on a CPU (`acceleration.pack_linear_layers`); `--no-onednn` runs PyTorch's "
+                "own `nn.Linear` (MKL); their outputs are equal for "
+                + " / ".join(f"{100 * s:.0f}%" for s in same_mkl)
                 + " of the sentences (beam 4 / greedy)."
             )
         notes.append(

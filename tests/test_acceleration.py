@@ -1,8 +1,9 @@
 """torch.compile with an eager fallback (the compiled model computes the same function); how
-many threads decoding picks."""
+many threads decoding picks; oneDNN-packed linear layers compute what `nn.Linear` computes."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import shutil
 
@@ -12,12 +13,17 @@ import torch
 from aiayn import acceleration
 from aiayn.acceleration import (
     MAX_DECODING_THREADS,
+    PackedLinear,
     compiler_missing,
     decoding_threads,
     maybe_compile,
+    onednn_linear_missing,
+    pack_linear_layers,
 )
 from aiayn.config import preset
+from aiayn.decoding_options import DecodingOptions
 from aiayn.model import Transformer
+from aiayn.search import beam_search, greedy_search
 
 CPU = torch.device("cpu")
 
@@ -68,3 +74,89 @@ def test_decoding_threads_leave_busy_cores_alone_and_stay_between_1_and_4() -> N
     assert decoding_threads(cores=64, load=0.0) == MAX_DECODING_THREADS
     assert decoding_threads(cores=4, load=40.0) == 1
     assert 1 <= decoding_threads() <= MAX_DECODING_THREADS
+
+
+needs_onednn = pytest.mark.skipif(
+    onednn_linear_missing() is not None, reason=f"no oneDNN packing: {onednn_linear_missing()}"
+)
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(1, 16), (5, 16), (300, 16), (3, 7, 16), (2, 1, 16)])
+def test_a_packed_linear_layer_computes_what_nn_linear_computes(
+    bias: bool, shape: tuple[int, ...]
+) -> None:
+    linear = torch.nn.Linear(16, 24, bias=bias)
+    packed = PackedLinear(linear)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        got, expected = packed(x), linear(x)
+    assert got.shape == expected.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    with torch.no_grad():  # a copy: later updates of the original layer are not seen
+        linear.weight.add_(1.0)
+    torch.testing.assert_close(packed(x), got)
+    torch.testing.assert_close(copy.deepcopy(packed)(x), got)  # a copy of the packed layer
+
+
+def _packed_and_plain(make_model) -> tuple[Transformer, torch.nn.Module]:
+    model = make_model(src_vocab_size=60, tgt_vocab_size=60, dropout=0.0).eval()
+    return model, pack_linear_layers(model)
+
+
+@needs_onednn
+def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alone(
+    make_model,
+) -> None:
+    model, packed = _packed_and_plain(make_model)
+    assert packed is not model
+    assert [m for m in packed.modules() if type(m) is torch.nn.Linear] == []
+    assert sum(type(m) is PackedLinear for m in packed.modules()) == sum(
+        type(m) is torch.nn.Linear for m in model.modules()
+    )
+    assert model.output_projection.weight is model.tgt_embed.embedding.weight  # still tied
+
+
+@needs_onednn
+def test_the_packed_model_gives_the_same_log_probs_and_translations(make_model) -> None:
+    """Forward with padding, one decoding step, and beam and greedy search (twice, as a server
+    calls it): the same as the plain model up to float32 rounding, the same tokens."""
+    model, packed = _packed_and_plain(make_model)
+    src = torch.randint(4, 60, (3, 9))
+    src[1, 5:] = model.config.pad_id
+    tgt = torch.randint(4, 60, (3, 6))
+    ids = dict(bos_id=1, eos_id=2, pad_id=model.config.pad_id)
+    options = DecodingOptions(max_len_a=0.0, max_len_b=12, beam_size=3)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(src, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
+        memory, mask = model.encode(src)
+        expected = model.decode_step(
+            torch.ones(3, dtype=torch.long), model.init_cache(memory, mask, 4)
+        )
+        memory, mask = packed.encode(src)
+        got = packed.decode_step(
+            torch.ones(3, dtype=torch.long), packed.init_cache(memory, mask, 4)
+        )
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        for _ in range(2):
+            beams = [
+                [h.tokens for h in hyps]
+                for hyps in beam_search(packed, src, **ids, options=options)
+            ]
+            assert beams == [
+                [h.tokens for h in hyps] for hyps in beam_search(model, src, **ids, options=options)
+            ]
+            greedy = [h.tokens for h in greedy_search(packed, src, **ids, options=options)]
+            assert greedy == [h.tokens for h in greedy_search(model, src, **ids, options=options)]
+
+
+def test_without_onednn_packing_the_model_is_used_as_it_is(
+    monkeypatch: pytest.MonkeyPatch, make_model
+) -> None:
+    model = make_model().eval()
+    monkeypatch.setattr(acceleration.platform, "machine", lambda: "arm64")
+    assert "not an x86-64 CPU" in (onednn_linear_missing() or "")
+    assert pack_linear_layers(model) is model
+    monkeypatch.undo()
+    assert pack_linear_layers(model.to(torch.bfloat16)) is model  # only float32 is packed

@@ -423,6 +423,25 @@ def test_int8_quantizes_every_linear_layer_and_stays_close_to_fp32(
     assert isinstance(result.text, str)
 
 
+def test_a_cpu_translator_packs_its_linear_layers_for_onednn_unless_told_not_to(
+    model_dir: Path, model: Transformer
+) -> None:
+    from aiayn.acceleration import PackedLinear, onednn_linear_missing
+
+    if onednn_linear_missing() is not None:
+        pytest.skip(onednn_linear_missing())
+    packed = Translator(model_dir)
+    plain = Translator(model_dir, onednn=False)
+    assert any(type(m) is PackedLinear for m in packed.model.modules())
+    assert not any(type(m) is PackedLinear for m in plain.model.modules())
+    for beam_size in (4, 1):
+        expected = plain.translate(SENTENCES, beam_size=beam_size, **FAST)
+        assert_same_results(packed.translate(SENTENCES, beam_size=beam_size, **FAST), expected)
+        assert_same_results(packed.translate(SENTENCES, beam_size=beam_size, **FAST), expected)
+    [with_maps] = packed.translate(["hello world"], beam_size=2, return_attention=True)
+    assert with_maps.attention is not None
+
+
 def test_int8_is_refused_off_the_cpu(model_dir: Path) -> None:
     with pytest.raises(ValueError, match="CPU only"):
         Translator(model_dir, device="cuda", int8=True)

@@ -1,6 +1,7 @@
 """What this machine can speed up: `torch.compile` where it can run (eager PyTorch where it
 cannot), whether the CPU computes in bf16 natively, how many CPU threads decoding should use,
-and int8 weights for decoding on a CPU (`quantize_int8`).
+weights pre-packed for oneDNN's matrix products in CPU decoding (`pack_linear_layers`), and int8
+weights for decoding on a CPU (`quantize_int8`).
 
 One module for the speed-ups that change how the model runs but not what it computes, so that
 training and translation ask the same questions of the machine in the same place.
@@ -14,13 +15,15 @@ compiled model computes the same function (tests/test_acceleration.py).
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import logging
 import os
+import platform
 import shutil
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 logger = logging.getLogger(__name__)
 
@@ -104,3 +107,83 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         return torch.ao.quantization.quantize_dynamic(
             model, {torch.nn.Linear}, dtype=torch.qint8, inplace=False
         )
+
+
+class PackedLinear(nn.Module):
+    """An `nn.Linear` for CPU inference whose weight is stored in oneDNN's blocked layout.
+
+    y = x Wᵀ + b, the same function as the layer it was made from, computed by oneDNN's matrix
+    product on a weight reordered once (`torch.ops.mkldnn`, the kernels TorchInductor's frozen
+    CPU graphs call). PyTorch's own float32 `nn.Linear` calls MKL's sgemm, which on AMD CPUs
+    runs 1.4–1.8x slower than oneDNN on these shapes (BENCHMARKS.md, bench/bench_gemm.py);
+    CTranslate2 calls oneDNN on AMD CPUs for the same reason. Results differ from `nn.Linear`
+    only by float32 rounding (another summation order).
+
+    The packed weight is a copy: it never sees later updates of the original layer, so it
+    belongs to a model that only decodes (`pack_linear_layers` makes one).
+    """
+
+    PACKED_FOR_ROWS = 128
+    """Rows the weight layout is chosen for; any number of rows runs (measured: 32 to 1024
+    give the same speed from 4 to 768 rows, 1 is slower)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight = linear.weight.detach().float().contiguous()
+        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, self.PACKED_FOR_ROWS)
+        self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
+
+    def forward(self, x: Tensor) -> Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+
+    def __deepcopy__(self, memo: dict) -> PackedLinear:
+        """A copy that shares the packed weight: nothing writes to it, and oneDNN's opaque
+        tensors cannot be copied."""
+        clone = PackedLinear.__new__(PackedLinear)
+        nn.Module.__init__(clone)
+        clone.in_features, clone.out_features = self.in_features, self.out_features
+        clone.packed_weight = self.packed_weight
+        clone.bias = None if self.bias is None else self.bias.clone()
+        clone.train(self.training)
+        return clone
+
+    def extra_repr(self) -> str:
+        bias = self.bias is not None
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}"
+
+
+def onednn_linear_missing() -> str | None:
+    """Why `pack_linear_layers` cannot pack here, or None if it can.
+
+    Only on x86-64 CPUs: elsewhere (Apple silicon, ARM servers) PyTorch's default BLAS is the
+    fast one, and oneDNN's packed products were not measured.
+    """
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"not an x86-64 CPU ({platform.machine()})"
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return "PyTorch was built without oneDNN (mkldnn) or it is disabled"
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return "this PyTorch has no oneDNN linear weight packing"
+    return None
+
+
+def pack_linear_layers(model: nn.Module) -> nn.Module:
+    """A copy of float32 CPU `model` whose `nn.Linear` layers are `PackedLinear`, for decoding.
+
+    The same function up to float32 rounding (tests/test_acceleration.py compares log-probs and
+    translations); `model` is left as it is. Where packing is unavailable
+    (`onednn_linear_missing`), or for a model not in float32 on the CPU, returns `model`
+    itself. The pre-softmax projection is packed like every other linear layer (in the copy
+    it no longer shares storage with the embedding).
+    """
+    if onednn_linear_missing() is not None:
+        return model
+    if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
+        return model
+    packed = copy.deepcopy(model)
+    for module in list(packed.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) is nn.Linear:
+                setattr(module, name, PackedLinear(child))
+    return packed

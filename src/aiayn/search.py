@@ -165,14 +165,22 @@ def _never_output(bos_id: int, eos_id: int, pad_id: int, device: torch.device) -
     return torch.tensor(banned, dtype=torch.long, device=device)
 
 
-def _restrict(log_probs: Tensor, banned: Tensor, eos_id: int, force_eos: Tensor) -> Tensor:
-    """Set banned tokens to -inf everywhere, and every token but EOS to -inf in rows that have
-    reached their maximum length (``force_eos``, (rows,) bool). Out of place: the model's
-    tensor is left alone."""
-    log_probs = log_probs.float().index_fill(1, banned, -math.inf)
-    not_eos = torch.ones(log_probs.size(1), dtype=torch.bool, device=log_probs.device)
-    not_eos[eos_id] = False
-    return log_probs.masked_fill(force_eos.unsqueeze(1) & not_eos, -math.inf)
+def _restrict_(scores: Tensor, banned: Tensor, eos_id: int, force_eos: Tensor) -> Tensor:
+    """In place: set banned tokens to -inf everywhere, and every token but EOS to -inf in rows
+    that have reached their maximum length (``force_eos``, (rows,) bool). Returns ``scores``.
+
+    ``scores`` (rows, V) is a tensor the search owns (never the model's own): log-probabilities,
+    or log-probabilities plus each row's cumulative log-probability, which the rule leaves the
+    same, since x + (-inf) = -inf. Rows at their maximum length are rare, so they are rewritten
+    only when there are some, not masked over the whole (rows, V) tensor at every step.
+    """
+    scores.index_fill_(1, banned, -math.inf)
+    if bool(force_eos.any()):
+        rows = force_eos.nonzero().squeeze(1)
+        eos = scores[rows, eos_id]  # a copy (advanced indexing)
+        scores[rows] = -math.inf
+        scores[rows, eos_id] = eos
+    return scores
 
 
 def _check_ids(src_tokens: Tensor) -> None:
@@ -194,18 +202,28 @@ class _Candidates:
     token: Tensor  # (N, C) the token it appends
 
 
-def _select_candidates(beam_log_prob: Tensor, log_probs: Tensor, beam_size: int) -> _Candidates:
+def _extensions(beam_log_prob: Tensor, log_probs: Tensor) -> Tensor:
+    """(N, K, V) cumulative log-probability of every extension of every live beam: a new
+    tensor, which the search may restrict in place.
+
+    Args:
+        beam_log_prob: (N, K) cumulative log-probabilities of the live beams.
+        log_probs: (N·K, V) next-token log-probabilities, as the model returned them.
+    """
+    n, k = beam_log_prob.shape
+    return beam_log_prob.unsqueeze(2) + log_probs.float().view(n, k, -1)
+
+
+def _select_candidates(total: Tensor, beam_size: int) -> _Candidates:
     """Top 2·W extensions over all K beams × V tokens of each sentence.
 
     2·W is enough to leave W candidates that do not end in EOS, since at most K ≤ W do.
 
     Args:
-        beam_log_prob: (N, K) cumulative log-probabilities of the live beams.
-        log_probs: (N, K, V) next-token log-probabilities.
+        total: (N, K, V) cumulative log-probability of every extension (`_extensions`).
     """
-    n, k, v = log_probs.shape
-    total = (beam_log_prob.unsqueeze(2) + log_probs).view(n, k * v)  # (N, K*V)
-    top, flat = total.topk(min(2 * beam_size, k * v), dim=1)  # (N, C), sorted
+    n, k, v = total.shape
+    top, flat = total.view(n, k * v).topk(min(2 * beam_size, k * v), dim=1)  # (N, C), sorted
     return _Candidates(log_prob=top, parent=flat // v, token=flat % v)
 
 
@@ -353,8 +371,9 @@ def beam_search(
     while sentence.numel() > 0:
         n, k = beam_log_prob.shape
         force_eos = max_len.le(step).repeat_interleave(k)  # (N*K,)
-        log_probs = _restrict(model.decode_step(prev, cache), banned, eos_id, force_eos)
-        cands = _select_candidates(beam_log_prob, log_probs.view(n, k, -1), beam_size)
+        total = _extensions(beam_log_prob, model.decode_step(prev, cache))  # (N, K, V)
+        _restrict_(total.view(n * k, -1), banned, eos_id, force_eos)
+        cands = _select_candidates(total, beam_size)
         _finish(
             cands,
             tokens,
@@ -426,7 +445,8 @@ def _decode_one_per_row(
     prev = torch.full((b,), bos_id, dtype=torch.long, device=device)  # (N,)
     step = 0
     while sentence.numel() > 0:
-        log_probs = _restrict(model.decode_step(prev, cache), banned, eos_id, max_len.le(step))
+        log_probs = model.decode_step(prev, cache).to(torch.float32, copy=True)  # ours to change
+        _restrict_(log_probs, banned, eos_id, max_len.le(step))
         token = choose(log_probs)  # (N,)
         log_prob = log_prob + log_probs.gather(1, token.unsqueeze(1)).squeeze(1)
         ended = token.eq(eos_id)

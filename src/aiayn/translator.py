@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from aiayn import search
-from aiayn.acceleration import native_bf16_cpu, quantize_int8
+from aiayn.acceleration import native_bf16_cpu, pack_linear_layers, quantize_int8
 from aiayn.checkpoint import CheckpointError, load_model_dir, unwrap
 from aiayn.ensemble import Ensemble, check_same_vocabulary
 from aiayn.interop._runtime import ExportedModel
@@ -113,6 +113,7 @@ class Translator:
         threads: int = 0,
         int8: bool = False,
         bf16: bool = False,
+        onednn: bool = True,
     ) -> None:
         """Loads a model directory (or a run directory's ``model/``), checksums verified.
 
@@ -132,6 +133,10 @@ class Translator:
             bf16: Run the model in bfloat16 (weights and activations; log-probabilities are
                 still computed in float32): about 1.6x faster on CPUs with native bf16
                 (AVX512-BF16, AMX) and on GPUs, slightly different outputs (BENCHMARKS.md).
+            onednn: In float32 on an x86-64 CPU, run the linear layers on weights pre-packed
+                for oneDNN (`acceleration.pack_linear_layers`): the same function up to
+                float32 rounding, 1.3-1.6x faster decoding where PyTorch's default matrix
+                products are slow (AMD CPUs; BENCHMARKS.md). False keeps PyTorch's own.
 
         Raises:
             CheckpointError: The directory is missing or incomplete (e.g. no model.safetensors),
@@ -172,6 +177,8 @@ class Translator:
             models = [quantize_int8(model) for model in models]
         elif bf16:
             models = [model.to(torch.bfloat16) for model in models]
+        elif onednn and torch.device(device).type == "cpu":
+            models = [pack_linear_layers(model) for model in models]
         self._setup(
             models, tokenizer, max_tokens, loaded[0].metadata, [one.directory for one in loaded]
         )

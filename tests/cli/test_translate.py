@@ -288,6 +288,17 @@ def test_translate_int8_flag(model_dir: Path, tmp_path: Path) -> None:
     assert len(out.read_text(encoding="utf-8").split("\n")) == 4  # 3 lines + final newline
 
 
+def test_translate_no_onednn_flag_gives_the_same_output(model_dir: Path, tmp_path: Path) -> None:
+    source = write_lines(tmp_path / "in.txt", ["hello world", "", "the cat"])
+    outputs = []
+    for flags in ([], ["--no-onednn"]):
+        out = tmp_path / f"out{len(flags)}.txt"
+        args = ["translate", "-m", str(model_dir), "-i", str(source), "-o", str(out)]
+        assert main([*args, "--beam-size", "2", "--max-len-b", "4", *flags]) == 0
+        outputs.append(out.read_text(encoding="utf-8"))
+    assert outputs[0] == outputs[1] and len(outputs[0].split("\n")) == 4
+
+
 def test_threads_default_to_the_idle_cores_and_0_leaves_pytorchs_default(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

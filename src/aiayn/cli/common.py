@@ -91,6 +91,13 @@ def add_model_flags(p: argparse.ArgumentParser, *, backend: bool = False) -> Non
         help="run the model in bfloat16 (faster on GPUs and CPUs with native bf16; see "
         "BENCHMARKS.md for the effect on BLEU)",
     )
+    g.add_argument(
+        "--no-onednn",
+        dest="onednn",
+        action="store_false",
+        help="float32 on a CPU: use PyTorch's own matrix products instead of oneDNN's on "
+        "pre-packed weights (the default; same function, faster on AMD CPUs, see BENCHMARKS.md)",
+    )
     if not backend:
         return
     g.add_argument(
@@ -158,6 +165,7 @@ def load_translator(args: argparse.Namespace) -> Translator:
         threads=threads,
         int8=int8,
         bf16=getattr(args, "bf16", False),
+        onednn=getattr(args, "onednn", True),
     )
 
 
