@@ -89,6 +89,8 @@ def start_server(model_dir: Path, args: argparse.Namespace, batching: bool) -> t
     ]  # fmt: skip
     if not batching:
         command.append("--no-batching")
+    if not args.onednn:
+        command.append("--no-onednn")
     process = subprocess.Popen(command)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -313,6 +315,12 @@ def main() -> None:
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument("--update-benchmarks", action="store_true")
     parser.add_argument("--hammer", type=int, default=0, help="costly clients (fairness run)")
+    parser.add_argument(
+        "--no-onednn",
+        dest="onednn",
+        action="store_false",
+        help="serve with PyTorch's own nn.Linear (aiayn serve --no-onednn)",
+    )
     parser.add_argument("--hammer-texts", type=int, default=8, help="texts per costly request")
     parser.add_argument("--hammer-chars", type=int, default=400, help="characters per text")
     parser.add_argument("--hammer-hangup-s", type=float, default=2.0)

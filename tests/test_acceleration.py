@@ -102,7 +102,7 @@ def test_a_packed_linear_layer_computes_what_nn_linear_computes(
 
 def _packed_and_plain(make_model) -> tuple[Transformer, torch.nn.Module]:
     model = make_model(src_vocab_size=60, tgt_vocab_size=60, dropout=0.0).eval()
-    return model, pack_linear_layers(model)
+    return model, pack_linear_layers(model, min_features=1)
 
 
 @needs_onednn
@@ -159,4 +159,28 @@ def test_without_onednn_packing_the_model_is_used_as_it_is(
     assert "not an x86-64 CPU" in (onednn_linear_missing() or "")
     assert pack_linear_layers(model) is model
     monkeypatch.undo()
-    assert pack_linear_layers(model.to(torch.bfloat16)) is model  # only float32 is packed
+    assert pack_linear_layers(model) is model  # d_model 32: too small to gain
+    assert pack_linear_layers(model.to(torch.bfloat16), min_features=1) is model  # float32 only
+
+
+@needs_onednn
+def test_only_layers_with_enough_features_on_both_sides_are_packed() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 64))
+    packed = pack_linear_layers(model)
+    assert [type(m).__name__ for m in packed] == ["PackedLinear", "Linear"]
+
+
+def test_padded_rows_round_up_by_at_most_an_eighth_to_8_sizes_per_octave() -> None:
+    for m in range(1, 5000):
+        assert m <= acceleration.padded_rows(m) <= max(m, m * 9 // 8), m
+    assert [acceleration.padded_rows(m) for m in range(1, 17)] == list(range(1, 17))
+    assert {acceleration.padded_rows(m) for m in range(1024, 2048)} == set(range(1024, 2049, 128))
+
+
+@needs_onednn
+def test_a_packed_layer_at_a_padded_row_count_gives_the_rows_it_was_given() -> None:
+    linear = torch.nn.Linear(16, 8)
+    x = torch.randn(2, 37, 16)  # 74 rows, padded to 80 for oneDNN
+    assert acceleration.padded_rows(74) == 80
+    with torch.inference_mode():
+        torch.testing.assert_close(PackedLinear(linear)(x), linear(x), atol=1e-5, rtol=1e-5)

@@ -424,12 +424,15 @@ def test_int8_quantizes_every_linear_layer_and_stays_close_to_fp32(
 
 
 def test_a_cpu_translator_packs_its_linear_layers_for_onednn_unless_told_not_to(
-    model_dir: Path, model: Transformer
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from aiayn import acceleration
     from aiayn.acceleration import PackedLinear, onednn_linear_missing
 
     if onednn_linear_missing() is not None:
         pytest.skip(onednn_linear_missing())
+    assert not any(type(m) is PackedLinear for m in Translator(model_dir).model.modules())
+    monkeypatch.setattr(acceleration, "MIN_PACKED_FEATURES", 1)  # the tiny model's layers too
     packed = Translator(model_dir)
     plain = Translator(model_dir, onednn=False)
     assert any(type(m) is PackedLinear for m in packed.model.modules())

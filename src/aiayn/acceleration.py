@@ -23,6 +23,7 @@ import platform
 import shutil
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 logger = logging.getLogger(__name__)
@@ -109,13 +110,28 @@ def quantize_int8(model: nn.Module) -> nn.Module:
         )
 
 
+def padded_rows(m: int) -> int:
+    """`m` rounded up to one of 8 row counts per octave (at most 12.5% more; below 16, `m`).
+
+    oneDNN builds a kernel for every new shape it sees, about a millisecond each (measured: a
+    d_model-64 layer took 0.9 ms at a new row count, 0.2 ms at one seen before), and keeps a
+    cache of 1,024. Decoding meets many row counts (sentences × beams, batches of varying
+    length), and a server meets new ones all day long; rounding them up bounds the kernels to
+    8 per octave per layer shape, which the cache holds, at the cost of a few padded rows.
+    """
+    if m < 16:
+        return m
+    step = 1 << (m.bit_length() - 4)
+    return -(-m // step) * step
+
+
 class PackedLinear(nn.Module):
     """An `nn.Linear` for CPU inference whose weight is stored in oneDNN's blocked layout.
 
     y = x Wᵀ + b, the same function as the layer it was made from, computed by oneDNN's matrix
     product on a weight reordered once (`torch.ops.mkldnn`, the kernels TorchInductor's frozen
     CPU graphs call). PyTorch's own float32 `nn.Linear` calls MKL's sgemm, which on AMD CPUs
-    runs 1.4–1.8x slower than oneDNN on these shapes (BENCHMARKS.md, bench/bench_gemm.py);
+    runs 1.3–2.2x slower than oneDNN at 32 to 4,096 rows (BENCHMARKS.md, bench/bench_gemm.py);
     CTranslate2 calls oneDNN on AMD CPUs for the same reason. Results differ from `nn.Linear`
     only by float32 rounding (another summation order).
 
@@ -135,7 +151,13 @@ class PackedLinear(nn.Module):
         self.bias = None if linear.bias is None else linear.bias.detach().float().clone()
 
     def forward(self, x: Tensor) -> Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        rows = x.reshape(-1, self.in_features)
+        m = rows.size(0)
+        padded = padded_rows(m)
+        if padded != m:
+            rows = F.pad(rows, (0, 0, 0, padded - m))
+        y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, "none", [], "")
+        return y[:m].view(*x.shape[:-1], self.out_features)
 
     def __deepcopy__(self, memo: dict) -> PackedLinear:
         """A copy that shares the packed weight: nothing writes to it, and oneDNN's opaque
@@ -168,22 +190,37 @@ def onednn_linear_missing() -> str | None:
     return None
 
 
-def pack_linear_layers(model: nn.Module) -> nn.Module:
+MIN_PACKED_FEATURES = 256
+"""`pack_linear_layers` packs a layer only when both its sides have at least this many features.
+
+Below it the call's fixed cost outweighs the faster product. Measured with beam 4 over batches
+of 1–32 sentences of varying length: the `tiny` preset's 64-wide layers were 1.4x slower packed,
+the Bible model's 256-wide ones (`small`) 1.17x faster, `base` 1.17x faster on 1 thread and
+1.25–1.4x on 2 (BENCHMARKS.md)."""
+
+
+def pack_linear_layers(model: nn.Module, min_features: int | None = None) -> nn.Module:
     """A copy of float32 CPU `model` whose `nn.Linear` layers are `PackedLinear`, for decoding.
 
     The same function up to float32 rounding (tests/test_acceleration.py compares log-probs and
-    translations); `model` is left as it is. Where packing is unavailable
-    (`onednn_linear_missing`), or for a model not in float32 on the CPU, returns `model`
-    itself. The pre-softmax projection is packed like every other linear layer (in the copy
-    it no longer shares storage with the embedding).
+    translations); `model` is left as it is. Only layers with at least `min_features` (default
+    `MIN_PACKED_FEATURES`) inputs and outputs are packed. Where packing is unavailable
+    (`onednn_linear_missing`), for a model not in float32 on the CPU, or when no layer is that
+    large, returns `model` itself. The pre-softmax projection is packed like every other linear
+    layer (in the copy it no longer shares storage with the embedding).
     """
-    if onednn_linear_missing() is not None:
+    smallest = MIN_PACKED_FEATURES if min_features is None else min_features
+
+    def packs(m: nn.Module) -> bool:
+        return type(m) is nn.Linear and min(m.in_features, m.out_features) >= smallest
+
+    if onednn_linear_missing() is not None or not any(packs(m) for m in model.modules()):
         return model
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
         return model
     packed = copy.deepcopy(model)
     for module in list(packed.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear:
+            if packs(child):
                 setattr(module, name, PackedLinear(child))
     return packed

@@ -135,8 +135,9 @@ class Translator:
                 (AVX512-BF16, AMX) and on GPUs, slightly different outputs (BENCHMARKS.md).
             onednn: In float32 on an x86-64 CPU, run the linear layers on weights pre-packed
                 for oneDNN (`acceleration.pack_linear_layers`): the same function up to
-                float32 rounding, 1.3-1.6x faster decoding where PyTorch's default matrix
-                products are slow (AMD CPUs; BENCHMARKS.md). False keeps PyTorch's own.
+                float32 rounding; 1.25x (beam 4) to 1.4x (greedy) faster decoding of the base
+                model on an AMD CPU, where PyTorch's default (MKL) products are slow
+                (BENCHMARKS.md). False keeps PyTorch's own.
 
         Raises:
             CheckpointError: The directory is missing or incomplete (e.g. no model.safetensors),
