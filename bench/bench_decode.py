@@ -8,12 +8,18 @@ min–max over `--repeats` runs of target tokens/s and sentences/s.
 
     .venv/bin/python bench/bench_decode.py                      # base and small, batch 32
     .venv/bin/python bench/bench_decode.py --update-benchmarks  # rewrite BENCHMARKS.md section
+    .venv/bin/python bench/bench_decode.py --varied 40 --presets tiny small base --threads 1
+
+`--varied N` instead compares the model with and without oneDNN-packed linear layers on N
+batches of 1–32 sentences of 3–20 tokens (beam 4, 16 output tokens each), interleaved round by
+round: the row counts a server meets, which the fixed shape above does not.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from pathlib import Path
@@ -103,6 +109,34 @@ def run(
     return rows
 
 
+def compare_onednn(
+    presets: list[str], n_batches: int, repeats: int, min_features: int | None = None
+) -> None:
+    """Seconds to beam-search `n_batches` varied batches, plain vs packed, interleaved."""
+    rng = random.Random(0)
+    shapes = [(rng.randint(1, 32), rng.randint(3, 20)) for _ in range(n_batches)]
+    for name in presets:
+        torch.manual_seed(0)
+        plain = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
+        packed = pack_linear_layers(plain, min_features)
+        models = {"nn.Linear": FixedLength(plain, 16), "oneDNN packed": FixedLength(packed, 16)}
+        batches = [torch.randint(4, 8000, shape) for shape in shapes]
+        seconds: dict[str, list[float]] = {k: [] for k in models}
+        for r in range(repeats + 1):  # the first round warms up
+            for k in list(models)[r % 2 :] + list(models)[: r % 2]:
+                took = sum(time_search(models[k], b, "beam4", 16) for b in batches)
+                if r:
+                    seconds[k].append(took)
+        med = {k: statistics.median(v) for k, v in seconds.items()}
+        same = "" if packed is not plain else " (too small: nothing packed)"
+        print(
+            f"{name:6s} {n_batches} varied batches, beam 4: nn.Linear {med['nn.Linear']:.2f} s, "
+            f"oneDNN packed {med['oneDNN packed']:.2f} s: "
+            f"{med['nn.Linear'] / med['oneDNN packed']:.2f}x{same}",
+            flush=True,
+        )
+
+
 def machine() -> str:
     info = machine_info(torch.device("cpu"))
     return f"{info['cpu']}, {info['threads']} threads, torch {info['torch']}"
@@ -134,9 +168,21 @@ def main() -> None:
     parser.add_argument(
         "--no-onednn", dest="onednn", action="store_false", help="PyTorch's own nn.Linear"
     )
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
+    parser.add_argument("--varied", type=int, default=0, help="compare on N varied batches")
+    parser.add_argument(
+        "--pack-min-features",
+        type=int,
+        help="with --varied: pack layers this wide and wider (default: as Translator does)",
+    )
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--update-benchmarks", action="store_true")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.varied:
+        compare_onednn(args.presets, args.varied, args.repeats, args.pack_min_features)
+        return
     rows = run(args.presets, args.batch, args.src_len, args.out_len, args.repeats, args.onednn)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))

@@ -10,7 +10,9 @@ greedy step over 32 sentences), 128 (a beam-4 step), 768 (the encoder over 32 ×
 - oneDNN packed: `acceleration.PackedLinear`, what `Translator` runs on an x86-64 CPU;
 - oneDNN as stored: the same oneDNN call on the weight as stored (packed on every call).
 
-Also checks that the results agree up to float32 rounding.
+Also checks that the results agree up to float32 rounding. `--new-shapes` instead measures
+what a row count oneDNN has not seen before costs (it builds a kernel for each new shape):
+one call at each of 400 new row counts, then at the same ones again.
 
     .venv/bin/python bench/bench_gemm.py
     .venv/bin/python bench/bench_gemm.py --update-benchmarks
@@ -47,16 +49,36 @@ def _once(fn) -> float:
     return time.perf_counter() - start
 
 
+def new_shapes(threads: int) -> None:
+    """Microseconds per call of a oneDNN product on a packed weight at 400 row counts it has
+    not seen, then at the same ones again (no rounding of row counts: the raw operator)."""
+    torch.set_num_threads(threads)
+    for d_in, d_out in ((64, 256), (D_MODEL, D_FF)):
+        packed = PackedLinear(nn.Linear(d_in, d_out)).packed_weight
+        inputs = [torch.randn(m, d_in) for m in range(1, 401)]
+        for when in ("first time", "again"):
+            start = time.perf_counter()
+            with torch.inference_mode():
+                for x in inputs:
+                    torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+            took = (time.perf_counter() - start) / len(inputs) * 1e6
+            print(f"{d_in}->{d_out}, 1-400 rows, {when}: {took:.0f} us per call", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[32, 128, 768, 4096])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--update-benchmarks", action="store_true")
+    parser.add_argument("--new-shapes", action="store_true", help="cost of new row counts")
     args = parser.parse_args()
     missing = onednn_linear_missing()
     if missing:
         raise SystemExit(f"no oneDNN packing here: {missing}")
+    if args.new_shapes:
+        new_shapes(args.threads)
+        return
     torch.set_num_threads(args.threads)
     linears = layers()
     packed = [PackedLinear(m) for m in linears]

@@ -1,6 +1,9 @@
 """fp32 vs int8 (dynamic quantization of the linear layers) vs bf16 on a real test set: BLEU,
 chrF, exact match and decoding time, side by side in one run.
 
+fp32 is `Translator`'s default (linear layers on oneDNN-packed weights where they are large
+enough); `fp32-no-onednn` is fp32 with PyTorch's own `nn.Linear` (`--no-onednn`).
+
     .venv/bin/python bench/bench_precision.py -m demo_run/run/model \\
         --src demo_run/corpus/test.en --ref demo_run/corpus/test.de
 """
@@ -23,7 +26,12 @@ def main() -> None:
     parser.add_argument("--ref", required=True)
     parser.add_argument("--beam-size", type=int, default=4)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--precisions", nargs="+", default=["fp32", "int8", "bf16"])
+    parser.add_argument(
+        "--precisions",
+        nargs="+",
+        default=["fp32", "fp32-no-onednn", "int8", "bf16"],
+        choices=["fp32", "fp32-no-onednn", "int8", "bf16"],
+    )
     args = parser.parse_args()
     sources = Path(args.src).read_text(encoding="utf-8").splitlines()
     references = Path(args.ref).read_text(encoding="utf-8").splitlines()
@@ -37,6 +45,7 @@ def main() -> None:
             threads=args.threads,
             int8=precision == "int8",
             bf16=precision == "bf16",
+            onednn=precision != "fp32-no-onednn",
         )
         start = time.perf_counter()
         results = translator.translate(sources, beam_size=args.beam_size)

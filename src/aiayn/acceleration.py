@@ -113,11 +113,12 @@ def quantize_int8(model: nn.Module) -> nn.Module:
 def padded_rows(m: int) -> int:
     """`m` rounded up to one of 8 row counts per octave (at most 12.5% more; below 16, `m`).
 
-    oneDNN builds a kernel for every new shape it sees, about a millisecond each (measured: a
-    d_model-64 layer took 0.9 ms at a new row count, 0.2 ms at one seen before), and keeps a
-    cache of 1,024. Decoding meets many row counts (sentences × beams, batches of varying
-    length), and a server meets new ones all day long; rounding them up bounds the kernels to
-    8 per octave per layer shape, which the cache holds, at the cost of a few padded rows.
+    oneDNN builds a kernel for every new shape it sees (measured on 1 thread: 0.7 ms more than a
+    call at a known row count for a 64→256 layer, 4.6 ms more for 512→2048;
+    `bench/bench_gemm.py --new-shapes`), and keeps a cache of 1,024. Decoding meets many row
+    counts (sentences × beams, batches of varying length), and a server meets new ones all day
+    long; rounding them up bounds the kernels to 8 per octave per layer shape, which the cache
+    holds, at the cost of a few padded rows.
     """
     if m < 16:
         return m
@@ -193,10 +194,10 @@ def onednn_linear_missing() -> str | None:
 MIN_PACKED_FEATURES = 256
 """`pack_linear_layers` packs a layer only when both its sides have at least this many features.
 
-Below it the call's fixed cost outweighs the faster product. Measured with beam 4 over batches
-of 1–32 sentences of varying length: the `tiny` preset's 64-wide layers were 1.4x slower packed,
-the Bible model's 256-wide ones (`small`) 1.17x faster, `base` 1.17x faster on 1 thread and
-1.25–1.4x on 2 (BENCHMARKS.md)."""
+Below it the call's fixed cost outweighs the faster product. Measured with beam 4 over 20
+batches of 1–32 sentences of varying length on 1 thread (`bench/bench_decode.py --varied`): the
+`tiny` preset's 64-wide layers made it 0.84x as fast packed, `small` (256 wide) was 1.27x and
+`base` 1.31x faster (BENCHMARKS.md)."""
 
 
 def pack_linear_layers(model: nn.Module, min_features: int | None = None) -> nn.Module:
