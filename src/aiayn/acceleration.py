@@ -132,7 +132,7 @@ class PackedLinear(nn.Module):
     y = x Wᵀ + b, the same function as the layer it was made from, computed by oneDNN's matrix
     product on a weight reordered once (`torch.ops.mkldnn`, the kernels TorchInductor's frozen
     CPU graphs call). PyTorch's own float32 `nn.Linear` calls MKL's sgemm, which on AMD CPUs
-    runs 1.3–2.2x slower than oneDNN at 32 to 4,096 rows (BENCHMARKS.md, bench/bench_gemm.py);
+    runs 1.2–2.2x slower than oneDNN at 32 to 4,096 rows (BENCHMARKS.md, bench/bench_gemm.py);
     CTranslate2 calls oneDNN on AMD CPUs for the same reason. Results differ from `nn.Linear`
     only by float32 rounding (another summation order).
 

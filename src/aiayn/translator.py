@@ -131,12 +131,13 @@ class Translator:
                 (``torch.ao.quantization.quantize_dynamic``), CPU only: faster, slightly
                 different outputs (BENCHMARKS.md states the measured difference).
             bf16: Run the model in bfloat16 (weights and activations; log-probabilities are
-                still computed in float32): about 1.6x faster on CPUs with native bf16
-                (AVX512-BF16, AMX) and on GPUs, slightly different outputs (BENCHMARKS.md).
+                still computed in float32): faster on CPUs with native bf16 (AVX512-BF16, AMX;
+                1.2-1.3x the packed float32 below when decoding the base model here) and on
+                GPUs, slightly different outputs (BENCHMARKS.md).
             onednn: In float32 on an x86-64 CPU, run the linear layers on weights pre-packed
                 for oneDNN (`acceleration.pack_linear_layers`): the same function up to
-                float32 rounding; 1.25x (beam 4) to 1.4x (greedy) faster decoding of the base
-                model on an AMD CPU, where PyTorch's default (MKL) products are slow
+                float32 rounding; 1.2-1.4x faster decoding of the base model (beam 4 and
+                greedy) on an AMD CPU, where PyTorch's default (MKL) products are slow
                 (BENCHMARKS.md). False keeps PyTorch's own.
 
         Raises:
@@ -192,7 +193,8 @@ class Translator:
 
         The model stays where it is (device, dtype). DDP and ``torch.compile`` wrappers are
         looked through. ``translate`` switches the model to evaluation mode and restores its
-        previous mode afterwards, so a training loop can call it between updates.
+        previous mode afterwards, so a training loop can call it between updates; for the same
+        reason its linear layers are used as they are, not packed for oneDNN.
         """
         translator = cls.__new__(cls)
         translator._setup([unwrap(model)], tokenizer, max_tokens, {}, [])
