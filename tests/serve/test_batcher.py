@@ -94,12 +94,25 @@ def test_a_call_stops_at_the_budget_and_takes_texts_round_robin() -> None:
 
 
 def test_jobs_take_turns_across_calls() -> None:
+    """Calls alternate between the jobs, also when the second arrives while the first call
+    runs (held here until it is queued): it goes before the rest of the job just served."""
     model = FakeModel()
     batcher = make_batcher(model, max_wait_ms=200, max_batch_cost=1)
+
+    async def scenario() -> list:
+        model.gate.clear()
+        jobs = [(["x0", "x1", "x2"], 0), (["y0", "y1"], 0)]
+        tasks = [asyncio.ensure_future(batcher.submit(texts, options)) for texts, options in jobs]
+        while not model.entered.is_set() or batcher.stats()["queued"] < 2:
+            await asyncio.sleep(0.001)
+        model.gate.set()
+        return await asyncio.gather(*tasks)
+
     try:
-        run(submit_all(batcher, [(["x0", "x1", "x2"], 0), (["y0", "y1"], 0)]))
+        results = run(scenario())
     finally:
         batcher.close()
+    assert results == [["X0/0", "X1/0", "X2/0"], ["Y0/0", "Y1/0"]]
     calls = [texts for texts, _ in model.calls]
     assert calls == [["x0"], ["y0"], ["x1"], ["y1"], ["x2"]]
 
@@ -137,7 +150,8 @@ def test_a_short_request_behind_a_long_one_waits_for_one_call_only() -> None:
     finally:
         batcher.close()
     assert short == ["S/0"] and long == [f"L{i}/0" for i in range(8)]
-    assert [texts for texts, _ in model.calls[:2]] == [["l0", "l1"], ["l2", "s"]]
+    # the short one arrived during the first call, so it goes before the long one's next text
+    assert [texts for texts, _ in model.calls[:2]] == [["l0", "l1"], ["s", "l2"]]
 
 
 def test_the_rest_of_an_abandoned_request_is_dropped_between_calls() -> None:

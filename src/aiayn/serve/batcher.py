@@ -11,7 +11,8 @@ the asyncio event loop that answers requests and one worker thread that runs the
    have passed since the oldest job *arrived* (or the waiting texts fill the budget), then
    takes texts **round-robin** over the waiting jobs (the first text of every job, then the
    second of every job, ...), until the next would pass ``max_batch_cost``; the jobs served go
-   to the back of the queue, so the next call starts with those that were not. A request of
+   to the back of the queue, so the next call starts with those that were not, including
+   those that arrived while the call ran. A request of
    64 long texts therefore holds up a one-text request that arrives behind it for at most one
    call (one per costly request ahead of it), whose work the budget bounds; the rest of the
    long request is interleaved with whatever arrives meanwhile. When the previous call held a
@@ -141,6 +142,7 @@ class Batcher(Generic[R]):
         self._closing = False
         self._stats = _Stats()
         self._expect_company = True  # did the last call hold more than one job?
+        self._last_served: list[_Job] = []  # the jobs of the last call: next call, last turn
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -274,7 +276,12 @@ class Batcher(Generic[R]):
         with self._cond:
             if not self._prune():
                 return [] if not self._closing else None
-            candidates = list(self._pending) if self.batching else [self._pending[0]]
+            # Round-robin across calls, also with jobs that arrived during the last call
+            # (queued behind the ones it served): those served last take their turn last.
+            last = {id(job) for job in self._last_served}
+            waiting = [j for j in self._pending if id(j) not in last]
+            waiting += [j for j in self._pending if id(j) in last]
+            candidates = waiting if self.batching else waiting[:1]
             units: list[tuple[_Job, int]] = []
             used = 0
             full = False
@@ -300,6 +307,7 @@ class Batcher(Generic[R]):
                 [j for j in left if id(j) not in served] + [j for j in left if id(j) in served]
             )
         self._expect_company = len({id(job) for job, _ in units}) > 1
+        self._last_served = list({id(job): job for job, _ in units}.values())
         return units
 
     def _snapshot(self) -> list[_Job]:
