@@ -453,7 +453,7 @@ def load_model_dir(directory: str | Path, *, device: str | torch.device = "cpu")
     config = read_model_config(directory)
     model = Transformer(config)
     load_weights(model, directory / WEIGHTS_FILE)
-    metadata = json.loads((directory / METADATA_FILE).read_text())
+    metadata = read_metadata(directory)
     return LoadedModel(
         model=model.to(device).eval(),
         config=config,
@@ -461,6 +461,16 @@ def load_model_dir(directory: str | Path, *, device: str | torch.device = "cpu")
         metadata=metadata,
         directory=directory,
     )
+
+
+def read_metadata(directory: str | Path) -> dict[str, Any]:
+    """A model directory's or checkpoint's metadata.json (languages, step, ...), or {} where it
+    has none or it is not a JSON object."""
+    try:
+        metadata = json.loads((Path(directory) / METADATA_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return metadata if isinstance(metadata, dict) else {}
 
 
 def tokenizer_file_of(directory: str | Path) -> Path:

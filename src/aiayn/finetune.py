@@ -23,7 +23,6 @@ on after the directory it started from has moved.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,12 +106,7 @@ def run_languages(config: TrainConfig, init: InitModel | None) -> dict[str, str]
 
 def _languages(directory: Path) -> dict[str, str]:
     """The language codes in `directory`'s metadata.json (verified with the directory)."""
-    try:
-        metadata = json.loads((directory / ckpt.METADATA_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(metadata, dict):
-        return {}
+    metadata = ckpt.read_metadata(directory)
     return {k: v for k in ("src_lang", "tgt_lang") if isinstance(v := metadata.get(k), str) and v}
 
 

@@ -142,7 +142,7 @@ class Batcher(Generic[R]):
         self._closing = False
         self._stats = _Stats()
         self._expect_company = True  # did the last call hold more than one job?
-        self._last_served: list[_Job] = []  # the jobs of the last call: next call, last turn
+        self._last_served: list[_Job] = []  # the jobs of the last call take their turn last
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -259,6 +259,7 @@ class Batcher(Generic[R]):
                 if self._closing:
                     return None
                 self._cond.wait()
+            self._take_turns()
             wait = self.max_wait_ms / 1000 if self.batching and self._expect_company else 0.0
             deadline = self._pending[0].arrival + wait
         while True:  # costs are computed outside the lock; wait for company meanwhile
@@ -276,12 +277,8 @@ class Batcher(Generic[R]):
         with self._cond:
             if not self._prune():
                 return [] if not self._closing else None
-            # Round-robin across calls, also with jobs that arrived during the last call
-            # (queued behind the ones it served): those served last take their turn last.
-            last = {id(job) for job in self._last_served}
-            waiting = [j for j in self._pending if id(j) not in last]
-            waiting += [j for j in self._pending if id(j) in last]
-            candidates = waiting if self.batching else waiting[:1]
+            self._take_turns()  # again: jobs may have arrived while the worker waited
+            candidates = list(self._pending) if self.batching else [self._pending[0]]
             units: list[tuple[_Job, int]] = []
             used = 0
             full = False
@@ -300,15 +297,19 @@ class Batcher(Generic[R]):
                     progressed = True
                 if not progressed:
                     break
-            # Round-robin across calls too: the jobs served go behind those that were not.
-            served = {id(job) for job, _ in units}
-            left = [j for j in self._pending if j.taken < len(j.texts)]
-            self._pending = deque(
-                [j for j in left if id(j) not in served] + [j for j in left if id(j) in served]
-            )
+            self._pending = deque(j for j in self._pending if j.taken < len(j.texts))
         self._expect_company = len({id(job) for job, _ in units}) > 1
         self._last_served = list({id(job): job for job, _ in units}.values())
         return units
+
+    def _take_turns(self) -> None:
+        """Round-robin across calls (lock held): the jobs the last call served go behind every
+        other waiting job, those that arrived while it ran included."""
+        last = {id(job) for job in self._last_served}
+        self._pending = deque(
+            [j for j in self._pending if id(j) not in last]
+            + [j for j in self._pending if id(j) in last]
+        )
 
     def _snapshot(self) -> list[_Job]:
         with self._cond:
