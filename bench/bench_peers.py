@@ -9,7 +9,8 @@ other processes hits all of them alike.
 - **Training step** (forward, label-smoothed cross-entropy, backward, Adam) at the `base`
   shape (d_model 512, 6+6 layers, vocabulary 8000 shared, 32 × 32 tokens a side) and the
   `small` one (d_model 256, d_ff 1024, 4 heads, 3+3 layers, 64 × 32): aiayn (its own loss and
-  optimizer, as `aiayn train` runs them), `torch.nn.Transformer` (bench_train_step's
+  optimizer, as `aiayn train` runs them: in float32 its products on oneDNN; and with
+  `--no-onednn`, on MKL), `torch.nn.Transformer` (bench_train_step's
   reference) and HF `MarianMTModel`, each with `torch.optim.Adam` and `F.cross_entropy`.
   Fraction of peak = the step's matrix-multiply FLOPs (forward ×3) / step time / GEMM peak.
 - **Decoding**, base shape, batch 32 × 24 source tokens, every output forced to 24 tokens:
@@ -40,7 +41,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,8 +51,10 @@ from torch import nn
 
 import peers
 from aiayn.acceleration import (
+    OneDNNLinearProducts,
     maybe_compile,
     native_bf16_cpu,
+    onednn_linear_missing,
     pack_linear_layers,
     quantize_int8,
 )
@@ -60,6 +63,7 @@ from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
 from aiayn.search import DecodingOptions, beam_search, greedy_search
 from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from aiayn.update import uses_onednn
 from bench_decode import FixedLength
 from bench_train_step import (
     ReferenceTransformer,
@@ -178,11 +182,22 @@ def _peer_step(model: nn.Module, batch) -> Callable[[], float]:
 
 
 def _aiayn_step(
-    model: Transformer, batch, bf16: bool = False, forward: nn.Module | None = None
+    model: Transformer,
+    batch,
+    bf16: bool = False,
+    forward: nn.Module | None = None,
+    onednn: bool = True,
 ) -> Callable[[], float]:
-    """aiayn's own step, as the trainer runs it: its loss, its (fused) Adam; `forward` is the
-    model or a compiled wrapper of it."""
+    """aiayn's own step, as the trainer runs it: its loss, its (fused) Adam, in float32 its
+    products on oneDNN where `aiayn train` puts them there (`uses_onednn`; not with
+    `onednn=False`, as `--no-onednn`); `forward` is the model or a compiled wrapper of it."""
+    compiled = forward is not None
     forward = model if forward is None else forward
+    cpu = torch.device("cpu")
+    if uses_onednn(cpu, onednn=onednn, bf16=bf16, compile=compiled):
+        products: Callable[[], AbstractContextManager] = OneDNNLinearProducts
+    else:
+        products = nullcontext
     optimizer = build_optimizer(model)
     for group in optimizer.param_groups:
         group["lr"] = 1e-4
@@ -191,9 +206,10 @@ def _aiayn_step(
 
     def step() -> float:
         optimizer.zero_grad(set_to_none=True)
-        with autocast:
-            sums = forward(src, tgt_in, tgt_out, label_smoothing=0.1)  # the trainer's chunked loss
-        (sums.loss / sums.n_tokens).backward()
+        with products():
+            with autocast:
+                sums = forward(src, tgt_in, tgt_out, label_smoothing=0.1)  # the chunked loss
+            (sums.loss / sums.n_tokens).backward()
         optimizer.step()
         return sums.loss.item()
 
@@ -208,6 +224,10 @@ def bench_train(shape: str, repeats: int, warmup: int, compile_model: bool = Fal
     runners = []
     torch.manual_seed(0)
     runners.append(Runner("aiayn", _aiayn_step(Transformer(config).train(), batch), tokens, False))
+    if onednn_linear_missing() is None:
+        torch.manual_seed(0)
+        step = _aiayn_step(Transformer(config).train(), batch, onednn=False)
+        runners.append(Runner("aiayn --no-onednn", step, tokens, False))
     torch.manual_seed(0)
     runners.append(
         Runner("nn.Transformer", _peer_step(ReferenceTransformer(config).train(), batch), tokens)

@@ -3,6 +3,7 @@ many threads decoding picks; oneDNN-packed linear layers compute what `nn.Linear
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import logging
 import shutil
@@ -184,3 +185,102 @@ def test_a_packed_layer_at_a_padded_row_count_gives_the_rows_it_was_given() -> N
     assert acceleration.padded_rows(74) == 80
     with torch.inference_mode():
         torch.testing.assert_close(PackedLinear(linear)(x), linear(x), atol=1e-5, rtol=1e-5)
+
+
+# -- oneDNN products in training --------------------------------------------------------------
+
+
+def _loss_and_grads(model: Transformer, products) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    torch.manual_seed(3)
+    src = torch.randint(4, 300, (6, 9))
+    tgt = torch.randint(4, 300, (6, 11))
+    model.zero_grad(set_to_none=True)
+    with products:
+        sums = model(src, tgt[:, :-1], tgt[:, 1:], label_smoothing=0.1)
+        sums.loss.backward()
+    return sums.loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@needs_onednn
+@pytest.mark.parametrize("share", ["all", "none"])
+def test_onednn_products_give_the_loss_and_gradients_of_the_plain_path(make_model, share) -> None:
+    """Every linear layer at least 256 wide, and the chunked loss's two products, run on oneDNN;
+    the loss and every gradient equal those of `nn.Linear`, twice in a row and after an Adam
+    step (the products read the weights as they are now)."""
+    model = make_model(
+        src_vocab_size=300, tgt_vocab_size=300, d_model=256, d_ff=512, n_heads=4,
+        dropout=0.0, attention_dropout=0.0, share_embeddings=share,
+    ).train()  # fmt: skip
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        for _ in range(2):
+            with torch.profiler.profile() as prof:
+                loss, grads = _loss_and_grads(model, acceleration.OneDNNLinearProducts())
+            plain_loss, plain_grads = _loss_and_grads(model, contextlib.nullcontext())
+            calls = {e.key: e.count for e in prof.key_averages()}
+            assert calls.get("mkldnn::_linear_pointwise", 0) > 0
+            torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=0)
+            largest = max(g.abs().max() for g in plain_grads.values())
+            for name, grad in plain_grads.items():  # k_proj.bias: exactly 0 but for rounding
+                torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6 * largest)
+        optimizer.step()
+
+
+@needs_onednn
+def test_onednn_products_leave_narrow_layers_bf16_and_other_functions_alone() -> None:
+    wide, narrow = torch.nn.Linear(256, 256), torch.nn.Linear(64, 256)
+    x, x_narrow = torch.randn(3, 5, 256, requires_grad=True), torch.randn(7, 64)
+    with torch.profiler.profile() as prof, acceleration.OneDNNLinearProducts():
+        y = wide(x)
+        narrow(x_narrow)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert wide(x).dtype == torch.bfloat16
+        y.sum().backward()
+        with torch.no_grad():
+            torch.testing.assert_close(wide(x), y, rtol=0, atol=0)  # no autograd: the same
+    calls = {e.key: e.count for e in prof.key_averages()}
+    assert calls["mkldnn::_linear_pointwise"] == 3  # wide forward, its dL/dx, no_grad forward
+    torch.testing.assert_close(y, torch.nn.functional.linear(x, wide.weight, wide.bias))
+    expected = torch.ones(15, 256) @ wide.weight
+    torch.testing.assert_close(x.grad, expected.view(3, 5, 256), rtol=1e-5, atol=1e-5)
+
+
+@needs_onednn
+def test_training_runs_its_products_on_onednn_unless_told_not_to() -> None:
+    """The trainer's choice (`uses_onednn`): in float32 on an x86-64 CPU by default; not with
+    --no-onednn, bf16 autocast, torch.compile or on CUDA."""
+    from aiayn.config import TrainConfig
+    from aiayn.update import uses_onednn
+
+    cpu = torch.device("cpu")
+    assert uses_onednn(cpu, onednn=TrainConfig.onednn, bf16=False, compile=False)
+    assert not uses_onednn(cpu, onednn=False, bf16=False, compile=False)
+    assert not uses_onednn(cpu, onednn=True, bf16=True, compile=False)
+    assert not uses_onednn(cpu, onednn=True, bf16=False, compile=True)
+    assert not uses_onednn(torch.device("cuda"), onednn=True, bf16=False, compile=False)
+
+
+@needs_onednn
+def test_the_chunked_loss_runs_both_its_products_on_onednn() -> None:
+    """h Wᵀ and dL/dlogits · W of every chunk (dL/dW stays with torch.mm): the same loss and
+    gradients as without the mode."""
+    from aiayn.loss import projected_label_smoothed_loss
+
+    torch.manual_seed(0)
+    hidden = torch.randn(2, 25, 256, requires_grad=True)
+    weight = torch.randn(300, 256, requires_grad=True)
+    target = torch.randint(4, 300, (2, 25))
+    results = []
+    for products in (acceleration.OneDNNLinearProducts(), contextlib.nullcontext()):
+        with torch.profiler.profile() as prof, products:
+            sums = projected_label_smoothed_loss(
+                hidden, weight, target, epsilon=0.1, pad_id=0, chunk_tokens=16
+            )
+            grads = torch.autograd.grad(sums.loss, (hidden, weight))
+        calls = {e.key: e.count for e in prof.key_averages()}
+        results.append((sums.loss, grads, calls.get("mkldnn::_linear_pointwise", 0)))
+    (loss, grads, calls), (plain_loss, plain_grads, plain_calls) = results
+    assert (calls, plain_calls) == (2 * 4, 0)  # 50 rows: 4 chunks of ≤ 16
+    torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=0)
+    for got, expected in zip(grads, plain_grads, strict=True):  # float32 rounding of sums
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * expected.abs().max())

@@ -245,3 +245,29 @@ def test_stacked_qkv_projection_passes_gradients_to_the_three_matrices() -> None
     (q.sum() + 2 * k.sum() + 3 * v.sum()).backward()
     for got, m in zip(grads, (mha.q_proj, mha.k_proj, mha.v_proj), strict=True):
         torch.testing.assert_close(got, m.weight.grad)
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_bf16_training_on_a_cpu_runs_attention_in_float32(is_causal: bool) -> None:
+    """Under `--cpu-bf16` the fused kernel's backward is slow in bf16, so with gradients wanted
+    attention is computed in float32 (more precise too) and returned in bf16: the output is the
+    float32 one rounded, the gradients those of float32. Without gradients it stays bf16."""
+    torch.manual_seed(0)
+    t = attention.FEW_QUERIES + 4  # the fused kernel's path (a few queries take two bmm)
+    q, k, v = (torch.randn(3, 2, t, 16) for _ in range(3))
+    mask = None if is_causal else torch.rand(3, 1, 1, t) > 0.2
+    mask = mask if mask is None else mask.logical_or(torch.arange(t) == 0)
+    low = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    full = [t.detach().float().requires_grad_() for t in low]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, _ = scaled_dot_product_attention(*low, mask, is_causal=is_causal)
+    expected, _ = scaled_dot_product_attention(*full, mask, is_causal=is_causal)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected.bfloat16(), rtol=0, atol=0)
+    out.float().sum().backward()
+    expected.sum().backward()
+    for a, b in zip(low, full, strict=True):
+        torch.testing.assert_close(a.grad.float(), b.grad.bfloat16().float(), rtol=0, atol=0)
+    assert not attention._bf16_training_on_cpu(*(t.detach() for t in low))
+    with torch.no_grad():
+        assert not attention._bf16_training_on_cpu(*low)

@@ -433,6 +433,40 @@ def test_dropout_is_active_only_in_training(make_model: MakeModel) -> None:
         assert not torch.allclose(model(src, tgt), model(src, tgt), atol=1e-4)
 
 
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_residual_dropout_zeroes_a_fraction_p_and_scales_the_rest(
+    p: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """§5.4 with the keep-mask drawn as U[0, 1) ≥ p: the distribution and scaling of
+    `nn.Dropout` (its zeros a fraction p, the rest x / (1 − p)), the gradient the same mask,
+    a different mask on each call, the same one for the same seed, identity in eval mode."""
+    from aiayn.model import Dropout
+
+    def no_f_dropout(*args: Any, **kwargs: Any) -> Tensor:
+        raise AssertionError("F.dropout called: the CPU training path was not taken")
+
+    dropout = Dropout(p).train()
+    monkeypatch.setattr(F, "dropout", no_f_dropout)
+    x = torch.full((400, 500), 2.0, requires_grad=True)
+    torch.manual_seed(0)
+    y = dropout(x)
+    zeros = (y == 0).float().mean().item()
+    assert zeros == pytest.approx(p, abs=0.005)  # 200,000 draws: std 0.001
+    torch.testing.assert_close(y[y != 0], torch.full_like(y[y != 0], 2.0 / (1.0 - p)))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, y.detach() / 2.0)
+    torch.manual_seed(0)
+    torch.testing.assert_close(dropout(x), y, rtol=0, atol=0)
+    assert not torch.equal(dropout(x), y)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert dropout(x.detach().bfloat16()).dtype == torch.bfloat16
+    monkeypatch.undo()
+    dropout.eval()
+    assert torch.equal(dropout(x), x)
+    assert torch.equal(Dropout(1.0).train()(x), torch.zeros_like(x))  # as nn.Dropout
+    assert torch.equal(Dropout(0.0).train()(x), x)
+
+
 # -- parameter counts: Table 3 ----------------------------------------------------------------
 
 JOINT_VOCAB = 37000  # §5.1: a shared source-target vocabulary of about 37000 tokens (EN-DE)

@@ -157,6 +157,33 @@ def stop_at(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     monkeypatch.setattr(trainer, "optimizer_update", update_then_signal)
 
 
+@pytest.mark.parametrize(("flags", "expected"), [([], True), (["--no-onednn"], False)])
+def test_aiayn_train_runs_float32_cpu_updates_with_onednn_products_unless_told_not_to(
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flags: list[str],
+    expected: bool,
+) -> None:
+    """What `aiayn train` hands each update (`update.uses_onednn` decides: x86-64, float32)."""
+    from aiayn.acceleration import onednn_linear_missing
+
+    if onednn_linear_missing():
+        pytest.skip(onednn_linear_missing())
+    seen: list[bool] = []
+    optimizer_update = trainer.optimizer_update
+
+    def record(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs["onednn"])
+        return optimizer_update(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "optimizer_update", record)
+    config = make_config(corpus, tmp_path / "run", max_steps=2)
+    args = [a for a in cli_args(config) if a not in ("--onednn", "--no-onednn")]
+    assert main(args + flags) == 0
+    assert seen == [expected, expected]
+
+
 # -- a whole run ----------------------------------------------------------------------------
 
 

@@ -190,3 +190,51 @@ def test_bf16_autocast_is_opt_in_on_cpu() -> None:
     assert uses_bf16(cuda, **flags) and not uses_bf16(cpu, **flags)
     assert uses_bf16(cpu, bf16=True, cpu_bf16=True)
     assert not uses_bf16(cuda, bf16=False, cpu_bf16=True)
+
+
+def test_an_update_with_onednn_products_is_the_plain_update(dataset: ParallelDataset) -> None:
+    """`optimizer_update(onednn=True)`, what `aiayn train` runs in float32 on x86-64 CPUs: the
+    same losses and the same gradients handed to the optimizer as with `nn.Linear` (float32
+    rounding apart), over two updates with dropout on (the same masks for the same seed)."""
+    from aiayn.acceleration import onednn_linear_missing
+
+    if onednn_linear_missing():
+        pytest.skip(onednn_linear_missing())
+    torch.manual_seed(0)
+    wide = tiny_model(d_model=256, d_ff=256, dropout=0.1)
+    runs = []
+    for onednn in (True, False):
+        model = copy.deepcopy(wide)
+        recorder = _GradientRecorder(model.parameters())
+        torch.manual_seed(1)
+        with torch.profiler.profile() as prof:
+            stats = [
+                optimizer_update(
+                    model,
+                    recorder,
+                    dataset,
+                    [torch.arange(i, i + 8).numpy()],
+                    step=3,
+                    d_model=256,
+                    warmup_steps=WARMUP,
+                    lr_scale=1.0,
+                    label_smoothing=0.1,
+                    clip_norm=0.0,
+                    bf16=False,
+                    device=torch.device("cpu"),
+                    distributed=Distributed(),
+                    onednn=onednn,
+                )
+                for i in (0, 8)
+            ]
+        calls = {e.key: e.count for e in prof.key_averages()}
+        assert (calls.get("mkldnn::_linear_pointwise", 0) > 0) == onednn
+        runs.append((stats, recorder.grads))
+    (fast, fast_grads), (plain, plain_grads) = runs
+    for a, b in zip(fast, plain, strict=True):
+        assert a.tokens == b.tokens
+        assert a.loss == pytest.approx(b.loss, rel=1e-5)
+    for got, expected in zip(fast_grads, plain_grads, strict=True):
+        largest = max(g.abs().max() for g in expected)
+        for g, e in zip(got, expected, strict=True):  # k_proj.bias: 0 but for rounding
+            torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6 * largest)

@@ -1,7 +1,8 @@
 """What this machine can speed up: `torch.compile` where it can run (eager PyTorch where it
 cannot), whether the CPU computes in bf16 natively, how many CPU threads decoding should use,
-weights pre-packed for oneDNN's matrix products in CPU decoding (`pack_linear_layers`), and int8
-weights for decoding on a CPU (`quantize_int8`).
+weights pre-packed for oneDNN's matrix products in CPU decoding (`pack_linear_layers`), oneDNN's
+products in float32 CPU training (`OneDNNLinearProducts`), and int8 weights for decoding on a
+CPU (`quantize_int8`).
 
 One module for the speed-ups that change how the model runs but not what it computes, so that
 training and translation ask the same questions of the machine in the same place.
@@ -225,3 +226,86 @@ def pack_linear_layers(model: nn.Module, min_features: int | None = None) -> nn.
             if packs(child):
                 setattr(module, name, PackedLinear(child))
     return packed
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """y = x Wᵀ + b with oneDNN's products for y and dL/dx, MKL's for dL/dW.
+
+    Measured at the Bible recipe's batch shapes (2,500–4,096 rows, `small`'s layers, AMD EPYC):
+    oneDNN is faster than MKL's sgemm for the forward product and for dL/dx = dL/dy · W, and
+    slower for dL/dW = dL/dyᵀ · x (whose inner dimension is the rows), which stays with
+    `torch.mm` (`bench/bench_train_kernels.py`). Row counts are not padded as in
+    `PackedLinear`: at these sizes a new one costs oneDNN about a millisecond, and padding to 8
+    sizes per octave cost more than it saved when tried. The weight is used as stored (its
+    transpose a view), so a weight updated by the optimizer is always the current one: nothing
+    is packed or cached.
+    """
+
+    @staticmethod
+    def forward(ctx, rows: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        """rows (N, in) → (N, out); the caller reshapes, so that the output is no view."""
+        ctx.save_for_backward(rows, weight)
+        ctx.has_bias = bias is not None
+        return torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_y: Tensor) -> tuple[Tensor | None, ...]:
+        rows, weight = ctx.saved_tensors
+        grad_rows = grad_y.contiguous()
+        grad_x = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.ops.mkldnn._linear_pointwise(grad_rows, weight.t(), None, "none", [], "")
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad_rows.t() @ rows
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_rows.sum(0)
+        return grad_x, grad_weight, grad_bias
+
+
+class OneDNNLinearProducts(torch.overrides.TorchFunctionMode):
+    """While active, float32 CPU `F.linear` (every `nn.Linear`, and the products of the chunked
+    loss) runs on oneDNN (`_OneDNNLinear`; without gradients the forward product alone).
+
+    For training on x86-64 CPUs, where PyTorch's float32 linear layers call MKL's sgemm, slower
+    there than oneDNN (BENCHMARKS.md). Only products at least `MIN_PACKED_FEATURES` wide on both
+    sides; others, and anything under autocast (bf16 products already run on oneDNN), pass
+    through. The same function up to float32 rounding: tests/test_acceleration.py compares
+    losses and gradients with the plain path. The trainer enters it around each update's forward
+    and backward (`TrainConfig.onednn`); `onednn_linear_missing` says where it cannot.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is not F.linear:
+            return func(*args, **kwargs)
+        x, weight, bias = _linear_arguments(*args, **kwargs)
+        if not _onednn_product(x, weight, bias):
+            return func(*args, **kwargs)
+        rows = x.reshape(-1, x.size(-1))
+        if torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (x, weight, bias)
+        ):
+            y = _OneDNNLinear.apply(rows, weight, bias)
+        else:
+            y = torch.ops.mkldnn._linear_pointwise(rows, weight, bias, "none", [], "")
+        return y.view(*x.shape[:-1], weight.size(0))
+
+
+def _linear_arguments(
+    input: Tensor, weight: Tensor, bias: Tensor | None = None
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    return input, weight, bias
+
+
+def _onednn_product(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
+    tensors = (x, weight) if bias is None else (x, weight, bias)
+    return (
+        all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
+        and weight.dim() == 2
+        and x.dim() >= 1
+        and x.size(-1) == weight.size(1)  # else F.linear's own error
+        and min(weight.shape) >= MIN_PACKED_FEATURES
+        and x.numel() > 0
+        and not torch.is_autocast_enabled("cpu")
+    )

@@ -49,6 +49,13 @@ def scaled_dot_product_attention(
         The attended values (B, H, T, d_v) and the probabilities or None.
     """
     if not need_weights and not _few_queries_on_cpu(q, dropout_p):
+        if _bf16_training_on_cpu(q, k, v):
+            with torch.autocast("cpu", enabled=False):
+                out = F.scaled_dot_product_attention(
+                    q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout_p,
+                    is_causal=is_causal,
+                )  # fmt: skip
+            return out.to(q.dtype), None
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
         )
@@ -73,6 +80,19 @@ def _few_queries_on_cpu(q: Tensor, dropout_p: float) -> bool:
     the W beams of a sentence). On a CPU, two batched matrix products then beat the fused
     kernel, which is built for long sequences; the result is the same (a test checks)."""
     return q.device.type == "cpu" and q.size(-2) <= FEW_QUERIES and dropout_p == 0.0
+
+
+def _bf16_training_on_cpu(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """bf16 inputs on a CPU with gradients wanted. There the fused kernel is about twice as
+    slow forward + backward in bf16 as in float32 (its backward above all;
+    `bench/bench_train_kernels.py`), so training under `--cpu-bf16` runs it in float32, which
+    is also the more precise. Forward only (decoding), bf16 is as fast or faster and stays."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and torch.is_grad_enabled()
+        and any(t.requires_grad for t in (q, k, v))
+    )
 
 
 class MultiHeadAttention(nn.Module):

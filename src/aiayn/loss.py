@@ -115,7 +115,7 @@ class _ProjectedLoss(torch.autograd.Function):
             rows = slice(start, min(start + chunk_tokens, n))
             h, t = hidden[rows], target[rows]
             keep = (t != pad_id).unsqueeze(-1)  # (n, 1)
-            log_probs = F.log_softmax((h @ weight.t()).float(), dim=-1)  # (n, V)
+            log_probs = F.log_softmax(F.linear(h, weight).float(), dim=-1)  # (n, V): h Wᵀ
             nll_rows = -log_probs.gather(-1, t.unsqueeze(-1)).masked_fill(~keep, 0.0)
             smooth_rows = -log_probs.mean(dim=-1, keepdim=True).masked_fill(~keep, 0.0)
             nll += nll_rows.sum()
@@ -127,7 +127,7 @@ class _ProjectedLoss(torch.autograd.Function):
                     -1, t.unsqueeze(-1), grad_logits.new_full((t.numel(), 1), epsilon - 1.0)
                 )
                 grad_logits = grad_logits.masked_fill_(~keep, 0.0).to(h.dtype)
-                grad_hidden[rows] = grad_logits @ weight
+                grad_hidden[rows] = F.linear(grad_logits, weight.t())  # grad_logits W
                 grad_weight += (grad_logits.t() @ h).float()
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype

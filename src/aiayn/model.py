@@ -32,6 +32,24 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+class Dropout(nn.Dropout):
+    """§5.4 Residual Dropout: each element zeroed with probability p, the rest scaled by 1/(1 − p).
+
+    `nn.Dropout` with its distribution and scaling, but on a CPU while training the keep-mask is
+    drawn as U[0, 1) ≥ p (`torch.rand`, kept as a float mask): forward and backward together
+    about 3x faster than `F.dropout`, whose `bernoulli_` is slow to draw on a CPU
+    (`bench/bench_train_kernels.py`). It keeps a float mask where `F.dropout` keeps a bool one:
+    3 more bytes per element until the backward. Elsewhere (evaluation, CUDA, p = 0 or 1) it
+    is `nn.Dropout`.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.training or x.device.type != "cpu" or not 0.0 < self.p < 1.0:
+            return super().forward(x)
+        mask = torch.rand_like(x, dtype=torch.float32).ge_(self.p).mul_(1.0 / (1.0 - self.p))
+        return x * mask.to(x.dtype)
+
+
 class PositionwiseFeedForward(nn.Module):
     """Eq. 2: FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to each position separately.
 
@@ -123,7 +141,7 @@ class SublayerConnection(nn.Module):
     def __init__(self, d_model: int, dropout: float, norm_first: bool, eps: float) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(d_model, eps=eps)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.norm_first = norm_first
 
     def forward(
@@ -305,7 +323,7 @@ class Transformer(nn.Module):
             self.positions: nn.Module = SinusoidalPositionalEncoding(c.d_model, c.max_positions)
         else:
             self.positions = LearnedPositionalEmbedding(c.d_model, c.max_positions)
-        self.embed_dropout = nn.Dropout(c.dropout)
+        self.embed_dropout = Dropout(c.dropout)
         layer = dict(d_model=c.d_model, d_ff=c.d_ff, n_heads=c.n_heads, d_k=c.d_k, d_v=c.d_v)
         layer |= dict(dropout=c.dropout, attention_dropout=c.attention_dropout)
         layer |= dict(norm_first=c.norm_first, eps=c.layer_norm_eps, activation=c.activation)

@@ -161,7 +161,7 @@ RESUMABLE = frozenset(
     {
         "max_steps", "max_epochs", "save_every", "save_every_minutes", "keep_last",
         "valid_every", "valid_bleu", "valid_src", "valid_tgt", "valid_tsv", "log_every",
-        "threads", "progress", "device", "bf16", "cpu_bf16", "compile", "accumulate",
+        "threads", "progress", "device", "bf16", "cpu_bf16", "onednn", "compile", "accumulate",
         "src_lang", "tgt_lang", "out_dir", "patience", "tensorboard",
     }
 )  # fmt: skip

@@ -66,7 +66,7 @@ from aiayn.tokenizer import (
     check_given_tokenizer,
     load_tokenizer,
 )
-from aiayn.update import UpdateStats, optimizer_update, uses_bf16
+from aiayn.update import UpdateStats, optimizer_update, uses_bf16, uses_onednn
 from aiayn.validation import validation_metrics
 
 logger = logging.getLogger(__name__)
@@ -153,6 +153,9 @@ class Trainer:
         self.distributed = distributed
         self.device = device
         self.bf16 = uses_bf16(device, bf16=config.bf16, cpu_bf16=config.cpu_bf16)
+        self.onednn = uses_onednn(
+            device, onednn=config.onednn, bf16=self.bf16, compile=config.compile
+        )
         self.accumulate = accumulation(
             tokens_per_update=config.tokens_per_update,
             max_tokens=config.max_tokens,
@@ -374,13 +377,14 @@ class Trainer:
         if self.distributed.is_main:
             logger.info(
                 "model: %s parameters, %d train pairs, %d device(s) × %d batch(es) of ≤ %d "
-                "tokens per update, on %s",
+                "tokens per update, on %s%s",
                 f"{sum(p.numel() for p in self.model.parameters()):,}",
                 len(self.train_data),
                 self.distributed.world_size,
                 self.accumulate,
                 self.config.max_tokens,
                 self.device,
+                " (bf16)" if self.bf16 else " (float32 products on oneDNN)" if self.onednn else "",
             )
 
     # -- the loop -------------------------------------------------------------------------
@@ -474,6 +478,7 @@ class Trainer:
             bf16=self.bf16,
             device=self.device,
             distributed=self.distributed,
+            onednn=self.onednn,
         )
         progress.step += 1
         progress.position += 1

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from aiayn.acceleration import OneDNNLinearProducts, onednn_linear_missing
 from aiayn.batching import collate
 from aiayn.data import ParallelDataset
 from aiayn.distributed import Distributed
@@ -29,6 +30,19 @@ def uses_bf16(device: torch.device, *, bf16: bool, cpu_bf16: bool) -> bool:
     if device.type == "cuda":
         return bf16
     return device.type == "cpu" and cpu_bf16
+
+
+def uses_onednn(device: torch.device, *, onednn: bool, bf16: bool, compile: bool) -> bool:
+    """oneDNN's float32 linear products (`acceleration.OneDNNLinearProducts`): unless `onednn`
+    is off, for eager float32 training on an x86-64 CPU (under bf16 autocast the products run on
+    oneDNN anyway; a compiled model has its own kernels)."""
+    return (
+        onednn
+        and device.type == "cpu"
+        and not bf16
+        and not compile
+        and onednn_linear_missing() is None
+    )
 
 
 def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
@@ -63,6 +77,7 @@ def optimizer_update(
     bf16: bool,
     device: torch.device,
     distributed: Distributed,
+    onednn: bool = False,
 ) -> UpdateStats:
     """One optimizer update over the batches in `group` (gradient accumulation).
 
@@ -74,6 +89,7 @@ def optimizer_update(
         model: A `Transformer`, or one wrapped by torch.compile and/or DDP.
         group: The update's batches, each an array of dataset indices.
         step: The number of this update (1 for the first), for Eq. 3.
+        onednn: Forward and backward with `OneDNNLinearProducts` (`uses_onednn`).
     """
     model.train()
     batches = [
@@ -87,7 +103,8 @@ def optimizer_update(
         batch = batch.to(device)
         last = i == len(batches) - 1
         sync = contextlib.nullcontext() if last or not distributed.enabled else model.no_sync()
-        with sync:
+        products = OneDNNLinearProducts() if onednn else contextlib.nullcontext()
+        with sync, products:
             with autocast(device, bf16):
                 sums = model(
                     batch.src, batch.tgt_in, batch.tgt_out, label_smoothing=label_smoothing

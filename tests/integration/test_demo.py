@@ -69,9 +69,9 @@ def test_the_examples_shown_are_small_numbers_from_training_and_held_out_ones(
         ("twenty-one", "zwanzig", "twenty"),
         ("four thousand, three hundred and twenty-one", "vier", "four"),
         ("four thousand, three hundred and twenty-one", "drei", "three"),
-        # German puts the units before the tens: "einund" ("one-and") must look at "one",
-        # the "zwanzig" after it at "twenty"
-        ("four thousand, three hundred and twenty-one", "einund", "one"),
+        # German puts the units before the tens: "einund" ("one-and") must look at "one" or
+        # "and" (the piece translates both), not at "twenty"; the "zwanzig" after it at "twenty"
+        ("four thousand, three hundred and twenty-one", "einund", "one|and"),
         ("four thousand, three hundred and twenty-one", "zwanzig", "twenty"),
     ],
 )
@@ -85,7 +85,7 @@ def test_alignment_strongest_cells_fall_on_the_translated_word(
     assert rows, f"{target_piece!r} not among the output pieces {result.tokens}"
     source = result.src_tokens
     strongest = source[int(matrix[rows[0], : len(source) - 1].argmax())]  # </s> excluded
-    assert source_word in strongest.strip("▁"), (
+    assert any(word in strongest.strip("▁") for word in source_word.split("|")), (
         f"{target_piece!r} attends most to {strongest!r}, not {source_word!r} "
         f"(source {source}, output {result.tokens})"
     )
