@@ -9,8 +9,8 @@ other processes hits all of them alike.
 - **Training step** (forward, label-smoothed cross-entropy, backward, Adam) at the `base`
   shape (d_model 512, 6+6 layers, vocabulary 8000 shared, 32 × 32 tokens a side) and the
   `small` one (d_model 256, d_ff 1024, 4 heads, 3+3 layers, 64 × 32): aiayn (its own loss and
-  optimizer, as `aiayn train` runs them: in float32 its products on oneDNN; and with
-  `--no-onednn`, on MKL), `torch.nn.Transformer` (bench_train_step's
+  optimizer, as `aiayn train` runs them; and with `--onednn`, its float32 products on
+  oneDNN), `torch.nn.Transformer` (bench_train_step's
   reference) and HF `MarianMTModel`, each with `torch.optim.Adam` and `F.cross_entropy`.
   Fraction of peak = the step's matrix-multiply FLOPs (forward ×3) / step time / GEMM peak.
 - **Decoding**, base shape, batch 32 × 24 source tokens, every output forced to 24 tokens:
@@ -186,11 +186,11 @@ def _aiayn_step(
     batch,
     bf16: bool = False,
     forward: nn.Module | None = None,
-    onednn: bool = True,
+    onednn: bool = False,
 ) -> Callable[[], float]:
-    """aiayn's own step, as the trainer runs it: its loss, its (fused) Adam, in float32 its
-    products on oneDNN where `aiayn train` puts them there (`uses_onednn`; not with
-    `onednn=False`, as `--no-onednn`); `forward` is the model or a compiled wrapper of it."""
+    """aiayn's own step, as the trainer runs it: its loss, its (fused) Adam; with `onednn`, as
+    `aiayn train --onednn`, its float32 products on oneDNN (`uses_onednn`); `forward` is the
+    model or a compiled wrapper of it."""
     compiled = forward is not None
     forward = model if forward is None else forward
     cpu = torch.device("cpu")
@@ -226,8 +226,8 @@ def bench_train(shape: str, repeats: int, warmup: int, compile_model: bool = Fal
     runners.append(Runner("aiayn", _aiayn_step(Transformer(config).train(), batch), tokens, False))
     if onednn_linear_missing() is None:
         torch.manual_seed(0)
-        step = _aiayn_step(Transformer(config).train(), batch, onednn=False)
-        runners.append(Runner("aiayn --no-onednn", step, tokens, False))
+        step = _aiayn_step(Transformer(config).train(), batch, onednn=True)
+        runners.append(Runner("aiayn --onednn", step, tokens, False))
     torch.manual_seed(0)
     runners.append(
         Runner("nn.Transformer", _peer_step(ReferenceTransformer(config).train(), batch), tokens)

@@ -246,15 +246,15 @@ def test_onednn_products_leave_narrow_layers_bf16_and_other_functions_alone() ->
 
 
 @needs_onednn
-def test_training_runs_its_products_on_onednn_unless_told_not_to() -> None:
-    """The trainer's choice (`uses_onednn`): in float32 on an x86-64 CPU by default; not with
-    --no-onednn, bf16 autocast, torch.compile or on CUDA."""
+def test_training_runs_its_products_on_onednn_only_when_asked() -> None:
+    """The trainer's choice (`uses_onednn`): with --onednn (off by default), in float32 on an
+    x86-64 CPU; not under bf16 autocast, with torch.compile or on CUDA."""
     from aiayn.config import TrainConfig
     from aiayn.update import uses_onednn
 
     cpu = torch.device("cpu")
-    assert uses_onednn(cpu, onednn=TrainConfig.onednn, bf16=False, compile=False)
-    assert not uses_onednn(cpu, onednn=False, bf16=False, compile=False)
+    assert not uses_onednn(cpu, onednn=TrainConfig.onednn, bf16=False, compile=False)
+    assert uses_onednn(cpu, onednn=True, bf16=False, compile=False)
     assert not uses_onednn(cpu, onednn=True, bf16=True, compile=False)
     assert not uses_onednn(cpu, onednn=True, bf16=False, compile=True)
     assert not uses_onednn(torch.device("cuda"), onednn=True, bf16=False, compile=False)

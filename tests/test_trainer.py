@@ -157,15 +157,16 @@ def stop_at(monkeypatch: pytest.MonkeyPatch, step: int) -> None:
     monkeypatch.setattr(trainer, "optimizer_update", update_then_signal)
 
 
-@pytest.mark.parametrize(("flags", "expected"), [([], True), (["--no-onednn"], False)])
-def test_aiayn_train_runs_float32_cpu_updates_with_onednn_products_unless_told_not_to(
+@pytest.mark.parametrize(("flags", "expected"), [([], False), (["--onednn"], True)])
+def test_aiayn_train_runs_float32_cpu_updates_with_onednn_products_when_asked(
     corpus: tuple[Path, Path],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     flags: list[str],
     expected: bool,
 ) -> None:
-    """What `aiayn train` hands each update (`update.uses_onednn` decides: x86-64, float32)."""
+    """What `aiayn train` hands each update: oneDNN products only with --onednn (opt-in: more
+    memory), and then where `update.uses_onednn` allows (x86-64, float32)."""
     from aiayn.acceleration import onednn_linear_missing
 
     if onednn_linear_missing():

@@ -272,7 +272,10 @@ class OneDNNLinearProducts(torch.overrides.TorchFunctionMode):
     sides; others, and anything under autocast (bf16 products already run on oneDNN), pass
     through. The same function up to float32 rounding: tests/test_acceleration.py compares
     losses and gradients with the plain path. The trainer enters it around each update's forward
-    and backward (`TrainConfig.onednn`); `onednn_linear_missing` says where it cannot.
+    and backward with `--onednn` (`TrainConfig.onednn`), opt-in: on the Bible recipe it gave ~5%
+    more tokens/s but ~2.5x the peak resident memory, because a real run's new batch shape at
+    nearly every step makes oneDNN allocate per shape and the heap fragments (BENCHMARKS.md).
+    `onednn_linear_missing` says where it cannot run.
     """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):

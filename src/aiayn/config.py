@@ -264,9 +264,10 @@ class TrainConfig:
             faster steps at fixed shapes, but no gain measured yet in a real run with
             token-bucketed batches (BENCHMARKS.md, precision section).
         onednn: On an x86-64 CPU in float32, run the linear layers' products (and the chunked
-            loss's) on oneDNN instead of MKL's sgemm, which is slower on AMD CPUs
-            (`aiayn.acceleration.OneDNNLinearProducts`; BENCHMARKS.md). The same function up to
-            float32 rounding; off with --no-onednn. Ignored under bf16 and with `compile`.
+            loss's) on oneDNN instead of MKL's sgemm (`aiayn.acceleration.OneDNNLinearProducts`):
+            the same function up to float32 rounding, ~5% more tokens/s on the Bible recipe,
+            but ~2.5x the peak memory (new batch shapes every step fragment the heap;
+            BENCHMARKS.md), hence opt-in. Ignored under bf16 and with `compile`.
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
             compile: aiayn.acceleration).
         log_every: Updates between metric lines in metrics.jsonl.
@@ -317,7 +318,7 @@ class TrainConfig:
     device: str = "auto"
     bf16: bool = True
     cpu_bf16: bool = False
-    onednn: bool = True
+    onednn: bool = False
     compile: bool = False
     log_every: int = 100
     tensorboard: bool = False
