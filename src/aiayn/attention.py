@@ -83,7 +83,7 @@ def _few_queries_on_cpu(q: Tensor, dropout_p: float) -> bool:
 
 
 def _bf16_training_on_cpu(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """bf16 inputs on a CPU with gradients wanted. There the fused kernel is about twice as
+    """bf16 inputs on a CPU with gradients wanted. There the fused kernel is 1.6-1.8x as
     slow forward + backward in bf16 as in float32 (its backward above all;
     `bench/bench_train_kernels.py`), so training under `--cpu-bf16` runs it in float32, which
     is also the more precise. Forward only (decoding), bf16 is as fast or faster and stays."""

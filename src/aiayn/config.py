@@ -260,9 +260,9 @@ class TrainConfig:
         device: "auto", "cpu", "cuda" or "cuda:N".
         bf16: bf16 autocast on CUDA (ignored on CPU).
         cpu_bf16: bf16 autocast on a CPU (opt-in: it changes CPU numerics). Only where the CPU
-            computes in bf16 natively (AVX512-BF16, AMX; elsewhere training warns): 1.35-1.9x
-            faster steps at fixed shapes, but no gain measured yet in a real run with
-            token-bucketed batches (BENCHMARKS.md, precision section).
+            computes in bf16 natively (AVX512-BF16, AMX; elsewhere training warns): in the real
+            loop on the Bible recipe ~1.5x the target tokens/s of float32 (BENCHMARKS.md,
+            `aiayn train` vs `fairseq-train`).
         onednn: On an x86-64 CPU in float32, run the linear layers' products (and the chunked
             loss's) on oneDNN instead of MKL's sgemm (`aiayn.acceleration.OneDNNLinearProducts`):
             the same function up to float32 rounding, ~5% more tokens/s on the Bible recipe,

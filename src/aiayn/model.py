@@ -37,7 +37,7 @@ class Dropout(nn.Dropout):
 
     `nn.Dropout` with its distribution and scaling, but on a CPU while training the keep-mask is
     drawn as U[0, 1) ≥ p (`torch.rand`, kept as a float mask): forward and backward together
-    about 3x faster than `F.dropout`, whose `bernoulli_` is slow to draw on a CPU
+    1.5-1.9x faster than `F.dropout`, whose `bernoulli_` is slow to draw on a CPU
     (`bench/bench_train_kernels.py`). It keeps a float mask where `F.dropout` keeps a bool one:
     3 more bytes per element until the backward. Elsewhere (evaluation, CUDA, p = 0 or 1) it
     is `nn.Dropout`.
