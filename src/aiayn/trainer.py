@@ -153,9 +153,7 @@ class Trainer:
         self.distributed = distributed
         self.device = device
         self.bf16 = uses_bf16(device, bf16=config.bf16, cpu_bf16=config.cpu_bf16)
-        self.onednn = uses_onednn(
-            device, onednn=config.onednn, bf16=self.bf16, compile=config.compile
-        )
+        self.onednn = uses_onednn(device, config.onednn, bf16=self.bf16, compile=config.compile)
         self.accumulate = accumulation(
             tokens_per_update=config.tokens_per_update,
             max_tokens=config.max_tokens,
@@ -377,14 +375,13 @@ class Trainer:
         if self.distributed.is_main:
             logger.info(
                 "model: %s parameters, %d train pairs, %d device(s) × %d batch(es) of ≤ %d "
-                "tokens per update, on %s%s",
+                "tokens per update, on %s",
                 f"{sum(p.numel() for p in self.model.parameters()):,}",
                 len(self.train_data),
                 self.distributed.world_size,
                 self.accumulate,
                 self.config.max_tokens,
                 self.device,
-                " (bf16)" if self.bf16 else " (float32 products on oneDNN)" if self.onednn else "",
             )
 
     # -- the loop -------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def uses_bf16(device: torch.device, *, bf16: bool, cpu_bf16: bool) -> bool:
     return device.type == "cpu" and cpu_bf16
 
 
-def uses_onednn(device: torch.device, *, onednn: bool, bf16: bool, compile: bool) -> bool:
+def uses_onednn(device: torch.device, onednn: bool, *, bf16: bool, compile: bool) -> bool:
     """oneDNN's float32 linear products (`acceleration.OneDNNLinearProducts`): when `onednn` is
     asked for (`--onednn`), for eager float32 training on an x86-64 CPU (under bf16 autocast the
     products run on oneDNN anyway; a compiled model has its own kernels)."""
