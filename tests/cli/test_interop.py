@@ -80,6 +80,8 @@ def test_ctranslate2_refuses_alignments_and_gnmt(ct2_dir, model_dir, source, cap
     assert "is a CTranslate2 export" in capsys.readouterr().err
     assert main([*argv, "--int8"]) == 2
     assert "--compute-type int8" in capsys.readouterr().err
+    assert main([*argv, "--no-onednn"]) == 2
+    assert "--no-onednn is PyTorch's" in capsys.readouterr().err
     plain = ["translate", "-m", str(model_dir), "-i", str(source), *FAST]
     assert main([*plain, "--compute-type", "int8"]) == 2
     assert "--backend ctranslate2" in capsys.readouterr().err

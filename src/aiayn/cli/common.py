@@ -193,6 +193,8 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
         flag = "--int8" if args.int8 else "--bf16"
         kind = "int8" if args.int8 else "bfloat16"
         raise ValueError(f"{flag} is PyTorch's; with CTranslate2 use --compute-type {kind}")
+    if not getattr(args, "onednn", True):
+        raise ValueError("--no-onednn is PyTorch's: CTranslate2 picks its own CPU kernels")
     device = args.device
     if device == "auto":
         device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
