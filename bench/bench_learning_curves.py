@@ -9,19 +9,27 @@ recipe, data and validation set into `RUNS_DIR/NAME`:
         --variant fp32= --variant bf16=--cpu-bf16 --variant 'bf16-seed2=--cpu-bf16 --seed 2'
 
 The first variant is the reference. A variant whose directory already holds a finished run
-(`model/config.json` and validation records in `metrics.jsonl`) is read, not trained again, and
-the table says so; the settings compared are read back from each run's `train_config.yaml`, so
-a reused run cannot pass for another. A pair of variants that differ only in the seed measures
-run-to-run noise: the difference between precisions means something only where it is larger.
+(a model and a validation at its last update) is read, not trained again, and the table says
+so; a run stopped before its end is continued (`--resume`). The script records each variant's
+arguments in its run directory (`variant.json`) and refuses a reused run trained with other
+ones; for a run trained without the script (no `variant.json`) the table shows, as for every
+run, the settings of its `train_config.yaml` that differ from the reference's (data files
+compared by name), so a reused run cannot pass for another. A pair of variants that differ only
+in the seed measures run-to-run noise: a difference between precisions means something only
+where it is larger.
 
-Reported per validation step: each run's dev perplexity and its relative difference to the
-reference; per run: steady-state target tokens/s (the trainer's own log), the wall time of the
-training loop and the final validation perplexity.
+Reported per validation step: each run's dev perplexity (– where a run has no validation at
+that step) and its relative difference to the reference; per run: the settings that differ
+from the reference's, the median of the trainer's own target tokens/s per logged interval (the
+first left out), the training time summed from those intervals (periodic validations and saves
+fall inside the intervals that follow them, so they are counted; the final validation is not)
+and the last validation's step and perplexity.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import statistics
 import sys
@@ -29,10 +37,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 
 from aiayn.runlog import read_metrics
 from bench_train_run import aiayn_command, run_training
+from bench_train_step import _load_average, machine_info
 
 # bench/ scripts import each other: running one puts bench/ on sys.path
 from benchmarks_md import BENCHMARKS_MD, replace_section
@@ -40,73 +50,119 @@ from benchmarks_md import BENCHMARKS_MD, replace_section
 START_MARK = "<!-- bench_learning_curves:start -->"
 END_MARK = "<!-- bench_learning_curves:end -->"
 HEADING = "## Learning curves: bf16 against fp32, update for update"
-# Settings that tell runs apart; shown for each run, read from its train_config.yaml.
-COMPARED = ("cpu_bf16", "onednn", "seed", "compile", "max_steps", "max_tokens", "preset")
+VARIANT_FILE = "variant.json"
+# train_config.yaml keys that differ between runs without making them different runs.
+NOT_COMPARED = {"out_dir", "progress", "tensorboard"}
+DATA_KEYS = {"src", "tgt", "tsv", "valid_src", "valid_tgt", "valid_tsv", "tokenizer"}
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
     """`NAME=ARGS` → (NAME, [ARGS split as a shell would])."""
     name, sep, arguments = text.partition("=")
-    if not sep or not name or "/" in name:
+    if not sep or not name or "/" in name or name in (".", ".."):
         raise argparse.ArgumentTypeError(f"--variant wants NAME=ARGS, got {text!r}")
     return name, shlex.split(arguments)
 
 
+def read_config(run_dir: Path) -> dict[str, Any]:
+    return yaml.safe_load((run_dir / "train_config.yaml").read_text(encoding="utf-8"))
+
+
 def finished(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a finished run with validation records."""
+    """Whether `run_dir` holds a finished run: a model, and a validation at its last update."""
     if not (run_dir / "model" / "config.json").is_file():
         return False
-    return any(r.get("type") == "valid" for r in read_metrics(run_dir))
+    if not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "train_config.yaml").is_file():
+        return False
+    last = read_config(run_dir).get("max_steps")
+    return any(r.get("type") == "valid" and r["step"] == last for r in read_metrics(run_dir))
 
 
-def train(args: argparse.Namespace, run_dir: Path, extra: list[str]) -> float:
-    """Run `aiayn train` into `run_dir`; its wall seconds."""
+def check_variant(run_dir: Path, extra: list[str]) -> None:
+    """Refuse a run directory the script trained with other arguments."""
+    recorded = run_dir / VARIANT_FILE
+    if recorded.is_file():
+        earlier = json.loads(recorded.read_text(encoding="utf-8"))["args"]
+        if earlier != extra:
+            raise SystemExit(
+                f"{run_dir} was trained with {shlex.join(earlier)!r}, not {shlex.join(extra)!r}: "
+                "choose another --runs-dir or variant name"
+            )
+
+
+def train(args: argparse.Namespace, run_dir: Path, extra: list[str]) -> None:
+    """Run `aiayn train` into `run_dir`, continuing a run stopped before its end."""
     command = [*aiayn_command(), "train", "-c", args.config, "--src", args.src, "--tgt", args.tgt]
     command += ["--valid-src", args.valid_src, "--valid-tgt", args.valid_tgt]
     command += ["--out-dir", str(run_dir), "--no-progress", *extra]
+    if (run_dir / "checkpoints").is_dir():
+        command.append("--resume")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / VARIANT_FILE).write_text(json.dumps({"args": extra}) + "\n", encoding="utf-8")
     print("running: " + shlex.join(command), flush=True)
-    wall, _ = run_training(command)
-    return wall
+    run_training(command)
+
+
+def differences(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """The settings of `config` that differ from `reference`'s (data files by name)."""
+
+    def comparable(key: str, value: Any) -> Any:
+        return Path(value).name if key in DATA_KEYS and value else value
+
+    return {
+        key: value
+        for key, value in config.items()
+        if key not in NOT_COMPARED and comparable(key, value) != comparable(key, reference.get(key))
+    }
 
 
 def summarise(run_dir: Path) -> dict[str, Any]:
     """A run's settings, dev perplexity per validation step and speed, from its own files."""
-    config = yaml.safe_load((run_dir / "train_config.yaml").read_text(encoding="utf-8"))
     records = read_metrics(run_dir)
     valid = {r["step"]: r["valid_ppl"] for r in records if r.get("type") == "valid"}
     train_records = [r for r in records if r.get("type") == "train"]
+    if not train_records or not valid:
+        raise SystemExit(f"{run_dir}: no training or validation records in its metrics.jsonl")
     seen, seconds, rates = 0, 0.0, []
     for r in train_records:
         interval = (r["tokens_seen"] - seen) / r["tokens_per_s"]
         seconds, seen = seconds + interval, r["tokens_seen"]
         rates.append(r["tokens_per_s"])
     return {
-        "settings": {key: config.get(key) for key in COMPARED},
+        "config": read_config(run_dir),
         "valid_ppl": valid,
-        "tokens_per_s_median": statistics.median(rates[1:] or rates) if rates else None,
+        "tokens_per_s_median": statistics.median(rates[1:] or rates),
         "loop_minutes": seconds / 60,
-        "steps": train_records[-1]["step"] if train_records else 0,
+        "steps": train_records[-1]["step"],
     }
 
 
 def markdown(runs: dict[str, dict[str, Any]]) -> str:
     names = list(runs)
     reference = names[0]
-    steps = sorted(set.intersection(*(set(r["valid_ppl"]) for r in runs.values())))
+    steps = sorted(set.union(*(set(r["valid_ppl"]) for r in runs.values())))
     head = ["step", *(f"{n} ppl" for n in names), *(f"{n} vs {reference}" for n in names[1:])]
     lines = ["| " + " | ".join(head) + " |", "| " + " | ".join(["---:"] * len(head)) + " |"]
     for step in steps:
-        ppl = [runs[n]["valid_ppl"][step] for n in names]
-        diffs = [f"{p / ppl[0] - 1:+.1%}" for p in ppl[1:]]
-        lines.append(f"| {step} | " + " | ".join([*(f"{p:.2f}" for p in ppl), *diffs]) + " |")
-    lines += ["", "| run | settings | reused | steps | tok/s (median) | loop (min) |"]
-    lines.append("| --- | --- | --- | ---: | ---: | ---: |")
+        ppl = [runs[n]["valid_ppl"].get(step) for n in names]
+        cells = ["–" if p is None else f"{p:.2f}" for p in ppl]
+        diffs = ["–" if p is None or ppl[0] is None else f"{p / ppl[0] - 1:+.1%}" for p in ppl[1:]]
+        lines.append(f"| {step} | " + " | ".join([*cells, *diffs]) + " |")
+    lines += [
+        "",
+        "| run | settings that differ from the reference's | reused | steps | tok/s (median) "
+        "| training (min) | last validation: ppl (step) |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    base = runs[reference]["config"]
     for name, run in runs.items():
-        settings = ", ".join(f"{k} {v}" for k, v in run["settings"].items())
-        rate = run["tokens_per_s_median"]
+        changed = differences(run["config"], base)
+        settings = ", ".join(f"{k} {v}" for k, v in changed.items()) or "—"
+        last = max(run["valid_ppl"])
         lines.append(
             f"| {name} | {settings} | {'yes' if run['reused'] else 'no'} | {run['steps']} "
-            f"| {rate:.0f} | {run['loop_minutes']:.1f} |"
+            f"| {run['tokens_per_s_median']:.0f} | {run['loop_minutes']:.1f} "
+            f"| {run['valid_ppl'][last]:.2f} ({last}) |"
         )
     return "\n".join(lines)
 
@@ -145,14 +201,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("give at least two --variant")
     if len({name for name, _ in args.variant}) != len(args.variant):
         parser.error("--variant names must differ")
+    if len({tuple(extra) for _, extra in args.variant}) != len(args.variant):
+        parser.error("two --variant with the same arguments would be the same run")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    info = machine_info(torch.device("cpu"))
+    load_before = _load_average()
     runs: dict[str, dict[str, Any]] = {}
     for name, extra in args.variant:
         run_dir = args.runs_dir / name
+        check_variant(run_dir, extra)
         reused = finished(run_dir)
         if reused:
             print(f"{name}: reading the finished run in {run_dir}", flush=True)
@@ -173,6 +234,10 @@ def main(argv: list[str] | None = None) -> None:
                 "",
                 f"- Recipe `{args.config}`, validation on `{Path(args.valid_src).name}`; "
                 f"variants: {variants}.",
+                f"- Machine: {info['cpu']}, {info['cores']} cores; torch {info['torch']}, "
+                f"Python {info['python']}; 1-minute load average {load_before} before the "
+                f"script, {_load_average()} after (reused runs were trained earlier: their "
+                "speed is from their own logs).",
                 f"- Command: `{command}`",
                 f"- Table written on {time.strftime('%Y-%m-%d %H:%M %Z')}.",
             ]
