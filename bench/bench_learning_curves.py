@@ -38,8 +38,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
+from aiayn.rundir import read_config
 from aiayn.runlog import read_metrics
 from bench_train_run import aiayn_command, run_training
 from bench_train_step import _load_average, machine_info
@@ -64,17 +64,14 @@ def parse_variant(text: str) -> tuple[str, list[str]]:
     return name, shlex.split(arguments)
 
 
-def read_config(run_dir: Path) -> dict[str, Any]:
-    return yaml.safe_load((run_dir / "train_config.yaml").read_text(encoding="utf-8"))
-
-
 def finished(run_dir: Path) -> bool:
     """Whether `run_dir` holds a finished run: a model, and a validation at its last update."""
-    if not (run_dir / "model" / "config.json").is_file():
+    config = read_config(run_dir)
+    if config is None or not (run_dir / "model" / "config.json").is_file():
         return False
-    if not (run_dir / "metrics.jsonl").is_file() or not (run_dir / "train_config.yaml").is_file():
+    if not (run_dir / "metrics.jsonl").is_file():
         return False
-    last = read_config(run_dir).get("max_steps")
+    last = config.get("max_steps")
     return any(r.get("type") == "valid" and r["step"] == last for r in read_metrics(run_dir))
 
 

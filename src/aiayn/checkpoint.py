@@ -101,6 +101,14 @@ class Progress:
     validations_since_best: int = 0
     interval: dict[str, float] = field(default_factory=new_interval)
 
+    def count_update(self, loss: float, nll: float, tokens: int) -> None:
+        """One update more: step, position in the epoch, tokens, the open metrics interval."""
+        self.step += 1
+        self.position += 1
+        self.tokens_seen += tokens
+        for key, value in (("loss", loss), ("nll", nll), ("tokens", tokens), ("updates", 1)):
+            self.interval[key] += value
+
 
 @dataclass
 class TrainingState:

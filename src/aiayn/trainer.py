@@ -477,12 +477,7 @@ class Trainer:
             distributed=self.distributed,
             onednn=self.onednn,
         )
-        progress.step += 1
-        progress.position += 1
-        progress.tokens_seen += stats.tokens
-        for key, value in (("loss", stats.loss), ("nll", stats.nll), ("tokens", stats.tokens)):
-            progress.interval[key] += value
-        progress.interval["updates"] += 1
+        progress.count_update(stats.loss, stats.nll, stats.tokens)
         self.display.count(stats.tokens)
         return stats
 
