@@ -2,7 +2,8 @@
 
 Same shapes, same thread count, random weights, medians of repeated runs, with the runs of all
 systems interleaved (round r times every system once, in rotating order) so that noise from
-other processes hits all of them alike.
+other processes hits all of them alike. Each decoding system runs in a process of its own, as
+its users run it (`DecodeWorkers` says why).
 
 - **GEMM peak**: float32 `torch.mm` of 2048×2048 by 2048×2048 (MKL), the yardstick for the
   fraction of peak of the training step.
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import multiprocessing
 import shlex
 import statistics
 import sys
@@ -96,6 +98,7 @@ class Runner:
     fp32: bool = True
     seconds: list[float] = field(default_factory=list)
     missing: str | None = None
+    timed: bool = False  # run() returns its own timing (a worker process timed it)
 
     def median_tok_s(self) -> float:
         return self.tokens / statistics.median(self.seconds)
@@ -111,8 +114,8 @@ def interleave(runners: list[Runner], repeats: int, warmup: int) -> None:
         shift = i % len(live)
         for r in live[shift:] + live[:shift]:
             start = time.perf_counter()
-            r.run()
-            r.seconds.append(time.perf_counter() - start)
+            result = r.run()
+            r.seconds.append(result if r.timed else time.perf_counter() - start)
         print(
             f"  round {i + 1}/{repeats}: "
             + ", ".join(f"{r.name} {r.tokens / r.seconds[-1]:.0f}" for r in live)
@@ -262,142 +265,253 @@ def bench_train(shape: str, repeats: int, warmup: int, compile_model: bool = Fal
 # --------------------------------------------------------------------------------------------
 
 
-def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: int, out_len: int):
-    config = preset("base", src_vocab_size=VOCAB, pad_id=PAD_ID, dropout=0.0)
-    torch.manual_seed(0)
-    model = Transformer(config).eval()
-    src = torch.randint(4, VOCAB, (batch, src_len), generator=torch.Generator().manual_seed(1))
-    tokens = batch * out_len
-    # Ours: out_len - 1 tokens, then EOS (forced): out_len decoding steps, like the peers'.
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What every decoding worker builds the same way: model, source batch, output length."""
+
+    threads: int
+    batch: int
+    src_len: int
+    out_len: int
+
+    def model_and_source(self) -> tuple[Transformer, torch.Tensor]:
+        """The base model (seed 0, random weights) and the source batch, in every process."""
+        config = preset("base", src_vocab_size=VOCAB, pad_id=PAD_ID, dropout=0.0)
+        torch.manual_seed(0)
+        return Transformer(config).eval(), self.source()
+
+    def source(self) -> torch.Tensor:
+        """The source batch (B, S), the same in every process."""
+        generator = torch.Generator().manual_seed(1)
+        return torch.randint(4, VOCAB, (self.batch, self.src_len), generator=generator)
+
+
+# name → (a peer?, fp32?); "aiayn bf16" runs only on a CPU with native bf16.
+DECODE_SYSTEMS = {
+    "aiayn fp32": (False, True),
+    "aiayn fp32 --no-onednn": (False, True),
+    "aiayn bf16": (False, False),
+    "aiayn int8": (False, False),
+    "aiayn ONNX (onnxruntime) fp32": (False, True),
+    "HF generate fp32": (True, True),
+    "CTranslate2 fp32": (True, True),
+    "CTranslate2 int8": (True, False),
+}
+
+
+def _write_exports(settings: DecodeSettings, directory: Path) -> None:
+    """In a process of its own, the model as the runtimes load it from disk: converted to
+    CTranslate2 (`directory`/float32, /int8, and the source batch as CTranslate2 tokens in
+    /source.json) and exported to ONNX (/onnx), where those are installed. So the CTranslate2
+    workers never run PyTorch, and the ONNX worker runs it as `Translator` does (see
+    `DecodeWorkers`)."""
+    torch.set_num_threads(settings.threads)
+    model, src = settings.model_and_source()
+    if peers.available("ctranslate2") is None:
+        for compute_type, quantization in (("float32", None), ("int8", "int8")):
+            peers.ct2_convert(model, directory / compute_type, quantization)
+        (directory / "source.json").write_text(json.dumps(peers.ct2_tokens(src, VOCAB)))
+    if peers.available("onnxruntime") is None and peers.available("onnxscript") is None:
+        from aiayn.interop.onnx import write_onnx_graphs
+
+        write_onnx_graphs(model, directory / "onnx")
+
+
+def _decode_system(name: str, s: DecodeSettings, exports: Path) -> Callable[[str], list[list[int]]]:
+    """Build system `name` in this process; returns run(mode) → output token ids per sentence
+    (mode "beam4" or "greedy"). Raises `LookupError` with the reason where a peer is missing."""
+    out_len = s.out_len
+    if name.startswith("CTranslate2"):
+        if missing := peers.available("ctranslate2"):
+            raise LookupError(missing)
+        compute_type = "int8" if "int8" in name else "float32"
+        translator = peers.ct2_translator(exports / compute_type, compute_type, s.threads)
+        source_tokens = json.loads((exports / "source.json").read_text())
+
+        def ct2_run(mode: str) -> list[list[int]]:
+            out = translator.translate_batch(
+                source_tokens,
+                beam_size=4 if mode == "beam4" else 1,
+                length_penalty=0.6,
+                min_decoding_length=out_len,
+                max_decoding_length=out_len,
+                max_batch_size=s.batch,
+            )
+            return peers.ct2_ids(out, VOCAB)
+
+        return ct2_run
+    if name.startswith("aiayn ONNX"):
+        if missing := peers.available("onnxruntime") or peers.available("onnxscript"):
+            raise LookupError(missing)
+        from aiayn.interop.onnx import OnnxModel
+
+        # `aiayn export --to onnx`'s graphs run by onnxruntime under aiayn's own search, as
+        # `Translator(export_dir, threads=N)` runs them: N onnxruntime threads, one PyTorch's.
+        torch.set_num_threads(1)
+        return _aiayn_search(OnnxModel(exports / "onnx", threads=s.threads), s.source(), out_len)
+    torch.set_num_threads(s.threads)
+    model, src = s.model_and_source()
+    if name.startswith("HF"):
+        if missing := peers.available("transformers"):
+            raise LookupError(missing)
+        torch.manual_seed(0)
+        hf = peers.marian(model.config).eval()
+
+        def hf_run(mode: str) -> list[list[int]]:
+            with torch.inference_mode():
+                hf.generate(
+                    input_ids=src,
+                    attention_mask=torch.ones_like(src),
+                    num_beams=4 if mode == "beam4" else 1,
+                    do_sample=False,
+                    min_new_tokens=out_len,
+                    max_new_tokens=out_len,
+                    early_stopping=False,
+                )
+            return []  # other weights: nothing to compare
+
+        return hf_run
+    if name == "aiayn fp32":
+        decoder: nn.Module = pack_linear_layers(model)  # as Translator runs fp32 on a CPU
+    elif name == "aiayn fp32 --no-onednn":
+        decoder = model  # PyTorch's own nn.Linear (MKL)
+    elif name == "aiayn int8":
+        decoder = quantize_int8(model)  # as Translator(int8=True)
+    elif name == "aiayn bf16":
+        if not native_bf16_cpu():
+            raise LookupError("this CPU has no native bf16")
+        decoder = copy.deepcopy(model).to(torch.bfloat16)  # as Translator(bf16=True)
+    else:
+        raise ValueError(f"unknown decoding system {name!r}")
+    return _aiayn_search(decoder, src, out_len)
+
+
+def _aiayn_search(
+    decoder: nn.Module, src: torch.Tensor, out_len: int
+) -> Callable[[str], list[list[int]]]:
+    """run(mode) of aiayn's own search over `decoder`, every output forced to `out_len`."""
+    # out_len - 1 tokens, then EOS (forced): out_len decoding steps, like the peers'.
+    fixed = FixedLength(decoder, out_len - 1)
     ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
     options = DecodingOptions(max_len_a=0.0, max_len_b=out_len - 1)  # beam 4, α 0.6
+
+    def aiayn_run(mode: str) -> list[list[int]]:
+        with torch.inference_mode():
+            if mode == "greedy":
+                hyps = greedy_search(fixed, src, **ids, options=options)
+            else:
+                hyps = [h[0] for h in beam_search(fixed, src, **ids, options=options)]
+        return [h.tokens for h in hyps]
+
+    return aiayn_run
+
+
+def _decode_worker(name: str, settings: DecodeSettings, exports: Path, conn) -> None:
+    """A process of its own for one decoding system: builds it, then runs it once per mode
+    received until it receives None. Replies ("ready" | "missing" | "error", detail) first,
+    then (seconds, outputs) per run."""
+    try:
+        run = _decode_system(name, settings, exports)
+    except LookupError as missing:
+        conn.send(("missing", str(missing)))
+        return
+    except Exception as error:  # reported in the parent, which stops
+        conn.send(("error", f"{type(error).__name__}: {error}"))
+        return
+    conn.send(("ready", None))
+    while (mode := conn.recv()) is not None:
+        start = time.perf_counter()
+        outputs = run(mode)
+        conn.send((time.perf_counter() - start, outputs))
+
+
+class DecodeWorkers:
+    """One process per decoding system (multiprocessing, spawned), driven from this one.
+
+    Each system runs alone in its process, as a user runs it. CTranslate2 ships its own
+    OpenMP runtime (libgomp) beside PyTorch's, and the two slow each other down in one
+    process (the two-libgomp problem of pytorch/pytorch#98836; measured here on 2026-11-24):
+    while a CTranslate2 translator existed, PyTorch's small parallel operators ran 2-12x
+    slower (an index_select of the decoder cache 1.8 -> 8.3 ms), and CTranslate2 decoded a
+    beam-4 batch in 2.26 s in a process where PyTorch had run against 1.96 s in one where it
+    had not. So an in-process comparison measures the interference, not the systems. Another
+    process converts and exports the model first: the CTranslate2 workers load their models
+    and run no PyTorch at all, the ONNX worker runs as `Translator` runs an export.
+    Idle workers wait on a pipe and use no CPU.
+    """
+
+    def __init__(self, names: list[str], settings: DecodeSettings) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._exports = tempfile.TemporaryDirectory()
+        exports = Path(self._exports.name)
+        writer = context.Process(target=_write_exports, args=(settings, exports))
+        writer.start()
+        writer.join()
+        if writer.exitcode != 0:
+            raise RuntimeError("exporting the model for CTranslate2/ONNX failed (see above)")
+        self.pipes, self.processes, self.missing = {}, {}, {}
+        for name in names:
+            parent, child = context.Pipe()
+            process = context.Process(target=_decode_worker, args=(name, settings, exports, child))
+            process.start()
+            self.pipes[name], self.processes[name] = parent, process
+        for name in names:
+            status, detail = self.pipes[name].recv()
+            if status == "error":
+                self.close()
+                raise RuntimeError(f"{name}: {detail}")
+            if status == "missing":
+                self.missing[name] = detail
+                self.processes[name].join()
+
+    def run(self, name: str, mode: str) -> tuple[float, list[list[int]]]:
+        """Run system `name` once in `mode`: its own timing of the run, and its outputs."""
+        self.pipes[name].send(mode)
+        return self.pipes[name].recv()
+
+    def close(self) -> None:
+        for name, process in self.processes.items():
+            if process.is_alive():
+                self.pipes[name].send(None)
+            process.join()
+        self._exports.cleanup()
+
+
+def bench_decode(repeats: int, warmup: int, settings: DecodeSettings) -> list[dict]:
+    names = list(DECODE_SYSTEMS)
+    workers = DecodeWorkers(names, settings)
+    tokens = settings.batch * settings.out_len
     outputs: dict[str, list[list[int]]] = {}
-
-    def ours(m: nn.Module, mode: str, name: str) -> Callable[[], None]:
-        fixed = FixedLength(m, out_len - 1)
-
-        def run() -> None:
-            with torch.inference_mode():
-                if mode == "greedy":
-                    hyps = greedy_search(fixed, src, **ids, options=options)
-                else:
-                    hyps = [h[0] for h in beam_search(fixed, src, **ids, options=options)]
-            outputs[name] = [h.tokens for h in hyps]
-
-        return run
-
-    packed_model = pack_linear_layers(model)  # as Translator runs fp32 on a CPU (oneDNN)
-    int8_model = quantize_int8(model)  # as Translator(int8=True)
-    bf16_model = copy.deepcopy(model).to(torch.bfloat16)  # as Translator(bf16=True)
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        ct2_missing = peers.available("ctranslate2")
-        ct2 = {}
-        if ct2_missing is None:
-            for compute_type, quantization in (("float32", None), ("int8", "int8")):
-                path = peers.ct2_convert(model, Path(tmp) / compute_type, quantization)
-                ct2[compute_type] = peers.ct2_translator(path, compute_type, threads)
-        # aiayn's ONNX export (`aiayn export --to onnx`'s graphs) run by onnxruntime under
-        # aiayn's own search, as `Translator(export_dir)` runs it.
-        onnx_missing = peers.available("onnxruntime") or peers.available("onnxscript")
-        onnx_model = None
-        if onnx_missing is None:
-            from aiayn.interop.onnx import OnnxModel, write_onnx_graphs
+    try:
+        for mode in ("beam4", "greedy"):
+            runners = []
+            for name in names:
+                if name == "aiayn bf16" and name in workers.missing:
+                    continue  # no native bf16: no row
+                peer, fp32 = DECODE_SYSTEMS[name]
 
-            write_onnx_graphs(model, Path(tmp) / "onnx")
-            onnx_model = OnnxModel(Path(tmp) / "onnx", threads=threads)
-        hf_missing = peers.available("transformers")
-        hf = None
-        if hf_missing is None:
-            torch.manual_seed(0)
-            hf = peers.marian(config).eval()
-        source_tokens = peers.ct2_tokens(src, VOCAB)
+                def run(name: str = name, mode: str = mode) -> float:
+                    seconds, outputs[name] = workers.run(name, mode)
+                    return seconds
 
-        for mode, beam in (("beam4", 4), ("greedy", 1)):
-
-            def ct2_run(compute_type: str, name: str, beam: int = beam) -> Callable[[], None]:
-                def run() -> None:
-                    out = ct2[compute_type].translate_batch(
-                        source_tokens,
-                        beam_size=beam,
-                        length_penalty=0.6,
-                        min_decoding_length=out_len,
-                        max_decoding_length=out_len,
-                        max_batch_size=batch,
-                    )
-                    outputs[name] = peers.ct2_ids(out, VOCAB)
-
-                return run
-
-            def hf_run(beam: int = beam) -> None:
-                with torch.inference_mode():
-                    hf.generate(
-                        input_ids=src,
-                        attention_mask=torch.ones_like(src),
-                        num_beams=beam,
-                        do_sample=False,
-                        min_new_tokens=out_len,
-                        max_new_tokens=out_len,
-                        early_stopping=False,
-                    )
-
-            runners = [
-                Runner("aiayn fp32", ours(packed_model, mode, f"aiayn {mode}"), tokens, False),
-                Runner(
-                    "aiayn fp32 --no-onednn",
-                    ours(model, mode, f"mkl {mode}"),
-                    tokens,
-                    False,
-                ),
-                Runner("aiayn int8", ours(int8_model, mode, "int8"), tokens, False, fp32=False),
-                Runner(
-                    "aiayn ONNX (onnxruntime) fp32",
-                    ours(onnx_model, mode, f"onnx {mode}"),
-                    tokens,
-                    False,
-                    missing=onnx_missing,
-                ),
-                Runner("HF generate fp32", hf_run, tokens, missing=hf_missing),
-                Runner(
-                    "CTranslate2 fp32",
-                    ct2_run("float32", f"ct2 {mode}"),
-                    tokens,
-                    missing=ct2_missing,
-                ),
-                Runner(
-                    "CTranslate2 int8",
-                    ct2_run("int8", "ct2 int8"),
-                    tokens,
-                    fp32=False,
-                    missing=ct2_missing,
-                ),
-            ]
-            if native_bf16_cpu():
-                runners.insert(
-                    2,
-                    Runner(
-                        "aiayn bf16",
-                        ours(bf16_model, mode, "bf16"),
-                        tokens,
-                        False,
-                        fp32=False,
-                    ),
-                )
-            print(f"[decode {mode}] batch {batch} × {src_len} → {out_len}", flush=True)
+                missing = workers.missing.get(name)
+                runners.append(Runner(name, run, tokens, peer, fp32, missing=missing, timed=True))
+            print(
+                f"[decode {mode}] batch {settings.batch} × {settings.src_len} → "
+                f"{settings.out_len}, each system in a process of its own",
+                flush=True,
+            )
             interleave(runners, repeats, warmup)
-            same = None
-            if f"ct2 {mode}" in outputs:
-                a, b = outputs[f"aiayn {mode}"], outputs[f"ct2 {mode}"]
-                same = sum(x == y[: len(x)] for x, y in zip(a, b, strict=True)) / len(a)
-                print(f"  CTranslate2 fp32 output = aiayn's for {100 * same:.0f}% of sentences")
-            a, b = outputs[f"aiayn {mode}"], outputs[f"mkl {mode}"]
-            same_mkl = sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
-            print(f"  --no-onednn output = aiayn's for {100 * same_mkl:.0f}% of sentences")
-            same_onnx = None
-            if f"onnx {mode}" in outputs:
-                a, b = outputs[f"aiayn {mode}"], outputs[f"onnx {mode}"]
-                same_onnx = sum(x == y for x, y in zip(a, b, strict=True)) / len(a)
-                print(f"  ONNX output = aiayn's for {100 * same_onnx:.0f}% of sentences")
+            ours = outputs["aiayn fp32"]
+            same = _same(ours, outputs.get("CTranslate2 fp32"), prefix=True)
+            same_mkl = _same(ours, outputs.get("aiayn fp32 --no-onednn"))
+            same_onnx = _same(ours, outputs.get("aiayn ONNX (onnxruntime) fp32"))
+            for label, value in (
+                ("CTranslate2 fp32", same), ("--no-onednn", same_mkl), ("ONNX", same_onnx)
+            ):  # fmt: skip
+                if value is not None:
+                    print(f"  {label} output = aiayn's for {100 * value:.0f}% of sentences")
             results.append(
                 {
                     "task": "decode",
@@ -408,7 +522,19 @@ def bench_decode(repeats: int, warmup: int, threads: int, batch: int, src_len: i
                     "same_mkl": same_mkl,
                 }
             )
+            outputs.clear()
+    finally:
+        workers.close()
     return results
+
+
+def _same(ours: list[list[int]], theirs: list[list[int]] | None, prefix: bool = False):
+    """Fraction of sentences whose outputs are equal (`prefix`: ours a prefix of theirs, for
+    CTranslate2, whose outputs may run on past our forced EOS); None without outputs."""
+    if not theirs:
+        return None
+    equal = [a == (b[: len(a)] if prefix else b) for a, b in zip(ours, theirs, strict=True)]
+    return sum(equal) / len(equal)
 
 
 # --------------------------------------------------------------------------------------------
@@ -526,7 +652,7 @@ def main(argv: list[str] | None = None) -> None:
     load_before = _load_average()
     versions = {"torch": torch.__version__}
     for module in ("transformers", "ctranslate2", "onnxruntime"):
-        versions[module] = "missing" if peers.available(module) else peers.version(module)
+        versions[module] = peers.installed_version(module)  # not imported here (see DecodeWorkers)
     print(
         f"{info['cpu']}, {args.threads} threads; "
         + ", ".join(f"{k} {v}" for k, v in versions.items())
@@ -541,9 +667,8 @@ def main(argv: list[str] | None = None) -> None:
         for shape in args.train_shapes:
             results.append(bench_train(shape, args.repeats, args.warmup, args.compile))
     if "decode" in args.sections:
-        results += bench_decode(
-            args.repeats, args.warmup, args.threads, args.batch, args.src_len, args.out_len
-        )
+        settings = DecodeSettings(args.threads, args.batch, args.src_len, args.out_len)
+        results += bench_decode(args.repeats, args.warmup, settings)
     peak_after = statistics.median(gemm_peak())
     text = table(results, peak)
     print()

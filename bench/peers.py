@@ -14,6 +14,7 @@ Each peer is optional (`pip install '.[bench]'`); `available()` says why one is 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 from pathlib import Path
 
 import torch
@@ -32,8 +33,12 @@ def available(module: str) -> str | None:
     return None
 
 
-def version(module: str) -> str:
-    return getattr(importlib.import_module(module), "__version__", "?")
+def installed_version(distribution: str) -> str:
+    """The installed version of `distribution`, or "missing", without importing it."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return "missing"
 
 
 # --------------------------------------------------------------------------------------------

@@ -65,3 +65,22 @@ def test_export_cannot_give_attention_maps_or_run_int8(export: Path):
         translator.translate(["hello"], return_attention=True)
     with pytest.raises(ValueError, match="float32 on the CPU"):
         Translator(export, int8=True)
+
+
+def test_threads_go_to_onnxruntime_and_pytorch_keeps_one(model_dir, export):
+    """With `threads`, onnxruntime runs the graphs on them and PyTorch, which runs only the
+    search's small operators, on one (its spinning OpenMP threads took onnxruntime's cores);
+    the tokens stay the same."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        translator = Translator(export, threads=2)
+        assert torch.get_num_threads() == 1
+        for session in (translator.model.encoder, translator.model.decoder):
+            assert session.get_session_options().intra_op_num_threads == 2
+        ours = Translator(model_dir).translate(SENTENCES, beam_size=4)
+        theirs = translator.translate(SENTENCES, beam_size=4)
+        assert [r.text for r in theirs] == [r.text for r in ours]
+    finally:
+        torch.set_num_threads(before)

@@ -331,10 +331,13 @@ class OnnxModel(ExportedModel):
         return log_probs
 
 
-def load_onnx_export(export_dir: str | Path) -> tuple[OnnxModel, Tokenizer | SplitTokenizer]:
-    """The model and tokenizer of an `export_onnx` directory (what `Translator` loads)."""
+def load_onnx_export(
+    export_dir: str | Path, *, threads: int = 0
+) -> tuple[OnnxModel, Tokenizer | SplitTokenizer]:
+    """The model and tokenizer of an `export_onnx` directory (what `Translator` loads);
+    `threads`: onnxruntime's intra-op threads (0: its default, one per core)."""
     directory = Path(export_dir)
-    model = OnnxModel(directory)
+    model = OnnxModel(directory, threads=threads)
     joint = directory / TOKENIZER_FILE_NAME
     tokenizer = load_tokenizer(joint if joint.is_file() else directory / "vocab.json")
     return model, tokenizer
