@@ -293,6 +293,7 @@ DECODE_SYSTEMS = {
     "aiayn bf16": (False, False),
     "aiayn int8": (False, False),
     "aiayn ONNX (onnxruntime) fp32": (False, True),
+    "aiayn ONNX, PyTorch on every thread": (False, True),  # as Translator ran exports before
     "HF generate fp32": (True, True),
     "CTranslate2 fp32": (True, True),
     "CTranslate2 int8": (True, False),
@@ -346,8 +347,9 @@ def _decode_system(name: str, s: DecodeSettings, exports: Path) -> Callable[[str
         from aiayn.interop.onnx import OnnxModel
 
         # `aiayn export --to onnx`'s graphs run by onnxruntime under aiayn's own search, as
-        # `Translator(export_dir, threads=N)` runs them: N onnxruntime threads, one PyTorch's.
-        torch.set_num_threads(1)
+        # `Translator(export_dir, threads=N)` runs them: N onnxruntime threads, one PyTorch's
+        # (the other row: N for PyTorch too, which its spinning OpenMP threads make slower).
+        torch.set_num_threads(1 if name == "aiayn ONNX (onnxruntime) fp32" else s.threads)
         return _aiayn_search(OnnxModel(exports / "onnx", threads=s.threads), s.source(), out_len)
     torch.set_num_threads(s.threads)
     model, src = s.model_and_source()
@@ -712,7 +714,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{peak_after:.0f} after; 1-minute load average {load_before} before, "
             f"{_load_average()} after.",
             f"- {args.repeats} timed rounds after {args.warmup} warm-up, systems interleaved; "
-            "decoding: batch "
+            "decoding: each system in a process of its own (`DecodeWorkers`), batch "
             f"{args.batch} × {args.src_len} source tokens, every output forced to "
             f"{args.out_len} tokens.",
         ]
@@ -726,8 +728,9 @@ def main(argv: list[str] | None = None) -> None:
         if same_onnx:
             notes.append(
                 "- aiayn ONNX: the graphs of `aiayn export --to onnx` run by onnxruntime under "
-                "aiayn's search (as `Translator` runs an ONNX export); output equal to aiayn "
-                "fp32's for "
+                "aiayn's search, as `Translator(export, threads=N)` runs an ONNX export: N "
+                'threads for onnxruntime, one for PyTorch ("PyTorch on every thread": N for '
+                "both, as it ran before); output equal to aiayn fp32's for "
                 + " / ".join(f"{100 * s:.0f}%" for s in same_onnx)
                 + " of the sentences (beam 4 / greedy)."
             )
