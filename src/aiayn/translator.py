@@ -133,7 +133,7 @@ class Translator:
                 different outputs (BENCHMARKS.md states the measured difference).
             bf16: Run the model in bfloat16 (weights and activations; log-probabilities are
                 still computed in float32): faster on CPUs with native bf16 (AVX512-BF16, AMX;
-                1.2-1.3x the packed float32 below when decoding the base model here) and on
+                1.2-1.6x the packed float32 below when decoding the base model here) and on
                 GPUs, slightly different outputs (BENCHMARKS.md).
             onednn: In float32 on an x86-64 CPU, run the linear layers on weights pre-packed
                 for oneDNN (`acceleration.pack_linear_layers`): the same function up to
