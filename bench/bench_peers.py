@@ -430,9 +430,9 @@ def _decode_worker(name: str, settings: DecodeSettings, exports: Path, conn) -> 
 class DecodeWorkers:
     """One process per decoding system (multiprocessing, spawned), driven from this one.
 
-    Each system runs alone in its process, as a user runs it. CTranslate2 ships its own
-    OpenMP runtime (libgomp) beside PyTorch's, and the two slow each other down in one
-    process (the two-libgomp problem of pytorch/pytorch#98836; measured here on 2026-11-24):
+    Each system runs alone in its process, as a user runs it. CTranslate2 and PyTorch both
+    run OpenMP threads, and in one process (more of them than cores) they slow each other
+    down (as in pytorch/pytorch#98836; measured here on 2026-11-24):
     while a CTranslate2 translator existed, PyTorch's small parallel operators ran 2-12x
     slower (an index_select of the decoder cache 1.8 -> 8.3 ms), and CTranslate2 decoded a
     beam-4 batch in 2.26 s in a process where PyTorch had run against 1.96 s in one where it

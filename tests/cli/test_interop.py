@@ -69,6 +69,34 @@ def test_backend_ctranslate2_converts_a_model_directory(ct2_dir, model_dir, sour
     assert translate(ct2_dir, source, "--compute-type", "float32") == pytorch
 
 
+def test_backend_ctranslate2_converts_on_one_pytorch_thread(model_dir, monkeypatch) -> None:
+    """Converting a model directory must not start PyTorch's OpenMP threads: once they exist,
+    the process's libgomp has more threads than cores and CTranslate2 decodes far slower."""
+    pytest.importorskip("ctranslate2", reason="optional: pip install -e '.[export]'")
+    import torch
+
+    from aiayn.cli import build_parser
+    from aiayn.cli.common import load_translator
+    from aiayn.interop import ctranslate2
+
+    threads_while_converting = []
+
+    def export(*args, **kwargs):
+        threads_while_converting.append(torch.get_num_threads())
+        return real_export(*args, **kwargs)
+
+    real_export = ctranslate2.export_ctranslate2
+    monkeypatch.setattr(ctranslate2, "export_ctranslate2", export)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        argv = ["translate", "-m", str(model_dir), "--backend", "ctranslate2", "--threads", "2"]
+        load_translator(build_parser().parse_args(argv))
+    finally:
+        torch.set_num_threads(before)
+    assert threads_while_converting == [1]
+
+
 def test_ctranslate2_refuses_alignments_and_gnmt(ct2_dir, model_dir, source, capsys) -> None:
     argv = ["translate", "-m", str(ct2_dir), "-i", str(source), *FAST]
     assert main([*argv, "--alignment"]) == 2

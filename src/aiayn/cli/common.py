@@ -180,8 +180,18 @@ def _default_threads(on_cpu: bool) -> int:
 
 def _load_ct2_translator(args: argparse.Namespace) -> Translator:
     """`CTranslate2Translator` over -m: an export, or an aiayn model directory converted into
-    a temporary directory (removed once CTranslate2 has loaded it)."""
+    a temporary directory (removed once CTranslate2 has loaded it).
+
+    PyTorch gets one thread first, so that it never starts its OpenMP threads here: once they
+    exist beside CTranslate2's, the process has more OpenMP threads than cores and CTranslate2
+    decodes about half as fast for as long as it runs (BENCHMARKS.md, "CTranslate2 in a process
+    where PyTorch ran"). Converting a model directory needs no more.
+    """
+    import torch
+
     from aiayn.interop._runtime import require
+
+    torch.set_num_threads(1)
 
     ctranslate2 = require("ctranslate2", "--backend ctranslate2")
     from aiayn.interop.ctranslate2 import CTranslate2Translator, export_ctranslate2

@@ -243,6 +243,11 @@ class CTranslate2Translator(Translator):
     (``return_attention``), no GNMT length penalty with beam search (CTranslate2 divides by
     ``|Y| ** α``: pass ``length_penalty_kind="power"``). Sampling runs CTranslate2's sampler, so
     samples differ from the PyTorch model's for the same seed.
+
+    Speed: in a process where PyTorch has already run on several threads, CTranslate2 decodes
+    about half as fast (both run OpenMP threads, more of them than cores; docs/interop.md).
+    Call ``torch.set_num_threads(1)`` before any PyTorch work, as ``aiayn translate --backend
+    ctranslate2`` does, or translate in a process of its own.
     """
 
     def __init__(
