@@ -126,8 +126,7 @@ class Translator:
             max_tokens: Batch budget in padded source tokens × beam size. A sentence that alone
                 exceeds it is translated in a batch of its own.
             threads: CPU threads for PyTorch (``torch.set_num_threads``, which is process-wide);
-                0 leaves PyTorch's default. For an ONNX export, onnxruntime's threads, and
-                PyTorch, which then runs only the search's small operators, gets one.
+                0 leaves PyTorch's default. An ONNX export: onnxruntime's (`load_onnx_export`).
             int8: Quantize every linear layer to int8 weights with dynamic int8 activations
                 (``torch.ao.quantization.quantize_dynamic``), CPU only: faster, slightly
                 different outputs (BENCHMARKS.md states the measured difference).
@@ -161,12 +160,6 @@ class Translator:
         if len(dirs) == 1 and is_onnx_export(dirs[0]):  # written by aiayn.interop.export_onnx
             if int8 or bf16 or torch.device(device).type != "cpu":
                 raise ValueError("an ONNX export runs in float32 on the CPU (onnxruntime)")
-            if threads > 0:
-                # onnxruntime runs the model on `threads`; PyTorch is left with the search's
-                # small operators, on one thread: its OpenMP threads spin-wait after every
-                # operator and take the cores from onnxruntime's (beam 4, base: 1.2x faster;
-                # BENCHMARKS.md, "aiayn ONNX").
-                torch.set_num_threads(1)
             onnx_model, tokenizer = load_onnx_export(dirs[0], threads=threads)
             self._setup([onnx_model], tokenizer, max_tokens, onnx_model.metadata, [Path(dirs[0])])
             return

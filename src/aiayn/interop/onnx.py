@@ -334,8 +334,15 @@ class OnnxModel(ExportedModel):
 def load_onnx_export(
     export_dir: str | Path, *, threads: int = 0
 ) -> tuple[OnnxModel, Tokenizer | SplitTokenizer]:
-    """The model and tokenizer of an `export_onnx` directory (what `Translator` loads);
-    `threads`: onnxruntime's intra-op threads (0: its default, one per core)."""
+    """The model and tokenizer of an `export_onnx` directory (what `Translator` loads).
+
+    `threads` > 0: onnxruntime runs the graphs on that many threads and PyTorch, left with the
+    search's small operators, on one (process-wide): with both on every core, PyTorch's OpenMP
+    threads spin-wait after each operator and take the cores from onnxruntime's (beam 4 1.17x
+    slower; BENCHMARKS.md). 0 leaves both at their defaults.
+    """
+    if threads > 0:
+        torch.set_num_threads(1)
     directory = Path(export_dir)
     model = OnnxModel(directory, threads=threads)
     joint = directory / TOKENIZER_FILE_NAME
