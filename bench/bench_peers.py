@@ -43,7 +43,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, nullcontext, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,6 +99,7 @@ class Runner:
     seconds: list[float] = field(default_factory=list)
     missing: str | None = None
     timed: bool = False  # run() returns its own timing (a worker process timed it)
+    goal: bool = True  # held to the target (False: a comparison row)
 
     def median_tok_s(self) -> float:
         return self.tokens / statistics.median(self.seconds)
@@ -286,18 +287,22 @@ class DecodeSettings:
         return torch.randint(4, VOCAB, (self.batch, self.src_len), generator=generator)
 
 
-# name → (a peer?, fp32?); "aiayn bf16" runs only on a CPU with native bf16.
+# name → (a peer?, fp32?, held to the target?); "aiayn bf16" runs only with native bf16.
 DECODE_SYSTEMS = {
-    "aiayn fp32": (False, True),
-    "aiayn fp32 --no-onednn": (False, True),
-    "aiayn bf16": (False, False),
-    "aiayn int8": (False, False),
-    "aiayn ONNX (onnxruntime) fp32": (False, True),
-    "aiayn ONNX, PyTorch on every thread": (False, True),  # as Translator ran exports before
-    "HF generate fp32": (True, True),
-    "CTranslate2 fp32": (True, True),
-    "CTranslate2 int8": (True, False),
+    "aiayn fp32": (False, True, True),
+    "aiayn fp32 --no-onednn": (False, True, True),
+    "aiayn bf16": (False, False, True),
+    "aiayn int8": (False, False, True),
+    "aiayn ONNX (onnxruntime) fp32": (False, True, True),
+    "aiayn ONNX, PyTorch on every thread": (False, True, False),  # as exports ran before
+    "HF generate fp32": (True, True, True),
+    "CTranslate2 fp32": (True, True, True),
+    "CTranslate2 int8": (True, False, True),
 }
+
+
+class PeerMissing(Exception):
+    """A system that cannot run here (its package is not installed, no native bf16)."""
 
 
 def _write_exports(settings: DecodeSettings, directory: Path) -> None:
@@ -320,11 +325,11 @@ def _write_exports(settings: DecodeSettings, directory: Path) -> None:
 
 def _decode_system(name: str, s: DecodeSettings, exports: Path) -> Callable[[str], list[list[int]]]:
     """Build system `name` in this process; returns run(mode) → output token ids per sentence
-    (mode "beam4" or "greedy"). Raises `LookupError` with the reason where a peer is missing."""
+    (mode "beam4" or "greedy"). Raises `PeerMissing` with the reason where it cannot run."""
     out_len = s.out_len
     if name.startswith("CTranslate2"):
         if missing := peers.available("ctranslate2"):
-            raise LookupError(missing)
+            raise PeerMissing(missing)
         compute_type = "int8" if "int8" in name else "float32"
         translator = peers.ct2_translator(exports / compute_type, compute_type, s.threads)
         source_tokens = json.loads((exports / "source.json").read_text())
@@ -343,7 +348,7 @@ def _decode_system(name: str, s: DecodeSettings, exports: Path) -> Callable[[str
         return ct2_run
     if name.startswith("aiayn ONNX"):
         if missing := peers.available("onnxruntime") or peers.available("onnxscript"):
-            raise LookupError(missing)
+            raise PeerMissing(missing)
         from aiayn.interop.onnx import OnnxModel
 
         # `aiayn export --to onnx`'s graphs run by onnxruntime under aiayn's own search, as
@@ -351,11 +356,13 @@ def _decode_system(name: str, s: DecodeSettings, exports: Path) -> Callable[[str
         # (the other row: N for PyTorch too, which its spinning OpenMP threads make slower).
         torch.set_num_threads(1 if name == "aiayn ONNX (onnxruntime) fp32" else s.threads)
         return _aiayn_search(OnnxModel(exports / "onnx", threads=s.threads), s.source(), out_len)
+    if name == "aiayn bf16" and not native_bf16_cpu():
+        raise PeerMissing("this CPU has no native bf16")
     torch.set_num_threads(s.threads)
     model, src = s.model_and_source()
     if name.startswith("HF"):
         if missing := peers.available("transformers"):
-            raise LookupError(missing)
+            raise PeerMissing(missing)
         torch.manual_seed(0)
         hf = peers.marian(model.config).eval()
 
@@ -380,8 +387,6 @@ def _decode_system(name: str, s: DecodeSettings, exports: Path) -> Callable[[str
     elif name == "aiayn int8":
         decoder = quantize_int8(model)  # as Translator(int8=True)
     elif name == "aiayn bf16":
-        if not native_bf16_cpu():
-            raise LookupError("this CPU has no native bf16")
         decoder = copy.deepcopy(model).to(torch.bfloat16)  # as Translator(bf16=True)
     else:
         raise ValueError(f"unknown decoding system {name!r}")
@@ -411,10 +416,10 @@ def _aiayn_search(
 def _decode_worker(name: str, settings: DecodeSettings, exports: Path, conn) -> None:
     """A process of its own for one decoding system: builds it, then runs it once per mode
     received until it receives None. Replies ("ready" | "missing" | "error", detail) first,
-    then (seconds, outputs) per run."""
+    then (seconds, outputs) per run, or ("error", detail) where a run fails."""
     try:
         run = _decode_system(name, settings, exports)
-    except LookupError as missing:
+    except PeerMissing as missing:
         conn.send(("missing", str(missing)))
         return
     except Exception as error:  # reported in the parent, which stops
@@ -423,7 +428,11 @@ def _decode_worker(name: str, settings: DecodeSettings, exports: Path, conn) -> 
     conn.send(("ready", None))
     while (mode := conn.recv()) is not None:
         start = time.perf_counter()
-        outputs = run(mode)
+        try:
+            outputs = run(mode)
+        except Exception as error:
+            conn.send(("error", f"{type(error).__name__}: {error}"))
+            return
         conn.send((time.perf_counter() - start, outputs))
 
 
@@ -439,66 +448,90 @@ class DecodeWorkers:
     had not. So an in-process comparison measures the interference, not the systems. Another
     process converts and exports the model first: the CTranslate2 workers load their models
     and run no PyTorch at all, the ONNX worker runs as `Translator` runs an export.
-    Idle workers wait on a pipe and use no CPU.
+    Idle workers wait on a pipe (after OpenMP's spin-wait at the end of a run, no CPU).
     """
 
     def __init__(self, names: list[str], settings: DecodeSettings) -> None:
         context = multiprocessing.get_context("spawn")
         self._exports = tempfile.TemporaryDirectory()
-        exports = Path(self._exports.name)
-        writer = context.Process(target=_write_exports, args=(settings, exports))
-        writer.start()
-        writer.join()
-        if writer.exitcode != 0:
-            raise RuntimeError("exporting the model for CTranslate2/ONNX failed (see above)")
         self.pipes, self.processes, self.missing = {}, {}, {}
-        for name in names:
-            parent, child = context.Pipe()
-            process = context.Process(target=_decode_worker, args=(name, settings, exports, child))
-            process.start()
-            self.pipes[name], self.processes[name] = parent, process
-        for name in names:
-            status, detail = self.pipes[name].recv()
-            if status == "error":
-                self.close()
-                raise RuntimeError(f"{name}: {detail}")
-            if status == "missing":
-                self.missing[name] = detail
-                self.processes[name].join()
+        try:
+            exports = Path(self._exports.name)
+            writer = context.Process(target=_write_exports, args=(settings, exports))
+            writer.start()
+            writer.join()
+            if writer.exitcode != 0:
+                raise RuntimeError("exporting the model for CTranslate2/ONNX failed (see above)")
+            for name in names:
+                parent, child = context.Pipe()
+                process = context.Process(
+                    target=_decode_worker, args=(name, settings, exports, child), daemon=True
+                )
+                process.start()
+                child.close()  # the worker's end: a worker that dies is then an EOFError here
+                self.pipes[name], self.processes[name] = parent, process
+            for name in names:
+                status, detail = self._receive(name)
+                if status == "error":
+                    raise RuntimeError(f"{name}: {detail}")
+                if status == "missing":
+                    self.missing[name] = detail
+        except BaseException:
+            self.close()
+            raise
+
+    def _receive(self, name: str):
+        try:
+            return self.pipes[name].recv()
+        except EOFError:
+            raise RuntimeError(f"{name}: the worker process ended unexpectedly") from None
 
     def run(self, name: str, mode: str) -> tuple[float, list[list[int]]]:
         """Run system `name` once in `mode`: its own timing of the run, and its outputs."""
         self.pipes[name].send(mode)
-        return self.pipes[name].recv()
+        reply = self._receive(name)
+        if reply[0] == "error":
+            raise RuntimeError(f"{name}: {reply[1]}")
+        return reply
 
     def close(self) -> None:
-        for name, process in self.processes.items():
-            if process.is_alive():
-                self.pipes[name].send(None)
-            process.join()
-        self._exports.cleanup()
+        """Stop every worker (asked first, then terminated), and remove the exports."""
+        try:
+            for pipe in self.pipes.values():
+                with suppress(OSError):  # a worker already gone
+                    pipe.send(None)
+                pipe.close()
+            for process in self.processes.values():
+                process.join(timeout=30)
+                if process.is_alive():
+                    process.terminate()
+                    process.join()
+        finally:
+            self._exports.cleanup()
 
 
 def bench_decode(repeats: int, warmup: int, settings: DecodeSettings) -> list[dict]:
     names = list(DECODE_SYSTEMS)
-    workers = DecodeWorkers(names, settings)
     tokens = settings.batch * settings.out_len
     outputs: dict[str, list[list[int]]] = {}
     results = []
+    workers = DecodeWorkers(names, settings)
     try:
         for mode in ("beam4", "greedy"):
             runners = []
             for name in names:
                 if name == "aiayn bf16" and name in workers.missing:
                     continue  # no native bf16: no row
-                peer, fp32 = DECODE_SYSTEMS[name]
+                peer, fp32, goal = DECODE_SYSTEMS[name]
 
                 def run(name: str = name, mode: str = mode) -> float:
                     seconds, outputs[name] = workers.run(name, mode)
                     return seconds
 
                 missing = workers.missing.get(name)
-                runners.append(Runner(name, run, tokens, peer, fp32, missing=missing, timed=True))
+                runners.append(
+                    Runner(name, run, tokens, peer, fp32, missing=missing, timed=True, goal=goal)
+                )
             print(
                 f"[decode {mode}] batch {settings.batch} × {settings.src_len} → "
                 f"{settings.out_len}, each system in a process of its own",
@@ -613,7 +646,7 @@ def table(results: list[dict], peak: float) -> str:
                 flops_per_s = res["flops"] / statistics.median(r.seconds)
                 frac = f"{100 * flops_per_s / 1e9 / peak:.0f}%"
             goal = ""
-            if not r.peer and r.fp32 and target and best:
+            if not r.peer and r.fp32 and r.goal and target and best:
                 met = r.median_tok_s() / best.median_tok_s() >= target
                 goal = f"≥ {target}× {best.name}: {'met' if met else 'not met'}"
             if not r.peer and not r.fp32 and "int8" in r.name and int8_peers:

@@ -74,6 +74,7 @@ def test_threads_go_to_onnxruntime_and_pytorch_keeps_one(model_dir, export):
     import torch
 
     before = torch.get_num_threads()
+    torch.set_num_threads(2)
     try:
         translator = Translator(export, threads=2)
         assert torch.get_num_threads() == 1

@@ -126,7 +126,7 @@ class Translator:
             max_tokens: Batch budget in padded source tokens × beam size. A sentence that alone
                 exceeds it is translated in a batch of its own.
             threads: CPU threads for PyTorch (``torch.set_num_threads``, which is process-wide);
-                0 leaves PyTorch's default. An ONNX export: onnxruntime's (`load_onnx_export`).
+                0 leaves PyTorch's default. For an ONNX export onnxruntime's; PyTorch gets one.
             int8: Quantize every linear layer to int8 weights with dynamic int8 activations
                 (``torch.ao.quantization.quantize_dynamic``), CPU only: faster, slightly
                 different outputs (BENCHMARKS.md states the measured difference).

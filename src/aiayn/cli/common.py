@@ -184,7 +184,7 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
 
     PyTorch gets one thread first, so that it never starts its OpenMP threads here: once they
     exist beside CTranslate2's, the process has more OpenMP threads than cores and CTranslate2
-    decodes about half as fast for as long as it runs (BENCHMARKS.md, "CTranslate2 in a process
+    decodes up to 1.9x slower for as long as it runs (BENCHMARKS.md, "CTranslate2 in a process
     where PyTorch ran"). Converting a model directory needs no more.
     """
     import torch

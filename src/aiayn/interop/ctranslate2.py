@@ -245,7 +245,7 @@ class CTranslate2Translator(Translator):
     samples differ from the PyTorch model's for the same seed.
 
     Speed: in a process where PyTorch has already run on several threads, CTranslate2 decodes
-    about half as fast (both run OpenMP threads, more of them than cores; docs/interop.md).
+    1.15-1.9x slower (both run OpenMP threads, more of them than cores; docs/interop.md).
     Call ``torch.set_num_threads(1)`` before any PyTorch work, as ``aiayn translate --backend
     ctranslate2`` does, or translate in a process of its own.
     """
