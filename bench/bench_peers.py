@@ -577,14 +577,20 @@ def _same(ours: list[list[int]], theirs: list[list[int]] | None, prefix: bool = 
 # --------------------------------------------------------------------------------------------
 
 
-def profile_decode(batch: int, src_len: int, out_len: int, rows: int = 12) -> str:
-    """torch.profiler table of aiayn's beam-4 decoding: top operators, time per step."""
+def profile_decode(settings: DecodeSettings, rows: int = 12) -> str:
+    """torch.profiler table of aiayn's beam-4 decoding: top operators, time per step. In a
+    process of its own, like the table's decoding rows (this one has run the training rows)."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        return pool.apply(_profile_decode, (settings, rows))
+
+
+def _profile_decode(settings: DecodeSettings, rows: int) -> str:
     from torch.profiler import ProfilerActivity, profile
 
-    config = preset("base", src_vocab_size=VOCAB, pad_id=PAD_ID, dropout=0.0)
-    torch.manual_seed(0)
-    model = FixedLength(pack_linear_layers(Transformer(config).eval()), out_len - 1)
-    src = torch.randint(4, VOCAB, (batch, src_len), generator=torch.Generator().manual_seed(1))
+    torch.set_num_threads(settings.threads)
+    out_len = settings.out_len
+    model, src = settings.model_and_source()
+    model = FixedLength(pack_linear_layers(model), out_len - 1)
     ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
     options = DecodingOptions(max_len_a=0.0, max_len_b=out_len - 1)  # beam 4, α 0.6
     with torch.inference_mode():
@@ -701,14 +707,14 @@ def main(argv: list[str] | None = None) -> None:
     if "train" in args.sections:
         for shape in args.train_shapes:
             results.append(bench_train(shape, args.repeats, args.warmup, args.compile))
+    settings = DecodeSettings(args.threads, args.batch, args.src_len, args.out_len)
     if "decode" in args.sections:
-        settings = DecodeSettings(args.threads, args.batch, args.src_len, args.out_len)
         results += bench_decode(args.repeats, args.warmup, settings)
     peak_after = statistics.median(gemm_peak())
     text = table(results, peak)
     print()
     print(text)
-    profile = profile_decode(args.batch, args.src_len, args.out_len) if args.profile else ""
+    profile = profile_decode(settings) if args.profile else ""
     if profile:
         print()
         print(profile)
