@@ -338,7 +338,7 @@ def load_onnx_export(
 
     `threads` > 0: onnxruntime runs the graphs on that many threads and PyTorch, left with the
     search's small operators, on one (process-wide): with both on every core, PyTorch's OpenMP
-    threads spin-wait after each operator and take the cores from onnxruntime's (beam 4 1.17x
+    threads spin-wait after each operator and take the cores from onnxruntime's (beam 4 1.2x
     slower; BENCHMARKS.md). 0 leaves both at their defaults.
     """
     if threads > 0:
