@@ -305,6 +305,11 @@ class PeerMissing(Exception):
     """A system that cannot run here (its package is not installed, no native bf16)."""
 
 
+def _onnx_missing() -> str | None:
+    """Why an ONNX export cannot be written and run here (`peers.available`), or None."""
+    return peers.available("onnxruntime") or peers.available("onnxscript")
+
+
 def _write_exports(settings: DecodeSettings, directory: Path) -> None:
     """In a process of its own, the model as the runtimes load it from disk: converted to
     CTranslate2 (`directory`/float32, /int8, and the source batch as CTranslate2 tokens in
@@ -317,7 +322,7 @@ def _write_exports(settings: DecodeSettings, directory: Path) -> None:
         for compute_type, quantization in (("float32", None), ("int8", "int8")):
             peers.ct2_convert(model, directory / compute_type, quantization)
         (directory / "source.json").write_text(json.dumps(peers.ct2_tokens(src, VOCAB)))
-    if peers.available("onnxruntime") is None and peers.available("onnxscript") is None:
+    if _onnx_missing() is None:
         from aiayn.interop.onnx import write_onnx_graphs
 
         write_onnx_graphs(model, directory / "onnx")
@@ -347,7 +352,7 @@ def _decode_system(name: str, s: DecodeSettings, exports: Path) -> Callable[[str
 
         return ct2_run
     if name.startswith("aiayn ONNX"):
-        if missing := peers.available("onnxruntime") or peers.available("onnxscript"):
+        if missing := _onnx_missing():
             raise PeerMissing(missing)
         from aiayn.interop.onnx import OnnxModel
 
