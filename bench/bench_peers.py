@@ -77,7 +77,8 @@ from benchmarks_md import BENCHMARKS_MD, replace_section
 
 VOCAB = 8000
 TRAIN_SHAPES = {"base": (32, 32), "small": (64, 32)}  # sentences × tokens per side
-START, END = "<!-- bench_peers:start -->", "<!-- bench_peers:end -->"
+MARKERS = "bench_peers"
+"""BENCHMARKS.md's table markers: `<!-- bench_peers:start -->` ... `<!-- bench_peers:end -->`."""
 # The issue's targets (see BENCHMARKS.md): ratio over the best fp32 peer, per row.
 TARGETS = {
     ("train", "base"): 1.15,
@@ -692,6 +693,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--update-benchmarks", action="store_true")
+    parser.add_argument(
+        "--markers",
+        default=MARKERS,
+        help="which BENCHMARKS.md table --update-benchmarks replaces: the one between "
+        "<!-- MARKERS:start --> and <!-- MARKERS:end --> (default %(default)s; another CPU's "
+        "table has markers of its own)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     info = machine_info(torch.device("cpu"))
@@ -794,7 +802,8 @@ def main(argv: list[str] | None = None) -> None:
         if profile:
             section += "\n\nTop operators of aiayn's beam-4 decoding (base, fp32), per step:\n\n"
             section += profile
-        replace_section(BENCHMARKS_MD, START, END, section, "## Speed: aiayn and its peers")
+        start, end = f"<!-- {args.markers}:start -->", f"<!-- {args.markers}:end -->"
+        replace_section(BENCHMARKS_MD, start, end, section, "## Speed: aiayn and its peers")
         print(f"\nupdated {BENCHMARKS_MD}")
 
 
