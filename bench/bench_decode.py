@@ -13,6 +13,18 @@ min–max over `--repeats` runs of target tokens/s and sentences/s.
 `--varied N` instead compares the model with and without oneDNN-packed linear layers on N
 batches of 1–32 sentences of 3–20 tokens (beam 4, 16 output tokens each), interleaved round by
 round: the row counts a server meets, which the fixed shape above does not.
+
+`--compile` times the decoding step under `torch.compile(dynamic=True)` (TorchInductor; with
+`--freeze`, in its frozen-weights mode) against the eager model, plain and packed,
+interleaved, with the time the first search took (compilation) and whether the outputs match:
+
+    .venv/bin/python bench/bench_decode.py --compile --presets base --repeats 5
+
+`--fusions` compares the packed model as `Translator` runs it with the same model without its
+two fusions (self-attention's Q/K/V in one product, the feed-forward ReLU applied by the first
+product), interleaved round by round:
+
+    .venv/bin/python bench/bench_decode.py --fusions --presets base --repeats 11 --threads 2
 """
 
 from __future__ import annotations
@@ -137,6 +149,112 @@ def compare_onednn(
         )
 
 
+def compare_compiled(
+    presets: list[str], batch: int, src_len: int, out_len: int, repeats: int, freeze: bool
+) -> None:
+    """Eager (as `Translator` runs float32, and with `nn.Linear`) against the decoding step
+    compiled by TorchInductor with dynamic shapes (the rows and the cache length change from
+    step to step; with `freeze`, in its frozen-weights mode); beam 4 and greedy, interleaved.
+    One compiled model per process: a second model would reuse the first one's graph."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.freezing = freeze
+    label = "compiled, frozen" if freeze else "compiled"
+    for name in presets:
+        torch.manual_seed(0)
+        plain = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
+        src = torch.randint(4, 8000, (batch, src_len))
+        torch.manual_seed(0)
+        compiled = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
+        compiled.decode_step = torch.compile(compiled.decode_step, dynamic=True)
+        start = time.perf_counter()
+        outputs = {m: decoded(compiled, src, m, out_len) for m in ("beam4", "greedy")}
+        compiling = time.perf_counter() - start
+        systems = {"eager, packed": pack_linear_layers(plain), "eager, nn.Linear": plain}
+        systems[label] = compiled
+        for mode in ("beam4", "greedy"):
+            reference = decoded(plain, src, mode, out_len)
+            agree = sum(a == b for a, b in zip(outputs[mode], reference, strict=True))
+            seconds: dict[str, list[float]] = {k: [] for k in systems}
+            for r in range(repeats):
+                for k in list(systems)[r % 3 :] + list(systems)[: r % 3]:
+                    seconds[k].append(
+                        time_search(FixedLength(systems[k], out_len), src, mode, out_len)
+                    )
+            for k, v in seconds.items():
+                print(
+                    f"{name:6s} {mode:6s} {k:18s} {batch * out_len / statistics.median(v):6.0f} "
+                    "tok/s"
+                    + (
+                        f", same output as eager for {agree}/{batch} sentences; the first beam "
+                        f"4 and greedy searches took {compiling:.0f} s (compiling)"
+                        if k == label
+                        else ""
+                    ),
+                    flush=True,
+                )
+
+
+def compare_fusions(
+    presets: list[str], batch: int, src_len: int, out_len: int, repeats: int
+) -> None:
+    """The packed model against a copy without `pack_linear_layers`' two fusions."""
+    import torch.nn.functional as F
+
+    from aiayn.acceleration import PackedLinear
+    from aiayn.attention import MultiHeadAttention
+    from aiayn.model import PositionwiseFeedForward
+
+    for name in presets:
+        torch.manual_seed(0)
+        plain = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
+        fused, unfused = pack_linear_layers(plain), pack_linear_layers(plain)
+        for original, m in zip(plain.modules(), unfused.modules(), strict=True):
+            if isinstance(m, MultiHeadAttention):
+                m.packed_qkv = None  # three products
+            if isinstance(m, PositionwiseFeedForward) and isinstance(m.linear1, PackedLinear):
+                m.linear1, m.activation = PackedLinear(original.linear1), F.relu
+        systems = {"with fusions": fused, "without": unfused}
+        src = torch.randint(4, 8000, (batch, src_len))
+        for mode in ("beam4", "greedy"):
+            agree = sum(
+                a == b
+                for a, b in zip(
+                    decoded(fused, src, mode, out_len),
+                    decoded(unfused, src, mode, out_len),
+                    strict=True,
+                )
+            )
+            seconds: dict[str, list[float]] = {k: [] for k in systems}
+            for r in range(repeats):
+                for k in list(systems)[r % 2 :] + list(systems)[: r % 2]:
+                    seconds[k].append(
+                        time_search(FixedLength(systems[k], out_len), src, mode, out_len)
+                    )
+            ratios = sorted(
+                a / b for a, b in zip(seconds["without"], seconds["with fusions"], strict=True)
+            )
+            tok_s = {k: batch * out_len / statistics.median(v) for k, v in seconds.items()}
+            print(
+                f"{name:6s} {mode:6s} with fusions {tok_s['with fusions']:.0f} tok/s, without "
+                f"{tok_s['without']:.0f}: {tok_s['with fusions'] / tok_s['without']:.3f}x "
+                f"(round by round {ratios[0]:.3f}-{ratios[-1]:.3f}x), same output for "
+                f"{agree}/{batch} sentences",
+                flush=True,
+            )
+
+
+def decoded(model: torch.nn.Module, src: torch.Tensor, mode: str, out_len: int) -> list:
+    """The best output's tokens of every sentence (forced to `out_len` tokens)."""
+    fixed = FixedLength(model, out_len)
+    ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
+    options = DecodingOptions(max_len_a=0.0, max_len_b=out_len)
+    with torch.inference_mode():
+        if mode == "greedy":
+            return [h.tokens for h in greedy_search(fixed, src, **ids, options=options)]
+        return [h[0].tokens for h in beam_search(fixed, src, **ids, options=options)]
+
+
 def machine() -> str:
     info = machine_info(torch.device("cpu"))
     return f"{info['cpu']}, {info['threads']} threads, torch {info['torch']}"
@@ -175,11 +293,26 @@ def main() -> None:
         type=int,
         help="with --varied: pack layers this wide and wider (default: as Translator does)",
     )
+    parser.add_argument(
+        "--compile", action="store_true", help="eager against the step under torch.compile"
+    )
+    parser.add_argument("--freeze", action="store_true", help="with --compile: frozen weights")
+    parser.add_argument(
+        "--fusions", action="store_true", help="the packed model with and without its fusions"
+    )
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--update-benchmarks", action="store_true")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.compile:
+        compare_compiled(
+            args.presets, args.batch, args.src_len, args.out_len, args.repeats, args.freeze
+        )
+        return
+    if args.fusions:
+        compare_fusions(args.presets, args.batch, args.src_len, args.out_len, args.repeats)
+        return
     if args.varied:
         compare_onednn(args.presets, args.varied, args.repeats, args.pack_min_features)
         return

@@ -21,9 +21,10 @@ from aiayn.acceleration import (
     onednn_linear_missing,
     pack_linear_layers,
 )
+from aiayn.attention import MultiHeadAttention
 from aiayn.config import preset
 from aiayn.decoding_options import DecodingOptions
-from aiayn.model import Transformer
+from aiayn.model import PositionwiseFeedForward, Transformer
 from aiayn.search import beam_search, greedy_search
 
 CPU = torch.device("cpu")
@@ -113,10 +114,32 @@ def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alon
     model, packed = _packed_and_plain(make_model)
     assert packed is not model
     assert [m for m in packed.modules() if type(m) is torch.nn.Linear] == []
+    attention = [m for m in packed.modules() if isinstance(m, MultiHeadAttention)]
     assert sum(type(m) is PackedLinear for m in packed.modules()) == sum(
         type(m) is torch.nn.Linear for m in model.modules()
-    )
+    ) + len(attention)  # and one stacked [W^Q; W^K; W^V] per attention layer
+    assert all(m.packed_qkv.out_features == 3 * m.q_proj.out_features for m in attention)
+    ffns = [m for m in packed.modules() if isinstance(m, PositionwiseFeedForward)]
+    assert ffns and all(m.linear1.relu and not m.linear2.relu for m in ffns)
+    x = torch.randn(5, model.config.d_model)
+    assert all(m.activation(x) is x for m in ffns)  # the first product applied the ReLU
     assert model.output_projection.weight is model.tgt_embed.embedding.weight  # still tied
+    assert all(m.packed_qkv is None for m in model.modules() if isinstance(m, MultiHeadAttention))
+
+
+@needs_onednn
+def test_a_packed_product_of_stacked_layers_with_relu_is_their_outputs_side_by_side() -> None:
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(16, n) for n in (8, 8, 4)]
+    x = torch.randn(2, 3, 16)
+    expected = torch.cat([m(x) for m in layers], dim=-1)
+    with torch.no_grad():
+        torch.testing.assert_close(PackedLinear(layers)(x), expected, atol=1e-5, rtol=1e-5)
+        relu = PackedLinear(layers, relu=True)
+        torch.testing.assert_close(relu(x), expected.relu(), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(copy.deepcopy(relu)(x), expected.relu(), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="same input size"):
+        PackedLinear([torch.nn.Linear(16, 8), torch.nn.Linear(8, 8)])
 
 
 @needs_onednn

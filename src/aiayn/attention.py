@@ -114,6 +114,9 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, n_heads * d_k)
         self.v_proj = nn.Linear(d_model, n_heads * d_v)
         self.out_proj = nn.Linear(n_heads * d_v, d_model)
+        # [W^Q; W^K; W^V] as one oneDNN-packed product, in a decoding copy made by
+        # `acceleration.pack_linear_layers` (which packs the three apart as well); else None.
+        self.packed_qkv: nn.Module | None = None
 
     def split_heads(self, x: Tensor, head_size: int) -> Tensor:
         """(B, T, H·d) → (B, H, T, d)."""
@@ -127,7 +130,7 @@ class MultiHeadAttention(nn.Module):
         which runs faster, most of all for the few rows of a decoding step. Built anew on each
         call, so it is always the current weights (nothing is kept on the module); a decoding
         search builds it once and keeps it in its `DecoderCache`. None for int8 layers, which
-        keep three products.
+        keep three products, and for packed ones, which have `packed_qkv` instead.
         """
         linears = (self.q_proj, self.k_proj, self.v_proj)
         if not all(isinstance(m, nn.Linear) for m in linears):
@@ -145,10 +148,13 @@ class MultiHeadAttention(nn.Module):
                 search passes the ones its cache holds); None builds them here.
         """
         stacked = stacked if stacked is not None else self.stacked_qkv_weights()
-        if stacked is None:
+        if stacked is not None:
+            qkv = F.linear(x, *stacked)
+        elif self.packed_qkv is not None:
+            qkv = self.packed_qkv(x)
+        else:
             return self.project_query(x), *self.project_key_value(x)
-        weight, bias = stacked
-        q, k, v = F.linear(x, weight, bias).split(
+        q, k, v = qkv.split(
             [self.n_heads * self.d_k, self.n_heads * self.d_k, self.n_heads * self.d_v], dim=-1
         )
         return (

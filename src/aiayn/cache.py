@@ -83,11 +83,13 @@ class DecoderCache:
         keys and values of every position so far, (R, H, length + 1, d).
 
         No mask is needed over them: every stored position may be attended (§3.2.3).
+        (Written with `narrow`, not `self_k[layer, :, :, t] = ...`: under `torch.compile` an
+        integer index makes the graph specialise on every position, a new compilation per step.)
         """
         t = self.length
-        self.self_k[layer, :, :, t] = k[:, :, 0]
-        self.self_v[layer, :, :, t] = v[:, :, 0]
-        return self.self_k[layer, :, :, : t + 1], self.self_v[layer, :, :, : t + 1]
+        self.self_k[layer].narrow(2, t, 1).copy_(k)
+        self.self_v[layer].narrow(2, t, 1).copy_(v)
+        return self.self_k[layer].narrow(2, 0, t + 1), self.self_v[layer].narrow(2, 0, t + 1)
 
     def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
         """Encoder-decoder keys and values (N, H, S, d) of `layer`, and the mask (N, 1, 1, S)
