@@ -114,11 +114,14 @@ def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alon
     model, packed = _packed_and_plain(make_model)
     assert packed is not model
     assert [m for m in packed.modules() if type(m) is torch.nn.Linear] == []
-    attention = [m for m in packed.modules() if isinstance(m, MultiHeadAttention)]
+    layers = [*packed.encoder.layers, *packed.decoder.layers]
     assert sum(type(m) is PackedLinear for m in packed.modules()) == sum(
         type(m) is torch.nn.Linear for m in model.modules()
-    ) + len(attention)  # and one stacked [W^Q; W^K; W^V] per attention layer
-    assert all(m.packed_qkv.out_features == 3 * m.q_proj.out_features for m in attention)
+    ) + len(layers)  # and one stacked [W^Q; W^K; W^V] per self-attention layer
+    assert all(
+        m.self_attn.packed_qkv.out_features == 3 * m.self_attn.q_proj.out_features for m in layers
+    )
+    assert all(m.cross_attn.packed_qkv is None for m in packed.decoder.layers)
     ffns = [m for m in packed.modules() if isinstance(m, PositionwiseFeedForward)]
     assert ffns and all(m.linear1.relu and not m.linear2.relu for m in ffns)
     x = torch.randn(5, model.config.d_model)

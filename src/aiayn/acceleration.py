@@ -229,8 +229,10 @@ def pack_linear_layers(model: nn.Module, min_features: int | None = None) -> nn.
     large, returns `model` itself. The pre-softmax projection is packed like every other linear
     layer (in the copy it no longer shares storage with the embedding). In the copy, a ReLU
     feed-forward layer's first product applies the ReLU (`PackedLinear(relu=True)`), and
-    each attention layer also holds its [W^Q; W^K; W^V] as one packed product (`packed_qkv`),
-    which self-attention uses.
+    each self-attention layer also holds its [W^Q; W^K; W^V] as one packed product
+    (`packed_qkv`), which it uses instead of the three (kept, packed too: a copy of those
+    weights, 3·d_model² floats per layer; encoder-decoder attention projects the query and the
+    memory apart and has none).
     """
     from aiayn.attention import MultiHeadAttention
     from aiayn.model import ACTIVATION_FUNCTIONS, PositionwiseFeedForward
@@ -246,10 +248,11 @@ def pack_linear_layers(model: nn.Module, min_features: int | None = None) -> nn.
         return model
     packed = copy.deepcopy(model)
     for module in list(packed.modules()):
-        if isinstance(module, MultiHeadAttention):
-            qkv = [module.q_proj, module.k_proj, module.v_proj]
+        self_attention = getattr(module, "self_attn", None)  # an encoder or decoder layer's
+        if isinstance(self_attention, MultiHeadAttention):
+            qkv = [self_attention.q_proj, self_attention.k_proj, self_attention.v_proj]
             if all(packs(m) for m in qkv):
-                module.packed_qkv = PackedLinear(qkv)
+                self_attention.packed_qkv = PackedLinear(qkv)
         relu_first = (
             isinstance(module, PositionwiseFeedForward)
             and module.activation is ACTIVATION_FUNCTIONS["relu"]

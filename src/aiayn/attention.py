@@ -114,8 +114,9 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, n_heads * d_k)
         self.v_proj = nn.Linear(d_model, n_heads * d_v)
         self.out_proj = nn.Linear(n_heads * d_v, d_model)
-        # [W^Q; W^K; W^V] as one oneDNN-packed product, in a decoding copy made by
-        # `acceleration.pack_linear_layers` (which packs the three apart as well); else None.
+        # [W^Q; W^K; W^V] as one oneDNN-packed product, for self-attention in a decoding copy
+        # made by `acceleration.pack_linear_layers` (which packs the three apart as well);
+        # else None.
         self.packed_qkv: nn.Module | None = None
 
     def split_heads(self, x: Tensor, head_size: int) -> Tensor:
