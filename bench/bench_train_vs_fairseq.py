@@ -99,8 +99,8 @@ from bench_train_run import MODEL_LINE, aiayn_command
 from bench_train_step import _load_average, machine_info
 from benchmarks_md import BENCHMARKS_MD, replace_section
 
-START_MARK = "<!-- bench_train_vs_fairseq:start -->"
-END_MARK = "<!-- bench_train_vs_fairseq:end -->"
+MARKERS = "bench_train_vs_fairseq"
+"""BENCHMARKS.md's table markers: `<!-- bench_train_vs_fairseq:start -->` ... `:end -->`."""
 HEADING = "## Training run: `aiayn train` vs `fairseq-train`, side by side"
 FAIRSEQ = "fairseq-train"
 STOP_GRACE_S = 120  # after SIGTERM: aiayn finishes its update and saves
@@ -731,6 +731,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help=f"rewrite the bench_train_vs_fairseq section of {BENCHMARKS_MD.name}",
     )
+    parser.add_argument(
+        "--markers",
+        default=MARKERS,
+        help="with --update-benchmarks: the section between <!-- MARKERS:start --> and "
+        "<!-- MARKERS:end --> (default %(default)s; another CPU's table has markers of its own)",
+    )
     args = parser.parse_args(argv)
     args.argv = sys.argv[1:] if argv is None else list(argv)
     if (args.valid_src is None) != (args.valid_tgt is None):
@@ -781,7 +787,8 @@ def main(argv: list[str] | None = None) -> None:
         args.json.write_text(json.dumps(result, indent=2, default=vars))
     if args.update_benchmarks:
         section = render_section(args, c, prepared, trainers, info, versions)
-        replace_section(BENCHMARKS_MD, START_MARK, END_MARK, section, EXPLANATION)
+        start, end = f"<!-- {args.markers}:start -->", f"<!-- {args.markers}:end -->"
+        replace_section(BENCHMARKS_MD, start, end, section, EXPLANATION)
         print(f"updated {BENCHMARKS_MD}")
 
 
