@@ -30,6 +30,7 @@ product), interleaved round by round:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import random
 import statistics
@@ -71,16 +72,37 @@ class FixedLength(torch.nn.Module):
         return log_probs
 
 
-def time_search(model: FixedLength, src: torch.Tensor, mode: str, out_len: int) -> float:
+def search(model: FixedLength, src: torch.Tensor, mode: str, out_len: int) -> list[list[int]]:
+    """The best output's tokens of every sentence: greedy or beam 4 ("beam4")."""
     ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
     options = DecodingOptions(max_len_a=0.0, max_len_b=out_len)  # the paper's beam 4, α 0.6
-    start = time.perf_counter()
     with torch.inference_mode():
         if mode == "greedy":
-            greedy_search(model, src, **ids, options=options)
-        else:
-            beam_search(model, src, **ids, options=options)
+            return [h.tokens for h in greedy_search(model, src, **ids, options=options)]
+        return [h[0].tokens for h in beam_search(model, src, **ids, options=options)]
+
+
+def time_search(model: FixedLength, src: torch.Tensor, mode: str, out_len: int) -> float:
+    start = time.perf_counter()
+    search(model, src, mode, out_len)
     return time.perf_counter() - start
+
+
+def decoded(model: torch.nn.Module, src: torch.Tensor, mode: str, out_len: int) -> list:
+    """`search` of `model` with every output forced to `out_len` tokens."""
+    return search(FixedLength(model, out_len), src, mode, out_len)
+
+
+def interleaved_seconds(
+    systems: dict[str, torch.nn.Module], src: torch.Tensor, mode: str, out_len: int, repeats: int
+) -> dict[str, list[float]]:
+    """Seconds per search of each system, `repeats` rounds, the order rotating each round."""
+    names = list(systems)
+    seconds: dict[str, list[float]] = {k: [] for k in names}
+    for r in range(repeats):
+        for k in names[r % len(names) :] + names[: r % len(names)]:
+            seconds[k].append(time_search(FixedLength(systems[k], out_len), src, mode, out_len))
+    return seconds
 
 
 def run(
@@ -164,8 +186,7 @@ def compare_compiled(
         torch.manual_seed(0)
         plain = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
         src = torch.randint(4, 8000, (batch, src_len))
-        torch.manual_seed(0)
-        compiled = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
+        compiled = copy.deepcopy(plain)
         compiled.decode_step = torch.compile(compiled.decode_step, dynamic=True)
         start = time.perf_counter()
         outputs = {m: decoded(compiled, src, m, out_len) for m in ("beam4", "greedy")}
@@ -175,12 +196,7 @@ def compare_compiled(
         for mode in ("beam4", "greedy"):
             reference = decoded(plain, src, mode, out_len)
             agree = sum(a == b for a, b in zip(outputs[mode], reference, strict=True))
-            seconds: dict[str, list[float]] = {k: [] for k in systems}
-            for r in range(repeats):
-                for k in list(systems)[r % 3 :] + list(systems)[: r % 3]:
-                    seconds[k].append(
-                        time_search(FixedLength(systems[k], out_len), src, mode, out_len)
-                    )
+            seconds = interleaved_seconds(systems, src, mode, out_len, repeats)
             for k, v in seconds.items():
                 print(
                     f"{name:6s} {mode:6s} {k:18s} {batch * out_len / statistics.median(v):6.0f} "
@@ -225,12 +241,7 @@ def compare_fusions(
                     strict=True,
                 )
             )
-            seconds: dict[str, list[float]] = {k: [] for k in systems}
-            for r in range(repeats):
-                for k in list(systems)[r % 2 :] + list(systems)[: r % 2]:
-                    seconds[k].append(
-                        time_search(FixedLength(systems[k], out_len), src, mode, out_len)
-                    )
+            seconds = interleaved_seconds(systems, src, mode, out_len, repeats)
             ratios = sorted(
                 a / b for a, b in zip(seconds["without"], seconds["with fusions"], strict=True)
             )
@@ -242,17 +253,6 @@ def compare_fusions(
                 f"{agree}/{batch} sentences",
                 flush=True,
             )
-
-
-def decoded(model: torch.nn.Module, src: torch.Tensor, mode: str, out_len: int) -> list:
-    """The best output's tokens of every sentence (forced to `out_len` tokens)."""
-    fixed = FixedLength(model, out_len)
-    ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
-    options = DecodingOptions(max_len_a=0.0, max_len_b=out_len)
-    with torch.inference_mode():
-        if mode == "greedy":
-            return [h.tokens for h in greedy_search(fixed, src, **ids, options=options)]
-        return [h[0].tokens for h in beam_search(fixed, src, **ids, options=options)]
 
 
 def machine() -> str:
