@@ -289,6 +289,37 @@ def test_reordered_cache_continues_like_the_reordered_batch(
         torch.testing.assert_close(continued, from_scratch, atol=1e-5, rtol=0)
 
 
+def test_cache_copies_only_moved_rows_in_place_and_continues_like_the_reordered_batch(
+    make_model: MakeModel,
+) -> None:
+    """Reorders that beam search makes, one position apart: the cache moves in place the rows
+    that change when their sources stay put (same buffer) and gathers every row otherwise;
+    decoding then goes on exactly as the reordered batch from scratch."""
+    model = make_model()
+    src, tgt = batch(model)
+    steps = [  # (index, sentences, moves in place?)
+        (torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]), None, False),  # expand to 4 beams
+        (torch.tensor([0, 0, 2, 3, 4, 5, 5, 7, 8, 9, 10, 11]), None, True),  # second children
+        (torch.tensor([8, 9, 9, 11, 4, 5, 6, 4]), torch.tensor([2, 1]), True),  # back refills 0
+        (torch.tensor([1, 0, 2, 3, 4, 5, 6, 7]), None, False),  # a swap: sources overwritten
+    ]
+    rows = torch.arange(src.size(0))  # the batch row each cache row decodes
+    with torch.no_grad():
+        cache = model.init_cache(*model.encode(src), max_len=T)
+        for t, (index, sentences, in_place) in enumerate(steps):
+            model.decode_step(tgt[rows, t], cache)
+            buffer = cache.self_k.data_ptr()
+            cache = cache.reorder(index, sentences)
+            assert (cache.self_k.data_ptr() == buffer) == in_place
+            rows = rows[index]
+        k = len(steps)
+        continued = torch.stack(
+            [model.decode_step(tgt[rows, t], cache) for t in range(k, T)], dim=1
+        )
+        from_scratch = model(src[rows], tgt[rows]).log_softmax(-1)[:, k:]
+        torch.testing.assert_close(continued, from_scratch, atol=1e-5, rtol=0)
+
+
 def test_reorder_refuses_rows_that_cannot_be_grouped(make_model: MakeModel) -> None:
     model = make_model()
     src, _ = batch(model)

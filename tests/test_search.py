@@ -474,6 +474,48 @@ def test_batched_equals_one_sentence_at_a_time_and_the_batch_shrinks() -> None:
         assert g.tokens == greedy[i].tokens
 
 
+def test_best_child_keeps_its_parents_row_and_later_children_take_childless_rows() -> None:
+    # Beams ranked best first; parents are rows 0..3. Row 3 has no child, row 2 has two.
+    log_prob = torch.tensor([[-1.0, -2.0, -3.0, -4.0]])
+    parent = torch.tensor([[2, 0, 2, 1]])
+    tokens = torch.tensor([[[10], [11], [12], [13]]])
+    by_row = search._in_parent_rows(log_prob, parent, tokens)
+    assert by_row[1].tolist() == [[0, 1, 2, 2]]  # only row 3 changes (a copy of row 2)
+    assert by_row[0].tolist() == [[-2.0, -4.0, -1.0, -3.0]]
+    assert by_row[2].tolist() == [[[11], [13], [10], [12]]]
+    assert search._survivors([False, True, False, True, False]) == [0, 4, 2]
+    assert search._survivors([True, True]) == []
+
+
+def test_reorders_move_only_rows_the_cache_can_copy_in_place(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After the expansion to W beams, every row that a reorder moves comes from a row that
+    stays where it is or lies past the new last row, the condition under which the decoder
+    cache copies only moved rows, in place; and most rows do not move."""
+    seen: list[tuple[int, list[int]]] = []
+    reorder = FakeCache.reorder
+
+    def recording(self: FakeCache, index: torch.Tensor, sentences: torch.Tensor | None = None):
+        seen.append((len(self.prefixes), index.tolist()))
+        return reorder(self, index, sentences)
+
+    monkeypatch.setattr(FakeCache, "reorder", recording)
+    sources = random_sources(3, 8, max_len=8)
+    beam_search(
+        random_model(5, eos_weight=0.5), sources, **IDS, options=DecodingOptions(beam_size=4)
+    )
+    assert seen.pop(0) == (8, [i for i in range(8) for _ in range(4)])  # the expansion
+    greedy_search(random_model(5, eos_weight=0.5), sources, **IDS)
+    moved_total = rows_total = 0
+    for _, index in seen:
+        moved = [i for i, source in enumerate(index) if source != i]
+        assert all(index[s] == s for s in (index[i] for i in moved) if s < len(index)), index
+        moved_total, rows_total = moved_total + len(moved), rows_total + len(index)
+    assert 0 < moved_total < rows_total / 2
+    assert any(len(index) < n for n, index in seen)  # sentences were dropped too
+
+
 @pytest.mark.parametrize(("kind", "alpha"), [("gnmt", 0.6), ("gnmt", 2.0), ("power", 1.0)])
 def test_beam_with_room_for_everything_matches_exhaustive_search(kind: str, alpha: float) -> None:
     # Two output tokens, max 3 before EOS: 1 + 2 + 4 + 8 = 15 sequences. With W = 16 every

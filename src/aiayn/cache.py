@@ -29,7 +29,10 @@ class DecoderCache:
     while between two searches an optimizer may update them in place without any trace a
     cache on the module could key on (fused Adam leaves `Tensor._version` alone).
 
-    `reorder` gathers rows into a second, preallocated buffer and swaps the two, so a
+    `reorder` moves rows in place when it can, copying only the rows that change: on a CPU
+    that is where a beam-search step spends its time outside the matrix products, and search
+    keeps each surviving hypothesis in its parent's row so that few rows change. Otherwise it
+    gathers every row into a second, preallocated buffer and swaps the two; either way a
     decoding step allocates no cache memory (fresh multi-megabyte buffers on every step cost
     more than the gather itself on a CPU).
 
@@ -108,6 +111,10 @@ class DecoderCache:
         into several) or vanish. `sentences` selects the source sentences that stay (None: all
         of them, in order). The new rows must stay grouped: rows j·K'..(j+1)·K'-1, with
         K' = R'/N', must be hypotheses of sentence `sentences[j]`.
+
+        Cost: the rows with `index[i] != i` are copied, in place, when every one of them comes
+        from a row that stays where it is or lies past the new last row (on a CPU, and when
+        that is under 3/4 of the rows); otherwise every row is gathered anew.
         """
         n_rows = index.numel()
         if sentences is not None:
@@ -117,6 +124,45 @@ class DecoderCache:
                 self.src_key_mask = self.src_key_mask.index_select(0, sentences)
         if n_rows % max(self.n_sentences, 1):
             raise ValueError(f"{n_rows} rows cannot be grouped into {self.n_sentences} sentences")
+        moved = self._rows_to_move_in_place(index)
+        if moved is not None:
+            self._move_rows(moved, index[moved].tolist())
+            self.self_k, self.self_v = self.self_k[:, :n_rows], self.self_v[:, :n_rows]
+        else:
+            self._gather_rows(index)
+        return self
+
+    def _rows_to_move_in_place(self, index: Tensor) -> list[int] | None:
+        """The rows i with `index[i] != i`, if copying them in place, in any order, gives the
+        reordered cache and is worth it; else None."""
+        n_rows = index.numel()
+        if self.self_k.device.type != "cpu" or n_rows > self.batch_size:
+            return None  # a GPU gathers all rows faster than it launches a copy per row
+        moved = index.ne(torch.arange(n_rows, device=index.device)).nonzero().squeeze(1)
+        if 4 * moved.numel() >= 3 * n_rows:
+            return None
+        source = index[moved]
+        inside = source < n_rows
+        # A source inside the new rows must be one that stays, or a copy could overwrite it.
+        if bool(index[source[inside]].ne(source[inside]).any()):
+            return None
+        return moved.tolist()
+
+    def _move_rows(self, rows: list[int], sources: list[int]) -> None:
+        """Copy row `sources[j]` over row `rows[j]` for every j (positions so far only)."""
+        if not rows:
+            return
+        t = self.length
+        keys = self.self_k[:, :, :, :t].unbind(1)
+        values = self.self_v[:, :, :, :t].unbind(1)
+        torch._foreach_copy_(
+            [keys[i] for i in rows] + [values[i] for i in rows],
+            [keys[i] for i in sources] + [values[i] for i in sources],
+        )
+
+    def _gather_rows(self, index: Tensor) -> None:
+        """Gather rows `index` into the spare buffer and make it the current one."""
+        n_rows = index.numel()
         t = self.length
         spare_k, spare_v = self._buffers[1]
         if spare_k.size(1) < n_rows:  # more rows than ever before (beam expansion): grow once
@@ -127,4 +173,3 @@ class DecoderCache:
         torch.index_select(self.self_v[:, :, :, :t], 1, index, out=new_v[:, :, :, :t])
         self._buffers = [(spare_k, spare_v), self._buffers[0]]
         self.self_k, self.self_v = new_k, new_v
-        return self

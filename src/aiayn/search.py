@@ -4,7 +4,10 @@ Search sees the model only through :class:`IncrementalModel` (``encode``, ``init
 ``decode_step``) and the decoder cache only through ``reorder``. Expanding a sentence to W beams,
 following beams back to their parents and dropping finished sentences are all the same
 operation: a selection of cache rows. Every step feeds all live rows of all unfinished sentences
-to a single ``decode_step`` call, and the batch shrinks as sentences finish.
+to a single ``decode_step`` call, and the batch shrinks as sentences finish. The selection moves
+as few rows as it can, since the cache copies only rows that change: a beam's best child stays
+in its parent's row (:func:`_in_parent_rows`), and a finished sentence's rows are refilled from
+the back of the batch (:func:`_survivors`); the order of beams and sentences means nothing.
 
 Options. :class:`DecodingOptions` holds every search option with the paper's defaults and
 validates them once; the strategies, :class:`aiayn.translator.Translator`, ``aiayn translate``'s
@@ -295,6 +298,48 @@ def _keep_live(
     return log_prob, parent, tokens
 
 
+def _in_parent_rows(
+    log_prob: Tensor, parent: Tensor, tokens: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    """The new live beams (N, K) put in the cache rows that move the fewest rows.
+
+    Each beam's first child in ``parent`` (the best, as `_keep_live` ranks them) takes over its
+    parent's row, so that row keeps its cached keys and values in place; the further children
+    of a parent take the rows of beams that left no child. The decoder cache then copies only
+    those. Search needs no ranking of the live beams, only where each one is.
+
+    Args:
+        log_prob: (N, K) cumulative log-probabilities of the new beams.
+        parent: (N, K) the row (0..K-1) of the beam each extends.
+        tokens: (N, K, t) their tokens.
+
+    Returns:
+        The three, reordered along K so that beam r lives in row r.
+    """
+    n, k = parent.shape
+    before = torch.ones(k, k, dtype=torch.bool, device=parent.device).tril(-1)  # [j, i]: i < j
+    sibling_before = (parent.unsqueeze(2).eq(parent.unsqueeze(1)) & before).any(2)  # (N, K)
+    has_child = torch.zeros_like(sibling_before).scatter_(1, parent, True)  # (N, K) by row
+    free_rows = has_child.long().argsort(dim=1, stable=True)  # rows without a child first
+    later_child = sibling_before.long().cumsum(1) - 1  # 0, 1, ... among later children
+    row = torch.where(sibling_before, free_rows.gather(1, later_child.clamp(min=0)), parent)
+    beam = row.argsort(dim=1)  # (N, K) the beam that lives in each row
+    return (
+        log_prob.gather(1, beam),
+        parent.gather(1, beam),
+        tokens.gather(1, beam.unsqueeze(2).expand_as(tokens)),
+    )
+
+
+def _survivors(done: list[bool]) -> list[int]:
+    """The sentences not done, in the order that moves the fewest cache rows: a sentence
+    stays in its slot if the shorter batch still has that slot, and the slots of done
+    sentences are filled from the back."""
+    n_left = len(done) - sum(done)
+    back = (j for j in range(n_left, len(done)) if not done[j])
+    return [next(back) if done[j] else j for j in range(n_left)]
+
+
 def _is_done(
     finished: list[Hypothesis], best_live_log_prob: float, beam_size: int, max_final_lp: float
 ) -> bool:
@@ -393,11 +438,11 @@ def beam_search(
             _is_done(finished[i], best_live[j], beam_size, max_final_lp[i])
             for j, i in enumerate(sentence.tolist())
         ]
-        keep = torch.tensor(
-            [j for j, d in enumerate(done) if not d], dtype=torch.long, device=device
-        )
+        keep = torch.tensor(_survivors(done), dtype=torch.long, device=device)
         if keep.numel() == 0:
             break
+        if parent.size(1) == k:
+            beam_log_prob, parent, tokens = _in_parent_rows(beam_log_prob, parent, tokens)
         # One row selection follows beams to their parents and drops done sentences.
         first_row = torch.arange(n, device=device).unsqueeze(1) * k  # (N, 1)
         cache = cache.reorder(
@@ -459,7 +504,7 @@ def _decode_one_per_row(
             )
             for i, toks, lp in ended_rows:
                 results[i] = Hypothesis(tokens=toks, score=lp, log_prob=lp)
-            keep = (~ended).nonzero().squeeze(1)
+            keep = torch.tensor(_survivors(ended.tolist()), dtype=torch.long, device=device)
             if keep.numel() == 0:
                 break
             cache = cache.reorder(keep, keep)
