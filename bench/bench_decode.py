@@ -25,6 +25,13 @@ two fusions (self-attention's Q/K/V in one product, the feed-forward ReLU applie
 product), interleaved round by round:
 
     .venv/bin/python bench/bench_decode.py --fusions --presets base --repeats 11 --threads 2
+
+`--reorder` compares the decoder cache as `Translator` runs it (a reorder copies only the rows
+that change, in place, with search keeping each beam's best child in its parent's row) with
+the same model whose cache gathers every row into its second buffer at every step, as it did
+before, interleaved round by round:
+
+    .venv/bin/python bench/bench_decode.py --reorder --presets base --repeats 11 --threads 2
 """
 
 from __future__ import annotations
@@ -255,6 +262,62 @@ def compare_fusions(
             )
 
 
+class GatheringCache(DecoderCache):
+    """The decoder cache as it was before it moved rows in place: every reorder gathers every
+    row into its second buffer."""
+
+    def _rows_to_move_in_place(self, index: torch.Tensor) -> None:
+        return None
+
+
+class Gathering(torch.nn.Module):
+    """A model whose decoder cache gathers every row at every reorder (`GatheringCache`)."""
+
+    def __init__(self, model: Transformer) -> None:
+        super().__init__()
+        self.model = model
+
+    def encode(self, src_tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self.model.encode(src_tokens)
+
+    def init_cache(self, memory, src_key_mask, max_len: int) -> DecoderCache:
+        cache = self.model.init_cache(memory, src_key_mask, max_len)
+        cache.__class__ = GatheringCache
+        return cache
+
+    def decode_step(self, tokens: torch.Tensor, cache: DecoderCache) -> torch.Tensor:
+        return self.model.decode_step(tokens, cache)
+
+
+def compare_reorder(
+    presets: list[str], batch: int, src_len: int, out_len: int, repeats: int
+) -> None:
+    """The packed model as `Translator` runs it (its cache moves only the rows that change, in
+    place) against the same model whose cache gathers every row at every step, interleaved."""
+    for name in presets:
+        torch.manual_seed(0)
+        packed = pack_linear_layers(
+            Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
+        )
+        systems = {"moving changed rows": packed, "gathering every row": Gathering(packed)}
+        src = torch.randint(4, 8000, (batch, src_len))
+        for mode in ("beam4", "greedy"):
+            outputs = [decoded(m, src, mode, out_len) for m in systems.values()]
+            agree = sum(a == b for a, b in zip(*outputs, strict=True))
+            seconds = interleaved_seconds(systems, src, mode, out_len, repeats)
+            moving, gathering = seconds["moving changed rows"], seconds["gathering every row"]
+            ratios = sorted(g / m for g, m in zip(gathering, moving, strict=True))
+            print(
+                f"{name:6s} {mode:6s} moving changed rows "
+                f"{batch * out_len / statistics.median(moving):.0f} tok/s, gathering every row "
+                f"{batch * out_len / statistics.median(gathering):.0f}: "
+                f"{statistics.median(gathering) / statistics.median(moving):.3f}x "
+                f"(round by round {ratios[0]:.3f}-{ratios[-1]:.3f}x), same output for "
+                f"{agree}/{batch} sentences",
+                flush=True,
+            )
+
+
 def machine() -> str:
     info = machine_info(torch.device("cpu"))
     return f"{info['cpu']}, {info['threads']} threads, torch {info['torch']}"
@@ -300,6 +363,11 @@ def main() -> None:
     parser.add_argument(
         "--fusions", action="store_true", help="the packed model with and without its fusions"
     )
+    parser.add_argument(
+        "--reorder",
+        action="store_true",
+        help="the cache moving only changed rows against gathering every row",
+    )
     parser.add_argument("--json", help="write the rows as JSON here")
     parser.add_argument("--update-benchmarks", action="store_true")
     args = parser.parse_args()
@@ -312,6 +380,9 @@ def main() -> None:
         return
     if args.fusions:
         compare_fusions(args.presets, args.batch, args.src_len, args.out_len, args.repeats)
+        return
+    if args.reorder:
+        compare_reorder(args.presets, args.batch, args.src_len, args.out_len, args.repeats)
         return
     if args.varied:
         compare_onednn(args.presets, args.varied, args.repeats, args.pack_min_features)

@@ -1,20 +1,65 @@
-"""The options of decoding (beam search, greedy search, sampling) with the paper's defaults.
+"""The options of decoding (beam search, greedy search, sampling) with the paper's defaults,
+and the length penalties they name.
 
-:class:`DecodingOptions` is re-exported by :mod:`aiayn.search`, where it belongs; it lives in
-this module, which imports no torch, so that ``aiayn --help`` and the commands that do not
-decode can build their flags from it without paying for importing torch (~2 s).
+:class:`DecodingOptions` and the penalties are re-exported by :mod:`aiayn.search`, where they
+belong; they live in this module, which imports no torch, so that ``aiayn --help`` and the
+commands that do not decode can build their flags from it without paying for importing torch
+(~2 s).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-__all__ = ["MAX_LENGTH_PENALTY", "DecodingOptions", "LengthPenaltyKind"]
+__all__ = [
+    "LENGTH_PENALTIES",
+    "MAX_LENGTH_PENALTY",
+    "DecodingOptions",
+    "LengthPenalty",
+    "LengthPenaltyKind",
+    "gnmt_length_penalty",
+    "length_penalty_fn",
+    "no_length_penalty",
+    "power_length_penalty",
+]
 
 LengthPenaltyKind = Literal["gnmt", "power", "none"]
-"""The length penalties of :data:`aiayn.search.LENGTH_PENALTIES`."""
+"""The length penalties of :data:`LENGTH_PENALTIES`."""
+
+LengthPenalty = Callable[[int, float], float]
+
+
+def gnmt_length_penalty(length: int, alpha: float) -> float:
+    """``((5 + length) / 6) ** alpha`` of Wu et al. (2016, Eq. 14), used by the paper (§6.1)."""
+    return ((5 + length) / 6) ** alpha
+
+
+def power_length_penalty(length: int, alpha: float) -> float:
+    """``length ** alpha``: what fairseq, Marian and Hugging Face call the length penalty."""
+    return float(length) ** alpha
+
+
+def no_length_penalty(length: int, alpha: float) -> float:
+    """Rank by raw log-probability (favours short outputs)."""
+    return 1.0
+
+
+LENGTH_PENALTIES: dict[str, LengthPenalty] = {
+    "gnmt": gnmt_length_penalty,
+    "power": power_length_penalty,
+    "none": no_length_penalty,
+}
+
+
+def length_penalty_fn(kind: str) -> LengthPenalty:
+    """The length penalty named ``kind`` ("gnmt", "power" or "none")."""
+    if kind not in LENGTH_PENALTIES:
+        valid = ", ".join(repr(k) for k in LENGTH_PENALTIES)
+        raise ValueError(f"length_penalty_kind ({kind!r}) must be one of {valid}")
+    return LENGTH_PENALTIES[kind]
 
 
 MAX_LENGTH_PENALTY = 10.0

@@ -35,7 +35,16 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from aiayn.decoding_options import MAX_LENGTH_PENALTY, DecodingOptions
+from aiayn.decoding_options import (
+    LENGTH_PENALTIES,
+    MAX_LENGTH_PENALTY,
+    DecodingOptions,
+    LengthPenalty,
+    gnmt_length_penalty,
+    length_penalty_fn,
+    no_length_penalty,
+    power_length_penalty,
+)
 
 __all__ = [
     "LENGTH_PENALTIES",
@@ -109,43 +118,6 @@ class Hypothesis:
     tokens: list[int]
     score: float
     log_prob: float
-
-
-# --------------------------------------------------------------------------------------------
-# Length penalties
-# --------------------------------------------------------------------------------------------
-
-LengthPenalty = Callable[[int, float], float]
-
-
-def gnmt_length_penalty(length: int, alpha: float) -> float:
-    """``((5 + length) / 6) ** alpha`` of Wu et al. (2016, Eq. 14), used by the paper (§6.1)."""
-    return ((5 + length) / 6) ** alpha
-
-
-def power_length_penalty(length: int, alpha: float) -> float:
-    """``length ** alpha``: what fairseq, Marian and Hugging Face call the length penalty."""
-    return float(length) ** alpha
-
-
-def no_length_penalty(length: int, alpha: float) -> float:
-    """Rank by raw log-probability (favours short outputs)."""
-    return 1.0
-
-
-LENGTH_PENALTIES: dict[str, LengthPenalty] = {
-    "gnmt": gnmt_length_penalty,
-    "power": power_length_penalty,
-    "none": no_length_penalty,
-}
-
-
-def length_penalty_fn(kind: str) -> LengthPenalty:
-    """The length penalty named ``kind`` ("gnmt", "power" or "none")."""
-    if kind not in LENGTH_PENALTIES:
-        valid = ", ".join(repr(k) for k in LENGTH_PENALTIES)
-        raise ValueError(f"length_penalty_kind ({kind!r}) must be one of {valid}")
-    return LENGTH_PENALTIES[kind]
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,7 +288,7 @@ def _in_parent_rows(
     Returns:
         The three, reordered along K so that beam r lives in row r.
     """
-    n, k = parent.shape
+    k = parent.size(1)
     before = torch.ones(k, k, dtype=torch.bool, device=parent.device).tril(-1)  # [j, i]: i < j
     sibling_before = (parent.unsqueeze(2).eq(parent.unsqueeze(1)) & before).any(2)  # (N, K)
     has_child = torch.zeros_like(sibling_before).scatter_(1, parent, True)  # (N, K) by row
