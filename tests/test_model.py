@@ -327,6 +327,9 @@ def test_reorder_refuses_rows_that_cannot_be_grouped(make_model: MakeModel) -> N
         cache = model.init_cache(*model.encode(src), max_len=T)
         with pytest.raises(ValueError, match="grouped"):
             cache.reorder(torch.tensor([0, 1]))  # 2 rows for 3 sentences
+        for not_a_row in (-1, 3):  # refused, not taken from the other end or beyond
+            with pytest.raises((RuntimeError, IndexError)):
+                cache.reorder(torch.tensor([0, 1, not_a_row]))
 
 
 # -- causality and padding --------------------------------------------------------------------

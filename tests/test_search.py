@@ -483,6 +483,13 @@ def test_best_child_keeps_its_parents_row_and_later_children_take_childless_rows
     assert by_row[1].tolist() == [[0, 1, 2, 2]]  # only row 3 changes (a copy of row 2)
     assert by_row[0].tolist() == [[-2.0, -4.0, -1.0, -3.0]]
     assert by_row[2].tolist() == [[[11], [13], [10], [12]]]
+    # Two sentences: three children of one parent; an empty (-inf) slot, which copies the best
+    # beam's parent as `_keep_live` fills it, is one more later child.
+    log_prob = torch.tensor([[-1.0, -2.0, -3.0, -4.0], [-1.0, -2.0, -3.0, -math.inf]])
+    parent = torch.tensor([[1, 1, 1, 0], [3, 2, 3, 3]])
+    by_row = search._in_parent_rows(log_prob, parent, torch.zeros(2, 4, 0, dtype=torch.long))
+    assert by_row[1].tolist() == [[0, 1, 1, 1], [3, 3, 2, 3]]
+    assert by_row[0].tolist() == [[-4.0, -1.0, -2.0, -3.0], [-3.0, -math.inf, -2.0, -1.0]]
     assert search._survivors([False, True, False, True, False]) == [0, 4, 2]
     assert search._survivors([True, True]) == []
 
@@ -514,6 +521,23 @@ def test_reorders_move_only_rows_the_cache_can_copy_in_place(
         moved_total, rows_total = moved_total + len(moved), rows_total + len(index)
     assert 0 < moved_total < rows_total / 2
     assert any(len(index) < n for n, index in seen)  # sentences were dropped too
+
+
+def test_sampling_keeps_the_sentences_in_input_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`torch.multinomial` draws row by row: if finished sentences were refilled from the back,
+    a seeded generator would give later sentences other samples than it used to."""
+    seen: list[list[int]] = []
+    reorder = FakeCache.reorder
+
+    def recording(self: FakeCache, index: torch.Tensor, sentences: torch.Tensor | None = None):
+        seen.append(index.tolist())
+        return reorder(self, index, sentences)
+
+    monkeypatch.setattr(FakeCache, "reorder", recording)
+    sources = random_sources(3, 8, max_len=8)
+    sample(random_model(5, eos_weight=0.5), sources, **IDS, generator=torch.Generator())
+    assert seen and all(index == sorted(index) for index in seen)
+    assert any(index != list(range(len(index))) for index in seen)  # not only the last rows
 
 
 @pytest.mark.parametrize(("kind", "alpha"), [("gnmt", 0.6), ("gnmt", 2.0), ("power", 1.0)])

@@ -31,7 +31,7 @@ class DecoderCache:
 
     `reorder` moves rows in place when it can, copying only the rows that change: on a CPU
     that is where a beam-search step spends its time outside the matrix products, and search
-    keeps each surviving hypothesis in its parent's row so that few rows change. Otherwise it
+    keeps each parent's best child in the parent's row so that few rows change. Otherwise it
     gathers every row into a second, preallocated buffer and swaps the two; either way a
     decoding step allocates no cache memory (fresh multi-megabyte buffers on every step cost
     more than the gather itself on a CPU).
@@ -124,17 +124,17 @@ class DecoderCache:
                 self.src_key_mask = self.src_key_mask.index_select(0, sentences)
         if n_rows % max(self.n_sentences, 1):
             raise ValueError(f"{n_rows} rows cannot be grouped into {self.n_sentences} sentences")
-        moved = self._rows_to_move_in_place(index)
-        if moved is not None:
-            self._move_rows(moved, index[moved].tolist())
+        moves = self._rows_to_move_in_place(index)
+        if moves is not None:
+            self._move_rows(*moves)
             self.self_k, self.self_v = self.self_k[:, :n_rows], self.self_v[:, :n_rows]
         else:
             self._gather_rows(index)
         return self
 
-    def _rows_to_move_in_place(self, index: Tensor) -> list[int] | None:
-        """The rows i with `index[i] != i`, if copying them in place, in any order, gives the
-        reordered cache and is worth it; else None."""
+    def _rows_to_move_in_place(self, index: Tensor) -> tuple[list[int], list[int]] | None:
+        """The rows i with `index[i] != i` and their sources `index[i]`, if copying them in
+        place, in any order, gives the reordered cache and is worth it; else None (gather)."""
         n_rows = index.numel()
         if self.self_k.device.type != "cpu" or n_rows > self.batch_size:
             return None  # a GPU gathers all rows faster than it launches a copy per row
@@ -142,11 +142,13 @@ class DecoderCache:
         if 4 * moved.numel() >= 3 * n_rows:
             return None
         source = index[moved]
+        if bool(source.lt(0).any() or source.ge(self.batch_size).any()):
+            return None  # not a row: the gather raises
         inside = source < n_rows
         # A source inside the new rows must be one that stays, or a copy could overwrite it.
         if bool(index[source[inside]].ne(source[inside]).any()):
             return None
-        return moved.tolist()
+        return moved.tolist(), source.tolist()
 
     def _move_rows(self, rows: list[int], sources: list[int]) -> None:
         """Copy row `sources[j]` over row `rows[j]` for every j (positions so far only)."""

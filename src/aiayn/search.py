@@ -4,10 +4,12 @@ Search sees the model only through :class:`IncrementalModel` (``encode``, ``init
 ``decode_step``) and the decoder cache only through ``reorder``. Expanding a sentence to W beams,
 following beams back to their parents and dropping finished sentences are all the same
 operation: a selection of cache rows. Every step feeds all live rows of all unfinished sentences
-to a single ``decode_step`` call, and the batch shrinks as sentences finish. The selection moves
-as few rows as it can, since the cache copies only rows that change: a beam's best child stays
-in its parent's row (:func:`_in_parent_rows`), and a finished sentence's rows are refilled from
-the back of the batch (:func:`_survivors`); the order of beams and sentences means nothing.
+to a single ``decode_step`` call, and the batch shrinks as sentences finish. Beam and greedy
+search choose the selection so that few rows move, since the decoder cache copies only the rows
+that change (on a CPU): a parent's best child stays in its parent's row
+(:func:`_in_parent_rows`), and a finished sentence's rows are refilled from the back of the
+batch (:func:`_survivors`). Between steps, the order of beams and sentences means nothing;
+sampling keeps its sentences in input order, so that a seeded generator draws the same numbers.
 
 Options. :class:`DecodingOptions` holds every search option with the paper's defaults and
 validates them once; the strategies, :class:`aiayn.translator.Translator`, ``aiayn translate``'s
@@ -405,7 +407,7 @@ def beam_search(
             cands, tokens, eos_id=eos_id, beam_size=beam_size
         )
 
-        best_live = beam_log_prob[:, 0].tolist()
+        best_live = beam_log_prob[:, 0].tolist()  # ranked best first until _in_parent_rows
         done = [
             _is_done(finished[i], best_live[j], beam_size, max_final_lp[i])
             for j, i in enumerate(sentence.tolist())
@@ -441,11 +443,13 @@ def _decode_one_per_row(
     eos_id: int,
     pad_id: int,
     options: DecodingOptions,
+    in_input_order: bool = False,
 ) -> list[Hypothesis]:
     """The decoding loop of greedy search and sampling; ``choose`` is the strategy.
 
     ``choose`` maps (N, V) log-probabilities (pad and BOS already -inf, EOS forced at max
-    length) to (N,) next tokens. Rows are dropped from the batch as soon as they emit EOS.
+    length) to (N,) next tokens. Rows are dropped from the batch as soon as they emit EOS; the
+    rows left keep their input order with ``in_input_order``, else `_survivors`' order.
     """
     _check_ids(src_tokens)
     device = src_tokens.device
@@ -476,7 +480,9 @@ def _decode_one_per_row(
             )
             for i, toks, lp in ended_rows:
                 results[i] = Hypothesis(tokens=toks, score=lp, log_prob=lp)
-            keep = torch.tensor(_survivors(ended.tolist()), dtype=torch.long, device=device)
+            done = ended.tolist()
+            left = [j for j, d in enumerate(done) if not d] if in_input_order else _survivors(done)
+            keep = torch.tensor(left, dtype=torch.long, device=device)
             if keep.numel() == 0:
                 break
             cache = cache.reorder(keep, keep)
@@ -583,4 +589,5 @@ def sample(
         eos_id=eos_id,
         pad_id=pad_id,
         options=options or DecodingOptions(),
+        in_input_order=True,  # the rows `torch.multinomial` draws for stay those of a seed
     )
