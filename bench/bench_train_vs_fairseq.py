@@ -103,6 +103,8 @@ MARKERS = "bench_train_vs_fairseq"
 """BENCHMARKS.md's table markers: `<!-- bench_train_vs_fairseq:start -->` ... `:end -->`."""
 HEADING = "## Training run: `aiayn train` vs `fairseq-train`, side by side"
 FAIRSEQ = "fairseq-train"
+BF16_DEFAULT_KERNELS = "aiayn train --cpu-bf16, oneDNN's 1024 kernels"
+ONEDNN_DEFAULT_KERNELS = 1024  # oneDNN's default; aiayn limits bf16 training to 16
 STOP_GRACE_S = 120  # after SIGTERM: aiayn finishes its update and saves
 
 FAIRSEQ_INNER = re.compile(r"\| train_inner \| (\{.*\})\s*$")
@@ -409,7 +411,12 @@ def _first_match(pattern: re.Pattern[str], lines: list[tuple[float, str]]) -> re
 
 
 def run_aiayn(
-    args: argparse.Namespace, c: TrainConfig, prepared: Prepared, run_dir: Path, bf16: bool
+    args: argparse.Namespace,
+    c: TrainConfig,
+    prepared: Prepared,
+    run_dir: Path,
+    bf16: bool,
+    kernel_cache: int | None = None,
 ) -> tuple[Window, list[Interval], int | None, int | None]:
     # The binarised corpus, as if this run had built it (its key: paths, sizes, tokenizer).
     shutil.copytree(prepared.cache_root, run_dir / "data")
@@ -419,8 +426,11 @@ def run_aiayn(
     command += [str(args.log_every), "--save-every", str(10**9), "--save-every-minutes", "0"]
     command += ["--valid-every", "0", "--device", "cpu", "--threads", str(args.threads)]
     command += ["--no-progress", "--cpu-bf16" if bf16 else "--no-cpu-bf16"]
+    env = child_env(args.threads)
+    if kernel_cache is not None:
+        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(kernel_cache)
     print("  " + shlex.join(command), flush=True)
-    window = run_window(command, child_env(args.threads), args.seconds, run_dir / "train.log")
+    window = run_window(command, env, args.seconds, run_dir / "train.log")
     cache = _first_match(AIAYN_CACHE, window.lines)
     if cache is None or cache.group(1) != "reusing":
         print("  warning: aiayn did not reuse the prepared data cache", flush=True)
@@ -491,7 +501,8 @@ def one_run(
         window, intervals, params, pairs = run_fairseq(args, c, prepared, run_dir)
     else:
         bf16 = "bf16" in trainer.name
-        window, intervals, params, pairs = run_aiayn(args, c, prepared, run_dir, bf16)
+        cache = ONEDNN_DEFAULT_KERNELS if trainer.name == BF16_DEFAULT_KERNELS else None
+        window, intervals, params, pairs = run_aiayn(args, c, prepared, run_dir, bf16, cache)
     logged = [t for t, line in window.lines if _is_interval_line(trainer.name, line)]
     if len(logged) == len(intervals):  # an update under way at SIGTERM ends outside the window
         intervals = [i for i, t in zip(intervals, logged, strict=True) if t <= args.seconds]
@@ -724,6 +735,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-updates", type=int, help="also stop a run here (smoke runs)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--with-bf16", action="store_true", help="add aiayn --cpu-bf16")
+    parser.add_argument(
+        "--with-bf16-default-kernels",
+        action="store_true",
+        help="add aiayn --cpu-bf16 with oneDNN's default kernel cache (1024), as before it was "
+        "limited for bf16 training",
+    )
     parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: temporary)")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
@@ -755,6 +772,8 @@ def main(argv: list[str] | None = None) -> None:
     trainers = [Trainer("aiayn train"), Trainer(FAIRSEQ, missing=missing)]
     if args.with_bf16:
         trainers.append(Trainer("aiayn train --cpu-bf16"))
+    if args.with_bf16_default_kernels:
+        trainers.append(Trainer(BF16_DEFAULT_KERNELS))
     info = machine_info(torch.device("cpu"))
     versions = {"torch": torch.__version__}
     versions["fairseq"] = "missing" if missing else fairseq_versions(args.fairseq_bin)

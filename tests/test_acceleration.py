@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
+import os
 import shutil
 
 import pytest
@@ -17,6 +18,7 @@ from aiayn.acceleration import (
     PackedLinear,
     compiler_missing,
     decoding_threads,
+    limit_onednn_kernel_cache,
     maybe_compile,
     onednn_linear_missing,
     pack_linear_layers,
@@ -310,3 +312,19 @@ def test_the_chunked_loss_runs_both_its_products_on_onednn() -> None:
     torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=0)
     for got, expected in zip(grads, plain_grads, strict=True):  # float32 rounding of sums
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * expected.abs().max())
+
+
+def test_the_onednn_kernel_cache_is_limited_only_where_the_user_did_not_choose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)
+    assert limit_onednn_kernel_cache(16)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "16"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
+    assert not limit_onednn_kernel_cache(16)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+    monkeypatch.setenv("DNNL_PRIMITIVE_CACHE_CAPACITY", "64")  # oneDNN's older name
+    assert not limit_onednn_kernel_cache(16)
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ

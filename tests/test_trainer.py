@@ -31,6 +31,7 @@ from safetensors.torch import load_file
 
 from aiayn import checkpoint as ckpt
 from aiayn import runlog, trainer, update, validation
+from aiayn.acceleration import ONEDNN_KERNELS_FOR_BF16_TRAINING
 from aiayn.cli import main
 from aiayn.config import TrainConfig
 from aiayn.data import load_or_build
@@ -1096,7 +1097,8 @@ def test_a_fresh_run_remakes_a_vocabulary_made_from_other_settings(
 def test_cpu_bf16_training_runs_in_bf16_and_learns(
     corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With cpu_bf16 the forward runs under bf16 autocast; weights and losses stay float32."""
+    """With cpu_bf16 the forward runs under bf16 autocast; weights and losses stay float32; and
+    oneDNN is asked to keep few compiled kernels (peak memory)."""
     seen: list[tuple[torch.dtype | None, torch.dtype]] = []
     forward = Transformer.forward
 
@@ -1107,7 +1109,10 @@ def test_cpu_bf16_training_runs_in_bf16_and_learns(
         return sums
 
     monkeypatch.setattr(Transformer, "forward", recording_forward)
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)  # and restored afterwards
     result = trainer.train(make_config(corpus, tmp_path / "run", max_steps=8, cpu_bf16=True))
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_KERNELS_FOR_BF16_TRAINING)
     assert seen and set(seen) == {(torch.bfloat16, torch.float32)}
     assert all(w.dtype == torch.float32 for w in weights(result.model_dir).values())
     losses = [loss for _, loss, _ in train_losses(result.run_dir)]

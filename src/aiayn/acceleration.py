@@ -67,6 +67,30 @@ def native_bf16_cpu() -> bool:
         return False
 
 
+ONEDNN_KERNELS_FOR_BF16_TRAINING = 16
+"""How many compiled kernels oneDNN keeps for `--cpu-bf16` training (its default: 1024).
+
+Every batch of a real run has a new shape, so oneDNN compiles new bf16 kernels for nearly every
+update, and its cache of them grows the process for hundreds of updates; 16 cuts the peak
+resident memory of a real run at the same tokens/s (BENCHMARKS.md, the `fairseq-train`
+section, measures both). Decoding reuses a few dozen kernels at every step, which a cache of
+16 would compile again and again, so only training in bf16 limits it."""
+
+
+def limit_onednn_kernel_cache(capacity: int) -> bool:
+    """Ask oneDNN to keep at most `capacity` compiled kernels, unless the user already chose
+    (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`). Process-wide, and it takes effect only if oneDNN has
+    not compiled a kernel yet in this process: oneDNN reads the variable once. Returns whether
+    this call set it."""
+    if any(
+        k in os.environ
+        for k in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
+    ):
+        return False
+    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(capacity)
+    return True
+
+
 MAX_DECODING_THREADS = 4
 """Most CPU threads :func:`decoding_threads` picks; CTranslate2's default is 4 as well."""
 
