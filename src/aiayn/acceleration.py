@@ -77,7 +77,7 @@ section, measures both). Decoding reuses a few dozen kernels at every step, whic
 16 would compile again and again, so only training in bf16 limits it."""
 
 
-def limit_onednn_kernel_cache(capacity: int) -> bool:
+def limit_onednn_kernel_cache(capacity: int = ONEDNN_KERNELS_FOR_BF16_TRAINING) -> bool:
     """Ask oneDNN to keep at most `capacity` compiled kernels, unless the user already chose
     (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`). Process-wide, and it takes effect only if oneDNN has
     not compiled a kernel yet in this process: oneDNN reads the variable once. Returns whether

@@ -39,12 +39,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from aiayn import checkpoint as ckpt
 from aiayn import finetune, rundir
-from aiayn.acceleration import (
-    ONEDNN_KERNELS_FOR_BF16_TRAINING,
-    limit_onednn_kernel_cache,
-    maybe_compile,
-    native_bf16_cpu,
-)
+from aiayn.acceleration import limit_onednn_kernel_cache, maybe_compile, native_bf16_cpu
 from aiayn.batching import accumulation, epoch_updates
 from aiayn.config import TrainConfig
 from aiayn.data import ParallelDataset, check_corpus_files, load_or_build
@@ -159,7 +154,7 @@ class Trainer:
         self.device = device
         self.bf16 = uses_bf16(device, bf16=config.bf16, cpu_bf16=config.cpu_bf16)
         if self.bf16 and device.type == "cpu":
-            limit_onednn_kernel_cache(ONEDNN_KERNELS_FOR_BF16_TRAINING)  # peak memory
+            limit_onednn_kernel_cache()  # peak memory: ONEDNN_KERNELS_FOR_BF16_TRAINING
         self.onednn = uses_onednn(device, config.onednn, bf16=self.bf16, compile=config.compile)
         self.accumulate = accumulation(
             tokens_per_update=config.tokens_per_update,
