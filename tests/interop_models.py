@@ -57,6 +57,45 @@ def tiny_model_dir(directory: Path, *, eos_scale: float = 4.0, **overrides: obje
     )
 
 
+PAIRS = [(CORPUS[i], CORPUS[i + 3]) for i in range(3)] + [(CORPUS[6], CORPUS[7])]
+"""The English–German pairs of `CORPUS`."""
+
+
+def trained_model_dir(directory: Path, *, steps: int = 150) -> Path:
+    """A tiny model that has learned `PAIRS` both ways, saved as `directory`/model (~5 s).
+
+    Random weights leave the next token's distribution flat, so any rounding (int8 weights, an
+    instruction set's kernels) flips some greedy choices; a trained model's are decided by wide
+    margins, as a real model's mostly are.
+    """
+    from aiayn.tokenizer import BOS_ID, PAD_ID
+
+    directory.mkdir(parents=True, exist_ok=True)
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
+    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
+    pairs = PAIRS + [(tgt, src) for src, tgt in PAIRS]
+
+    def padded(rows: list[list[int]]) -> torch.Tensor:
+        width = max(map(len, rows))
+        return torch.tensor([row + [PAD_ID] * (width - len(row)) for row in rows])
+
+    src = padded([[*tokenizer.encode(s), EOS_ID] for s, _ in pairs])
+    tgt = padded([[BOS_ID, *tokenizer.encode(t), EOS_ID] for _, t in pairs])
+    torch.manual_seed(0)
+    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=64, dropout=0.0)
+    model = Transformer(config)
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(steps):
+        optimizer.zero_grad()
+        sums = model(src, tgt[:, :-1], tgt[:, 1:])
+        (sums.loss / sums.n_tokens).backward()
+        optimizer.step()
+    return checkpoint.save_model_dir(
+        directory / "model", model.eval(), tokenizer_file=tokenizer.model_file
+    )
+
+
 def split_tokenizer_files(directory: Path) -> Path:
     """A `SplitTokenizer`'s files in `directory`, as `aiayn import` writes them: a source model
     learned on the English lines of `CORPUS`, a target model on the German ones (so the two cut

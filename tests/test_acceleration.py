@@ -239,6 +239,9 @@ def test_onednn_products_give_the_loss_and_gradients_of_the_plain_path(make_mode
         src_vocab_size=300, tgt_vocab_size=300, d_model=256, d_ff=512, n_heads=4,
         dropout=0.0, attention_dropout=0.0, share_embeddings=share,
     ).train()  # fmt: skip
+    wrong = acceleration.onednn_products_wrong(model)
+    if wrong is not None:  # the trainer refuses --onednn here (the next tests)
+        pytest.skip(f"oneDNN's products are wrong on this CPU: {wrong}")
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     for _ in range(2):
         for _ in range(2):
@@ -252,6 +255,28 @@ def test_onednn_products_give_the_loss_and_gradients_of_the_plain_path(make_mode
             for name, grad in plain_grads.items():  # k_proj.bias: exactly 0 but for rounding
                 torch.testing.assert_close(grads[name], grad, rtol=1e-4, atol=1e-6 * largest)
         optimizer.step()
+
+
+@needs_onednn
+def test_the_onednn_check_finds_a_wrong_product(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`onednn_products_wrong` compares oneDNN's y and dL/dx with float64 at every wide layer
+    shape; a product that is off in a tail of rows (as a kernel bug would be) is reported."""
+    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(64, 64))
+    assert acceleration.onednn_products_wrong(model) is None
+    assert acceleration.onednn_products_wrong(torch.nn.Linear(64, 64)) is None  # nothing wide
+    real = torch.ops.mkldnn._linear_pointwise
+
+    class Ops:
+        @staticmethod
+        def _linear_pointwise(x, weight, bias, *args):
+            y = real(x, weight, bias, *args)
+            if weight.size(0) == 256 and x.size(0) > 1:  # dL/dx's product (W transposed)
+                y[-5:] += 0.01  # a wrong tail of rows
+            return y
+
+    monkeypatch.setattr(acceleration.torch.ops, "mkldnn", Ops)
+    wrong = acceleration.onednn_products_wrong(model)
+    assert wrong is not None and "dL/dx of a 512x256 layer at 37 rows" in wrong
 
 
 @needs_onednn

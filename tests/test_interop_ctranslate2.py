@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.translator import Translator
-from interop_models import SENTENCES, tiny_model_dir
+from interop_models import PAIRS, SENTENCES, tiny_model_dir, trained_model_dir
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="optional: pip install -e '.[export]'")
 
@@ -90,14 +90,21 @@ def test_float32_outputs_are_identical(export: Path, reference: Translator, opti
         assert t.log_prob >= o.log_prob - 1e-4
 
 
-def test_int8_export_mostly_agrees(model_dir: Path, reference: Translator):
-    """int8 weights and activations change the function: the agreement is stated, not exact.
-    On this model, all but at most two of the six sentences keep the float32 output."""
-    export = export_ctranslate2(model_dir, model_dir.parent / "ct2-int8", quantization="int8")
-    theirs = CTranslate2Translator(export).translate(SENTENCES, beam_size=1)
-    ours = reference.translate(SENTENCES, beam_size=1)
-    same = sum(t.token_ids == o.token_ids for t, o in zip(theirs, ours, strict=True))
-    assert same >= len(SENTENCES) - 2
+def test_int8_export_keeps_a_trained_models_outputs(tmp_path: Path):
+    """int8 weights and activations change the function; on a model whose choices are decided
+    by real margins (a trained one), the greedy outputs stay. A random model is no test of
+    this: its flat distributions flip under any rounding, and CTranslate2's int8 kernels round
+    differently by instruction set (with AVX2 alone, 3 of 7 random-model outputs kept)."""
+    model_dir = trained_model_dir(tmp_path / "trained")
+    export = export_ctranslate2(model_dir, tmp_path / "ct2-int8", quantization="int8")
+    sources = [s for pair in PAIRS for s in pair]
+    ours = Translator(model_dir).translate(sources, beam_size=1)
+    assert [o.text for o in ours] == [PAIRS[i // 2][1 - i % 2] for i in range(len(sources))]
+    theirs = CTranslate2Translator(export).translate(sources, beam_size=1)
+    assert ids(theirs) == ids(ours)
+    assert (export / "model.bin").stat().st_size < 0.6 * (
+        model_dir / "model.safetensors"
+    ).stat().st_size
 
 
 def test_backend_refuses_what_ctranslate2_cannot_do(export: Path):

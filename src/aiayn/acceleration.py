@@ -331,6 +331,50 @@ class _OneDNNLinear(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias
 
 
+ONEDNN_CHECK_ROWS = (1, 37, 1029)
+"""Row counts `onednn_products_wrong` tries: one row, a count no block size divides, and a
+count past a thousand rows (full blocks and a tail)."""
+
+
+def onednn_products_wrong(
+    model: nn.Module, rows: tuple[int, ...] = ONEDNN_CHECK_ROWS
+) -> str | None:
+    """What is wrong with `_OneDNNLinear` on this CPU at `model`'s layer shapes, or None.
+
+    `--onednn` trains with oneDNN's products for y = x Wᵀ + b and dL/dx = dL/dy · W, and their
+    kernels differ by instruction set and cache sizes: on one AMD EPYC with AVX2 a gradient from
+    them differed from `nn.Linear`'s by far more than float32 rounding. So before a run uses
+    them, each distinct weight shape that `OneDNNLinearProducts` would send to oneDNN is tried at
+    a few row counts against the same products in float64, and a relative error above 1e-4 of
+    the largest entry is reported (float32 rounding at these sizes is below 1e-5).
+    """
+    shapes = {
+        tuple(m.weight.shape)
+        for m in model.modules()
+        if isinstance(m, nn.Linear) and min(m.weight.shape) >= MIN_PACKED_FEATURES
+    }
+    generator = torch.Generator().manual_seed(0)
+    for out_features, in_features in sorted(shapes):
+        weight = torch.randn(out_features, in_features, generator=generator)
+        bias = torch.randn(out_features, generator=generator)
+        for n in rows:
+            x = torch.randn(n, in_features, generator=generator, requires_grad=True)
+            grad_y = torch.randn(n, out_features, generator=generator)
+            y = _OneDNNLinear.apply(x, weight, bias)
+            y.backward(grad_y)
+            exact_y = x.detach().double() @ weight.double().t() + bias.double()
+            exact_grad_x = grad_y.double() @ weight.double()
+            for what, got, exact in (("y", y.detach(), exact_y), ("dL/dx", x.grad, exact_grad_x)):
+                error = (got.double() - exact).abs().max().item()
+                scale = exact.abs().max().item()
+                if not error <= 1e-4 * scale:  # also catches NaN
+                    return (
+                        f"oneDNN's product for {what} of a {out_features}x{in_features} layer at "
+                        f"{n} rows is off by {error:.3g} (largest entry {scale:.3g})"
+                    )
+    return None
+
+
 class OneDNNLinearProducts(torch.overrides.TorchFunctionMode):
     """While active, float32 CPU `F.linear` (every `nn.Linear`, and the products of the chunked
     loss) runs on oneDNN (`_OneDNNLinear`; without gradients the forward product alone).

@@ -39,7 +39,12 @@ from torch.nn.parallel import DistributedDataParallel
 
 from aiayn import checkpoint as ckpt
 from aiayn import finetune, rundir
-from aiayn.acceleration import limit_onednn_kernel_cache, maybe_compile, native_bf16_cpu
+from aiayn.acceleration import (
+    limit_onednn_kernel_cache,
+    maybe_compile,
+    native_bf16_cpu,
+    onednn_products_wrong,
+)
 from aiayn.batching import accumulation, epoch_updates
 from aiayn.config import TrainConfig
 from aiayn.data import ParallelDataset, check_corpus_files, load_or_build
@@ -189,6 +194,12 @@ class Trainer:
             self.model_config = self.config.model_config(self.tokenizer.vocab_size, pad_id=PAD_ID)
         torch.manual_seed(self.config.seed)
         self.model = Transformer(self.model_config).to(self.device)
+        if self.onednn:
+            wrong = onednn_products_wrong(self.model)
+            if wrong is not None:
+                raise ValueError(
+                    f"--onednn cannot train correctly on this CPU: {wrong}; train without --onednn"
+                )
         if self.distributed.rank > 0:
             # Independent dropout masks on every rank; rank 0 keeps the single-process stream.
             torch.manual_seed(self.config.seed + self.distributed.rank)
