@@ -595,13 +595,65 @@ def test_early_stopping_does_not_change_results(
     seeds = range(6)
     early = [run(seed) for seed in seeds]
     # Without the bound a sentence only ends once nothing is left alive (at its max length).
-    monkeypatch.setattr(search, "_is_done", lambda finished, best_live, *_: best_live == -math.inf)
+    monkeypatch.setattr(search, "_done", lambda best_live, *_: best_live.isneginf().tolist())
     full = [run(seed) for seed in seeds]
     for (beams_early, _), (beams_full, _) in zip(early, full, strict=True):
         for e, f in zip(beams_early, beams_full, strict=True):
             assert [h.tokens for h in e] == [h.tokens for h in f]
             assert [h.score for h in e] == pytest.approx([h.score for h in f])
     assert sum(work for _, work in early) < sum(work for _, work in full)
+
+
+# An EOS at once (0.5) beats A (0.2) at the first step, but A C EOS (0.2, 3 tokens) wins under
+# power α = 1 (-1.61 / 3 > -0.69 / 1): only a search that goes on after one finished
+# hypothesis finds it.
+LATE_WINNER = {(): {EOS: 0.5, A: 0.2, B: 0.17, C: 0.13}, (A,): {C: 1.0}, (A, C): {EOS: 1.0}}
+
+
+@pytest.mark.parametrize(
+    ("stopping", "tokens", "steps"),
+    [("exact", [A, C], 3), ("heuristic", [], 1), ("finished", [], 1)],
+)
+def test_each_stopping_rule_stops_where_it_says(stopping: str, tokens: list[int], steps: int):
+    """W = 1, source length 1, max_len 11 (lp = 12 at most). After step 1 the finished ()
+    scores ln 0.5 = -0.69 and the live A has ln 0.2 = -1.61: `finished` stops (W finished);
+    `heuristic` stops too (A ended at the next step: -1.61 / 2 = -0.80 <= -0.69); `exact` goes
+    on (-1.61 / 12 = -0.13 > -0.69) and finds A C, scored -1.61 / 3 = -0.54."""
+    model = table_model(LATE_WINNER)
+    options = DecodingOptions(
+        beam_size=1, length_penalty=1.0, length_penalty_kind="power", max_len_b=10,
+        stopping=stopping,
+    )  # fmt: skip
+    [[best]] = beam_search(model, src([A]), **IDS, options=options)
+    assert best.tokens == tokens
+    assert len(model.batch_sizes) == steps
+
+
+@pytest.mark.parametrize("stopping", ["finished", "heuristic"])
+def test_stopping_early_keeps_w_finished_hypotheses_and_saves_steps(stopping: str) -> None:
+    """On random models, the two early rules return W hypotheses per sentence (or fewer only
+    where nothing else was possible), never decode more rows than the exact rule, and agree
+    with it on most best outputs."""
+    same = total = 0
+    for seed in range(8):
+        sources = random_sources(seed, 4)
+        outputs, rows = {}, {}
+        for rule in ("exact", stopping):
+            model = random_model(seed, eos_weight=0.6)
+            options = DecodingOptions(beam_size=3, n_best=3, max_len_b=12, stopping=rule)
+            outputs[rule] = beam_search(model, sources, **IDS, options=options)
+            rows[rule] = sum(model.batch_sizes)
+        assert rows[stopping] <= rows["exact"]
+        for early, exact in zip(outputs[stopping], outputs["exact"], strict=True):
+            assert len(early) == len(exact) == 3
+            same += early[0].tokens == exact[0].tokens
+            total += 1
+    assert same >= total // 2
+
+
+def test_decoding_options_refuse_an_unknown_stopping_rule() -> None:
+    with pytest.raises(ValueError, match="stopping \\('never'\\) must be one of 'exact'"):
+        DecodingOptions(stopping="never")
 
 
 # ------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ __all__ = [
     "DecodingOptions",
     "LengthPenalty",
     "LengthPenaltyKind",
+    "StoppingRule",
     "gnmt_length_penalty",
     "length_penalty_fn",
     "no_length_penalty",
@@ -30,6 +31,9 @@ LengthPenaltyKind = Literal["gnmt", "power", "none"]
 """The length penalties of :data:`LENGTH_PENALTIES`."""
 
 LengthPenalty = Callable[[int, float], float]
+
+StoppingRule = Literal["exact", "finished", "heuristic"]
+"""When beam search ends a sentence (:func:`aiayn.search.beam_search` says how each one works)."""
 
 
 def gnmt_length_penalty(length: int, alpha: float) -> float:
@@ -98,6 +102,11 @@ class DecodingOptions:
         max_len_b: See max_len_a.
         n_best: Hypotheses returned per sentence, best first (at most the beam size; with
             sampling, the number of independent samples).
+        stopping: When beam search ends a sentence: exact: once no live beam could beat its
+            worst kept hypothesis even at the maximum length (never changes the result);
+            finished: once it has beam-size finished hypotheses (fairseq, CTranslate2,
+            Marian); heuristic: once no live beam could beat it if it ended at the next step
+            (Hugging Face's early_stopping=False).
         sampling: Sample outputs (ancestral sampling) instead of searching; the beam size
             and the length penalty are then unused.
         temperature: Sampling temperature; log-probabilities are divided by it.
@@ -112,6 +121,7 @@ class DecodingOptions:
     max_len_a: float = 1.0
     max_len_b: float = 50
     n_best: int = 1
+    stopping: StoppingRule = "exact"
     sampling: bool = False
     temperature: float = 1.0
     top_k: int = 0
@@ -138,6 +148,10 @@ class DecodingOptions:
             raise ValueError(
                 f"length_penalty_kind ({self.length_penalty_kind!r}) must be one of {valid}"
             )
+        rules = get_args(StoppingRule)
+        if self.stopping not in rules:
+            valid = ", ".join(repr(r) for r in rules)
+            raise ValueError(f"stopping ({self.stopping!r}) must be one of {valid}")
         for name in ("max_len_a", "max_len_b"):
             value = getattr(self, name)
             if not (_is_number(value) and 0 <= value < math.inf):

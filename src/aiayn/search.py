@@ -209,6 +209,7 @@ def _finish(
     tokens: Tensor,
     sentence: Tensor,
     finished: list[list[Hypothesis]],
+    worst_kept: Tensor,
     *,
     eos_id: int,
     beam_size: int,
@@ -225,6 +226,8 @@ def _finish(
         tokens: (N, K, t) tokens of the live beams.
         sentence: (N,) index of each unfinished sentence in the input batch.
         finished: per input sentence, its best ``beam_size`` hypotheses, best first (updated).
+        worst_kept: (B,) float64 on the CPU, per input sentence the score of its worst kept
+            hypothesis once it keeps ``beam_size`` of them, else -inf (updated).
     """
     w = min(beam_size, cands.token.size(1))
     ends = cands.token[:, :w].eq(eos_id) & cands.log_prob[:, :w].isfinite()  # (N, w)
@@ -244,6 +247,8 @@ def _finish(
         kept.append(Hypothesis(tokens=toks, score=score, log_prob=log_prob))
         kept.sort(key=lambda h: -h.score)  # stable: on a tie the earlier hypothesis stays first
         del kept[beam_size:]
+        if len(kept) == beam_size:
+            worst_kept[i] = kept[-1].score
 
 
 def _keep_live(
@@ -314,15 +319,19 @@ def _survivors(done: list[bool]) -> list[int]:
     return [next(back) if done[j] else j for j in range(n_left)]
 
 
-def _is_done(
-    finished: list[Hypothesis], best_live_log_prob: float, beam_size: int, max_final_lp: float
-) -> bool:
-    """The stopping rule for one sentence (see :func:`beam_search`)."""
-    if best_live_log_prob == -math.inf:  # nothing left alive: EOS was forced at max length
-        return True
-    if len(finished) < beam_size:
-        return False
-    return best_live_log_prob / max_final_lp <= finished[-1].score
+def _done(best_live: Tensor, worst_kept: Tensor, bound_lp: Tensor, stopping: str) -> list[bool]:
+    """The stopping rule (see :func:`beam_search`) for each unfinished sentence at once.
+
+    Args:
+        best_live: (N,) cumulative log-probability of each sentence's best live beam.
+        worst_kept: (N,) float64 score of its worst kept hypothesis; -inf until it keeps W.
+        bound_lp: (N,) float64 length penalty that the rule divides ``best_live`` by.
+    """
+    best = best_live.double().cpu()
+    full = worst_kept.isfinite()  # W finished hypotheses
+    # exact, heuristic: the best live beam's best reachable score cannot beat the worst kept
+    done = full if stopping == "finished" else full & (best / bound_lp <= worst_kept)
+    return (done | best.isneginf()).tolist()  # nothing alive: EOS was forced at max length
 
 
 @torch.inference_mode()
@@ -343,14 +352,22 @@ def beam_search(
     best W that do not end in EOS as the new live beams (:func:`_keep_live`). The first step
     starts from a single beam per sentence. Pad and BOS are never generated.
 
-    Stopping rule. A sentence is done when (a) it has reached its maximum length (EOS was
-    forced, nothing is left alive), or (b) it has ``beam_size`` finished hypotheses and no live
-    beam can still beat the worst of them:
-    ``best_live_log_prob / lp(max_len + 1) <= worst_finished_score``. The bound holds because
-    log-probabilities only decrease as tokens are added and, for α ≥ 0, the gnmt and power
-    penalties only grow with length, so the best score any descendant can reach is its current
-    log-probability divided by the largest penalty. Stopping early therefore never changes the
-    result. Done sentences are dropped from the batch.
+    Stopping rule (``options.stopping``). A sentence is done when it has reached its maximum
+    length (EOS was forced, nothing is left alive), or when it has ``beam_size`` finished
+    hypotheses and
+
+    - ``"exact"`` (the default): no live beam can still beat the worst of them,
+      ``best_live_log_prob / lp(max_len + 1) <= worst_finished_score``. The bound holds because
+      log-probabilities only decrease as tokens are added and, for α ≥ 0, the gnmt and power
+      penalties only grow with length, so the best score any descendant can reach is its
+      current log-probability divided by the largest penalty. It never changes the result.
+    - ``"finished"``: nothing more (fairseq, CTranslate2 and Marian stop here). A live beam
+      that would have scored better later is lost, but no step is spent looking for it.
+    - ``"heuristic"``: no live beam could beat the worst of them if it ended at the next step,
+      ``best_live_log_prob / lp(t + 2) <= worst_finished_score`` after t + 1 generated tokens
+      (Hugging Face's ``early_stopping=False``).
+
+    Done sentences are dropped from the batch.
 
     Args:
         model: See :class:`IncrementalModel`.
@@ -377,11 +394,13 @@ def beam_search(
     b = src_tokens.size(0)
     memory, src_key_mask = model.encode(src_tokens)
     max_len = _max_output_lengths(src_tokens, pad_id, options.max_len_a, options.max_len_b)
-    max_final_lp = [lp_fn(m + 1, length_penalty) for m in max_len.tolist()]  # indexed by sentence
+    # (B,) float64 on the CPU, by input sentence: the largest penalty each may reach
+    max_final_lp = torch.tensor([lp_fn(m + 1, length_penalty) for m in max_len.tolist()])
     cache = model.init_cache(memory, src_key_mask, int(max_len.max()) + 1 if b else 1)
     banned = _never_output(bos_id, eos_id, pad_id, device)
 
     finished: list[list[Hypothesis]] = [[] for _ in range(b)]
+    worst_kept = torch.full((b,), -math.inf, dtype=torch.float64)  # (B,) see _finish
     sentence = torch.arange(b, device=device)  # (N,)
     tokens = torch.empty(b, 1, 0, dtype=torch.long, device=device)  # (N, K, t)
     beam_log_prob = torch.zeros(b, 1, device=device)  # (N, K)
@@ -398,6 +417,7 @@ def beam_search(
             tokens,
             sentence,
             finished,
+            worst_kept,
             eos_id=eos_id,
             beam_size=beam_size,
             length_penalty=lp_fn,
@@ -407,11 +427,13 @@ def beam_search(
             cands, tokens, eos_id=eos_id, beam_size=beam_size
         )
 
-        best_live = beam_log_prob[:, 0].tolist()  # ranked best first until _in_parent_rows
-        done = [
-            _is_done(finished[i], best_live[j], beam_size, max_final_lp[i])
-            for j, i in enumerate(sentence.tolist())
-        ]
+        on_cpu = sentence.cpu()
+        if options.stopping == "heuristic":
+            bound_lp = torch.full((n,), lp_fn(step + 2, length_penalty), dtype=torch.float64)
+        else:
+            bound_lp = max_final_lp[on_cpu]
+        # the live beams are ranked best first until _in_parent_rows
+        done = _done(beam_log_prob[:, 0], worst_kept[on_cpu], bound_lp, options.stopping)
         keep = torch.tensor(_survivors(done), dtype=torch.long, device=device)
         if keep.numel() == 0:
             break

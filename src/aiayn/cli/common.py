@@ -24,7 +24,14 @@ logger = logging.getLogger("aiayn")
 
 # Flags of `DecodingOptions` fields: the search ones are shared by translate, evaluate, serve
 # and attention; the sampling ones are translate's (with its own --n-best).
-SEARCH_FIELDS = ("beam_size", "length_penalty", "length_penalty_kind", "max_len_a", "max_len_b")
+SEARCH_FIELDS = (
+    "beam_size",
+    "length_penalty",
+    "length_penalty_kind",
+    "max_len_a",
+    "max_len_b",
+    "stopping",
+)
 SAMPLING_FIELDS = ("sampling", "temperature", "top_k", "top_p")
 
 BACKENDS = ("pytorch", "ctranslate2")
