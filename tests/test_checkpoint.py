@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Callable
@@ -182,6 +183,52 @@ def test_invalid_config_is_named(
     (directory / ckpt.CONFIG_FILE).write_text(json.dumps(config))
     with pytest.raises(ckpt.CheckpointError, match=r"config\.json: invalid model config.*d_modle"):
         ckpt.read_model_config(directory)
+
+
+def _edit_config(directory: Path, **changes: object) -> Path:
+    """Change fields of `directory`'s config.json and rewrite checksums.json to match (as a
+    hand, or a tool that knows the format, would): only the config disagrees with the weights."""
+    config_file = directory / ckpt.CONFIG_FILE
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), **changes}))
+    checksums = json.loads((directory / ckpt.CHECKSUMS_FILE).read_text())
+    checksums[ckpt.CONFIG_FILE] = hashlib.sha256(config_file.read_bytes()).hexdigest()
+    (directory / ckpt.CHECKSUMS_FILE).write_text(json.dumps(checksums))
+    return config_file
+
+
+@pytest.mark.parametrize(
+    ("changes", "shown"),
+    [
+        ({"d_model": 2**40}, "d_model (1099511627776) does not match"),
+        ({"d_ff": 2**40}, "d_ff (1099511627776) does not match"),
+        ({"n_heads": 2**20}, "n_heads × d_k (8388608) does not match"),
+        ({"n_encoder_layers": 2**40}, "n_encoder_layers (1099511627776) does not match"),
+        ({"n_decoder_layers": 1}, "n_decoder_layers (1) does not match"),
+        ({"src_vocab_size": 2**40, "tgt_vocab_size": 2**40}, "src_vocab_size (1099511627776)"),
+        ({"positional_encoding": "learned", "max_positions": 2**40}, "max_positions ("),
+    ],
+    ids=["d_model", "d_ff", "n_heads", "encoder", "decoder", "vocab", "positions"],
+)
+def test_sizes_that_the_weights_do_not_have_are_refused_before_the_model_is_built(
+    changes: dict[str, object],
+    shown: str,
+    make_model: Callable,
+    tokenizer_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture,
+) -> None:
+    learned = changes.get("positional_encoding") == "learned"
+    model = make_model(positional_encoding="learned") if learned else make_model()
+    directory = ckpt.save_model_dir(tmp_path / "m", model, tokenizer_file=tokenizer_file)
+    config_file = _edit_config(directory, **changes)
+    with pytest.raises(ckpt.CheckpointError) as raised:
+        ckpt.load_model_dir(directory)
+    message = str(raised.value)
+    assert message.startswith(f"{config_file}: {shown}"), message
+    assert f"the weights in {directory / ckpt.WEIGHTS_FILE}" in message
+    for argv in (["info", "-m", str(directory)], ["translate", "-m", str(directory)]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"aiayn {argv[0]}: error: {message}\n"
 
 
 # -- checkpoints ----------------------------------------------------------------------------
@@ -394,10 +441,11 @@ def test_average_never_deletes_a_directory_it_did_not_write(
     run_before, notes_before = _tree(tmp_path / "run"), _tree(notes)
 
     err = _average_fails([str(tmp_path / "run"), "-o", str(notes)], capsys)
-    assert f"{notes} already holds files that aiayn did not write (todo.txt)" in err
-    for target in (tmp_path / "run", tmp_path / "run" / "model"):
-        err = _average_fails([str(tmp_path / "run"), "-o", str(target)], capsys)
-        assert f"{target} is a training run directory or inside one" in err
+    assert f"{notes} already holds files that are not an aiayn model directory's (todo.txt)" in err
+    err = _average_fails([str(tmp_path / "run"), "-o", str(tmp_path / "run")], capsys)
+    assert f"{tmp_path / 'run'} is a training run directory;" in err
+    err = _average_fails([str(tmp_path / "run"), "-o", str(tmp_path / "run" / "model")], capsys)
+    assert f"{tmp_path / 'run' / 'model'} belongs to the training run {tmp_path / 'run'}" in err
     (tmp_path / "file").write_text("mine")
     err = _average_fails([str(tmp_path / "run"), "-o", str(tmp_path / "file")], capsys)
     assert f"{tmp_path / 'file'} exists and is not a directory" in err
@@ -417,6 +465,29 @@ def test_average_replaces_a_model_directory_it_wrote(
     empty.mkdir()
     assert main(["average", str(tmp_path / "run"), "-o", str(empty)]) == 0
     assert ckpt.load_model_dir(empty).metadata["averaged"] == ["step_00000100"]
+
+
+def test_average_run_again_writes_the_same_bytes(
+    make_model: Callable, tokenizer_file: Path, tmp_path: Path
+) -> None:
+    """Same checkpoints, same output, byte for byte (checksums.json included): safetensors
+    writes its header's metadata in a random order of its own (safetensors#584)."""
+    models = [_randomised(make_model(), seed) for seed in (40, 41)]
+    _save_steps(tmp_path / "run", models, tokenizer_file)
+    trees = []
+    for out in ("out", "out", "other", "another"):  # again into the same, and elsewhere
+        assert main(["average", str(tmp_path / "run"), "-o", str(tmp_path / out)]) == 0
+        trees.append(_tree(tmp_path / out))
+    assert sorted(trees[0]) == sorted([*ckpt.MODEL_FILES, ckpt.CHECKSUMS_FILE])
+    assert all(tree == trees[0] for tree in trees[1:])
+
+
+def test_a_checkpoint_saved_twice_has_the_same_bytes(
+    make_model: Callable, tokenizer_file: Path, tmp_path: Path
+) -> None:
+    model = _randomised(make_model(share_embeddings="all"), 42)
+    trees = [_tree(_save_steps(tmp_path / run, [model], tokenizer_file)[0]) for run in "abc"]
+    assert all(tree == trees[0] for tree in trees[1:])
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])

@@ -1,16 +1,26 @@
-"""Tests for aiayn.config: Table 3 presets, validation messages, serialisation, replace()."""
+"""Tests for aiayn.config: Table 3 presets, validation messages, serialisation, replace(), YAML
+files."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from aiayn.config import PRESETS, ConfigError, ModelConfig, TrainConfig, preset
+from aiayn.cli import main
+from aiayn.config import (
+    PRESETS,
+    ConfigError,
+    ModelConfig,
+    TrainConfig,
+    load_yaml_config,
+    preset,
+)
 
 VOCAB = 37000
 
@@ -224,3 +234,28 @@ def test_early_stopping_on_bleu_with_valid_bleu_is_accepted() -> None:
         src="a", tgt="b", valid_tsv="v", valid_bleu=True, patience=3, patience_metric="bleu"
     )
     assert (config.patience, config.patience_metric) == (3, "bleu")
+
+
+@pytest.mark.parametrize(
+    ("text", "where", "problem"),
+    [
+        ("max_steps: 10\nsrc: a.txt\n  tgt: [b\n", "3:6", "mapping values are not allowed here"),
+        (
+            'max_steps: 10\nsrc: "a.txt\n',
+            "3:1",
+            "found unexpected end of stream (while scanning a quoted scalar at 2:6)",
+        ),
+        ("a: 1\n\tb: 2\n", "2:1", "found character '\\t' that cannot start any token"),
+    ],
+    ids=["mapping", "unclosed-quote", "tab"],
+)
+def test_a_yaml_syntax_error_is_one_line_with_file_line_and_column(
+    text: str, where: str, problem: str, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as raised:
+        load_yaml_config(path)
+    assert str(raised.value) == f"{path}:{where}: not valid YAML: {problem}"
+    assert main(["train", "-c", str(path)]) == 2
+    assert capsys.readouterr().err == f"aiayn train: error: {raised.value}\n"

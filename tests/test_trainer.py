@@ -8,12 +8,13 @@ are tested end to end in tests/integration/test_train_e2e.py.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import json
 import logging
 import math
 import os
 import random
+import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -473,6 +474,47 @@ def test_resume_with_another_batch_layout_warns(
     assert "saved with 1 process(es) × 1 batch(es) per update, this run uses 1 × 2" in caplog.text
 
 
+def test_average_into_the_run_again_after_a_resume_replaces_only_its_earlier_output(
+    corpus: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """README's `aiayn average RUN --last 5 -o RUN/averaged`, once, then again after the run
+    went on: the second replaces the first and touches nothing else; what the trainer writes
+    (the run directory, its model/, best/, checkpoints/, data/) stays refused, present or not."""
+    run = tmp_path / "run"
+    config = make_config(corpus, run, max_steps=2, save_every=1)
+    trainer.train(config)
+    average = ["average", str(run), "--last", "5", "-o", str(run / "averaged")]
+    assert main(average) == 0
+    steps = ["step_00000001", "step_00000002"]
+    assert ckpt.load_model_dir(run / "averaged").metadata["averaged"] == steps
+    assert main([*cli_args(dataclasses.replace(config, max_steps=4)), "--resume"]) == 0
+    before = run_dir_snapshot(run)
+
+    assert main(average) == 0
+    after = run_dir_snapshot(run)
+    assert ckpt.load_model_dir(run / "averaged").metadata["averaged"] == [
+        f"step_{step:08d}" for step in (1, 2, 3, 4)
+    ]
+    assert {k: v for k, v in after.items() if not k.startswith("averaged/")} == {
+        k: v for k, v in before.items() if not k.startswith("averaged/")
+    }
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == []
+    capsys.readouterr()
+
+    owned = ["model", "best", "checkpoints", "checkpoints/step_00000004", "data"]
+    for target in [run, *(run / name for name in owned)]:
+        assert main(["average", str(run), "-o", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+        if target == run:
+            assert f"error: {run} is a training run directory;" in err
+        else:
+            assert f"error: {target} belongs to the training run {run} (" in err
+        assert "(nothing was changed)" in err
+    assert run_dir_snapshot(run) == after
+    assert not (run / "best").exists()
+
+
 # -- errors a user can fix: one clear line, exit status 2, nothing half-done -------------------
 
 
@@ -719,11 +761,17 @@ def test_resume_from_a_truncated_checkpoint(
     assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == metrics
 
 
-def _fill_the_disk(monkeypatch: pytest.MonkeyPatch, writer: str, after: int) -> None:
-    """Make the `after`+1-th write by `writer` fail half-way as on a full disk.
+FREE_BYTES = 1024  # what the full file system reports free
 
-    torch.save and safetensors report a full disk differently (torch raises OSError through a
-    Python file, or "unexpected pos" when given a path; safetensors a SafetensorError).
+
+def _fill_the_disk(monkeypatch: pytest.MonkeyPatch, writer: str, after: int) -> None:
+    """Make the `after`+1-th write by `writer` fail half-way as on a full disk, with the error
+    that writer raises there, while the file system reports `FREE_BYTES` free.
+
+    torch's zip writer swallows the OSError(ENOSPC) of the file it writes to and raises
+    "RuntimeError: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+    (test_a_real_full_disk_is_one_line checks this on a real file system); safetensors
+    raises a SafetensorError whose text ends in "(os error 28)".
     """
     calls = 0
     original = torch.save if writer == "torch" else ckpt.save_model
@@ -738,7 +786,9 @@ def _fill_the_disk(monkeypatch: pytest.MonkeyPatch, writer: str, after: int) -> 
         else:
             target.write(b"partial")
         if writer == "torch":
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+            )
         raise SafetensorError(
             "Error while serializing: I/O error: No space left on device (os error 28)"
         )
@@ -747,6 +797,10 @@ def _fill_the_disk(monkeypatch: pytest.MonkeyPatch, writer: str, after: int) -> 
         monkeypatch.setattr(torch, "save", full)
     else:
         monkeypatch.setattr(ckpt, "save_model", full)
+    usage = shutil.disk_usage(".")
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: usage._replace(free=FREE_BYTES, used=usage.total)
+    )
 
 
 @pytest.mark.parametrize("writer", ["torch", "safetensors"])
@@ -764,8 +818,9 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_checkpoint(
         _fill_the_disk(patch, writer, after=1 if writer == "torch" else 2)
         for args in (cli_args(config), [*cli_args(config), "--resume"]):  # still full
             err = _fails(args, capsys)
-            assert "No space left on device" in err
-            assert ".step_00000004.tmp-" in err and "partial checkpoint removed" in err
+            assert "No space left on device writing " in err and ".step_00000004.tmp-" in err
+            assert re.search(r": the checkpoint needs about \d+\.\d KiB, 1\.0 KiB free;", err), err
+            assert "partial checkpoint removed" in err
             assert f"last good checkpoint: {run / 'checkpoints' / 'step_00000002'}" in err
             assert [p.name for p in run.rglob("*") if ".tmp" in p.name] == []
             assert checkpoint_steps(run) == [2]
@@ -773,6 +828,57 @@ def test_a_full_disk_is_one_line_and_leaves_no_partial_checkpoint(
     assert main([*cli_args(config), "--resume"]) == 0
     assert checkpoint_steps(run) == [2, 4]
     assert ckpt.load_model_dir(run).metadata["step"] == 4
+
+
+def _can_mount_a_tmpfs() -> bool:
+    """Whether this user may mount a tmpfs in a user namespace of its own (`unshare -rm`)."""
+    if shutil.which("unshare") is None:
+        return False
+    command = "mount -t tmpfs -o size=64k tmpfs /mnt || mount -t tmpfs -o size=64k tmpfs /tmp"
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", command], capture_output=True)
+    return probe.returncode == 0
+
+
+def _bytes_on_tmpfs(directory: Path) -> int:
+    """What the files under `directory` take on a tmpfs (whole 4 KiB pages)."""
+    return sum(-(-p.stat().st_size // 4096) * 4096 for p in directory.rglob("*") if p.is_file())
+
+
+@pytest.mark.skipif(not _can_mount_a_tmpfs(), reason="needs unshare -rm and a tmpfs mount")
+def test_a_real_full_disk_is_one_line(corpus: tuple[Path, Path], tmp_path: Path) -> None:
+    """The run is copied onto a tmpfs with room for one more checkpoint but half its training
+    state, which torch's zip writer then fails to write: the resume fails at its first save
+    with one line; so does a second resume once not a byte is free."""
+    run = tmp_path / "run"
+    config = make_config(corpus, run, max_steps=2, save_every=2)
+    trainer.train(config)
+    checkpoint = run / "checkpoints" / "step_00000002"
+    state = (checkpoint / ckpt.TRAINING_STATE_FILE).stat().st_size
+    size = _bytes_on_tmpfs(run) + _bytes_on_tmpfs(checkpoint) - state // 2
+    mount = tmp_path / "small"
+    mount.mkdir()
+    moved = dataclasses.replace(config, out_dir=str(mount / "run"), max_steps=4)
+    resume = shlex.join([sys.executable, "-m", "aiayn", *cli_args(moved), "--resume"])
+    script = (
+        f"mount -t tmpfs -o size={size} tmpfs {shlex.quote(str(mount))} || exit 99\n"
+        f"cp -a {shlex.quote(str(run))} {shlex.quote(str(mount))}/ || exit 98\n"
+        f"{resume}; echo status=$?\n"
+        f"cat /dev/zero > {shlex.quote(str(mount / 'filler'))} 2>/dev/null\n"
+        f"{resume}; echo status=$?\n"
+        f"ls -A {shlex.quote(str(mount / 'run' / 'checkpoints'))}\n"
+    )
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True)
+    # exit status 2 twice, and no partial checkpoint left
+    assert done.stdout.split() == ["status=2", "status=2", "step_00000002"], done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("aiayn train:")]
+    assert len(errors) == 2, done.stderr
+    last_good = f"last good checkpoint: {mount / 'run' / 'checkpoints' / 'step_00000002'}"
+    for line in errors:
+        assert line.startswith("aiayn train: error: No space left on device writing "), line
+        assert line.endswith(last_good), line
+    assert re.search(r"the checkpoint needs about [\d.]+ KiB, [\d.]+ KiB free", errors[0])
+    assert "partial checkpoint removed" in errors[0], errors[0]
 
 
 # -- what killed runs leave behind ------------------------------------------------------------
@@ -1117,3 +1223,16 @@ def test_cpu_bf16_training_runs_in_bf16_and_learns(
     assert all(w.dtype == torch.float32 for w in weights(result.model_dir).values())
     losses = [loss for _, loss, _ in train_losses(result.run_dir)]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+def test_training_refuses_onednn_where_its_products_are_wrong(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where `acceleration.onednn_products_wrong` finds oneDNN's products off at the model's
+    shapes, `--onednn` stops the run before its first update, saying why."""
+    monkeypatch.setattr(trainer, "uses_onednn", lambda *args, **kwargs: True)
+    monkeypatch.setattr(trainer, "onednn_products_wrong", lambda model: "off by 0.03")
+    config = make_config(corpus, tmp_path / "run", onednn=True)
+    with pytest.raises(ValueError, match="--onednn cannot train correctly on this CPU: off by"):
+        trainer.train(config)
+    assert not (tmp_path / "run" / "model").exists()

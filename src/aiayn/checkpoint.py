@@ -16,7 +16,9 @@ It is read with
 under a temporary name and renamed into place, so a killed run never leaves a half-written one;
 what a kill does leave (temporary names, a directory moved aside while being replaced) is put
 back or removed by `aiayn.rundir.remove_debris` when the run starts again. A full disk is
-reported as such (`DiskFullError`), with the partial directory removed.
+reported as such (`DiskFullError`: where, what the save needs, what is free), with the partial
+directory removed. The same weights saved twice are the same bytes, and a config.json is
+checked against its weights' shapes before a model is built from it (`read_model_config`).
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ import math
 import os
 import re
 import shutil
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_model, save_model
 from torch import nn
 
@@ -53,7 +56,6 @@ METADATA_FILE = "metadata.json"
 CHECKSUMS_FILE = "checksums.json"
 TRAINING_STATE_FILE = "training_state.pt"
 MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, METADATA_FILE)
-_MODEL_DIR_FILES = (*MODEL_FILES, CHECKSUMS_FILE)
 
 
 class CheckpointError(RuntimeError):
@@ -203,12 +205,19 @@ def save_model_dir(
         # A partial directory would only fill the disk further (and a full disk is the
         # usual cause): nothing reads it, so remove it before saying what happened.
         shutil.rmtree(tmp, ignore_errors=True)
+        if not isinstance(error, Exception):
+            raise
+        needed = _bytes_needed(model, tokenizer_file, extra_files)
+        free = _free_bytes(tmp)
         code = _disk_full_errno(error)
+        if code is None and isinstance(error, _WRITE_ERRORS) and free < needed:
+            code = errno.ENOSPC  # a writer that hides the cause (see _write_model_files)
         if code is None:
             raise
         what = "checkpoint" if extra_files else "model directory"
         raise DiskFullError(
-            f"no space left on device writing {tmp}: {os.strerror(code)}; partial {what} removed"
+            f"{os.strerror(code)} writing {tmp}: the {what} needs about {_size(needed)}, "
+            f"{_size(free)} free; partial {what} removed"
         ) from None
     _replace_dir(tmp, directory)
     return directory
@@ -224,6 +233,7 @@ def _write_model_files(
     (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
     weights = tmp / WEIGHTS_FILE
     save_model(model, str(weights), metadata={"format": "pt", "aiayn": __version__})
+    _sort_header_metadata(weights)
     # safetensors writes through a private temporary file (mode 0600): give the weights the
     # mode every other file here got from the umask, so whoever may read the config may load.
     os.chmod(weights, (tmp / CONFIG_FILE).stat().st_mode & 0o777)
@@ -233,8 +243,10 @@ def _write_model_files(
     meta = {"aiayn_version": __version__, **(metadata or {})}
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     for name, obj in (extra_files or {}).items():
-        # Through a Python file, a full disk raises OSError(ENOSPC); given a path, torch.save
-        # raises "RuntimeError: [enforce fail ...] unexpected pos", which hides the cause.
+        # On a full disk torch's zip writer swallows the file's OSError(ENOSPC) and raises
+        # "RuntimeError: [enforce fail at inline_container.cc] ... unexpected pos" (closing
+        # the file may raise the OSError again, or not): `save_model_dir` compares the free
+        # space with what the save needs to tell a full disk from another failure.
         with open(tmp / name, "wb") as f:
             torch.save(obj, f)
     names = sorted(p.name for p in tmp.iterdir())
@@ -267,38 +279,6 @@ def save_checkpoint(
     for old in list_checkpoints(run_dir)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return path
-
-
-def is_run_dir(directory: Path) -> bool:
-    """Whether `directory` is a training run's (it holds checkpoints/ or its train config)."""
-    return (directory / "checkpoints").is_dir() or (directory / "train_config.yaml").is_file()
-
-
-def check_replaceable(directory: str | Path) -> None:
-    """Refuse an output directory whose contents writing a model directory would destroy.
-
-    `save_model_dir` replaces whatever is at its target. Only an aiayn model directory (its own
-    files and nothing else, e.g. an earlier `aiayn average` output) or an empty directory may
-    be replaced: a directory holding any other file may be the user's work, and a run directory
-    or one inside it (its `model/`, `best/`) belongs to the run.
-    """
-    directory = Path(directory)
-    if not directory.exists():
-        return
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory} exists and is not a directory (nothing was changed)")
-    if is_run_dir(directory) or is_run_dir(directory.resolve().parent):
-        raise CheckpointError(
-            f"{directory} is a training run directory or inside one; choose another output "
-            "directory (nothing was changed)"
-        )
-    foreign = sorted(p.name for p in directory.iterdir() if p.name not in _MODEL_DIR_FILES)
-    if foreign:
-        shown = ", ".join(foreign[:3]) + (", ..." if len(foreign) > 3 else "")
-        raise CheckpointError(
-            f"{directory} already holds files that aiayn did not write ({shown}); choose another "
-            "output directory (nothing was changed)"
-        )
 
 
 _LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)")
@@ -445,13 +425,81 @@ def verify(directory: Path) -> None:
 
 
 def read_model_config(directory: str | Path) -> ModelConfig:
+    """A model directory's `ModelConfig`, checked against its weights' shapes if it has them.
+
+    Everything that builds a model reads its config here, so that a config.json whose sizes
+    are not the weights' (edited by hand, or copied from another model) is refused by name
+    before the model is built: d_model 2^40 would otherwise ask the allocator for petabytes.
+    """
     path = Path(directory) / CONFIG_FILE
     try:
-        return ModelConfig.from_dict(json.loads(path.read_text()))
+        config = ModelConfig.from_dict(json.loads(path.read_text()))
     except FileNotFoundError:
         raise CheckpointError(f"missing {path}") from None
     except (json.JSONDecodeError, UnicodeDecodeError, ConfigError, TypeError) as error:
         raise CheckpointError(f"{path}: invalid model config: {error}") from None
+    if (Path(directory) / WEIGHTS_FILE).is_file():
+        check_sizes(config, path, Path(directory) / WEIGHTS_FILE)
+    return config
+
+
+# Where the weights file records each size of a `ModelConfig`: (tensor, dimension), by the
+# model's parameter names. The layer counts are counted from the names.
+_SIZES_IN_WEIGHTS = {
+    "src_vocab_size": ("src_embed.embedding.weight", 0),
+    "d_model": ("src_embed.embedding.weight", 1),
+    "tgt_vocab_size": ("tgt_embed.embedding.weight", 0),
+    "d_ff": ("encoder.layers.0.feed_forward.linear1.weight", 0),
+    "n_heads × d_k": ("encoder.layers.0.self_attn.q_proj.weight", 0),
+    "n_heads × d_v": ("encoder.layers.0.self_attn.v_proj.weight", 0),
+    "max_positions": ("positions.embedding.weight", 0),  # learned positions only
+}
+_LAYER = re.compile(r"(?P<stack>encoder|decoder)\.layers\.(?P<index>\d+)\.")
+
+
+def check_sizes(config: ModelConfig, config_file: Path, weights_file: Path) -> None:
+    """Refuse a config whose sizes differ from the shapes in `weights_file`, naming the field.
+
+    Reads the safetensors header only (no tensor). Which tensors exist (another architecture)
+    is `load_weights`'s to check; this check is what must come before building the model.
+    """
+    shapes = _weight_shapes(weights_file)
+    given = config.to_dict() | {
+        "n_heads × d_k": config.n_heads * config.d_k,
+        "n_heads × d_v": config.n_heads * config.d_v,
+    }
+    found: list[tuple[str, int, str]] = []  # (field, size in the weights, where it is seen)
+    for name, (tensor, dim) in _SIZES_IN_WEIGHTS.items():
+        if (shape := shapes.get(tensor)) is not None and len(shape) > dim:
+            found.append((name, shape[dim], f"{tensor} has shape {list(shape)}"))
+    for stack in ("encoder", "decoder"):
+        layers = {int(m["index"]) for n in shapes if (m := _LAYER.match(n)) and m["stack"] == stack}
+        if layers:
+            found.append(
+                (f"n_{stack}_layers", len(layers), f"{stack}.layers.* counts {len(layers)}")
+            )
+    for name, size, seen in found:
+        if given[name] != size:
+            raise CheckpointError(
+                f"{config_file}: {name} ({given[name]}) does not match the weights in "
+                f"{weights_file}, where {seen}; the config was edited or belongs to other weights"
+            )
+
+
+def _weight_shapes(weights_file: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape in a safetensors file, also under the names of the shared weights
+    that `save_model` stored once (its metadata maps each to the name stored)."""
+    try:
+        with safe_open(str(weights_file), framework="pt") as f:
+            names = f.keys()  # a safe_open is not iterable
+            shapes = {name: tuple(f.get_slice(name).get_shape()) for name in names}
+            metadata = f.metadata() or {}
+    except (SafetensorError, OSError) as error:
+        raise CorruptCheckpointError(
+            f"{weights_file} is corrupt or truncated (its header cannot be read: {error})"
+        ) from None
+    aliases = {name: shapes[kept] for name, kept in metadata.items() if kept in shapes}
+    return aliases | shapes
 
 
 def load_model_dir(directory: str | Path, *, device: str | torch.device = "cpu") -> LoadedModel:
@@ -564,6 +612,7 @@ def _sha256(path: Path) -> str:
 
 
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)  # what the writers raise
 
 
 def _disk_full_errno(error: BaseException) -> int | None:
@@ -575,6 +624,64 @@ def _disk_full_errno(error: BaseException) -> int | None:
     if isinstance(error, OSError) and error.errno in _DISK_FULL:
         return error.errno
     return next((code for code in _DISK_FULL if f"(os error {code})" in str(error)), None)
+
+
+def _sort_header_metadata(weights_file: Path) -> None:
+    """Put the metadata in a safetensors file's header in sorted order, in place.
+
+    safetensors writes it in the order of a Rust HashMap, random per save (safetensors#584),
+    so the same weights saved twice differed byte for byte, checksums.json with them. The
+    header (8 bytes of length, then JSON padded with spaces) is rewritten as the same JSON in
+    the same compact form, so its length, and every tensor's offset, stay as they were.
+    """
+    with open(weights_file, "r+b") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(length))
+        header["__metadata__"] = dict(sorted(header.get("__metadata__", {}).items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        if len(text) <= length:  # always: the same JSON; never move the tensors
+            f.seek(8)
+            f.write(text.ljust(length))
+
+
+def _bytes_needed(
+    model: nn.Module, tokenizer_file: str | Path, extra_files: dict[str, Any] | None
+) -> int:
+    """About what a save writes: every tensor's storage once (shared weights are stored
+    once), the tokenizer, and a margin for the formats' headers and the small JSON files."""
+    tensors = [*model.state_dict().values(), *_tensors_in(extra_files)]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    files = [file for file in tokenizer_files(Path(tokenizer_file)) if file.is_file()]
+    tokenizer = sum(file.stat().st_size for file in files)
+    return sum(storages.values()) + tokenizer + 512 * len(tensors) + 64 * 1024
+
+
+def _tensors_in(values: Any) -> list[torch.Tensor]:
+    """The tensors in nested dicts, lists and tuples (a training state)."""
+    if isinstance(values, torch.Tensor):
+        return [values]
+    if isinstance(values, dict):
+        values = list(values.values())
+    if isinstance(values, (list, tuple)):
+        return [tensor for value in values for tensor in _tensors_in(value)]
+    return []
+
+
+def _free_bytes(path: Path) -> int:
+    """Free space (for this user) on the file system that holds `path` or its nearest parent."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def _size(n: float) -> str:
+    """A byte count for people: 1536 → "1.5 KiB"."""
+    units = ("bytes", "KiB", "MiB", "GiB", "TiB")
+    unit = 0
+    while n >= 1024 and unit < len(units) - 1:
+        n /= 1024
+        unit += 1
+    return f"{n:.0f} bytes" if unit == 0 else f"{n:.1f} {units[unit]}"
 
 
 def _fsync_dir(directory: Path) -> None:

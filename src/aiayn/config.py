@@ -445,6 +445,8 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}")
     try:
         values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.MarkedYAMLError as error:
+        raise ConfigError(_yaml_error(path, error)) from None
     except (yaml.YAMLError, UnicodeDecodeError) as error:
         raise ConfigError(f"{path}: not valid YAML: {error}") from None
     if values is None:
@@ -452,3 +454,17 @@ def load_yaml_config(path: str | Path) -> dict[str, Any]:
     if not isinstance(values, dict):
         raise ConfigError(f"{path}: expected a mapping of keys to values at the top level")
     return values
+
+
+def _yaml_error(path: Path, error: yaml.MarkedYAMLError) -> str:
+    """One line, `FILE:LINE:COLUMN: not valid YAML: PROBLEM`, for the parser's several (the
+    problem, where it was found, the construct it was in, a quote of the line, a caret).
+
+    The construct is named only where it began elsewhere (an unclosed quote, a bracket).
+    """
+    mark = error.problem_mark or error.context_mark
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+    message = error.problem or error.context or "syntax error"
+    if error.problem and error.context and (start := error.context_mark) is not None:
+        message += f" ({error.context} at {start.line + 1}:{start.column + 1})"
+    return f"{where}: not valid YAML: {message}"

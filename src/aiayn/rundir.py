@@ -45,7 +45,7 @@ from typing import Any
 import yaml
 
 from aiayn import checkpoint as ckpt
-from aiayn.config import TrainConfig
+from aiayn.config import TrainConfig, load_yaml_config
 from aiayn.runlog import METRICS_FILE
 
 try:
@@ -57,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 LOCK_FILE = "train.lock"
 CONFIG_FILE = "train_config.yaml"
+# The directories of the layout above: the trainer's, never another command's output.
+OWN_DIRS = ("checkpoints", "data", "model", "best", "tensorboard")
 
 
 class RunDirectoryError(RuntimeError):
@@ -118,6 +120,25 @@ def _describe_holder(path: Path) -> str:
         return f"PID {holder['pid']} on {holder['host']}, since {holder['since']}"
     except (OSError, ValueError, KeyError, TypeError):
         return "holder unknown: it is still starting"
+
+
+def is_run_dir(directory: Path) -> bool:
+    """Whether `directory` is a training run's (it holds checkpoints/ or its train config)."""
+    return (directory / "checkpoints").is_dir() or (directory / CONFIG_FILE).is_file()
+
+
+def owning_run(directory: Path) -> tuple[Path, str | None] | None:
+    """The run directory that `directory` is, or that writes it: (run, None) for a run
+    directory, (run, the path below it) for one of its `OWN_DIRS` or anything inside one,
+    present or not; None for any other directory, `RUN/averaged` included."""
+    directory = directory.resolve()
+    if is_run_dir(directory):
+        return directory, None
+    for parent in directory.parents:
+        below = directory.relative_to(parent)
+        if below.parts[0] in OWN_DIRS and is_run_dir(parent):
+            return parent, str(below)
+    return None
 
 
 def refuse_existing_run(run_dir: Path, resume: bool) -> None:
@@ -219,10 +240,7 @@ def read_config(run_dir: Path) -> dict[str, Any] | None:
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         return None
-    values = yaml.safe_load(path.read_text(encoding="utf-8"))
-    if not isinstance(values, dict):
-        raise RunDirectoryError(f"{path}: expected a mapping of settings, found {values!r}")
-    return values
+    return load_yaml_config(path)
 
 
 def disk_full_message(error: ckpt.DiskFullError | OSError, run_dir: str | Path) -> str | None:
@@ -232,7 +250,7 @@ def disk_full_message(error: ckpt.DiskFullError | OSError, run_dir: str | Path) 
         message = str(error)
     elif error.errno in (errno.ENOSPC, errno.EDQUOT):
         where = error.filename or run_dir  # a failed write() names no file
-        message = f"no space left on device writing {where}: {error.strerror}"
+        message = f"{error.strerror} writing {where}"
     else:
         return None
     last = ckpt.list_checkpoints(run_dir)[-1:]

@@ -14,8 +14,9 @@ with exit status 2, never as a traceback. The commands live by family, each modu
 
 :mod:`aiayn.cli.parser` is argparse with "did you mean" for a misspelt command or flag;
 :mod:`aiayn.cli.flags` turns dataclass fields into flags; :mod:`aiayn.cli.common` holds what
-several commands share (loading the model, the search flags, the progress bar). Building the
-parser imports no torch, so ``aiayn --help`` is fast.
+several commands share (loading the model, the search flags, the progress bar), and
+:mod:`aiayn.cli.output_dir` the one rule of what ``-o`` of average, export and import may
+replace. Building the parser imports no torch, so ``aiayn --help`` is fast.
 """
 
 from __future__ import annotations

@@ -142,7 +142,13 @@ def _add_average(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("average", help="average the last N checkpoints of a run (§6.1)")
     p.add_argument("run_dir", help="run directory (its checkpoints/ are used)")
     p.add_argument("-n", "--last", type=int, default=5, help="number of checkpoints (default 5)")
-    p.add_argument("-o", "--output", required=True, help="output model directory")
+    p.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        help="output model directory: new, empty, or an earlier average's (replaced), e.g. "
+        "RUN/averaged; not the run directory, nor its model/, best/ or checkpoints/",
+    )
     p.set_defaults(run=_run_average)
 
 
@@ -150,8 +156,9 @@ def _run_average(args: argparse.Namespace) -> int:
     import json
 
     from aiayn import checkpoint as ckpt
+    from aiayn.cli.output_dir import check_output_dir
 
-    ckpt.check_replaceable(args.output)  # refused before averaging, not after
+    check_output_dir(Path(args.output), "aiayn")  # refused before averaging, not after
     paths = ckpt.list_checkpoints(args.run_dir)
     if not paths:
         raise ckpt.CheckpointError(f"no checkpoints in {Path(args.run_dir) / 'checkpoints'}")
