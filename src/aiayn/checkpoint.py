@@ -152,7 +152,7 @@ def capture_rng() -> dict[str, Any]:
 def restore_rng(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+        torch.cuda.set_rng_state_all(states["cuda"][: torch.cuda.device_count()])  # seen here
 
 
 # -- model directories ----------------------------------------------------------------------

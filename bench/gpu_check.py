@@ -1,0 +1,864 @@
+"""Prove aiayn's GPU path on a freshly lent GPU with one command: `make gpu-check OUT=DIR`.
+
+For a machine with Python, a CUDA build of PyTorch (any 2.x), numpy, PyYAML, sentencepiece,
+safetensors and sacrebleu, and no network. Nothing is installed: the working tree's aiayn runs
+from `src/` (`PYTHONPATH=src`, which its subprocesses inherit); a missing module is named in
+one line, with what to carry. Within
+`--budget` seconds (default 480) it runs, in order, each stage in the time the earlier ones
+left:
+
+1. **tests**: `pytest tests/cuda`, the CUDA tests (skipped, saying so, without pytest);
+2. **peak**: this GPU's measured bf16 matrix-product rate (8192³, the median of 10), the
+   yardstick of the model FLOPs utilisation (MFU) below; TF32 and float32 beside it;
+3. **train**: updates of the `base` preset at the paper's ~25,000 target tokens per update
+   (§5.1), on sentences of real lengths (`real_lengths`) in the trainer's own length-bucketed
+   batches: aiayn as `aiayn train` runs an update (`aiayn.update.optimizer_update`), and
+   `torch.nn.Transformer` wrapped to the same model (`bench_train_step.ReferenceTransformer`,
+   with `F.cross_entropy` and the same fused Adam), each in bf16 autocast (aiayn's default on
+   CUDA), TF32 and float32: target tokens/s, peak memory, MFU against the bf16 rate; and from
+   aiayn's bf16 row, the wall time of the paper's base run (100k updates) on this one GPU
+   against the paper's 12 hours on 8 P100s (§5.2);
+4. **torchrun**: `torchrun --nproc_per_node=1 -m aiayn train` for a few updates on a tiny
+   generated corpus; then the same run through NCCL and DistributedDataParallel. At one process
+   aiayn takes its single-process path (`aiayn.distributed.init_distributed` creates a process
+   group only for WORLD_SIZE > 1, and one GPU cannot hold two NCCL ranks), so the second run
+   starts the NCCL group itself and opens `Distributed.enabled` (`--ddp-worker`): DDP's wrapper,
+   `no_sync` accumulation, all-reduces and barriers over NCCL, at world size 1. Both runs'
+   losses must agree;
+5. **decode**: beam 4 and greedy for `base` (random weights, every output forced to
+   `--decode-len` tokens as in bench_peers.py) on a batch of sentences of real lengths, aiayn
+   float32 and bf16, and CTranslate2 on the same GPU where `import ctranslate2` works.
+
+It writes DIR/gpu-check.md (the tables; `--update-benchmarks` also puts them into
+BENCHMARKS.md's GPU section) and DIR/gpu-check.json (every number), and the logs pytest.log,
+torchrun.log and torchrun-ddp.log. The exit status is 0 when every stage ran and passed.
+
+Without CUDA it says so in one line and exits 0, after a smoke run of every stage's code at the
+smallest sizes on the CPU (pytest aside; ~20 s on 2 cores), so that CI proves the script still
+runs (tests/test_gpu_check.py):
+
+    PYTHONPATH=src python3 bench/gpu_check.py --out /tmp/gpu-check
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import importlib.util
+import json
+import math
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+try:  # what is missing is named by main(), in one line, rather than raised here
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    import peers
+    from aiayn import distributed, trainer
+    from aiayn.batching import accumulation, collate, epoch_updates
+    from aiayn.cli import main as aiayn_main
+    from aiayn.config import preset
+    from aiayn.model import Transformer
+    from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
+    from aiayn.runlog import read_metrics
+    from aiayn.tokenizer import EOS_ID, PAD_ID
+    from aiayn.update import autocast, optimizer_update
+    from bench_peers import _aiayn_search, _same, forward_flops
+    from bench_train_step import ReferenceTransformer, machine_info
+    from benchmarks_md import BENCHMARKS_MD, replace_section
+except ImportError as error:
+    IMPORT_ERROR: ImportError | None = error
+else:
+    IMPORT_ERROR = None
+
+ROOT = Path(__file__).resolve().parent.parent
+STAGES = ("tests", "peak", "train", "torchrun", "decode")
+REQUIRED = {  # module → where it comes from
+    "aiayn": "this tree's src/: run with PYTHONPATH=src, as `make gpu-check` does",
+    "torch": "pip: torch, a CUDA build",
+    "numpy": "pip: numpy",
+    "yaml": "pip: PyYAML",
+    "sentencepiece": "pip: sentencepiece",
+    "safetensors": "pip: safetensors",
+    "sacrebleu": "pip: sacrebleu",
+}
+PAPER_TOKENS_PER_UPDATE = 25_000  # §5.1: ~25000 source and 25000 target tokens per batch
+PAPER_UPDATES = 100_000  # §5.2: the base models trained for 100,000 steps ...
+PAPER_HOURS = 12.0  # ... or 12 hours, on 8 P100 GPUs
+# bf16 autocast (aiayn's default on CUDA), float32 products on TF32 tensor cores, IEEE float32
+MATMUL_PRECISION = {"bf16": "highest", "tf32": "high", "fp32": "highest"}
+START, END = "<!-- gpu_check:start -->", "<!-- gpu_check:end -->"
+PYTEST_SUMMARY = re.compile(r"\d+ (passed|failed|skipped|errors?|deselected)\b.* in [\d.]+s")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each stage does: the measurement's, or the CPU smoke's (`SMOKE`)."""
+
+    preset: str = "base"
+    vocab: int = 37_000  # §5.1: a shared source-target vocabulary of about 37000 tokens
+    tokens_per_update: int = PAPER_TOKENS_PER_UPDATE
+    max_tokens: int = 12_500
+    warmup: int = 3
+    updates: int = 8
+    precisions: tuple[str, ...] = ("bf16", "tf32", "fp32")
+    peak_n: int = 8192
+    decode_batch: int = 64
+    decode_len: int = 28
+    decode_repeats: int = 5
+    torchrun_steps: int = 6
+
+
+SMOKE = Sizes(
+    preset="tiny", vocab=64, tokens_per_update=256, max_tokens=128, warmup=1, updates=1,
+    precisions=("bf16", "fp32"), peak_n=64, decode_batch=3, decode_len=4, decode_repeats=1,
+    torchrun_steps=2,
+)  # fmt: skip
+SIZE_FLAGS = (
+    "vocab",
+    "tokens_per_update",
+    "max_tokens",
+    "warmup",
+    "updates",
+    "decode_batch",
+    "decode_len",
+)  # the fields of `Sizes` that flags set
+
+
+@dataclass
+class Context:
+    """What every stage shares."""
+
+    args: argparse.Namespace
+    sizes: Sizes
+    device: torch.device
+    smoke: bool
+    deadline: float  # time.monotonic() when the budget is spent
+    work: Path  # scratch
+    say: Callable[[str], None]
+
+    def left(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def run_logged(self, command: list[str], log: str, timeout: float) -> tuple[int | None, str]:
+        """Run `command` in the tree's root, its output into OUT/`log`; (exit status or None
+        on a timeout, output)."""
+        paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)  # absolute: cwd may change
+        path = os.pathsep.join(str(Path(p).resolve()) for p in paths if p)
+        env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        try:
+            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=timeout)
+            code, output = done.returncode, done.stdout + done.stderr
+        except subprocess.TimeoutExpired as expired:
+            code, output = None, (expired.stdout or b"") + (expired.stderr or b"")
+            output += f"\ngpu_check: timed out after {timeout:.0f} s\n".encode()
+        text = output.decode(errors="replace")
+        (self.args.out / log).write_text(text, encoding="utf-8")
+        return code, text
+
+
+# --------------------------------------------------------------------------------------------
+# Arguments, and the two ways to run: measuring on a GPU, or the CPU smoke
+# --------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True, help="directory for the report")
+    parser.add_argument("--budget", type=float, default=480.0, help="seconds for everything")
+    parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
+    parser.add_argument("--device", default="cuda", help="cuda or cuda:N")
+    parser.add_argument("--vocab", type=int, default=Sizes.vocab)
+    parser.add_argument("--tokens-per-update", type=int, default=Sizes.tokens_per_update)
+    parser.add_argument("--max-tokens", type=int, default=Sizes.max_tokens, help="per batch")
+    parser.add_argument("--updates", type=int, default=Sizes.updates, help="timed, per row")
+    parser.add_argument("--warmup", type=int, default=Sizes.warmup, help="untimed, per row")
+    parser.add_argument("--decode-batch", type=int, default=Sizes.decode_batch)
+    parser.add_argument("--decode-len", type=int, default=Sizes.decode_len)
+    parser.add_argument("--smoke", action="store_true", help="the CPU smoke run, even on a GPU")
+    parser.add_argument(
+        "--update-benchmarks", action="store_true", help="also write BENCHMARKS.md's GPU section"
+    )
+    args = parser.parse_args(argv)
+    for name in ("budget", *SIZE_FLAGS):
+        value, least = getattr(args, name), 0 if name == "warmup" else 1
+        if value < least:
+            parser.error(f"--{name.replace('_', '-')} ({value}) must be >= {least}")
+    if not re.fullmatch(r"cuda(:\d+)?", args.device):
+        parser.error(f"--device ({args.device!r}) must be cuda or cuda:N")
+    return args
+
+
+def missing_modules() -> list[str]:
+    """The modules of `REQUIRED` that are not installed here, and where they come from."""
+    return [f"{m} ({p})" for m, p in REQUIRED.items() if importlib.util.find_spec(m) is None]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--ddp-worker"]:
+        return ddp_worker(argv[1:])
+    args = parse_args(argv)
+    if missing := missing_modules():
+        print(
+            f"gpu_check: missing Python module(s): {'; '.join(missing)}. Without network, "
+            "carry the wheels and `python3 -m pip install --no-index --no-deps WHEEL...`."
+        )
+        return 2
+    if IMPORT_ERROR is not None:
+        raise IMPORT_ERROR
+    if args.smoke or not torch.cuda.is_available():
+        return smoke_run(args)
+    device = torch.device(args.device)
+    if (device.index or 0) >= torch.cuda.device_count():
+        print(f"gpu_check: {device} does not exist ({torch.cuda.device_count()} GPU(s) here)")
+        return 2
+    sizes = replace(Sizes(), **{name: getattr(args, name) for name in SIZE_FLAGS})
+    report = run_stages(args, sizes, device, say=lambda line: print(line, flush=True))
+    print("\n" + markdown(report))
+    return 0 if all(s["status"] in ("ok", "skipped") for s in report["stages"].values()) else 1
+
+
+def smoke_run(args: argparse.Namespace) -> int:
+    """No CUDA: every stage's code at `SMOKE` sizes on the CPU, quietly, and one line."""
+    why = "no CUDA device here" if not torch.cuda.is_available() else "--smoke"
+    torch.set_num_threads(1)  # tiny models: one thread is fastest, and spares a busy machine
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        report = run_stages(args, SMOKE, torch.device("cpu"), say=lambda _: None)
+    stages = report["stages"]
+    failed = [
+        f"{n}: {s.get('error', s['status'])}"
+        for n, s in stages.items()
+        if s["status"] not in ("ok", "skipped")
+    ]
+    if failed:
+        print(
+            f"gpu_check: {why} (torch {torch.__version__}); the CPU smoke FAILED: "
+            + "; ".join(failed)
+        )
+        return 1
+    print(
+        f"gpu_check: {why} (torch {torch.__version__}): nothing measured; the CPU smoke of "
+        f"every stage passed in {report['seconds']:.0f} s"
+    )
+    return 0
+
+
+def run_stages(
+    args: argparse.Namespace, sizes: Sizes, device: torch.device, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """Every stage asked for, in order, each in the time the earlier ones left; the report,
+    also written to OUT/gpu-check.md and OUT/gpu-check.json."""
+    start = time.monotonic()
+    args.out.mkdir(parents=True, exist_ok=True)
+    report: dict[str, Any] = {"smoke": device.type != "cuda", "machine": machine(device)}
+    report["stages"] = stages = {}
+    say(f"gpu_check on {report['machine'].get('gpu')}: {args.budget:.0f} s for {args.stages}")
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as work:
+        ctx = Context(args, sizes, device, report["smoke"], start + args.budget, Path(work), say)
+        for name in args.stages:
+            say(f"[{name}] {time.monotonic() - start:.0f} s elapsed, {ctx.left():.0f} s left")
+            began = time.monotonic()
+            try:
+                stages[name] = STAGE_FUNCTIONS[name](ctx, report)
+            except Exception as error:  # a stage that breaks must not lose the others
+                stages[name] = {"status": "error", "error": f"{type(error).__name__}: {error}"}
+                say(f"  {name} broke: {stages[name]['error']}")
+            stages[name]["seconds"] = round(time.monotonic() - began, 1)
+    report["seconds"] = round(time.monotonic() - start, 1)
+    text = markdown(report)
+    (args.out / "gpu-check.md").write_text(text + "\n", encoding="utf-8")
+    (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if args.update_benchmarks and not report["smoke"]:
+        replace_section(BENCHMARKS_MD, START, END, text)
+    return report
+
+
+def machine(device: torch.device) -> dict[str, Any]:
+    info = {**machine_info(device), "cuda": torch.version.cuda}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        info |= {
+            "capability": f"{props.major}.{props.minor}",
+            "multiprocessors": props.multi_processor_count,
+            "memory_gib": round(props.total_memory / 2**30, 1),
+        }
+        with contextlib.suppress(OSError, subprocess.SubprocessError, IndexError):
+            query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+            out = subprocess.run(query, capture_output=True, text=True, timeout=20).stdout
+            info["driver"] = out.split()[0]
+    return info
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(device: torch.device, run: Callable[[], Any]) -> tuple[float, Any]:
+    """(seconds, result) of `run()`, the device synchronised before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = run()
+    synchronize(device)
+    return time.perf_counter() - start, result
+
+
+@contextlib.contextmanager
+def matmul_precision(precision: str) -> Iterator[None]:
+    """float32 matrix products at `precision` ("high": TF32) inside, PyTorch's restored after."""
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+# --------------------------------------------------------------------------------------------
+# Stages 1 and 2: the CUDA tests, and the matrix-product rate
+# --------------------------------------------------------------------------------------------
+
+
+def stage_tests(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
+    if importlib.util.find_spec("pytest") is None:
+        return {
+            "status": "skipped",
+            "summary": "not run: pytest is not installed here "
+            "(carry its wheel, with pluggy and iniconfig)",
+        }
+    if ctx.smoke:
+        return {"status": "skipped", "summary": "not run in the CPU smoke"}
+    timeout = max(30.0, min(300.0, ctx.left() - 150))  # what the measurements need after it
+    command = [sys.executable, "-m", "pytest", "tests/cuda", "-q", "-p", "no:cacheprovider"]
+    code, output = ctx.run_logged(command, "pytest.log", timeout)
+    summaries = [line.strip("= ") for line in output.splitlines() if PYTEST_SUMMARY.search(line)]
+    summary = summaries[-1] if summaries else "no summary"
+    summary += " (timed out)" if code is None else ""
+    ctx.say(f"  pytest tests/cuda: {summary}")
+    return {"status": "ok" if code == 0 else "failed", "summary": f"{summary}; pytest.log"}
+
+
+def stage_peak(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
+    """TFLOP/s of n×n by n×n products (median of 10, after 3): bf16, the yardstick of MFU;
+    TF32 and float32 beside it."""
+    n, result = ctx.sizes.peak_n, {"status": "ok", "n": ctx.sizes.peak_n}
+    for name, dtype in (("bf16", torch.bfloat16), ("tf32", torch.float32), ("fp32", torch.float32)):
+        generator = torch.Generator(device=ctx.device).manual_seed(0)
+        a, b = (torch.randn(n, n, generator=generator, device=ctx.device).to(dtype) for _ in "ab")
+        with matmul_precision(MATMUL_PRECISION[name]):
+            seconds = [timed(ctx.device, lambda a=a, b=b: a @ b)[0] for _ in range(13)][3:]
+        result[f"{name}_tflops"] = 2 * n**3 / statistics.median(seconds) / 1e12
+        ctx.say(f"  {name} {n}³ products: {result[f'{name}_tflops']:.0f} TFLOP/s")
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 3: training throughput at the paper's 25k tokens per update
+# --------------------------------------------------------------------------------------------
+
+
+def real_lengths(rng: np.random.Generator, n: int, max_len: int = 250) -> tuple[Any, Any]:
+    """Source and target lengths in subword tokens, shaped like WMT14 EN-DE under a 37k BPE (an
+    assumption, not a measurement): log-normal, median 24, mean ~28; targets ~5% longer."""
+    src = np.clip(np.rint(rng.lognormal(math.log(24), 0.55, n)), 1, max_len).astype(np.int64)
+    tgt = np.clip(np.rint(src * rng.lognormal(0.05, 0.15, n)), 1, max_len).astype(np.int64)
+    return src, tgt
+
+
+def training_updates(sizes: Sizes) -> tuple[list[tuple[Any, Any]], list[list[Any]]]:
+    """Random pairs of `real_lengths` (`optimizer_update`'s dataset protocol: data[i] → source
+    and target ids), and the first updates of an epoch as the trainer makes them: batches of at
+    most `max_tokens` (padding counted) grouped by length, enough of them per update for
+    `tokens_per_update`."""
+    rng = np.random.default_rng(1)
+    needed = sizes.warmup + sizes.updates
+    n = int(1.2 * needed * sizes.tokens_per_update / 28) + 64
+    src_len, tgt_len = real_lengths(rng, n, max_len=min(250, sizes.max_tokens - 1))
+    data = [
+        (rng.integers(4, sizes.vocab, s), rng.integers(4, sizes.vocab, t))
+        for s, t in zip(src_len, tgt_len, strict=True)
+    ]
+    accumulate = accumulation(
+        tokens_per_update=sizes.tokens_per_update,
+        max_tokens=sizes.max_tokens,
+        accumulate=1,
+        world_size=1,
+    )
+    updates = epoch_updates(
+        src_len,
+        tgt_len,
+        max_tokens=sizes.max_tokens,
+        seed=1,
+        epoch=1,
+        accumulate=accumulate,
+        rank=0,
+        world_size=1,
+    )
+    return data, [u for u in updates if len(u) == accumulate][:needed]
+
+
+def update_flops(config: Any, data: list, group: list[Any]) -> int:
+    """FLOPs of one update as computed: 3 × the forward pass (bench_peers.forward_flops) of
+    every padded batch."""
+    total = 0
+    for indices in group:
+        s = max(len(data[int(i)][0]) for i in indices) + 1  # + EOS
+        t = max(len(data[int(i)][1]) for i in indices) + 1  # + BOS / EOS
+        total += 3 * forward_flops(config, len(indices), s, t)
+    return total
+
+
+def aiayn_update(config: Any, data: list, device: torch.device, bf16: bool) -> Callable:
+    """run(group, step): one update as `aiayn train` runs it, `optimizer_update` (collate,
+    autocast, the chunked loss, fused Adam at Eq. 3's rate); returns its target tokens."""
+    torch.manual_seed(0)
+    model = Transformer(config).to(device)
+    optimizer = build_optimizer(model)
+
+    def run(group: list, step: int) -> int:
+        return optimizer_update(
+            model,
+            optimizer,
+            data,
+            group,
+            step=step,
+            d_model=config.d_model,
+            warmup_steps=4000,
+            lr_scale=1.0,
+            label_smoothing=0.1,
+            clip_norm=0.0,
+            bf16=bf16,
+            device=device,
+            distributed=distributed.Distributed(),
+        ).tokens
+
+    return run
+
+
+def reference_update(config: Any, data: list, device: torch.device, bf16: bool) -> Callable:
+    """The same update of `torch.nn.Transformer` wrapped to the same model: the same batches,
+    autocast and fused Adam; `F.cross_entropy` on the full logits."""
+    torch.manual_seed(0)
+    model = ReferenceTransformer(config).to(device).train()
+    optimizer = build_optimizer(model)
+
+    def run(group: list, step: int) -> int:
+        batches = [collate([data[int(i)] for i in indices]) for indices in group]
+        n_tokens = sum(b.n_tgt_tokens for b in batches)
+        set_learning_rate(optimizer, learning_rate(step, d_model=config.d_model, warmup_steps=4000))
+        for batch in (b.to(device) for b in batches):
+            with autocast(device, bf16):
+                logits = model(batch.src, batch.tgt_in)
+            loss = F.cross_entropy(
+                logits.float().flatten(0, 1),
+                batch.tgt_out.flatten(),
+                label_smoothing=0.1,
+                ignore_index=PAD_ID,
+                reduction="sum",
+            )
+            (loss / n_tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return n_tokens
+
+    return run
+
+
+def measure_updates(
+    ctx: Context, build: Callable, config: Any, data: list, updates: list, precision: str
+) -> dict[str, Any]:
+    """Warm-up and timed updates of one model at one precision: target tokens/s, peak memory
+    (model, Adam and activations), TFLOP/s. Stops early to leave time for the later stages."""
+    cuda = ctx.device.type == "cuda"
+    if cuda:
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(ctx.device)
+    seconds, tokens, flops = [], [], []
+    with matmul_precision(MATMUL_PRECISION[precision]):
+        run = build(config, data, ctx.device, precision == "bf16")
+        for step, group in enumerate(updates, start=1):
+            if seconds and ctx.left() < 120:
+                break
+            took, n = timed(ctx.device, lambda group=group, step=step: run(group, step))
+            if step > ctx.sizes.warmup:
+                seconds.append(took)
+                tokens.append(n)
+                flops.append(update_flops(config, data, group))
+    rates = [n / s for n, s in zip(tokens, seconds, strict=True)]
+    return {
+        "updates": len(seconds),
+        "target_tokens_per_update": round(statistics.mean(tokens)),
+        "median_update_s": statistics.median(seconds),
+        "tokens_per_s": sum(tokens) / sum(seconds),
+        "tokens_per_s_range": [min(rates), max(rates)],
+        "tflops": sum(flops) / sum(seconds) / 1e12,
+        "peak_memory_gib": torch.cuda.max_memory_allocated(ctx.device) / 2**30 if cuda else None,
+    }
+
+
+def stage_train(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
+    sizes = ctx.sizes
+    config = preset(sizes.preset, src_vocab_size=sizes.vocab)
+    data, updates = training_updates(sizes)
+    bf16_rate = report["stages"].get("peak", {}).get("bf16_tflops")
+    result: dict[str, Any] = {
+        "status": "ok",
+        "preset": sizes.preset,
+        "vocab": sizes.vocab,
+        "max_tokens": sizes.max_tokens,
+        "batches_per_update": len(updates[0]),
+        "rows": [],
+    }
+    for precision in sizes.precisions:
+        for name, build in (("aiayn", aiayn_update), ("nn.Transformer", reference_update)):
+            row: dict[str, Any] = {"model": name, "precision": precision}
+            if ctx.left() < 150:
+                row["error"] = "not measured: out of time"
+            else:
+                try:
+                    row |= measure_updates(ctx, build, config, data, updates, precision)
+                except torch.cuda.OutOfMemoryError:
+                    row["error"] = f"out of memory at --max-tokens {sizes.max_tokens}"
+                    result["status"] = "failed"
+            if bf16_rate and "tflops" in row:
+                row["mfu"] = row["tflops"] / bf16_rate
+            result["rows"].append(row)
+            done = row.get("error") or f"{row['tokens_per_s']:.0f} target tok/s"
+            ctx.say(f"  {name} {precision}: {done}")
+    ours = next((r for r in result["rows"] if r["model"] == "aiayn" and "tokens_per_s" in r), None)
+    if ours is not None:
+        hours = PAPER_UPDATES * PAPER_TOKENS_PER_UPDATE / ours["tokens_per_s"] / 3600
+        result["paper_run"] = {
+            "precision": ours["precision"],
+            "hours_on_this_gpu": hours,
+            "paper_hours_on_8_p100": PAPER_HOURS,
+        }
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 4: torchrun, and the DDP path through NCCL
+# --------------------------------------------------------------------------------------------
+
+
+def ddp_worker(train_args: list[str]) -> int:
+    """Under torchrun at one process: `aiayn train` on its DDP path, through NCCL on a GPU
+    (gloo on a CPU). aiayn enables DDP only for WORLD_SIZE > 1, so this worker starts the
+    process group itself and opens `Distributed.enabled`: the trainer then wraps the model in
+    DistributedDataParallel, runs its collectives through the group and destroys it."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    backend, wrapped = dist.get_backend(), []
+    distributed.Distributed.enabled = property(lambda self: dist.is_initialized())
+
+    class CountedDDP(trainer.DistributedDataParallel):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            wrapped.append(backend)
+
+    trainer.DistributedDataParallel = CountedDDP
+    code = aiayn_main(train_args)
+    print(f"gpu_check ddp-worker: DistributedDataParallel x{len(wrapped)} over {backend}")
+    return code
+
+
+def stage_torchrun(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
+    rng = random.Random(0)  # a copy task: lines of 2-8 random words, the target the source
+    words = ["".join(rng.choices("abcdefghij", k=rng.randint(1, 4))) for _ in range(60)]
+    lines = "".join(" ".join(rng.choices(words, k=rng.randint(2, 8))) + "\n" for _ in range(400))
+    (ctx.work / "train.src").write_text(lines, encoding="utf-8")
+    (ctx.work / "train.tgt").write_text(lines, encoding="utf-8")
+    steps, device = ctx.sizes.torchrun_steps, "cpu" if ctx.smoke else ctx.args.device
+    flags = (
+        f"--preset tiny --vocab-size 300 --max-len 32 --max-tokens 256 --accumulate 2 "
+        f"--max-steps {steps} --warmup-steps 4 --log-every 1 --valid-every 0 "
+        f"--save-every {max(1, steps // 2)} --no-progress --seed 1"
+    )
+    train = [
+        "train",
+        "--src",
+        str(ctx.work / "train.src"),
+        "--tgt",
+        str(ctx.work / "train.tgt"),
+        *flags.split(),
+    ]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+    ddp_device = device if ":" in device or device == "cpu" else f"{device}:0"
+    runs = {
+        "torchrun": [*torchrun, "-m", "aiayn", *train, "--device", device],
+        "torchrun-ddp": [
+            *torchrun,
+            str(Path(__file__).resolve()),
+            "--ddp-worker",
+            *train,
+            "--device",
+            ddp_device,
+        ],
+    }
+    result: dict[str, Any] = {"status": "ok", "steps": steps}
+    losses, outputs = {}, {}
+    for name, command in runs.items():
+        run_dir = ctx.work / name
+        code, outputs[name] = ctx.run_logged(
+            [*command, "--out-dir", str(run_dir)],
+            f"{name}.log",
+            timeout=max(30.0, min(180.0, ctx.left() - 60)),
+        )
+        records = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+        losses[name] = [(r["step"], r["loss"]) for r in records if r["type"] == "train"]
+        result[name] = {"exit_code": code, "updates": len(losses[name])}
+        if code != 0 or len(losses[name]) != steps:
+            result |= {
+                "status": "failed",
+                "error": f"{name}: exit {code}, {len(losses[name])} "
+                f"updates of {steps} (see {name}.log)",
+            }
+    backend = "gloo" if ctx.smoke else "nccl"
+    result["ddp"] = f"DistributedDataParallel x1 over {backend}" in outputs["torchrun-ddp"]
+    if result["status"] == "ok" and not result["ddp"]:
+        result |= {
+            "status": "failed",
+            "error": f"the DDP run did not wrap the model over {backend}",
+        }
+    if result["status"] == "ok":
+        pairs = zip(losses["torchrun"], losses["torchrun-ddp"], strict=True)
+        result["max_loss_difference"] = gap = max(abs(a[1] - b[1]) for a, b in pairs)
+        if gap > 1e-3:
+            result |= {"status": "failed", "error": f"DDP's losses differ by up to {gap:.2e}"}
+    ctx.say(f"  torchrun: {result['status']} {result.get('error', '')}")
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Stage 5: decoding
+# --------------------------------------------------------------------------------------------
+
+
+def ctranslate2_search(
+    ctx: Context, model: Transformer, sources: list[list[int]], compute_type: str
+) -> Callable[[str], list[list[int]]]:
+    """run(mode) of CTranslate2 on this device over our model's weights (converted as in
+    bench/peers.py), every output forced to `decode_len` tokens."""
+    import ctranslate2  # optional: not on a bare GPU machine
+
+    directory = ctx.work / "ct2"
+    if not (directory / "model.bin").is_file():
+        peers.ct2_convert(model, directory, None)
+    if ctx.device.type == "cuda" and ctranslate2.get_cuda_device_count() == 0:
+        raise RuntimeError("ctranslate2 sees no CUDA device (a wheel without CUDA?)")
+    translator = ctranslate2.Translator(
+        str(directory),
+        device=ctx.device.type,
+        device_index=ctx.device.index or 0,
+        compute_type=compute_type,
+    )
+    names = peers.vocabulary(model.config.tgt_vocab_size)
+    tokens = [[names[i] for i in row] for row in sources]
+    n = ctx.sizes.decode_len
+
+    def run(mode: str) -> list[list[int]]:
+        out = translator.translate_batch(
+            tokens,
+            beam_size=4 if mode == "beam4" else 1,
+            length_penalty=0.6,
+            min_decoding_length=n,
+            max_decoding_length=n,
+            max_batch_size=len(tokens),
+        )
+        return peers.ct2_ids(out, model.config.tgt_vocab_size)
+
+    return run
+
+
+def stage_decode(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
+    sizes, device = ctx.sizes, ctx.device
+    torch.manual_seed(0)
+    model = Transformer(preset(sizes.preset, src_vocab_size=sizes.vocab, dropout=0.0)).eval()
+    rng = np.random.default_rng(2)  # sources of real lengths (at most 120 tokens) + EOS
+    lengths = sorted(real_lengths(rng, sizes.decode_batch, max_len=120)[0], reverse=True)
+    sources = [[*rng.integers(4, sizes.vocab, n).tolist(), EOS_ID] for n in lengths]
+    src = torch.full((len(sources), len(sources[0])), PAD_ID, dtype=torch.long)
+    for row, ids in enumerate(sources):
+        src[row, : len(ids)] = torch.tensor(ids)
+    src = src.to(device)
+    systems = {
+        "aiayn fp32": lambda: _aiayn_search(copy.deepcopy(model).to(device), src, sizes.decode_len),
+        "aiayn bf16": lambda: _aiayn_search(
+            copy.deepcopy(model).to(device, torch.bfloat16), src, sizes.decode_len
+        ),
+        "CTranslate2 fp32": lambda: ctranslate2_search(ctx, model, sources, "float32"),
+        "CTranslate2 bf16": lambda: ctranslate2_search(ctx, model, sources, "bfloat16"),
+    }
+    rows, outputs = [], {}
+    for name, build in systems.items():
+        missing, run = None, None
+        if name.startswith("CTranslate2") and importlib.util.find_spec("ctranslate2") is None:
+            missing = "ctranslate2 is not installed here (carry its wheel)"
+        elif ctx.smoke and name == "CTranslate2 bf16":
+            missing = "not in the CPU smoke"
+        elif ctx.left() < 30:
+            missing = "out of time"
+        else:
+            try:
+                run = build()
+            except Exception as error:  # a peer that cannot run here is a row, not a crash
+                missing = f"{type(error).__name__}: {error}"
+        for mode in ("beam4", "greedy"):
+            row: dict[str, Any] = {"system": name, "mode": mode}
+            if run is None:
+                rows.append({**row, "error": missing})
+                continue
+            runs = [timed(device, partial(run, mode)) for _ in range(1 + sizes.decode_repeats)]
+            outputs[name, mode] = runs[-1][1]
+            median = statistics.median(seconds for seconds, _ in runs[1:])  # after a warm-up
+            rows.append(
+                {
+                    **row,
+                    "seconds": median,
+                    "sentences_per_s": len(sources) / median,
+                    "tokens_per_s": len(sources) * sizes.decode_len / median,
+                }
+            )
+        ctx.say(
+            f"  {name}: "
+            + ", ".join(
+                row.get("error") or f"{row['mode']} {row['tokens_per_s']:.0f} tok/s"
+                for row in rows[-2:]
+            )
+        )
+    for row in rows:
+        ours, theirs = (
+            outputs.get(("aiayn fp32", row["mode"])),
+            outputs.get((row["system"], row["mode"])),
+        )
+        if ours and theirs and row["system"] != "aiayn fp32":
+            row["same_as_aiayn_fp32"] = _same(ours, theirs, prefix="CTranslate2" in row["system"])
+    return {
+        "status": "ok",
+        "preset": sizes.preset,
+        "batch": len(sources),
+        "output_len": sizes.decode_len,
+        "mean_source_len": statistics.mean(map(len, sources)),
+        "rows": rows,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# The report
+# --------------------------------------------------------------------------------------------
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The report as Markdown: a machine line, the checks, the training and decoding tables."""
+    m, stages = report["machine"], report["stages"]
+    lines = (
+        ["**CPU smoke run, no CUDA: the code ran, these numbers measure nothing.**", ""]
+        if report["smoke"]
+        else []
+    )
+    lines.append(
+        f"- {m.get('gpu', m['cpu'])} (compute capability {m.get('capability')}, "
+        f"{m.get('memory_gib')} GiB, driver {m.get('driver')}); torch {m['torch']}, "
+        f"CUDA {m['cuda']}, Python {m['python']}; `make gpu-check` in {report['seconds']:.0f} s."
+    )
+    if "bf16_tflops" in (peak := stages.get("peak", {})):
+        rates = ", ".join(f"{k.split('_')[0]} {v:.0f}" for k, v in peak.items() if "tflops" in k)
+        lines.append(
+            f"- Matrix products {peak['n']}³, TFLOP/s: {rates}. MFU below is against bf16's."
+        )
+    if tests := stages.get("tests"):
+        detail = tests.get("summary") or tests.get("error")
+        lines.append(f"- `pytest tests/cuda`: **{tests['status']}**, {detail}")
+    if run := stages.get("torchrun"):
+        detail = run.get("error") or (
+            f"max |Δloss| {run['max_loss_difference']:.1e} between "
+            "`torchrun --nproc_per_node=1 -m aiayn train` and the DDP run"
+        )
+        lines.append(f"- torchrun and DDP over NCCL: **{run['status']}**, {detail}")
+    train = stages.get("train", {})
+    if train.get("rows"):
+        lines += [
+            "",
+            f"Training `{train['preset']}` (vocabulary {train['vocab']}), updates of "
+            f"{train['batches_per_update']} batches of ≤ {train['max_tokens']} tokens:",
+            "",
+            "| model | precision | target tok/update | s/update | target tok/s | min–max "
+            "| peak GiB | TFLOP/s | MFU |",
+            "| --- | --- |" + " ---: |" * 7,
+        ]
+        for r in train["rows"]:
+            if "error" in r:
+                lines.append(f"| {r['model']} | {r['precision']} | {r['error']} |" + " |" * 6)
+                continue
+            memory = "" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f}"
+            mfu = f"{100 * r['mfu']:.0f}%" if "mfu" in r else ""
+            lo, hi = r["tokens_per_s_range"]
+            lines.append(
+                f"| {r['model']} | {r['precision']} | {r['target_tokens_per_update']} "
+                f"| {r['median_update_s']:.3f} | {r['tokens_per_s']:.0f} | {lo:.0f}–{hi:.0f} "
+                f"| {memory} | {r['tflops']:.1f} | {mfu} |"
+            )
+        if paper := train.get("paper_run"):
+            lines += [
+                "",
+                f"The paper's base run, {PAPER_UPDATES:,} updates of "
+                f"{PAPER_TOKENS_PER_UPDATE:,} target tokens, at aiayn's {paper['precision']} "
+                f"rate: **{paper['hours_on_this_gpu']:.1f} h on this one GPU**, against "
+                f"{PAPER_HOURS:.0f} h on 8 P100s (§5.2).",
+            ]
+    decode = stages.get("decode", {})
+    if decode.get("rows"):
+        lines += [
+            "",
+            f"Decoding `{decode['preset']}` (random weights): {decode['batch']} sentences "
+            f"of {decode['mean_source_len']:.0f} tokens on average in one batch, every output "
+            f"{decode['output_len']} tokens:",
+            "",
+            "| system | search | sentences/s | target tok/s | output = aiayn fp32's |",
+            "| --- | --- | ---: | ---: | ---: |",
+        ]
+        for r in decode["rows"]:
+            if "error" in r:
+                lines.append(f"| {r['system']} | {r['mode']} | not measured: {r['error']} | | |")
+                continue
+            same = r.get("same_as_aiayn_fp32")
+            same = "" if same is None else f"{100 * same:.0f}%"
+            lines.append(
+                f"| {r['system']} | {r['mode']} | {r['sentences_per_s']:.1f} "
+                f"| {r['tokens_per_s']:.0f} | {same} |"
+            )
+    return "\n".join(lines)
+
+
+STAGE_FUNCTIONS = {
+    "tests": stage_tests,
+    "peak": stage_peak,
+    "train": stage_train,
+    "torchrun": stage_torchrun,
+    "decode": stage_decode,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

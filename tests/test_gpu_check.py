@@ -1,0 +1,108 @@
+"""bench/gpu_check.py (`make gpu-check`) where there is no GPU, as in CI: one line and exit 0,
+after a CPU smoke run of every stage's code, so that the script a lent GPU will run has not
+rotted; arguments and missing modules are refused in one line before anything runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "bench" / "gpu_check.py"
+
+
+def gpu_check(*args: str) -> subprocess.CompletedProcess:
+    """`make gpu-check`'s command: the script under this tree's src/."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, gpu_check measures")
+def test_without_cuda_it_says_so_in_one_line_and_exits_0_after_a_cpu_smoke(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "report"
+    result = gpu_check("--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    [line] = result.stdout.splitlines()
+    assert line.startswith(f"gpu_check: no CUDA device here (torch {torch.__version__})")
+    assert "nothing measured; the CPU smoke of every stage passed" in line
+
+    report = json.loads((out / "gpu-check.json").read_text(encoding="utf-8"))
+    assert report["smoke"] is True
+    stages = report["stages"]
+    assert {name: s["status"] for name, s in stages.items()} == {
+        "tests": "skipped",
+        "peak": "ok",
+        "train": "ok",
+        "torchrun": "ok",
+        "decode": "ok",
+    }
+    rows = stages["train"]["rows"]
+    assert [(r["model"], r["precision"]) for r in rows] == [
+        ("aiayn", "bf16"),
+        ("nn.Transformer", "bf16"),
+        ("aiayn", "fp32"),
+        ("nn.Transformer", "fp32"),
+    ]
+    assert all(r["tokens_per_s"] > 0 and r["target_tokens_per_update"] > 0 for r in rows)
+    assert stages["train"]["paper_run"]["hours_on_this_gpu"] > 0
+    # The DDP worker wrapped the model (over gloo here) and matched the plain run.
+    assert stages["torchrun"]["ddp"] is True
+    assert stages["torchrun"]["max_loss_difference"] <= 1e-3
+    decoded = {(r["system"], r["mode"]) for r in stages["decode"]["rows"] if "tokens_per_s" in r}
+    assert {("aiayn fp32", "beam4"), ("aiayn fp32", "greedy")} <= decoded
+    assert (out / "gpu-check.md").read_text(encoding="utf-8").startswith("**CPU smoke run")
+    assert (out / "torchrun-ddp.log").is_file()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "the following arguments are required: --out"),
+        (["--out", "x", "--budget", "0"], "--budget (0.0) must be >= 1"),
+        (["--out", "x", "--warmup", "-1"], "--warmup (-1) must be >= 0"),
+        (["--out", "x", "--device", "cpu"], "--device ('cpu') must be cuda or cuda:N"),
+        (["--out", "x", "--stages", "everything"], "invalid choice: 'everything'"),
+    ],
+)
+def test_bad_arguments_are_refused_before_anything_runs(
+    args: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys, tmp_path: Path
+) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    monkeypatch.chdir(tmp_path)
+    import gpu_check
+
+    with pytest.raises(SystemExit) as stopped:
+        gpu_check.main(args)
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_missing_module_is_named_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys, tmp_path: Path
+) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import gpu_check
+
+    monkeypatch.setitem(gpu_check.REQUIRED, "no_such_module_here", "pip: no-such-module")
+    assert gpu_check.main(["--out", str(tmp_path / "report")]) == 2
+    [line] = capsys.readouterr().out.splitlines()
+    assert line.startswith("gpu_check: missing Python module(s): no_such_module_here (pip: ")
+    assert "--no-index" in line
+    assert not (tmp_path / "report").exists()
