@@ -23,12 +23,24 @@ sentence, the server's default beam) while N clients hammer the server with cost
 the new server accept, so runs before and after a change compare:
 
     .venv/bin/python bench/bench_server.py --hammer 2 --max-seconds 30
+
+``--hostile`` measures what one request of at most ``--max-body-bytes`` (4 MiB) can cost the
+server at its default limits: hostile bodies of millions of values or escapes, the largest
+bodies it accepts, and the largest answer (every layer's and head's attention, at
+``--max-attention-values``). For each: the answer, the server's time to answer, the longest
+``GET /health`` took meanwhile (how long the event loop was held), and the server's peak
+resident memory above its resident memory before the request (``VmHWM`` reset through
+``/proc/PID/clear_refs``; Linux). About 40 s; the numbers are in docs/serving.md:
+
+    .venv/bin/python bench/bench_server.py --hostile --beam-size 1
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import http.client
+import json
 import os
 import platform
 import random
@@ -38,9 +50,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from urllib.parse import quote
 
 import httpx
 import torch
@@ -50,6 +64,7 @@ from aiayn import checkpoint
 from aiayn.config import preset
 from aiayn.model import Transformer
 from aiayn.tokenizer import Tokenizer
+from aiayn.translator import Translator
 from benchmarks_md import BENCHMARKS_MD, replace_section
 
 START, END = "<!-- bench_server:start -->", "<!-- bench_server:end -->"
@@ -250,6 +265,124 @@ def run_hammered(args: argparse.Namespace, model_dir: Path) -> None:
         print("   ", error, file=sys.stderr)
 
 
+def hostile_requests(model_dir: Path, args: argparse.Namespace) -> dict[str, tuple[str, bytes]]:
+    """(Content-Type, body) of each request measured by ``--hostile``, at the default limits:
+    4 MiB bodies, 64 texts of 5000 characters, 2**21 attention values."""
+    size, texts, chars, attention_values = 4 * 1024 * 1024, 64, 5000, 2**21
+
+    def filled(start: bytes, unit: bytes, end: bytes) -> bytes:
+        """``start``, ``unit`` repeated (less its last separator), ``end``: ``size`` bytes."""
+        items = unit * ((size - len(start) - len(end)) // len(unit))
+        return start + (items[:-1] if unit.endswith((b",", b"&")) else items) + end
+
+    boundary = b"b0undary"
+    part = b"--" + boundary + b'\r\nContent-Disposition: form-data; name="q"\r\n\r\na\r\n'
+    emoji = "\U0001f600"  # 12 bytes as a JSON surrogate pair, 12 percent-encoded
+    escaped_text = json.dumps(emoji * chars)  # "\ud83d\ude00..."
+    largest_json = ('{"texts": [' + ", ".join([escaped_text] * texts) + "]}").encode()
+    largest_form = "&".join([f"q={quote(emoji * chars)}"] * texts).encode()
+    # the full attention maps of as many long texts as --max-attention-values allows
+    translator = Translator(model_dir)
+    long_text = " ".join(sentences(400, seed=5))[:chars]
+    config = translator.model.config
+    [(s, t)] = translator.search_bounds([long_text], max_len_a=0, max_len_b=args.out_len)
+    maps = config.n_decoder_layers * config.n_heads
+    fitting = attention_values // (s * t * maps)
+    attention = {"texts": [long_text] * fitting, "return_attention": True, "full_attention": True}
+    form, json_type = "application/x-www-form-urlencoded", "application/json"
+    return {
+        "baseline: one short text": (json_type, b'{"text": "one hundred and two"}'),
+        "JSON: two million numbers": (json_type, filled(b'{"texts":[', b"1,", b"]}")),
+        "JSON: 1.4 million empty lists": (json_type, filled(b'{"texts":[', b"[],", b"]}")),
+        "JSON: a million empty strings": (json_type, filled(b'{"texts":[', b'"",', b"]}")),
+        "JSON: 400k unknown fields": (json_type, filled(b'{"text":"a"', b',"":0', b"}")),
+        "JSON: one text of 4 MiB of commas": (json_type, filled(b'{"text":"', b",", b'"}')),
+        "form: a million fields": (form, filled(b"q=a&", b"x=&", b"")),
+        "form: 1.4 million %XX escapes": (form, filled(b"q=", b"%41", b"")),
+        "multipart: 60k parts": (
+            f"multipart/form-data; boundary={boundary.decode()}",
+            filled(b"", part, b"--" + boundary + b"--\r\n"),
+        ),
+        "largest JSON accepted: 64 texts of 5000 escaped emoji": (json_type, largest_json),
+        "largest form accepted: 64 texts of 5000 %XX emoji": (form, largest_form),
+        f"largest answer: full attention of {fitting} texts, {fitting * s * t * maps} values": (
+            json_type,
+            json.dumps(attention).encode(),
+        ),
+    }
+
+
+def _proc_kib(pid: int, field: str) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE).group(1))
+
+
+def measure_one(pid: int, port: int, content_type: str, body: bytes) -> dict:
+    """One request's answer, time, longest /health wait meanwhile, and peak memory."""
+    longest = 0.0
+    done = threading.Event()
+
+    def probe() -> None:
+        nonlocal longest
+        health = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        while not done.is_set():
+            start = time.perf_counter()
+            health.request("GET", "/health")
+            health.getresponse().read()
+            longest = max(longest, time.perf_counter() - start)
+            time.sleep(0.005)
+        health.close()
+
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
+    before = _proc_kib(pid, "VmRSS")
+    prober = threading.Thread(target=probe)
+    prober.start()
+    time.sleep(0.05)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    start = time.perf_counter()
+    connection.request("POST", "/translate", body, {"Content-Type": content_type})
+    response = connection.getresponse()
+    answer = response.read()
+    elapsed = time.perf_counter() - start
+    time.sleep(0.05)
+    done.set()
+    prober.join()
+    connection.close()
+    error = json.loads(answer).get("error", "") if response.status != 200 else ""
+    return {
+        "status": response.status,
+        "error": error,
+        "body_mb": len(body) / 1e6,
+        "answer_kb": len(answer) / 1e3,
+        "seconds": elapsed,
+        "health_ms": 1000 * longest,
+        "peak_mib": (_proc_kib(pid, "VmHWM") - before) / 1024,
+    }
+
+
+def run_hostile(args: argparse.Namespace, model_dir: Path) -> None:
+    requests = hostile_requests(model_dir, args)
+    process, url = start_server(model_dir, args, batching=True)
+    port = int(url.rsplit(":", 1)[1])
+    try:
+        measure_one(process.pid, port, "application/json", b'{"text": "one two"}')  # warm
+        print("| request | body (MB) | answer | answer (kB) | time (s) | longest /health (ms) "
+              "| peak memory above idle (MiB) |")  # fmt: skip
+        print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+        for name, (content_type, body) in requests.items():
+            row = measure_one(process.pid, port, content_type, body)
+            what = str(row["status"]) + (f" {row['error'][:60]}…" if row["error"] else "")
+            print(
+                f"| {name} | {row['body_mb']:.2f} | {what} | {row['answer_kb']:.1f} "
+                f"| {row['seconds']:.2f} | {row['health_ms']:.0f} | {row['peak_mib']:.0f} |",
+                flush=True,
+            )
+    finally:
+        process.terminate()
+        process.wait(30)
+    print(f"\nMachine: {machine(args.threads)}; 1-minute load average {os.getloadavg()[0]:.1f}")
+
+
 def machine(threads: int) -> str:
     cpu = platform.processor() or "unknown CPU"
     cpuinfo = Path("/proc/cpuinfo")
@@ -316,6 +449,9 @@ def main() -> None:
     parser.add_argument("--update-benchmarks", action="store_true")
     parser.add_argument("--hammer", type=int, default=0, help="costly clients (fairness run)")
     parser.add_argument(
+        "--hostile", action="store_true", help="what one request can cost (see above)"
+    )
+    parser.add_argument(
         "--no-onednn",
         dest="onednn",
         action="store_false",
@@ -330,6 +466,9 @@ def main() -> None:
         model_dir = build_model_dir(Path(tmp), args.preset)
         if args.hammer:
             run_hammered(args, model_dir)
+            return
+        if args.hostile:
+            run_hostile(args, model_dir)
             return
         rows = run(args, model_dir)
     errors = sum(r["errors"] for r in rows)

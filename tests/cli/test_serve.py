@@ -7,8 +7,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from pathlib import Path
 
-from aiayn.cli import build_parser, dataclass_values
+import pytest
+
+from aiayn.cli import build_parser, dataclass_values, main
 from aiayn.cli.serve import _BY_HAND, _GROUPS
 from aiayn.serve.settings import ServerSettings
 
@@ -56,3 +59,19 @@ def test_flags_keep_their_names_and_set_the_fields() -> None:
         "max_beam_size": 8,
     }
     assert args.cors_origins == ["https://a.example"]
+
+
+@pytest.mark.parametrize("kind", ["directory", "latin-1"])
+def test_an_unusable_keys_file_is_one_line_naming_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """Old `aiayn serve`: a traceback for a directory; for a file that is not UTF-8, a codec
+    error that did not say which file. Refused before the model is loaded."""
+    keys = tmp_path
+    if kind == "latin-1":
+        keys = tmp_path / "keys"
+        keys.write_bytes(b"caf\xe9\n")
+    assert main(["serve", "-m", str(tmp_path / "no-model"), "--api-keys", str(keys)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"aiayn serve: error: {keys}: ") and error.count("\n") == 1, error
+    assert "Traceback" not in error

@@ -29,8 +29,9 @@ from fastapi.testclient import TestClient
 
 from aiayn.cli import main
 from aiayn.serve import Decoding, ServerSettings, create_app
-from aiayn.serve.app import STATIC_DIR
+from aiayn.serve.app import STATIC_DIR, _answer
 from aiayn.serve.keys import ApiKey
+from aiayn.serve.schemas import TranslateResponse, Translation
 from aiayn.translator import Translator
 
 from .helpers import (
@@ -174,7 +175,7 @@ DEEP = b"[" * 100_000 + b"]" * 100_000
         (b'{"text": "caf\xe9"}', 400, ["not valid UTF-8", "0xe9", "position 13"]),
         (b"", 400, ["empty"]),
         (b'{"text": NaN}', 400, ["NaN is not allowed"]),
-        (DEEP, 400, ["nested too deeply"]),
+        (DEEP, 413, ["more than 40 values"]),  # each "[" opens a value: refused unparsed
         (b'["a"]', 422, ["must be a JSON object, got a list"]),
         (b'{"text": 5}', 422, ["text: Input should be a valid string (got 5)"]),
         (b'{"texts": ["a", 3]}', 422, ["texts[1]: Input should be a valid string (got 3)"]),
@@ -399,3 +400,13 @@ def test_aiayn_serve_runs_answers_and_stops_cleanly(model_dir: Path) -> None:
     log = process.stderr.read()
     assert returncode in (0, -signal.SIGTERM), log
     assert "Application shutdown complete" in log
+
+
+def test_the_answer_is_the_response_model_rendered(translator: Translator) -> None:
+    """The answer is rendered a translation at a time, off the event loop: it is still what
+    TranslateResponse says, with and without attention."""
+    results = direct(translator, SENTENCES[:3], return_attention=True)
+    for with_attention, full in [(False, False), (True, False), (True, True)]:
+        translations = [Translation.from_result(r, with_attention, full=full) for r in results]
+        expected = TranslateResponse(translations=translations).model_dump(exclude_unset=True)
+        assert json.loads(_answer(results, with_attention, full)) == expected

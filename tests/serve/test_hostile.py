@@ -1,5 +1,5 @@
-"""Hostile clients against `aiayn serve` (issue #14): each case the issue measured on the old
-server, bounded in count and time, on loopback only.
+"""Hostile clients against `aiayn serve` (issues #14 and #27): each case the issues measured on
+the old server, bounded in count and time, on loopback only.
 
 One real server process (`python -m aiayn serve`, so that its peak RSS is its own, read from
 /proc) with small limits and short timeouts serves the connection-level cases; policy cases
@@ -10,6 +10,7 @@ the length limit: every costly request is as costly as its limits allow.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -28,7 +29,7 @@ from aiayn import checkpoint
 from aiayn.config import preset
 from aiayn.model import Transformer
 from aiayn.serve import create_app
-from aiayn.serve.connections import RedactQuery
+from aiayn.serve.connections import MAX_HEAD_BYTES, MAX_TARGET_BYTES, RedactQuery
 from aiayn.serve.keys import ApiKey, load_keys
 from aiayn.serve.policy import PAGE_CSP
 from aiayn.tokenizer import Tokenizer
@@ -349,6 +350,39 @@ def test_keys_file_and_environment(tmp_path: Path) -> None:
     assert "secret" not in repr(ApiKey("secret-key"))
 
 
+def test_an_unusable_keys_file_is_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Old server: a traceback for a directory or an unreadable file, and for a file that is
+    not UTF-8 a codec error that did not say which file."""
+    latin1 = tmp_path / "latin1-keys"
+    latin1.write_bytes(b"caf\xe9 10\n")
+    cases = {
+        tmp_path: "cannot read the API keys file: Is a directory",
+        tmp_path / "missing": "cannot read the API keys file: No such file or directory",
+        latin1: "the API keys file is not UTF-8 (byte 0xe9 at position 3)",
+    }
+    for file, reason in cases.items():
+        with pytest.raises(ValueError) as caught:
+            load_keys(file)
+        assert str(caught.value) == f"{file}: {reason}"
+    unreadable = tmp_path / "unreadable-keys"
+    unreadable.write_text("k\n", encoding="utf-8")
+    unreadable.chmod(0)
+    if not os.access(unreadable, os.R_OK):  # root reads it anyway
+        with pytest.raises(ValueError, match=r"unreadable-keys: cannot read .*: Permission denied"):
+            load_keys(unreadable)
+
+    def denied(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", denied)
+    with pytest.raises(
+        ValueError, match=r"^\S+keys: cannot read the API keys file: Permission denied$"
+    ):
+        load_keys(unreadable)
+
+
 def test_cross_origin_posts_are_refused_unless_allowed(keyed: TestClient) -> None:
     """Old server: a cross-origin form-encoded POST with a JSON body was executed (200)."""
     body = b'{"text": "a", "api_key": "beta"}'
@@ -424,3 +458,171 @@ def test_head_works_on_get_routes(client: TestClient) -> None:
         response = client.head(path)
         assert response.status_code == 200, path
         assert response.content == b""
+
+
+# -- 7. request heads: smuggling, versions, sizes -------------------------------------------------
+
+
+def exchange(server: Server, data: bytes, seconds: float = 5) -> tuple[bytes, bool]:
+    """All the server answers to ``data`` on one connection, and whether it then closed it."""
+    with server.connect() as sock:
+        sock.sendall(data)
+        sock.settimeout(seconds)
+        reply = b""
+        try:
+            while chunk := sock.recv(65536):
+                reply += chunk
+            return reply, True
+        except ConnectionResetError:  # closed while our bytes were still arriving
+            return reply, True
+        except TimeoutError:
+            return reply, False
+
+
+def error_of(reply: bytes) -> tuple[int, str]:
+    """The status and ``error`` of a one-answer reply."""
+    head, _, body = reply.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)["error"]
+
+
+def test_content_length_with_transfer_encoding_is_refused_and_the_connection_closed(
+    server: Server,
+) -> None:
+    """Old server (h11): answered, then answered the request hidden in the chunked body on the
+    same connection: what a front proxy that framed by Content-Length would not have seen."""
+    hidden = b"GET /info HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    chunked = b'4\r\n{"q"\r\n0\r\n\r\n' + hidden
+    head = (b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n" % len(chunked))  # fmt: skip
+    reply, closed = exchange(server, head + chunked)
+    assert closed and reply.count(b"HTTP/1.1 ") == 1, reply
+    status, error = error_of(reply)
+    assert status == 400 and "Transfer-Encoding can't be present with Content-Length" in error
+
+
+HOST = b"Host: 127.0.0.1\r\n"
+
+
+@pytest.mark.parametrize(
+    ("request_head", "status", "fragment"),
+    [
+        (b"GET /health HTTP/9.9\r\n" + HOST + b"\r\n", 505, "speaks HTTP/1.0 and HTTP/1.1"),
+        (b"GET /health HTTP/2.0\r\n" + HOST + b"\r\n", 505, "HTTP/2.0 is not supported"),
+        (b"GET /health?" + b"a" * 20_000 + b" HTTP/1.1\r\n" + HOST + b"\r\n", 414, "8192"),
+        (b"GET /health HTTP/1.1\r\n" + HOST + b"X-A: " + b"a" * 20_000 + b"\r\n\r\n", 431, "16384"),
+        (b"GET /health HTTP/1.1\r\n" + HOST + b"X-A: b\r\n" * 3000 + b"\r\n", 431, "16384"),
+        (b"GET /health HTTP/1.1\n" + b"Host: 127.0.0.1\n\n", 400, "malformed HTTP request"),
+        (b"GET /health HTTP/1.1\r\n" + HOST + b"X-A: a\r\n b\r\n\r\n", 400, "malformed"),
+        (b"POST /translate HTTP/1.1\r\n" + HOST + b"Content-Length: 1\r\nContent-Length: 2\r\n"
+         b"\r\n{}", 400, "malformed"),
+    ],
+    ids=["HTTP/9.9", "HTTP/2.0", "20 KB URL", "20 KB header", "3000 headers", "bare LF",
+         "obsolete line folding", "two Content-Lengths"],
+)  # fmt: skip
+def test_heads_out_of_bounds_are_refused_with_json_and_closed(
+    server: Server, request_head: bytes, status: int, fragment: str
+) -> None:
+    """Old server: HTTP/9.9, a 20 KB URL and a 20 KB header were answered 200."""
+    reply, closed = exchange(server, request_head)
+    assert closed, reply
+    assert error_of(reply)[0] == status and fragment in error_of(reply)[1], reply
+
+
+def test_heads_within_the_limits_are_served(server: Server) -> None:
+    target = b"/health?pad=" + b"a" * (MAX_TARGET_BYTES - 200)
+    header = b"X-Pad: " + b"a" * (MAX_HEAD_BYTES - len(target) - 400) + b"\r\n"
+    for version in (b"1.0", b"1.1"):
+        head = b"GET " + target + b" HTTP/" + version + b"\r\n" + HOST + header
+        reply, _ = exchange(server, head + b"Connection: close\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+
+
+def test_a_header_trickling_past_the_limit_is_refused_before_it_is_whole(server: Server) -> None:
+    """The parser holds an incomplete header: what it may hold is bounded too, not only the
+    headers it has finished."""
+    with server.connect() as sock:
+        sock.sendall(b"GET /health HTTP/1.1\r\n" + HOST + b"X-A: ")
+        sent = 0
+        try:
+            while sent < 10 * MAX_HEAD_BYTES:
+                sock.sendall(b"a" * 1024)
+                sent += 1024
+                time.sleep(0.002)
+        except OSError:  # closed by the server
+            pass
+        assert sent < 4 * MAX_HEAD_BYTES
+        assert closed_within(sock, 2)
+
+
+# -- 8. bodies of many values: refused unparsed; errors bounded; the event loop free -------------
+
+
+class HealthProbe:
+    """Polls ``GET /health`` from a thread and keeps the longest wait: how long the server's
+    event loop was held."""
+
+    def __init__(self, server: Server) -> None:
+        self.url, self.longest, self._stop = server.url + "/health", 0.0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            start = time.monotonic()
+            assert http(self.url)[0] == 200
+            self.longest = max(self.longest, time.monotonic() - start)
+            time.sleep(0.02)
+
+
+def as_large_as_allowed(start: bytes, unit: bytes, end: bytes) -> bytes:
+    """``start`` + ``unit`` repeated + ``end``, within the default --max-body-bytes (4 MiB)."""
+    count = (4 * 1024 * 1024 - len(start) - len(end)) // len(unit)
+    return start + (unit * count).rstrip(b",&") + end
+
+
+BOUNDARY = b"b0undary"
+MULTIPART_PART = b"--" + BOUNDARY + b'\r\nContent-Disposition: form-data; name="q"\r\n\r\na\r\n'
+HOSTILE_BODIES = {
+    "two million numbers": (b"application/json", b'{"texts": [', b"1,", b"]}"),
+    "1.4 million empty lists": (b"application/json", b'{"texts": [', b"[],", b"]}"),
+    "a million empty strings": (b"application/json", b'{"texts": [', b'"",', b"]}"),
+    "400k unknown fields": (b"application/json", b'{"text": "a"', b',"":0', b"}"),
+    "a million form fields": (b"application/x-www-form-urlencoded", b"q=a&", b"x=&", b""),
+    "60k multipart parts": (
+        b"multipart/form-data; boundary=" + BOUNDARY, b"", MULTIPART_PART,
+        b"--" + BOUNDARY + b"--\r\n",
+    ),
+    "1.4 million %XX escapes": (b"application/x-www-form-urlencoded", b"q=", b"%41", b""),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("shape", HOSTILE_BODIES)
+def test_a_body_of_millions_of_values_is_cheap_to_refuse(server: Server, shape: str) -> None:
+    """Old server: two million numbers in `texts` (4 MB) took 18.8 s, 2.5 GB and a 116 MB
+    answer, and /health waited up to 18 s; 300k unknown fields got a 43 MB answer. Now the
+    values are counted before they are built (413), and percent-decoding, which is Python code,
+    runs off the event loop (then the text is over --max-chars: 413 too)."""
+    content_type, start, unit, end = HOSTILE_BODIES[shape]
+    body = as_large_as_allowed(start, unit, end)
+    head = (b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: %s\r\n"
+            b"Content-Length: %d\r\n\r\n" % (content_type, len(body)))  # fmt: skip
+    peak_before = server.peak_rss_mb()
+    with HealthProbe(server) as probe:
+        time.sleep(0.1)
+        started = time.monotonic()
+        reply, _ = exchange(server, head + body, seconds=30)
+        elapsed = time.monotonic() - started
+        time.sleep(0.1)
+    status, error = error_of(reply)
+    assert status == 413 and len(reply) < 1000, reply[:300]
+    assert "--max-chars" in error if "escapes" in shape else "values" in error
+    assert elapsed < 5, elapsed  # ~0.02 s; ~1 s for the escapes (decoded in a thread)
+    assert probe.longest < 0.5, probe.longest
+    assert server.peak_rss_mb() - peak_before < 64

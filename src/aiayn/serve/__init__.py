@@ -1,9 +1,9 @@
 """The HTTP translation service (``aiayn serve``): aiayn's JSON API, LibreTranslate's, a web page.
 
-A leaf of the package with its own dependency stack (FastAPI, uvicorn, python-multipart), so it
-lives apart from the model and the translator, which never import it, and those dependencies are
-the optional extra ``aiayn[serve]``: using the application without them (``from aiayn.serve
-import serve``, or importing :mod:`aiayn.serve.app`) raises a one-line
+A leaf of the package with its own dependency stack (FastAPI, uvicorn, httptools,
+python-multipart), so it lives apart from the model and the translator, which never import it,
+and those dependencies are the optional extra ``aiayn[serve]``: using the application without
+them (``from aiayn.serve import serve``, or importing :mod:`aiayn.serve.app`) raises a one-line
 :class:`aiayn.extras.MissingExtra` that says how to install them. The settings
 (:mod:`aiayn.serve.settings`) need neither them nor PyTorch, so that the CLI can build ``aiayn
 serve``'s flags from them; this package's names are therefore imported on first use.

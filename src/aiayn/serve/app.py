@@ -29,11 +29,13 @@ checked before it is queued; the texts of concurrent requests are batched fairly
 :class:`aiayn.serve.batcher.Batcher`, and a request whose client hangs up is dropped. Bodies
 are read by :mod:`aiayn.serve.requests` and validated, and answers built, by the pydantic
 models of :mod:`aiayn.serve.schemas`. API keys are :mod:`aiayn.serve.keys`; security headers,
-the origin check and CORS :mod:`aiayn.serve.policy`; connection deadlines and the connection
-cap :mod:`aiayn.serve.connections`. ``docs/serving.md`` says what each limit protects. Every
-error is a JSON object ``{"error": "..."}`` with a 4xx status saying what to fix (400
-unreadable body, 403 key or origin refused, 408 body too slow, 413 a size or cost limit, 415
-content type, 422 invalid fields, 429 queue full or key over its rate) or 500 if the model
+the origin check and CORS :mod:`aiayn.serve.policy`; connection deadlines, the connection cap
+and the request heads refused before the app sees them (400 malformed or ambiguous framing,
+414 target too long, 431 head too large, 505 not HTTP/1.x) :mod:`aiayn.serve.connections`.
+``docs/serving.md`` says what each limit protects. Every error is a JSON object
+``{"error": "..."}`` with a 4xx status saying what to fix (400 unreadable body, 403 key or
+origin refused, 408 body too slow, 413 a size, value-count or cost limit, 415 content type, 422
+invalid fields, naming the first few, 429 queue full or key over its rate) or 500 if the model
 failed; limits name the flag that sets them.
 """
 
@@ -53,14 +55,21 @@ from typing import Any
 from aiayn.extras import require
 
 # ruff: noqa: E402  (the imports below need the extra, which this line checks first)
-require("serve", "fastapi", "uvicorn", "python_multipart|multipart", needed_by="aiayn.serve")
+require(
+    "serve",
+    "fastapi",
+    "uvicorn",
+    "httptools",
+    "python_multipart|multipart",
+    needed_by="aiayn.serve",
+)
 
 import torch
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -70,8 +79,8 @@ from aiayn.serve import libretranslate
 from aiayn.serve.batcher import Batcher, BatcherClosed, QueueFull
 from aiayn.serve.connections import (
     BodyDeadline,
-    deadline_protocol,
     fit_fd_limit,
+    guarded_protocol,
     install_access_log_filter,
 )
 from aiayn.serve.keys import KeyRejected, RateLimiter
@@ -86,6 +95,7 @@ from aiayn.serve.schemas import (
     Translation,
     add_to_openapi,
     check_texts,
+    first_problems,
     parse_body,
 )
 from aiayn.serve.settings import (
@@ -141,8 +151,10 @@ class Service:
         self.info = _info(self)
 
     async def read(self, request: Request) -> tuple[str, dict[str, Any]]:
-        """The body as ("json" | "form", fields), under ``--max-body-bytes``."""
-        return await read_request(request, self.settings.max_body_bytes)
+        """The body as ("json" | "form", fields), under ``--max-body-bytes`` and
+        ``max_body_values``."""
+        limits = self.settings
+        return await read_request(request, limits.max_body_bytes, limits.max_body_values)
 
     def check_texts(self, texts: list[str], name: str, *, single: bool) -> None:
         """Refuses texts over the limits, or blank (see :func:`schemas.check_texts`)."""
@@ -313,11 +325,19 @@ async def _translate_aiayn(
         )
     full = decoding.return_attention and body.full_attention
     results = await service.translate(request, texts, decoding, name, full_attention=full)
-    translations = [
-        Translation.from_result(r, decoding.return_attention, full=full) for r in results
-    ]
-    answer = TranslateResponse(translations=translations)
-    return JSONResponse(answer.model_dump(exclude_unset=True))
+    answer = await asyncio.to_thread(_answer, results, decoding.return_attention, full)
+    return Response(answer, media_type="application/json")
+
+
+def _answer(results: list[TranslationResult], with_attention: bool, full: bool) -> bytes:
+    """:class:`TranslateResponse` as JSON, built in a worker thread. With attention it may hold
+    ``--max-attention-values`` (2 million) numbers, whose conversion to Python lists, validation
+    and rendering cost about a second of CPU: done a row (lists) or a translation (validation,
+    pydantic's rendering, 6× faster than ``json.dumps``) at a time, each piece holds the
+    interpreter, and so the event loop, for a fraction of that."""
+    translations = (Translation.from_result(r, with_attention, full=full) for r in results)
+    rendered = ",".join(t.model_dump_json(exclude_unset=True) for t in translations)
+    return f'{{"translations":[{rendered}]}}'.encode()
 
 
 def _decoding(body: TranslateRequest, settings: ServerSettings) -> Decoding:
@@ -385,8 +405,8 @@ def _add_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, error: RequestValidationError) -> JSONResponse:
-        message = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors())
-        return JSONResponse({"error": message}, 422)
+        problems = [f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()]
+        return JSONResponse({"error": first_problems(problems)}, 422)
 
     @app.exception_handler(ClientGone)
     async def client_gone(request: Request, error: ClientGone) -> JSONResponse:
@@ -458,6 +478,7 @@ def _info(service: Service) -> dict[str, Any]:
     del decoding["return_attention"]
     limits: dict[str, Any] = {name: getattr(settings, name) for name in INTEGER_LIMITS}
     limits.update(
+        max_body_values=settings.max_body_values,
         max_length_penalty=MAX_LENGTH_PENALTY,
         busy_after_s=settings.busy_after_s,
         timeout_keep_alive_s=settings.timeout_keep_alive_s,
@@ -514,18 +535,17 @@ def serve(
 
 
 def uvicorn_config(app: FastAPI, settings: ServerSettings, *, log_level: str) -> uvicorn.Config:
-    """Uvicorn's configuration with the connection limits of ``settings``
-    (:mod:`aiayn.serve.connections`) and texts and keys redacted from the access log."""
+    """Uvicorn's configuration: the httptools parser with the head limits and connection limits
+    of :mod:`aiayn.serve.connections`, and texts and keys redacted from the access log."""
     install_access_log_filter()
     max_connections = fit_fd_limit(settings.max_connections)
     return uvicorn.Config(
         app,
         log_level=log_level,
         lifespan="on",
-        http=deadline_protocol(settings.timeout_head_s, max_connections),
+        http=guarded_protocol(settings.timeout_head_s, max_connections),
         timeout_keep_alive=settings.timeout_keep_alive_s,  # type: ignore[arg-type]  # a float works
         limit_concurrency=max_connections,
-        h11_max_incomplete_event_size=16 * 1024,  # request line + headers
     )
 
 

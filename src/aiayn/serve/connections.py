@@ -1,18 +1,30 @@
-"""What the server does about connections that cost it without asking for anything.
+"""What the server does about connections that cost it without asking for anything, and about
+request heads that no client needs to send.
 
-Uvicorn (0.3x–0.5x, h11) closes a keep-alive connection idle ``timeout_keep_alive`` seconds
+The server speaks HTTP/1.1 through uvicorn's httptools protocol: llhttp (Node.js's parser)
+refuses the framings that request smuggling relies on (``Content-Length`` together with
+``Transfer-Encoding``, two ``Content-Length`` values, bare LF line ends, obsolete line folding),
+where h11 answered a request with both headers, and then the request hidden in its body, on the
+same connection. Uvicorn closes a keep-alive connection idle ``timeout_keep_alive`` seconds
 *after a response*, and ``limit_concurrency`` answers 503 once that many connections or tasks
 exist; but it sets no deadline on a new connection that sends nothing, on a request head sent
-one byte at a time, or on a body that trickles in. Each of those holds a file descriptor, and
-a few hundred exhaust the process's limit (then ``/health`` itself cannot be accepted). This
-module adds the deadlines:
+one byte at a time, or on a body that trickles in, and no limit on the size of a request head.
+Each of those holds a file descriptor, and a few hundred exhaust the process's limit (then
+``/health`` itself cannot be accepted). This module adds the deadlines and the limits:
 
-* :func:`deadline_protocol`: uvicorn's h11 protocol with a **head deadline** (the request line
-  and headers must be complete within ``head_timeout_s`` of the connection opening, or of the
-  first byte of the next request on a kept-alive connection: a deadline, not an idle timer,
-  so trickling does not extend it) and a **connection cap** (a connection beyond
-  ``max_connections`` is closed as soon as it is accepted, before it costs anything else).
-  Both close silently: a flood must not become a flood of log lines.
+* :func:`guarded_protocol`: uvicorn's httptools protocol with
+
+  - a **head deadline**: the request line and headers must be complete within
+    ``head_timeout_s`` of the connection opening, or of the first byte of the next request on a
+    kept-alive connection (a deadline, not an idle timer, so trickling does not extend it);
+  - **head limits**: a request target (path and query) over :data:`MAX_TARGET_BYTES` is
+    answered 414, a head over :data:`MAX_HEAD_BYTES` 431, an HTTP version other than 1.0 and
+    1.1 505, and any other request llhttp cannot parse 400, each with ``Connection: close``;
+  - a **connection cap**: a connection beyond ``max_connections`` is closed as soon as it is
+    accepted, before it costs anything else.
+
+  Deadline and cap close silently: a flood must not become a flood of log lines; a refused head
+  is one line at INFO.
 * :class:`BodyDeadline`: an ASGI middleware that gives the whole request body
   ``body_timeout_s`` from the app's first read; past it the read raises :class:`BodyTimeout`,
   answered 408 by the app.
@@ -24,27 +36,54 @@ module adds the deadlines:
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import resource
 import time
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
+import httptools
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BodyDeadline", "BodyTimeout", "RedactQuery", "deadline_protocol", "fit_fd_limit"]
+__all__ = [
+    "MAX_HEAD_BYTES",
+    "MAX_TARGET_BYTES",
+    "BodyDeadline",
+    "BodyTimeout",
+    "RedactQuery",
+    "fit_fd_limit",
+    "guarded_protocol",
+]
 
 SECRET_FIELDS = ("q", "api_key", "text", "texts")
+MAX_TARGET_BYTES = 8 * 1024  # the request target, path and query: 414 beyond (nginx: 8 KiB)
+MAX_HEAD_BYTES = 16 * 1024  # the request line and headers together: 431 beyond
+HTTP_VERSIONS = ("1.0", "1.1")
 
 
-def deadline_protocol(head_timeout_s: float, max_connections: int) -> type[H11Protocol]:
-    """Uvicorn's h11 protocol class with a head deadline and a connection cap (``http=``)."""
+class HeadRefused(Exception):
+    """A request head the server will not read: answered ``status`` and the connection closed."""
 
-    class DeadlineH11Protocol(H11Protocol):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def guarded_protocol(head_timeout_s: float, max_connections: int) -> type[HttpToolsProtocol]:
+    """Uvicorn's httptools protocol class (``http=``) with a head deadline, head limits, HTTP/1.x
+    only, and a connection cap (see the module docstring)."""
+
+    class GuardedProtocol(HttpToolsProtocol):
         _head_timer: asyncio.TimerHandle | None = None
+        _in_head = True  # waiting for a request head, or for the rest of one
+        _head_begun = False  # llhttp has seen the head's first byte
+        _head_bytes = 0  # bytes fed while the head was incomplete: an upper bound on its size
+        _header_bytes = 0  # the head's size, counted exactly from what llhttp has parsed
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -55,12 +94,60 @@ def deadline_protocol(head_timeout_s: float, max_connections: int) -> type[H11Pr
             self._arm()
 
         def data_received(self, data: bytes) -> None:
-            waiting_for_head = self.cycle is None or self.cycle.response_complete
-            if waiting_for_head and self._head_timer is None:
+            if self._in_head and self._head_timer is None and not self._answering():
                 self._arm()
-            super().data_received(data)
-            if self.cycle is not None and not self.cycle.response_complete:
-                self._disarm()  # the head is in; the body has its own deadline
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserUpgrade:  # as uvicorn does (no WebSockets here)
+                if self._should_upgrade():
+                    self.handle_websocket_upgrade()
+                else:
+                    self._unsupported_upgrade_warning()
+                return
+            except httptools.HttpParserError as error:
+                self._refuse(_refusal(error))
+                return
+            if self._in_head and self._head_begun:
+                # httptools buffers a header until it is complete: bound what it may hold
+                self._head_bytes += len(data)
+                if self._head_bytes > MAX_HEAD_BYTES:
+                    self._refuse(_head_too_large())
+
+        # llhttp's callbacks (an exception in one aborts the parse: see data_received)
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._in_head, self._head_begun = True, True
+            self._head_bytes = self._header_bytes = 0
+
+        def on_url(self, url: bytes) -> None:
+            super().on_url(url)
+            self._header_bytes += len(url)
+            if len(self.url) > MAX_TARGET_BYTES:
+                raise HeadRefused(
+                    414,
+                    f"the request target (path and query) is longer than {MAX_TARGET_BYTES} "
+                    "bytes: send the fields in a POST body",
+                )
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._header_bytes += len(name) + len(value) + 4  # ": " and CRLF
+            if self._header_bytes > MAX_HEAD_BYTES:
+                raise _head_too_large()
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            version = self.parser.get_http_version()
+            if version not in HTTP_VERSIONS:
+                raise HeadRefused(505, _version_message(f"HTTP/{version}"))
+            self._in_head, self._head_begun = False, False
+            self._disarm()  # the head is in; the body has its own deadline
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._in_head = True
+            super().on_message_complete()
 
         def on_response_complete(self) -> None:
             self._disarm()
@@ -69,6 +156,29 @@ def deadline_protocol(head_timeout_s: float, max_connections: int) -> type[H11Pr
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
             super().connection_lost(exc)
+
+        def _answering(self) -> bool:
+            return self.cycle is not None and not self.cycle.response_complete
+
+        def _refuse(self, refusal: HeadRefused) -> None:
+            """Answers ``refusal`` as ``{"error": ...}`` and closes the connection (only closes
+            it while the answer to an earlier request is being sent)."""
+            self._disarm()
+            if self.transport.is_closing():
+                return
+            if self._answering():
+                self.transport.close()
+                return
+            client = "{}:{}".format(*self.client) if self.client else "?"
+            logger.info("%s - request refused: %d %s", client, refusal.status, refusal.message)
+            body = json.dumps({"error": refusal.message}).encode()
+            head = (
+                "content-type: application/json\r\n"
+                f"content-length: {len(body)}\r\n"
+                "connection: close\r\n\r\n"
+            )
+            self.transport.write(STATUS_LINE[refusal.status] + head.encode() + body)
+            self.transport.close()
 
         def _arm(self) -> None:
             self._head_timer = self.loop.call_later(head_timeout_s, self._head_timeout)
@@ -83,7 +193,26 @@ def deadline_protocol(head_timeout_s: float, max_connections: int) -> type[H11Pr
             if not self.transport.is_closing():
                 self.transport.close()
 
-    return DeadlineH11Protocol
+    return GuardedProtocol
+
+
+def _head_too_large() -> HeadRefused:
+    return HeadRefused(431, f"the request line and headers are larger than {MAX_HEAD_BYTES} bytes")
+
+
+def _version_message(version: str) -> str:
+    return f"{version} is not supported: this server speaks HTTP/1.0 and HTTP/1.1"
+
+
+def _refusal(error: httptools.HttpParserError) -> HeadRefused:
+    """The answer to a parse error: ours if a callback refused the head, else llhttp's reason
+    (505 for a version it does not know, 400 otherwise)."""
+    if isinstance(error.__context__, HeadRefused):
+        return error.__context__
+    reason = str(error)
+    if reason == "Invalid HTTP version":
+        return HeadRefused(505, _version_message("the request's HTTP version"))
+    return HeadRefused(400, f"malformed HTTP request: {reason}")
 
 
 def fit_fd_limit(max_connections: int, spare: int = 64) -> int:

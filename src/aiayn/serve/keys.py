@@ -55,12 +55,13 @@ class KeyRejected(Exception):
 
 
 def load_keys(file: str | Path | None = None, env: str | None = None) -> tuple[ApiKey, ...]:
-    """The keys of ``file`` and of the environment variable's value ``env``; a malformed line
-    is a ValueError naming the file and line (never the key)."""
+    """The keys of ``file`` and of the environment variable's value ``env``. A file that cannot
+    be read (missing, a directory, unreadable, not UTF-8) or a malformed line is a one-line
+    ValueError naming the file (and line; never the key)."""
     keys: list[ApiKey] = []
     if file is not None:
         path = Path(file)
-        for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        for lineno, line in enumerate(_read_keys_file(path).splitlines(), 1):
             fields = line.split("#", 1)[0].split()
             if not fields:
                 continue
@@ -74,6 +75,21 @@ def load_keys(file: str | Path | None = None, env: str | None = None) -> tuple[A
     if env:
         keys.extend(ApiKey(key) for key in env.replace(",", " ").split())
     return tuple(keys)
+
+
+def _read_keys_file(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ValueError(f"{path}: cannot read the API keys file: {reason}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path}: the API keys file is not UTF-8 (byte 0x{data[error.start]:02x} at "
+            f"position {error.start})"
+        ) from None
 
 
 def keys_from_environment() -> str | None:

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from aiayn.results import TranslationHypothesis, TranslationResult
 from aiayn.serve.settings import MAX_LENGTH_PENALTY
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "ERROR_RESPONSES",
@@ -38,10 +41,12 @@ __all__ = [
     "add_to_openapi",
     "check_texts",
     "describe_json",
+    "first_problems",
     "parse_body",
 ]
 
 ATTENTION_DECIMALS = 4  # enough for a heatmap; keeps (L, H, T, S) JSON-sized
+MAX_PROBLEMS = 5  # an error answer lists this many problems, then counts the others
 
 
 class ApiError(Exception):
@@ -251,17 +256,27 @@ def check_texts(
 
 
 def parse_body(model: type[BaseModel], data: dict[str, Any]) -> Any:
-    """``model`` filled from ``data``, or a 422 ApiError listing every problem."""
+    """``model`` filled from ``data``, or a 422 ApiError naming the first problems."""
     try:
         return model.model_validate(data)
     except ValidationError as error:
         raise ApiError(422, _validation_message(error, model)) from None
 
 
+def first_problems(problems: list[str], total: int | None = None) -> str:
+    """The first :data:`MAX_PROBLEMS` of ``problems`` and how many more there are of ``total``
+    (default: all of them): an error answer stays short however many values are wrong."""
+    shown = problems[:MAX_PROBLEMS]
+    more = (len(problems) if total is None else total) - len(shown)
+    message = "; ".join(shown)
+    return message if more <= 0 else f"{message}; and {more} more problem{'s' * (more > 1)}"
+
+
 def _validation_message(error: ValidationError, model: type[BaseModel]) -> str:
-    """One line per problem: ``texts[1]: Input should be a valid string (got 3)``."""
+    """The first problems, each as ``texts[1]: Input should be a valid string (got 3)``, and
+    how many more there are."""
     parts = []
-    for item in error.errors(include_url=False):
+    for item in error.errors(include_url=False)[:MAX_PROBLEMS]:
         location = "".join(
             f"[{part}]" if isinstance(part, int) else f".{part}" for part in item["loc"]
         ).lstrip(".")
@@ -274,7 +289,7 @@ def _validation_message(error: ValidationError, model: type[BaseModel]) -> str:
             message = item["msg"].removeprefix("Value error, ")
             got = "" if item["type"] == "value_error" else f" (got {describe_json(item['input'])})"
             parts.append(f"{location}: {message}{got}")
-    return "; ".join(parts)
+    return first_problems(parts, total=error.error_count())
 
 
 def describe_json(value: Any) -> str:
@@ -290,9 +305,17 @@ def describe_json(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def _rounded(values: Any) -> Any:
+def _rounded(values: torch.Tensor) -> Any:
+    """Nested lists of ``values`` rounded to :data:`ATTENTION_DECIMALS` places, converted a row
+    at a time: never one long call that holds the interpreter (see ``app._answer``)."""
     scale = 10**ATTENTION_DECIMALS
-    return (values * scale).round().div(scale).tolist()
+    return _row_by_row((values * scale).round().div(scale))
+
+
+def _row_by_row(values: torch.Tensor) -> Any:
+    if values.dim() <= 1:
+        return values.tolist()
+    return [_row_by_row(part) for part in values]
 
 
 def _finite(x: float) -> float | None:

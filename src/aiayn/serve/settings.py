@@ -13,12 +13,20 @@ from dataclasses import dataclass, field
 from aiayn.decoding_options import DecodingOptions
 from aiayn.serve.keys import ApiKey
 
-__all__ = ["INTEGER_LIMITS", "MAX_LENGTH_PENALTY", "Decoding", "ServerSettings"]
+__all__ = [
+    "BODY_VALUES_FOR_OPTIONS",
+    "INTEGER_LIMITS",
+    "MAX_LENGTH_PENALTY",
+    "Decoding",
+    "ServerSettings",
+]
 
 # Bounds of the decoding options a request may set, whatever the server's settings. Limits that
 # depend on the server (--max-beam-size, --max-texts, --max-chars) are added to the OpenAPI
 # schema per app.
 MAX_LENGTH_PENALTY = 5.0  # α; GNMT tuned 0.6-1.0; ((5 + |Y|) / 6) ** α overflows floats ≳ 400
+# Values a request body may hold beyond its texts: every option of either API, with room to spare.
+BODY_VALUES_FOR_OPTIONS = 32
 
 
 @dataclass(frozen=True)
@@ -116,6 +124,13 @@ class ServerSettings:
             )
         if self.require_api_key and not self.api_keys:
             raise ValueError("require_api_key needs api_keys (--api-keys or $AIAYN_API_KEYS)")
+
+    @property
+    def max_body_values(self) -> int:
+        """Most values (JSON values or form fields) a request body may hold: ``max_texts`` texts
+        and the options. Checked before a body is parsed (413 beyond), so that 4 MiB of tiny
+        values cannot cost what millions of objects and their validation errors cost."""
+        return self.max_texts + BODY_VALUES_FOR_OPTIONS
 
 
 INTEGER_LIMITS = (
