@@ -1,8 +1,8 @@
 """Optional dependencies ("extras"): what needs them says how to install them.
 
 Training and translating need only torch, numpy and sentencepiece (and a few small libraries).
-The HTTP server (``aiayn[serve]``: FastAPI, uvicorn with httptools, python-multipart) and the pictures
-(``aiayn[viz]``: matplotlib) install on request, so a package that needs one imports it through
+The HTTP server (``aiayn[serve]``: FastAPI, uvicorn with httptools, python-multipart) and the
+pictures (``aiayn[viz]``: matplotlib) install on request, so a package that needs one imports it through
 :func:`require`, which turns a missing module into a one-line :class:`MissingExtra` naming the
 command to run. The CLI prints it as such (it is an aiayn error), not as a traceback.
 """
