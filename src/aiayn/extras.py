@@ -2,9 +2,9 @@
 
 Training and translating need only torch, numpy and sentencepiece (and a few small libraries).
 The HTTP server (``aiayn[serve]``: FastAPI, uvicorn with httptools, python-multipart) and the
-pictures (``aiayn[viz]``: matplotlib) install on request, so a package that needs one imports it through
-:func:`require`, which turns a missing module into a one-line :class:`MissingExtra` naming the
-command to run. The CLI prints it as such (it is an aiayn error), not as a traceback.
+pictures (``aiayn[viz]``: matplotlib) install on request, so a package that needs one imports
+it through :func:`require`, which turns a missing module into a one-line :class:`MissingExtra`
+naming the command to run. The CLI prints it as such (it is an aiayn error), not as a traceback.
 """
 
 from __future__ import annotations
