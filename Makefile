@@ -25,13 +25,14 @@ $(HF4)/.installed: $(STAMP)
 
 # The numerics tests once more as an x86-64 CPU with AVX2 alone computes them (no AVX-512, VNNI or
 # AMX; CTranslate2 on oneDNN, as on AMD CPUs): PyTorch's, oneDNN's, MKL's and CTranslate2's
-# kernels differ by instruction set, and a tolerance tuned on one CPU fails on another.
+# kernels differ by instruction set, and a tolerance tuned on one CPU fails on another. TorchInductor
+# gets a cache of its own: kernels it compiled for one instruction set abort under the other.
 AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
-	CT2_FORCE_CPU_ISA=AVX2 CT2_USE_MKL=0
+	CT2_FORCE_CPU_ISA=AVX2 CT2_USE_MKL=0 TORCHINDUCTOR_CACHE_DIR=$$(mktemp -d)
 NUMERICS_TESTS := tests/test_model.py tests/test_attention.py tests/test_loss.py \
-	tests/test_acceleration.py tests/test_search.py tests/test_translator.py tests/test_update.py \
-	tests/test_ensemble.py tests/test_optim.py tests/test_alignment.py \
-	tests/test_interop_ctranslate2.py tests/test_interop_onnx.py
+	tests/test_acceleration.py tests/decode/test_search.py tests/decode/test_translator.py tests/train/test_update.py \
+	tests/decode/test_ensemble.py tests/test_optim.py tests/decode/test_alignment.py \
+	tests/interop/test_ctranslate2.py tests/interop/test_onnx.py
 
 test: $(STAMP) $(HF4)/.installed
 	$(BIN)/ruff check src tests bench tools
@@ -39,7 +40,7 @@ test: $(STAMP) $(HF4)/.installed
 	$(BIN)/python -m pytest -q
 	$(AVX2_ONLY) $(BIN)/python -m pytest -q -p no:cacheprovider $(NUMERICS_TESTS)
 	PYTHONPATH=$(HF4) $(BIN)/python -c 'import transformers as t; assert t.__version__.startswith("4."), t.__version__'
-	PYTHONPATH=$(HF4) $(BIN)/python -m pytest -q -p no:cacheprovider tests/test_interop_marian.py tests/cli/test_interop.py
+	PYTHONPATH=$(HF4) $(BIN)/python -m pytest -q -p no:cacheprovider tests/interop/test_marian.py tests/cli/test_interop.py
 
 # The numerics tests alone, as an AVX2-only CPU runs them (part of `make test`).
 test-avx2: $(STAMP)
@@ -68,7 +69,7 @@ browser-deps:
 			chromium chromium-driver)
 
 # Debian's SWORD Bible modules (World English Bible, Reina-Valera 1909) for `aiayn prepare
-# bible-en-es` and its end-to-end test in tests/prepare/test_bible.py (which skips, saying so,
+# bible-en-es` and its end-to-end test in tests/text/prepare/test_bible.py (which skips, saying so,
 # where they are missing). Installs with apt-get (as root) only if either is missing.
 SWORD_CONF := /usr/share/sword/mods.d
 bible-deps:

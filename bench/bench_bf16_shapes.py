@@ -31,14 +31,14 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-import aiayn.update as update
-from aiayn.batching import Batch, collate, epoch_updates
+import aiayn.train.update as update
 from aiayn.config import preset
-from aiayn.data import load_or_build
-from aiayn.distributed import Distributed
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
-from aiayn.tokenizer import PAD_ID, Tokenizer
+from aiayn.text.batching import Batch, collate, epoch_updates
+from aiayn.text.corpus import load_or_build
+from aiayn.text.tokenizer import PAD_ID, Tokenizer
+from aiayn.train.distributed import Distributed
 
 
 def padded(widths: int, rows: int) -> Callable[..., Batch]:

@@ -49,9 +49,9 @@ import torch
 from aiayn.acceleration import pack_linear_layers
 from aiayn.cache import DecoderCache
 from aiayn.config import preset
+from aiayn.decode.search import DecodingOptions, beam_search, greedy_search
 from aiayn.model import Transformer
-from aiayn.search import DecodingOptions, beam_search, greedy_search
-from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from bench_train_step import machine_info
 from benchmarks_md import BENCHMARKS_MD, replace_section
 

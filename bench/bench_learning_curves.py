@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from aiayn.rundir import read_config
-from aiayn.runlog import read_metrics
+from aiayn.train.rundir import read_config
+from aiayn.train.runlog import read_metrics
 from bench_train_run import aiayn_command, run_training
 from bench_train_step import _load_average, machine_info
 

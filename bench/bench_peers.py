@@ -61,11 +61,11 @@ from aiayn.acceleration import (
     quantize_int8,
 )
 from aiayn.config import ModelConfig, preset
+from aiayn.decode.search import DecodingOptions, beam_search, greedy_search
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
-from aiayn.search import DecodingOptions, beam_search, greedy_search
-from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from aiayn.update import uses_onednn
+from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from aiayn.train.update import uses_onednn
 from bench_decode import FixedLength
 from bench_train_step import (
     ReferenceTransformer,

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from aiayn.acceleration import native_bf16_cpu
-from aiayn.evaluation import score
-from aiayn.translator import Translator
+from aiayn.decode.evaluation import score
+from aiayn.decode.translator import Translator
 
 
 def main() -> None:

@@ -59,7 +59,7 @@ import torch
 from aiayn.config import preset
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, set_learning_rate
-from aiayn.tokenizer import PAD_ID
+from aiayn.text.tokenizer import PAD_ID
 from bench_decode import FixedLength, time_search
 from bench_train_step import _load_average, machine_info, make_batch
 

@@ -60,11 +60,11 @@ import httpx
 import torch
 from num2words import num2words
 
-from aiayn import checkpoint
 from aiayn.config import preset
+from aiayn.decode.translator import Translator
 from aiayn.model import Transformer
-from aiayn.tokenizer import Tokenizer
-from aiayn.translator import Translator
+from aiayn.model_dir import save_model_dir
+from aiayn.text.tokenizer import Tokenizer
 from benchmarks_md import BENCHMARKS_MD, replace_section
 
 START, END = "<!-- bench_server:start -->", "<!-- bench_server:end -->"
@@ -80,7 +80,7 @@ def build_model_dir(directory: Path, preset_name: str) -> Path:
     tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=1000)
     torch.manual_seed(0)
     config = preset(preset_name, src_vocab_size=tokenizer.vocab_size, dropout=0.0)
-    return checkpoint.save_model_dir(
+    return save_model_dir(
         directory / "model",
         Transformer(config),
         tokenizer_file=tokenizer.model_file,

@@ -47,7 +47,7 @@ from typing import Any
 import torch
 import yaml
 
-from aiayn.runlog import read_metrics
+from aiayn.train.runlog import read_metrics
 from bench_train_step import _load_average, machine_info
 
 # bench/ scripts import each other: running one puts bench/ on sys.path

@@ -89,10 +89,10 @@ import torch
 
 from aiayn.acceleration import native_bf16_cpu
 from aiayn.config import ModelConfig, TrainConfig, load_yaml_config
-from aiayn.data import ParallelDataset, load_or_build, read_parallel
 from aiayn.optim import learning_rate
-from aiayn.runlog import read_metrics
-from aiayn.tokenizer import SPECIAL_PIECES, Tokenizer
+from aiayn.text.corpus import ParallelDataset, load_or_build, read_parallel
+from aiayn.text.tokenizer import SPECIAL_PIECES, Tokenizer
+from aiayn.train.runlog import read_metrics
 
 # bench/ scripts import each other: running one puts bench/ on sys.path
 from bench_train_run import MODEL_LINE, aiayn_command

@@ -12,7 +12,7 @@ left:
    yardstick of the model FLOPs utilisation (MFU) below; TF32 and float32 beside it;
 3. **train**: updates of the `base` preset at the paper's ~25,000 target tokens per update
    (§5.1), on sentences of real lengths (`real_lengths`) in the trainer's own length-bucketed
-   batches: aiayn as `aiayn train` runs an update (`aiayn.update.optimizer_update`), and
+   batches: aiayn as `aiayn train` runs an update (`aiayn.train.update.optimizer_update`), and
    `torch.nn.Transformer` wrapped to the same model (`bench_train_step.ReferenceTransformer`,
    with `F.cross_entropy` and the same fused Adam), each in bf16 autocast (aiayn's default on
    CUDA), TF32 and float32: target tokens/s, peak memory, MFU against the bf16 rate; and from
@@ -20,7 +20,7 @@ left:
    against the paper's 12 hours on 8 P100s (§5.2);
 4. **torchrun**: `torchrun --nproc_per_node=1 -m aiayn train` for a few updates on a tiny
    generated corpus; then the same run through NCCL and DistributedDataParallel. At one process
-   aiayn takes its single-process path (`aiayn.distributed.init_distributed` creates a process
+   aiayn takes its single-process path (`aiayn.train.distributed.init_distributed` creates a process
    group only for WORLD_SIZE > 1, and one GPU cannot hold two NCCL ranks), so the second run
    starts the NCCL group itself and opens `Distributed.enabled` (`--ddp-worker`): DDP's wrapper,
    `no_sync` accumulation, all-reduces and barriers over NCCL, at world size 1. Both runs'
@@ -71,15 +71,15 @@ try:  # what is missing is named by main(), in one line, rather than raised here
     import torch.nn.functional as F
 
     import peers
-    from aiayn import distributed, trainer
-    from aiayn.batching import accumulation, collate, epoch_updates
     from aiayn.cli import main as aiayn_main
     from aiayn.config import preset
     from aiayn.model import Transformer
     from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
-    from aiayn.runlog import read_metrics
-    from aiayn.tokenizer import EOS_ID, PAD_ID
-    from aiayn.update import autocast, optimizer_update
+    from aiayn.text.batching import accumulation, collate, epoch_updates
+    from aiayn.text.tokenizer import EOS_ID, PAD_ID
+    from aiayn.train import distributed, trainer
+    from aiayn.train.runlog import read_metrics
+    from aiayn.train.update import autocast, optimizer_update
     from bench_peers import _aiayn_search, _same, forward_flops
     from bench_train_step import ReferenceTransformer, machine_info
     from benchmarks_md import BENCHMARKS_MD, replace_section

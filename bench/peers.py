@@ -21,7 +21,7 @@ import torch
 
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
-from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
 def available(module: str) -> str | None:

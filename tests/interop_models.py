@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from aiayn import checkpoint
 from aiayn.config import preset
 from aiayn.model import Transformer
-from aiayn.tokenizer import EOS_ID, Tokenizer
+from aiayn.model_dir import save_model_dir
+from aiayn.text.tokenizer import EOS_ID, Tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may come from the Hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -52,9 +52,7 @@ def tiny_model_dir(directory: Path, *, eos_scale: float = 4.0, **overrides: obje
     model = Transformer(preset("tiny", src_vocab_size=tokenizer.vocab_size, **values)).eval()
     with torch.no_grad():
         model.tgt_embed.embedding.weight[EOS_ID] *= eos_scale
-    return checkpoint.save_model_dir(
-        directory / "model", model, tokenizer_file=tokenizer.model_file
-    )
+    return save_model_dir(directory / "model", model, tokenizer_file=tokenizer.model_file)
 
 
 PAIRS = [(CORPUS[i], CORPUS[i + 3]) for i in range(3)] + [(CORPUS[6], CORPUS[7])]
@@ -68,7 +66,7 @@ def trained_model_dir(directory: Path, *, steps: int = 150) -> Path:
     instruction set's kernels) flips some greedy choices; a trained model's are decided by wide
     margins, as a real model's mostly are.
     """
-    from aiayn.tokenizer import BOS_ID, PAD_ID
+    from aiayn.text.tokenizer import BOS_ID, PAD_ID
 
     directory.mkdir(parents=True, exist_ok=True)
     corpus = directory / "corpus.txt"
@@ -91,9 +89,7 @@ def trained_model_dir(directory: Path, *, steps: int = 150) -> Path:
         sums = model(src, tgt[:, :-1], tgt[:, 1:])
         (sums.loss / sums.n_tokens).backward()
         optimizer.step()
-    return checkpoint.save_model_dir(
-        directory / "model", model.eval(), tokenizer_file=tokenizer.model_file
-    )
+    return save_model_dir(directory / "model", model.eval(), tokenizer_file=tokenizer.model_file)
 
 
 def split_tokenizer_files(directory: Path) -> Path:

@@ -25,9 +25,9 @@ from aiayn.acceleration import (
 )
 from aiayn.attention import MultiHeadAttention
 from aiayn.config import preset
-from aiayn.decoding_options import DecodingOptions
+from aiayn.decode.options import DecodingOptions
+from aiayn.decode.search import beam_search, greedy_search
 from aiayn.model import PositionwiseFeedForward, Transformer
-from aiayn.search import beam_search, greedy_search
 
 CPU = torch.device("cpu")
 
@@ -303,7 +303,7 @@ def test_training_runs_its_products_on_onednn_only_when_asked() -> None:
     """The trainer's choice (`uses_onednn`): with --onednn (off by default), in float32 on an
     x86-64 CPU; not under bf16 autocast, with torch.compile or on CUDA."""
     from aiayn.config import TrainConfig
-    from aiayn.update import uses_onednn
+    from aiayn.train.update import uses_onednn
 
     cpu = torch.device("cpu")
     assert not uses_onednn(cpu, onednn=TrainConfig.onednn, bf16=False, compile=False)

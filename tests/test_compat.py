@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn import checkpoint
 from aiayn.cli import main
-from aiayn.runlog import read_metrics
+from aiayn.model_dir import load_model_dir
+from aiayn.train.runlog import read_metrics
 
 RELEASE = Path(__file__).parent / "fixtures" / "release-e3eaae9"
 # The flags the fixture's run was made with (its README), as a resume repeats them.
@@ -40,7 +40,7 @@ def release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
 
 
 def test_an_old_model_directory_loads_and_translates_as_it_did(release: Path) -> None:
-    loaded = checkpoint.load_model_dir(release / "run" / "model")
+    loaded = load_model_dir(release / "run" / "model")
     assert loaded.metadata["step"] == 6
     for name, flags in [
         ("expected-nbest2.txt", ["--n-best", "2"]),
@@ -63,4 +63,4 @@ def test_an_old_checkpoint_resumes(release: Path) -> None:
         ("train", 9),
         ("valid", 9),
     ]
-    assert checkpoint.load_model_dir(release / "run").metadata["step"] == 9
+    assert load_model_dir(release / "run").metadata["step"] == 9

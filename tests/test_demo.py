@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from aiayn import checkpoint, demo, trainer
+from aiayn import demo
 from aiayn.config import PRESETS
 from aiayn.demo import EXAMPLES, SMALL, SMALL_EXAMPLES, split_numbers, write_demo_corpus
+from aiayn.model_dir import CHECKSUMS_FILE
+from aiayn.train import trainer
 
 
 def test_split_keeps_the_shown_examples_out_of_training_and_0_to_100_in() -> None:
@@ -56,7 +58,7 @@ def test_demo_resumes_only_from_a_complete_checkpoint(
     step = tmp_path / "run" / "checkpoints" / "step_00000300"
     step.mkdir(parents=True)
     if complete:
-        (step / checkpoint.CHECKSUMS_FILE).write_text("{}")
+        (step / CHECKSUMS_FILE).write_text("{}")
     calls = []
 
     def fake_train(config: object, *, resume: bool) -> None:

@@ -55,9 +55,9 @@ def test_aiayn_serve_without_the_extra_is_a_one_line_error(monkeypatch, capsys, 
 
 
 def test_plots_without_matplotlib_is_a_one_line_error(monkeypatch, capsys, tmp_path) -> None:
-    hide(monkeypatch, "matplotlib", "aiayn.plots")
+    hide(monkeypatch, "matplotlib", "aiayn.viz.plots")
     with pytest.raises(MissingExtra, match=r"needs matplotlib.*pip install -e '\.\[viz\]'"):
-        importlib.import_module("aiayn.plots")
+        importlib.import_module("aiayn.viz.plots")
     output = str(tmp_path / "schedule.png")
     assert main(["plot", "schedule", "-o", output]) == 2
     err = capsys.readouterr().err

@@ -676,7 +676,7 @@ def test_search_on_the_model_is_the_same_batched_and_pruned_as_alone(
     """Finished sentences leave the batch (their cache rows and encoder K/V are dropped);
     what remains must decode exactly as it would alone. Maximum lengths = source lengths, so
     the sentences end at different steps."""
-    from aiayn.search import DecodingOptions, beam_search
+    from aiayn.decode.search import DecodingOptions, beam_search
 
     model = make_model().eval()
     perturb_(model)

@@ -9,9 +9,9 @@ import pytest
 
 import aiayn
 import aiayn.config
-import aiayn.decoding_options
+import aiayn.decode.options
+import aiayn.decode.translator
 import aiayn.model
-import aiayn.translator
 
 
 def test_import_aiayn_does_not_import_torch() -> None:
@@ -24,13 +24,13 @@ def test_import_aiayn_does_not_import_torch() -> None:
 
 
 def test_public_names_are_the_modules_own() -> None:
-    assert aiayn.Translator is aiayn.translator.Translator
+    assert aiayn.Translator is aiayn.decode.translator.Translator
     assert aiayn.Transformer is aiayn.model.Transformer
     assert aiayn.ModelConfig is aiayn.config.ModelConfig
-    assert aiayn.DecodingOptions is aiayn.decoding_options.DecodingOptions
+    assert aiayn.DecodingOptions is aiayn.decode.options.DecodingOptions
     from aiayn import Translator
 
-    assert Translator is aiayn.translator.Translator
+    assert Translator is aiayn.decode.translator.Translator
 
 
 def test_dir_and_all_list_the_public_names() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.config import TrainConfig, load_yaml_config
-from aiayn.search import DecodingOptions
+from aiayn.decode.search import DecodingOptions
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 ALL_RECIPES = sorted(RECIPES.glob("*.yaml"))
@@ -94,8 +94,8 @@ def test_wmt14_recipe_is_the_papers_experiment(size: str) -> None:
 
 def test_search_defaults_are_section_6_1() -> None:
     # The one home of the decoding defaults: search, Translator, the CLI flags
-    # (tests/cli/test_flags.py) and validation BLEU (tests/test_evaluation.py) all take theirs
-    # from it.
+    # (tests/cli/test_flags.py) and validation BLEU (tests/decode/test_evaluation.py) all
+    # take theirs from it.
     defaults = DecodingOptions()
     assert defaults.beam_size == 4
     assert defaults.length_penalty == 0.6

@@ -43,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
+    from aiayn.decode.translator import Translator
     from aiayn.serve import ServerSettings, create_app, serve_in_background
-    from aiayn.translator import Translator
 
     app = create_app(Translator(args.model), ServerSettings())
     with serve_in_background(app) as url, tempfile.TemporaryDirectory() as profile:

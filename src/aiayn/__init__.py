@@ -12,7 +12,7 @@ model directory, ready to translate) and ``DecodingOptions`` (beam size, length 
 other §6.1 search settings ``Translator.translate`` takes) are imported on first use (PEP 562),
 so ``import aiayn`` does not import PyTorch: a tool that only needs ``aiayn.__version__`` or one
 light module stays fast. Everything else lives in the module named after its concept
-(``aiayn.search``, ``aiayn.trainer``, ...).
+(``aiayn.decode.search``, ``aiayn.train.trainer``, ...).
 """
 
 from __future__ import annotations
@@ -24,19 +24,19 @@ __version__ = "0.1.0"
 
 # Public name → the module that defines it.
 _LAZY = {
-    "DecodingOptions": "aiayn.decoding_options",
+    "DecodingOptions": "aiayn.decode.options",
     "ModelConfig": "aiayn.config",
     "Transformer": "aiayn.model",
-    "Translator": "aiayn.translator",
+    "Translator": "aiayn.decode.translator",
 }
 
 __all__ = ["DecodingOptions", "ModelConfig", "Transformer", "Translator", "__version__"]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ below
     from aiayn.config import ModelConfig
-    from aiayn.decoding_options import DecodingOptions
+    from aiayn.decode.options import DecodingOptions
+    from aiayn.decode.translator import Translator
     from aiayn.model import Transformer
-    from aiayn.translator import Translator
 
 
 def __getattr__(name: str) -> Any:

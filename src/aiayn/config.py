@@ -242,7 +242,7 @@ class TrainConfig:
             Its config.json is the architecture and its tokenizer the vocabulary: a preset, model
             field, tokenizer or vocab_size that disagrees is refused, but model.dropout and
             model.attention_dropout (regularisation, not architecture) may be set. Adam and the
-            learning-rate schedule start afresh at step 0 (aiayn.finetune).
+            learning-rate schedule start afresh at step 0 (aiayn.train.finetune).
         max_len: Longest sentence kept, in subword tokens (longer pairs are filtered out).
         max_ratio: Drop pairs whose length ratio exceeds this (0 = no ratio filter).
         max_tokens: Token budget of one batch on one device, per side, padding included (§5.1).

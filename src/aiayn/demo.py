@@ -38,7 +38,7 @@ from num2words import num2words
 
 if TYPE_CHECKING:
     from aiayn.config import TrainConfig
-    from aiayn.translator import Translator
+    from aiayn.decode.translator import Translator
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ def write_demo_corpus(
     """Write `{train,valid,test,vocab}.{en,de}`; returns name → (English file, German file).
 
     The training file holds each number `training_weight` times; `vocab` holds the training
-    numbers once each, for the vocabulary. Not `aiayn.prepare.write_corpus`: the numbers are
+    numbers once each, for the vocabulary. Not `aiayn.text.prepare.write_corpus`: the numbers are
     generated clean, one per line, so there is nothing to clean, drop or record in a manifest.
     """
     directory.mkdir(parents=True, exist_ok=True)
@@ -171,10 +171,10 @@ def run_demo(
         progress: Show the training progress bar.
         **overrides: Other `TrainConfig` fields (e.g. a smaller model for tests).
     """
-    from aiayn.checkpoint import list_checkpoints
-    from aiayn.evaluation import score
-    from aiayn.trainer import train
-    from aiayn.translator import Translator
+    from aiayn.decode.evaluation import score
+    from aiayn.decode.translator import Translator
+    from aiayn.train.checkpoint import list_checkpoints
+    from aiayn.train.trainer import train
 
     start = time.monotonic()
     out_dir = Path(out_dir)
@@ -235,7 +235,7 @@ def demo_train_config(
 ) -> TrainConfig:
     """The demo's training settings, and its vocabulary (unless `overrides` name a tokenizer)."""
     from aiayn.config import TrainConfig
-    from aiayn.tokenizer import Tokenizer
+    from aiayn.text.tokenizer import Tokenizer
 
     settings: dict[str, Any] = dict(
         out_dir=str(out_dir / "run"),

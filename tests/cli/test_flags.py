@@ -26,7 +26,7 @@ from aiayn.cli import (
     train_config_from_args,
 )
 from aiayn.config import TrainConfig
-from aiayn.search import DecodingOptions
+from aiayn.decode.search import DecodingOptions
 
 SEARCH_COMMANDS = ["translate", "evaluate", "serve", "attention"]
 

@@ -1,6 +1,6 @@
 """Tests for aiayn.cli.output_dir: the one rule of what `-o` may replace, for `average`, `export`
 and `import` alike (`aiayn average` into a run is tested after a resume in
-tests/test_trainer.py)."""
+tests/train/test_trainer.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from aiayn.checkpoint import CheckpointError
 from aiayn.cli import main
 from aiayn.cli.output_dir import KINDS, check_output_dir
-from aiayn.rundir import OWN_DIRS
+from aiayn.model_dir import CheckpointError
+from aiayn.train.rundir import OWN_DIRS
 from interop_models import tiny_model_dir
 
 

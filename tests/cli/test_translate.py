@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn import checkpoint
 from aiayn.cli import main
 from aiayn.config import preset
-from aiayn.evaluation import score
+from aiayn.decode.evaluation import score
+from aiayn.decode.translator import Translator, one_line
 from aiayn.model import Transformer
-from aiayn.tokenizer import Tokenizer
-from aiayn.translator import Translator, one_line
+from aiayn.model_dir import save_model_dir
+from aiayn.text.tokenizer import Tokenizer
 
 CORPUS = [
     "the cat sat on the mat",
@@ -44,7 +44,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
     torch.manual_seed(0)
     config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=MAX_POSITIONS)
-    return checkpoint.save_model_dir(
+    return save_model_dir(
         directory / "model",
         Transformer(config),
         tokenizer_file=tokenizer.model_file,
@@ -328,7 +328,7 @@ def save_model(directory: Path, tokenizer_file: Path, seed: int) -> Path:
     tokenizer = Tokenizer.load(tokenizer_file)
     torch.manual_seed(seed)
     config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=MAX_POSITIONS)
-    return checkpoint.save_model_dir(directory, Transformer(config), tokenizer_file=tokenizer_file)
+    return save_model_dir(directory, Transformer(config), tokenizer_file=tokenizer_file)
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from aiayn import Translator
-from aiayn.checkpoint import load_model_dir
-from aiayn.decoding_options import gnmt_length_penalty
+from aiayn.decode.options import gnmt_length_penalty
+from aiayn.decode.translator import TranslationResult
 from aiayn.model import Transformer
-from aiayn.tokenizer import BOS_ID, EOS_ID
-from aiayn.translator import TranslationResult
+from aiayn.model_dir import load_model_dir
+from aiayn.text.tokenizer import BOS_ID, EOS_ID
 from interop_models import SENTENCES, tiny_model_dir
 
 pytestmark = pytest.mark.cuda
@@ -125,7 +125,7 @@ def test_bf16_decoding_on_cuda_mostly_agrees_with_float32(
     sentences keep their float32 greedy output (where bf16 parts, it is mostly at a token
     whose log-probability bf16's 8 bits cannot tell from the runner-up's)."""
     if device.type == "cpu":
-        pytest.skip("bf16 decoding on a CPU is tested in tests/test_translator.py")
+        pytest.skip("bf16 decoding on a CPU is tested in tests/decode/test_translator.py")
     fp32 = Translator(model_dir, device=device).translate(MORE_SENTENCES, beam_size=1)
     bf16 = Translator(model_dir, device=device, bf16=True).translate(MORE_SENTENCES, beam_size=1)
     blank = sum(not s.strip() for s in MORE_SENTENCES)

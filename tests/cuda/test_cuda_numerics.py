@@ -18,12 +18,12 @@ from cuda_helpers import matmul_precision, relative_error
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from aiayn.attention import scaled_dot_product_attention
-from aiayn.batching import collate
 from aiayn.config import ModelConfig
-from aiayn.distributed import Distributed
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
-from aiayn.update import autocast, optimizer_update
+from aiayn.text.batching import collate
+from aiayn.train.distributed import Distributed
+from aiayn.train.update import autocast, optimizer_update
 
 pytestmark = pytest.mark.cuda
 

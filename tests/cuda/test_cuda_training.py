@@ -1,7 +1,8 @@
 """Training on CUDA: a stopped and resumed run equals an uninterrupted one, and what is trained
 on a GPU loads, translates and resumes in a process that has none (and the reverse).
 
-The runs are tests/test_trainer.py's: a 1+1-layer, d_model=16 model on copy pairs, here with the
+The runs are tests/train/test_trainer.py's: a 1+1-layer, d_model=16 model on copy pairs, here with
+the
 trainer's CUDA defaults (bf16 autocast, fused Adam on the GPU, dropout from the CUDA generator).
 A process without a GPU is a subprocess with ``CUDA_VISIBLE_DEVICES=""``, which hides every
 GPU from CUDA: what a CPU-only machine sees.
@@ -19,10 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn import Translator, trainer
-from aiayn import checkpoint as ckpt
-from aiayn.runlog import read_metrics
-from test_trainer import (
+from aiayn import Translator
+from aiayn.train import checkpoint as ckpt
+from aiayn.train import trainer
+from aiayn.train.runlog import read_metrics
+from train.test_trainer import (
     checkpoint_steps,
     cli_args,
     make_config,

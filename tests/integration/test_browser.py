@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 import torch
 
-from aiayn import checkpoint
 from aiayn.config import preset
+from aiayn.decode.translator import Translator
 from aiayn.model import Transformer
+from aiayn.model_dir import save_model_dir
 from aiayn.serve import Decoding, ServerSettings, create_app, serve_in_background
-from aiayn.tokenizer import Tokenizer
-from aiayn.translator import Translator
+from aiayn.text.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
     torch.manual_seed(0)
     config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=32)
-    model_dir = checkpoint.save_model_dir(
+    model_dir = save_model_dir(
         directory / "model",
         Transformer(config),
         tokenizer_file=tokenizer.model_file,

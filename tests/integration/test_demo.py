@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from aiayn import trainer
-from aiayn.alignment import alignment_matrix
 from aiayn.cli import main
+from aiayn.decode.alignment import alignment_matrix
+from aiayn.decode.translator import Translator
 from aiayn.demo import (
     EXAMPLES,
     SMALL,
@@ -26,7 +26,7 @@ from aiayn.demo import (
     DemoResult,
     format_report,
 )
-from aiayn.translator import Translator
+from aiayn.train import trainer
 
 pytestmark = pytest.mark.slow
 

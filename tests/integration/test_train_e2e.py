@@ -27,13 +27,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from aiayn import checkpoint as ckpt
-from aiayn.batching import collate
 from aiayn.config import TrainConfig
-from aiayn.runlog import read_metrics
-from aiayn.search import greedy_search
-from aiayn.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
-from aiayn.trainer import train
+from aiayn.decode.search import greedy_search
+from aiayn.model_dir import WEIGHTS_FILE, load_model_dir
+from aiayn.text.batching import collate
+from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.train import checkpoint as ckpt
+from aiayn.train.runlog import read_metrics
+from aiayn.train.trainer import train
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +105,7 @@ def test_learns_to_copy(tmp_path: Path) -> None:
     result = train(config)
     elapsed = time.monotonic() - started
 
-    loaded = ckpt.load_model_dir(result.model_dir)
+    loaded = load_model_dir(result.model_dir)
     tokenizer = Tokenizer.load(loaded.tokenizer_file)
     assert all(len(tokenizer.encode(s)) == len(s.split()) for s in test_lines)  # a letter a token
     batch = collate([(tokenizer.encode(s), tokenizer.encode(s)) for s in test_lines])
@@ -221,7 +222,7 @@ def train_losses(run_dir: Path) -> list[tuple[int, float, float]]:
 
 
 def assert_same_weights(a: Path, b: Path) -> None:
-    wa, wb = load_file(a / ckpt.WEIGHTS_FILE), load_file(b / ckpt.WEIGHTS_FILE)
+    wa, wb = load_file(a / WEIGHTS_FILE), load_file(b / WEIGHTS_FILE)
     assert wa.keys() == wb.keys()
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
@@ -283,7 +284,7 @@ def test_sigterm_saves_exits_143_and_resumes_exactly(
     stopped_at = checkpoint_steps(run_dir)[-1]
     assert f"interrupted at step {stopped_at}; continue with: aiayn train --resume" in output
     assert stopped_at == last_logged_step(run_dir) < 150  # saved right after its last update
-    assert ckpt.load_model_dir(run_dir).metadata["step"] == stopped_at
+    assert load_model_dir(run_dir).metadata["step"] == stopped_at
 
     run(aiayn_train(resume_corpus, run_dir, *RESUME_FLAGS, "--resume"), tmp_path / "log2")
     assert_same_weights(uninterrupted / "model", run_dir / "model")
@@ -359,8 +360,8 @@ def test_two_processes_equal_one_accumulating_two_batches(
         assert a["tokens_seen"] == b["tokens_seen"]
         assert b["loss"] == pytest.approx(a["loss"], rel=1e-4)
         assert b["nll"] == pytest.approx(a["nll"], rel=1e-4)
-    for name, tensor in load_file(one / "model" / ckpt.WEIGHTS_FILE).items():
-        other = load_file(two / "model" / ckpt.WEIGHTS_FILE)[name]
+    for name, tensor in load_file(one / "model" / WEIGHTS_FILE).items():
+        other = load_file(two / "model" / WEIGHTS_FILE)[name]
         torch.testing.assert_close(other, tensor, rtol=1e-4, atol=1e-5, msg=name)
     # Only rank 0 wrote: one set of checkpoints, no temporary directories left by another rank.
     assert checkpoint_steps(two) == [3, 6, 8]

@@ -12,12 +12,12 @@ import pytest
 import torch
 from fastapi.testclient import TestClient
 
-from aiayn import checkpoint
 from aiayn.config import preset
+from aiayn.decode.translator import Translator
 from aiayn.model import Transformer
+from aiayn.model_dir import save_model_dir
 from aiayn.serve import create_app
-from aiayn.tokenizer import Tokenizer
-from aiayn.translator import Translator
+from aiayn.text.tokenizer import Tokenizer
 
 from .helpers import CORPUS, MAX_POSITIONS, SETTINGS
 
@@ -30,7 +30,7 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
     torch.manual_seed(0)
     config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=MAX_POSITIONS)
-    return checkpoint.save_model_dir(
+    return save_model_dir(
         directory / "model",
         Transformer(config),
         tokenizer_file=tokenizer.model_file,

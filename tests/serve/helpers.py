@@ -13,8 +13,8 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from aiayn.decode.translator import Translator
 from aiayn.serve import Decoding, ServerSettings, create_app, serve_in_background
-from aiayn.translator import Translator
 
 CORPUS = [
     "the cat sat on the mat",

@@ -28,11 +28,11 @@ import torch
 from fastapi.testclient import TestClient
 
 from aiayn.cli import main
+from aiayn.decode.translator import Translator
 from aiayn.serve import Decoding, ServerSettings, create_app
 from aiayn.serve.app import STATIC_DIR, _answer
 from aiayn.serve.keys import ApiKey
 from aiayn.serve.schemas import TranslateResponse, Translation
-from aiayn.translator import Translator
 
 from .helpers import (
     CORPUS,

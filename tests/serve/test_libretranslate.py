@@ -12,8 +12,8 @@ import pytest
 from fastapi.testclient import TestClient
 from libretranslatepy import LibreTranslateAPI
 
+from aiayn.decode.translator import Translator
 from aiayn.serve.libretranslate import language_name
-from aiayn.translator import Translator
 
 from .helpers import SENTENCES, assert_error, direct, live, post_raw
 

@@ -13,9 +13,9 @@ from urllib.parse import quote_plus, unquote_plus
 import pytest
 from fastapi.testclient import TestClient
 
+from aiayn.decode.translator import Translator
 from aiayn.serve import create_app
 from aiayn.serve.requests import _unquote_plus, too_many_json_values
-from aiayn.translator import Translator
 
 from .helpers import SETTINGS, assert_error, post_raw
 

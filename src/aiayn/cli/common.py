@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiayn.cli.flags import add_dataclass_flags, dataclass_from_args
-from aiayn.decoding_options import DecodingOptions  # no torch: --help stays fast
+from aiayn.decode.options import DecodingOptions  # no torch: --help stays fast
 
 if TYPE_CHECKING:
-    from aiayn.translator import Translator
+    from aiayn.decode.translator import Translator
 
 logger = logging.getLogger("aiayn")
 
@@ -157,7 +157,7 @@ def load_translator(args: argparse.Namespace) -> Translator:
 
     if backend_of(args) == "ctranslate2":
         return _load_ct2_translator(args)
-    from aiayn.translator import Translator
+    from aiayn.decode.translator import Translator
 
     device, int8 = args.device, getattr(args, "int8", False)
     if device == "auto":

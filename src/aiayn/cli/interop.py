@@ -72,7 +72,7 @@ def _run_export(args: argparse.Namespace) -> int:
         raise ValueError(f"--quantization is for --to ctranslate2, not --to {args.to}")
     if args.opset is not None and args.to != "onnx":
         raise ValueError(f"--opset is for --to onnx, not --to {args.to}")
-    from aiayn.checkpoint import resolve_model_dir
+    from aiayn.model_dir import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model_dir)
     output = Path(args.output)

@@ -13,7 +13,7 @@ and anything inside them), present yet or not. A directory of its own inside a r
 (``RUN/averaged``) follows the first two rules, like any other.
 
 The output is written next to its place under a temporary name and then swapped in
-(`aiayn.checkpoint.save_model_dir` for a model directory, `write_replacing` for the rest), so
+(`aiayn.train.checkpoint.save_model_dir` for a model directory, `write_replacing` for the rest), so
 a failed write leaves an earlier output as it was.
 """
 
@@ -95,8 +95,8 @@ def check_output_dir(directory: Path, kind: str) -> None:
     """Refuse an output directory that writing a `kind` output (a key of `KINDS`) must not
     replace (see the module docstring); a new or empty one, or an earlier output of that kind,
     passes."""
-    from aiayn.checkpoint import CheckpointError
-    from aiayn.rundir import owning_run
+    from aiayn.model_dir import CheckpointError
+    from aiayn.train.rundir import owning_run
 
     if (owner := owning_run(directory)) is not None:
         run, inside = owner

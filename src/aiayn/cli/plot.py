@@ -65,7 +65,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _save_plot(args: argparse.Namespace, draw: Callable[[], Figure]) -> int:
-    from aiayn.plots import check_image_path, save_figure
+    from aiayn.viz.plots import check_image_path, save_figure
 
     output = check_image_path(args.output)
     save_figure(draw(), output, dpi=args.dpi)
@@ -74,7 +74,7 @@ def _save_plot(args: argparse.Namespace, draw: Callable[[], Figure]) -> int:
 
 
 def _run_plot_positional_encoding(args: argparse.Namespace) -> int:
-    from aiayn.plots import plot_positional_encoding
+    from aiayn.viz.plots import plot_positional_encoding
 
     return _save_plot(
         args, lambda: plot_positional_encoding(args.d_model, args.length, dims=args.dims)
@@ -82,7 +82,7 @@ def _run_plot_positional_encoding(args: argparse.Namespace) -> int:
 
 
 def _run_plot_schedule(args: argparse.Namespace) -> int:
-    from aiayn.plots import plot_schedule
+    from aiayn.viz.plots import plot_schedule
 
     given = {
         "--d-model": args.d_model or [512],
@@ -101,6 +101,6 @@ def _run_plot_schedule(args: argparse.Namespace) -> int:
 
 
 def _run_plot_curves(args: argparse.Namespace) -> int:
-    from aiayn.plots import plot_curves
+    from aiayn.viz.plots import plot_curves
 
     return _save_plot(args, lambda: plot_curves(args.run_dir))

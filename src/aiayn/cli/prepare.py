@@ -8,8 +8,8 @@ from pathlib import Path
 
 
 def add(sub: argparse._SubParsersAction) -> None:
-    from aiayn.prepare import DEFAULT_MAX_CHARS
-    from aiayn.prepare.bible import DEFAULT_SWORD_DIR
+    from aiayn.text.prepare import DEFAULT_MAX_CHARS
+    from aiayn.text.prepare.bible import DEFAULT_SWORD_DIR
 
     p = sub.add_parser(
         "prepare",
@@ -57,15 +57,15 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_prepare(args: argparse.Namespace) -> int:
-    from aiayn.prepare import describe_manifest
+    from aiayn.text.prepare import describe_manifest
 
     options = dict(max_chars=args.max_chars, force=args.force)
     if args.what == "bible-en-es":
-        from aiayn.prepare.bible import prepare_bible
+        from aiayn.text.prepare.bible import prepare_bible
 
         manifest = prepare_bible(args.out_dir, sword_dir=Path(args.sword_dir), **options)
     else:
-        from aiayn.prepare.hf import RECIPES, HubSource, Recipe, prepare_hub
+        from aiayn.text.prepare.hf import RECIPES, HubSource, Recipe, prepare_hub
 
         recipe = RECIPES.get(args.what) or Recipe(
             HubSource(

@@ -44,12 +44,12 @@ def _add_info(sub: argparse._SubParsersAction) -> None:
 def _run_info(args: argparse.Namespace) -> int:
     import torch
 
+    from aiayn.cli.describe import describe
     from aiayn.config import preset
-    from aiayn.describe import describe
     from aiayn.model import Transformer
 
     if args.model_dir:
-        from aiayn.checkpoint import read_model_config, resolve_model_dir
+        from aiayn.model_dir import read_model_config, resolve_model_dir
 
         config = read_model_config(resolve_model_dir(args.model_dir))
     else:
@@ -102,7 +102,7 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     give goes on top of it, where the trainer accepts it as an override or refuses it.
     """
     from aiayn.config import TrainConfig, load_yaml_config
-    from aiayn.rundir import read_config
+    from aiayn.train.rundir import read_config
 
     values: dict[str, Any] = load_yaml_config(args.config) if args.config else {}
     source = args.config or "flags"
@@ -118,7 +118,7 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from aiayn.trainer import train
+    from aiayn.train.trainer import train
 
     config = train_config_from_args(args)
     result = train(config, resume=args.resume)
@@ -155,23 +155,24 @@ def _add_average(sub: argparse._SubParsersAction) -> None:
 def _run_average(args: argparse.Namespace) -> int:
     import json
 
-    from aiayn import checkpoint as ckpt
     from aiayn.cli.output_dir import check_output_dir
+    from aiayn.model_dir import METADATA_FILE, CheckpointError, save_model_dir, tokenizer_file_of
+    from aiayn.train import checkpoint as ckpt
 
     check_output_dir(Path(args.output), "aiayn")  # refused before averaging, not after
     paths = ckpt.list_checkpoints(args.run_dir)
     if not paths:
-        raise ckpt.CheckpointError(f"no checkpoints in {Path(args.run_dir) / 'checkpoints'}")
+        raise CheckpointError(f"no checkpoints in {Path(args.run_dir) / 'checkpoints'}")
     if args.last < 1:
         raise ValueError(f"--last ({args.last}) must be >= 1")
     chosen = paths[-args.last :]
     if len(chosen) < args.last:
         logger.warning("only %d checkpoint(s) available; averaging those", len(chosen))
     model = ckpt.average_checkpoints(chosen)
-    metadata = json.loads((chosen[-1] / ckpt.METADATA_FILE).read_text())
+    metadata = json.loads((chosen[-1] / METADATA_FILE).read_text())
     metadata["averaged"] = [p.name for p in chosen]
-    ckpt.save_model_dir(
-        args.output, model, tokenizer_file=ckpt.tokenizer_file_of(chosen[-1]), metadata=metadata
+    save_model_dir(
+        args.output, model, tokenizer_file=tokenizer_file_of(chosen[-1]), metadata=metadata
     )
     print(
         f"averaged {len(chosen)} checkpoints ({chosen[0].name} … {chosen[-1].name}) "

@@ -21,10 +21,10 @@ from aiayn.cli.common import (
     search_options,
 )
 from aiayn.cli.flags import add_dataclass_flags
-from aiayn.decoding_options import DecodingOptions
+from aiayn.decode.options import DecodingOptions
 
 if TYPE_CHECKING:
-    from aiayn.translator import Translator
+    from aiayn.decode.translator import Translator
 
 logger = logging.getLogger("aiayn")
 
@@ -85,9 +85,9 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_translate(args: argparse.Namespace) -> int:
-    from aiayn.alignment import format_translation
-    from aiayn.data import count_lines
-    from aiayn.lines import read_lines
+    from aiayn.decode.alignment import format_translation
+    from aiayn.text.corpus import count_lines
+    from aiayn.text.lines import read_lines
 
     from_file = args.input not in (None, "-")
     if from_file and not Path(args.input).is_file():
@@ -110,7 +110,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     translator.translate([], **options)  # checks the options before reading any input
     alignment_layer = None
     if args.alignment:
-        from aiayn.alignment import check_index
+        from aiayn.decode.alignment import check_index
 
         n_layers = translator.model.config.n_decoder_layers
         alignment_layer = check_index(args.alignment_layer, n_layers, "layer", "decoder layers")
@@ -137,7 +137,7 @@ def _translate_interactively(
     translator: Translator, options: dict[str, Any], n_best: int | None, alignment_layer: int | None
 ) -> int:
     """A '> ' prompt on stderr, each translation on stdout, until end of input (Ctrl-D)."""
-    from aiayn.alignment import format_translation
+    from aiayn.decode.alignment import format_translation
 
     print("Type a sentence and press Enter; Ctrl-D to quit.", file=sys.stderr)
     number = 0
@@ -189,9 +189,9 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 def _run_evaluate(args: argparse.Namespace) -> int:
     import json
 
-    from aiayn.data import count_lines
-    from aiayn.evaluation import evaluate_files, tokenized_bleu
-    from aiayn.lines import read_lines
+    from aiayn.decode.evaluation import evaluate_files, tokenized_bleu
+    from aiayn.text.corpus import count_lines
+    from aiayn.text.lines import read_lines
 
     out_path = Path(args.output) if args.output else Path.cwd() / f"{Path(args.src).name}.hyp"
     for path in (args.src, *args.ref):
@@ -264,9 +264,9 @@ def _run_score(args: argparse.Namespace) -> int:
     import json
     import math
 
-    from aiayn.data import count_lines
-    from aiayn.lines import read_lines
-    from aiayn.scoring import score_pairs
+    from aiayn.decode.scoring import score_pairs
+    from aiayn.text.corpus import count_lines
+    from aiayn.text.lines import read_lines
 
     src, tgt = Path(args.src), Path(args.tgt)
     for path in (src, tgt):
@@ -350,8 +350,8 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_attention(args: argparse.Namespace) -> int:
-    from aiayn.lines import one_line
-    from aiayn.plots import check_image_path, plot_attention, save_figure
+    from aiayn.text.lines import one_line
+    from aiayn.viz.plots import check_image_path, plot_attention, save_figure
 
     output = check_image_path(args.output)  # before the slow part
     translator = load_translator(args)

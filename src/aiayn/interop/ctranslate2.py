@@ -14,7 +14,7 @@ The weights go into a CTranslate2 ``TransformerSpec``: post- or pre-norm, the mo
 activation, LayerNorm ε and sinusoidal table, embeddings ×√d_model; CTranslate2 decodes the
 very same function (tests: fp32 greedy and beam outputs equal aiayn's).
 
-`CTranslate2Translator` is `aiayn.translator.Translator` over such a directory: same
+`CTranslate2Translator` is `aiayn.decode.translator.Translator` over such a directory: same
 `translate` options and results, CTranslate2's search underneath. What CTranslate2 cannot do
 is refused with a clear error: per-head attention maps, and the GNMT length penalty (it
 divides by ``|Y| ** α``: pass ``length_penalty_kind="power"``).
@@ -31,13 +31,14 @@ from typing import Any
 
 import torch
 
-from aiayn.checkpoint import CheckpointError, load_model_dir
 from aiayn.config import ModelConfig
+from aiayn.decode.results import TranslationResult, translation_result
+from aiayn.decode.search import DecodingOptions, Hypothesis
+from aiayn.decode.translator import Translator, _Source
 from aiayn.interop._runtime import ExportedModel, require
 from aiayn.model import Transformer, sinusoidal_positional_encoding
-from aiayn.results import TranslationResult, translation_result
-from aiayn.search import DecodingOptions, Hypothesis
-from aiayn.tokenizer import (
+from aiayn.model_dir import CheckpointError, load_model_dir
+from aiayn.text.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -49,7 +50,6 @@ from aiayn.tokenizer import (
     load_tokenizer,
     tokenizer_files,
 )
-from aiayn.translator import Translator, _Source
 
 logger = logging.getLogger(__name__)
 

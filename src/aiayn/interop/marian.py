@@ -47,11 +47,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from aiayn.checkpoint import LoadedModel, load_model_dir, save_model_dir
 from aiayn.config import ModelConfig
 from aiayn.interop._runtime import require
 from aiayn.model import Transformer
-from aiayn.tokenizer import (
+from aiayn.model_dir import LoadedModel, load_model_dir, save_model_dir
+from aiayn.text.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
@@ -319,7 +319,7 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
 
     Reads the directory only (no download). The result translates with `Translator` as
     transformers' greedy ``generate`` does, and loads as any model directory; ``aiayn train
-    --init-from OUT_DIR`` fine-tunes it with its own tokenizer (aiayn.finetune).
+    --init-from OUT_DIR`` fine-tunes it with its own tokenizer (aiayn.train.finetune).
 
     Raises:
         MarianFormatError: The model uses something aiayn cannot represent (the message names

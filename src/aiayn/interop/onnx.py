@@ -32,12 +32,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.checkpoint import TOKENIZER_FILE as TOKENIZER_FILE_NAME
-from aiayn.checkpoint import load_model_dir
 from aiayn.config import ModelConfig
 from aiayn.interop._runtime import ExportedModel, require
 from aiayn.model import Transformer, sinusoidal_positional_encoding
-from aiayn.tokenizer import (
+from aiayn.model_dir import TOKENIZER_FILE as TOKENIZER_FILE_NAME
+from aiayn.model_dir import load_model_dir
+from aiayn.text.tokenizer import (
     PAD_ID,
     SplitTokenizer,
     Tokenizer,

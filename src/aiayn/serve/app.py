@@ -74,7 +74,8 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from aiayn import __version__
-from aiayn.results import TranslationResult
+from aiayn.decode.results import TranslationResult
+from aiayn.decode.translator import Translator
 from aiayn.serve import libretranslate
 from aiayn.serve.batcher import Batcher, BatcherClosed, QueueFull
 from aiayn.serve.connections import (
@@ -104,7 +105,6 @@ from aiayn.serve.settings import (
     Decoding,
     ServerSettings,
 )
-from aiayn.translator import Translator
 
 logger = logging.getLogger(__name__)
 

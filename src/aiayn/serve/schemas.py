@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from aiayn.results import TranslationHypothesis, TranslationResult
+from aiayn.decode.results import TranslationHypothesis, TranslationResult
 from aiayn.serve.settings import MAX_LENGTH_PENALTY
 
 if TYPE_CHECKING:

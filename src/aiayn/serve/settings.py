@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from aiayn.decoding_options import DecodingOptions
+from aiayn.decode.options import DecodingOptions
 from aiayn.serve.keys import ApiKey
 
 __all__ = [

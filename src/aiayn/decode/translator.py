@@ -1,0 +1,601 @@
+"""Translate text with a trained model directory: tokenize, batch, search, detokenize.
+
+:class:`Translator` is the Python API behind ``aiayn translate`` and ``aiayn evaluate`` and the
+validation BLEU of training. In the style of CTranslate2, it takes a list of sentences and
+search options (:class:`aiayn.decode.search.DecodingOptions`, or its fields as keywords) and returns
+one :class:`TranslationResult` per sentence::
+
+    translator = Translator("runs/en-de/model", device="cuda")
+    [result] = translator.translate(["Hello world!"], beam_size=5, return_attention=True)
+    result.text, result.score, result.attention  # (T, S) encoder-decoder attention
+
+Ensembles. ``Translator(["run1/model", "run2/model"])`` decodes with several models trained
+with the same tokenizer as one, averaging their next-token probabilities at every step
+(:class:`aiayn.decode.ensemble.Ensemble`).
+
+How a call runs. Each sentence is encoded with the tokenizer and followed by EOS, exactly as
+training presents sources (``aiayn.text.batching.collate``). Blank sentences get an empty result
+without
+running the model. The others are sorted by length, so that a batch holds sentences of similar
+length and little padding, grouped into batches of at most ``max_tokens`` padded source tokens
+× rows per sentence (the beam size), decoded with :mod:`aiayn.decode.search` under
+``torch.inference_mode()``, and returned in input order.
+
+Shapes: S source length (EOS included), T output length (EOS included), L layers, H heads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from aiayn.acceleration import native_bf16_cpu, pack_linear_layers, quantize_int8
+from aiayn.decode import search
+from aiayn.decode.ensemble import Ensemble, check_same_vocabulary
+from aiayn.decode.results import (
+    SentenceAttention,
+    TranslationHypothesis,
+    TranslationResult,
+    cut_attention,
+    empty_result,
+    translation_result,
+)
+from aiayn.decode.scoring import PairScore, score_pairs
+from aiayn.decode.search import DecodingOptions
+from aiayn.interop._runtime import ExportedModel
+from aiayn.interop.onnx import is_onnx_export, load_onnx_export
+from aiayn.model import Transformer
+from aiayn.model_dir import CheckpointError, load_model_dir, unwrap
+from aiayn.text.lines import one_line, read_lines
+from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "SentenceAttention",
+    "TranslationHypothesis",
+    "TranslationResult",
+    "Translator",
+    "one_line",
+    "read_lines",
+]
+
+
+# --------------------------------------------------------------------------------------------
+# Sources
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Source:
+    """One non-blank input sentence, ready for the model."""
+
+    index: int  # position in the input
+    ids: list[int]  # source ids + EOS
+    max_len_a: float  # output length limit of this sentence (see Translator._length_limit)
+    max_len_b: float
+    truncated: bool
+
+
+# --------------------------------------------------------------------------------------------
+# The translator
+# --------------------------------------------------------------------------------------------
+
+
+class Translator:
+    """A model and its tokenizer, ready to translate batches of sentences.
+
+    Attributes:
+        model: The `Transformer` (evaluation mode while translating); the first of an ensemble.
+        models: Every model: ``[model]``, or an ensemble's models.
+        tokenizer: The shared source/target SentencePiece model.
+        device: Where the model runs.
+        max_tokens: Batch budget: padded source tokens × rows per sentence (beam size).
+        metadata: The model directory's ``metadata.json`` (languages, step, ...), or {}; the
+            first directory's for an ensemble.
+        model_dir: The directory loaded (the first of an ensemble), or None for
+            :meth:`from_model`.
+        model_dirs: Every directory loaded.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path | Sequence[str | Path],
+        *,
+        device: str | torch.device = "cpu",
+        max_tokens: int = 4096,
+        threads: int = 0,
+        int8: bool = False,
+        bf16: bool = False,
+        onednn: bool = True,
+    ) -> None:
+        """Loads a model directory (or a run directory's ``model/``), checksums verified.
+
+        Args:
+            model_dir: Written by training, ``aiayn average`` or ``save_model_dir``, or an
+                ONNX export (``aiayn.interop.export_onnx``, run by onnxruntime); or a list of
+                model directories, to decode with their ensemble. An ensemble's models must
+                have been trained with the same tokenizer.
+            device: "cpu", "cuda", "cuda:1", ...
+            max_tokens: Batch budget in padded source tokens × beam size. A sentence that alone
+                exceeds it is translated in a batch of its own.
+            threads: CPU threads for PyTorch (``torch.set_num_threads``, which is process-wide);
+                0 leaves PyTorch's default. For an ONNX export onnxruntime's; PyTorch gets one.
+            int8: Quantize every linear layer to int8 weights with dynamic int8 activations
+                (``torch.ao.quantization.quantize_dynamic``), CPU only: faster, slightly
+                different outputs (BENCHMARKS.md states the measured difference).
+            bf16: Run the model in bfloat16 (weights and activations; log-probabilities are
+                still computed in float32): faster on CPUs with native bf16 (AVX512-BF16, AMX;
+                1.2-1.6x the packed float32 below when decoding the base model here) and on
+                GPUs, slightly different outputs (BENCHMARKS.md).
+            onednn: In float32 on an x86-64 CPU, run the linear layers on weights pre-packed
+                for oneDNN (`acceleration.pack_linear_layers`): the same function up to
+                float32 rounding; 1.2-1.4x faster decoding of the base model (beam 4 and
+                greedy) on an AMD CPU, where PyTorch's default (MKL) products are slow
+                (BENCHMARKS.md). False keeps PyTorch's own.
+
+        Raises:
+            CheckpointError: The directory is missing or incomplete (e.g. no model.safetensors),
+                a file is corrupt, the tokenizer does not fit the model, or an ensemble's
+                models do not share their tokenizer and target vocabulary.
+            TokenizerError: The tokenizer model cannot be read.
+        """
+        if threads < 0:
+            raise ValueError(f"threads ({threads}) must be >= 0 (0 = PyTorch's default)")
+        if int8 and torch.device(device).type != "cpu":
+            raise ValueError(f"int8 dynamic quantization runs on the CPU only, not on {device}")
+        if int8 and bf16:
+            raise ValueError("choose one of int8 and bf16")
+        if bf16 and torch.device(device).type == "cpu" and not native_bf16_cpu():
+            logger.warning("this CPU has no native bf16 arithmetic: bf16 will be slower")
+        dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
+        if not dirs:
+            raise ValueError("no model directory given")
+        if len(dirs) == 1 and is_onnx_export(dirs[0]):  # written by aiayn.interop.export_onnx
+            if int8 or bf16 or torch.device(device).type != "cpu":
+                raise ValueError("an ONNX export runs in float32 on the CPU (onnxruntime)")
+            onnx_model, tokenizer = load_onnx_export(dirs[0], threads=threads)
+            self._setup([onnx_model], tokenizer, max_tokens, onnx_model.metadata, [Path(dirs[0])])
+            return
+        if threads > 0:
+            torch.set_num_threads(threads)
+        for directory in dirs:
+            if (Path(directory) / "model.bin").is_file():
+                raise CheckpointError(
+                    f"{directory} is a CTranslate2 export: load it with "
+                    "aiayn.interop.CTranslate2Translator"
+                )
+        loaded = [load_model_dir(d, device=device) for d in dirs]
+        check_same_vocabulary(loaded)
+        tokenizer = load_tokenizer(loaded[0].tokenizer_file)
+        models = [one.model for one in loaded]
+        if int8:
+            models = [quantize_int8(model) for model in models]
+        elif bf16:
+            models = [model.to(torch.bfloat16) for model in models]
+        elif onednn and torch.device(device).type == "cpu":
+            models = [pack_linear_layers(model) for model in models]
+        self._setup(
+            models, tokenizer, max_tokens, loaded[0].metadata, [one.directory for one in loaded]
+        )
+
+    @classmethod
+    def from_model(
+        cls, model: torch.nn.Module, tokenizer: Tokenizer, *, max_tokens: int = 4096
+    ) -> Translator:
+        """A translator over an in-memory model (e.g. during training, for validation BLEU).
+
+        The model stays where it is (device, dtype). DDP and ``torch.compile`` wrappers are
+        looked through. ``translate`` switches the model to evaluation mode and restores its
+        previous mode afterwards, so a training loop can call it between updates; for the same
+        reason its linear layers are used as they are, not packed for oneDNN.
+        """
+        translator = cls.__new__(cls)
+        translator._setup([unwrap(model)], tokenizer, max_tokens, {}, [])
+        return translator
+
+    def _setup(
+        self,
+        models: list[torch.nn.Module],
+        tokenizer: Tokenizer,
+        max_tokens: int,
+        metadata: dict[str, Any],
+        model_dirs: list[Path],
+    ) -> None:
+        for model in models:
+            if not isinstance(model, Transformer | ExportedModel):
+                raise TypeError(f"expected an aiayn Transformer, got {type(model).__name__}")
+            config = model.config
+            if tokenizer.vocab_size > min(config.src_vocab_size, config.tgt_vocab_size):
+                raise CheckpointError(
+                    f"the tokenizer has {tokenizer.vocab_size} pieces but the model's "
+                    f"vocabularies have {config.src_vocab_size} (source) and "
+                    f"{config.tgt_vocab_size} (target)"
+                )
+            if config.pad_id != PAD_ID:
+                raise CheckpointError(f"the model's pad_id ({config.pad_id}) must be {PAD_ID}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens ({max_tokens!r}) must be a positive integer")
+        self.models: list[Transformer] = models  # type: ignore[assignment]
+        self.model = self.models[0]
+        # What search decodes with: the model itself, or the ensemble of all of them.
+        self._decoder: search.IncrementalModel = (
+            self.model if len(self.models) == 1 else Ensemble(self.models)
+        )
+        self.tokenizer = tokenizer
+        self.max_tokens = max_tokens
+        self.metadata = dict(metadata)
+        self.model_dirs = list(model_dirs)
+        self.model_dir = self.model_dirs[0] if self.model_dirs else None
+        self.device = (
+            self.model.device
+            if isinstance(self.model, ExportedModel)
+            else next(self.model.parameters()).device
+        )
+
+    @property
+    def returns_attention(self) -> bool:
+        """Whether ``translate(..., return_attention=True)`` can give attention maps: one
+        PyTorch model can; an ensemble, an ONNX or a CTranslate2 export cannot."""
+        return len(self.models) == 1 and not isinstance(self.models[0], ExportedModel)
+
+    @property
+    def max_source_tokens(self) -> int:
+        """Longest source the model accepts, in subword tokens before EOS: max_positions − 1
+        (the smallest of an ensemble's)."""
+        return min(model.config.max_positions for model in self.models) - 1
+
+    def cost(
+        self,
+        sentences: Sequence[str],
+        rows_per_sentence: int,
+        *,
+        max_len_a: float | None = None,
+        max_len_b: float | None = None,
+    ) -> int:
+        """Source tokens the model will see (after truncation, EOS included) × decoder rows
+        per sentence (the beam size, or the samples): the unit of a batch budget. With
+        ``max_len_a`` and ``max_len_b``, also × the most output tokens (EOS included) the
+        search may run: a bound on the work of a call, whatever the model prefers.
+
+        It follows :meth:`_prepare`'s rules (blank sentences cost nothing, long ones count
+        as truncated) and the search's length limit, so that a caller that budgets work, such
+        as the server, cannot drift from what :meth:`translate` runs.
+        """
+        if max_len_a is None and max_len_b is None:
+            texts = [text for text in (s.strip() for s in sentences) if text]
+            lengths = (len(ids) for ids in self.tokenizer.encode_batch(texts))
+            return rows_per_sentence * sum(min(n, self.max_source_tokens) + 1 for n in lengths)
+        a = 1.0 if max_len_a is None else max_len_a
+        b = 50.0 if max_len_b is None else max_len_b
+        bounds = self.search_bounds(sentences, max_len_a=a, max_len_b=b)
+        return rows_per_sentence * sum(s * t for s, t in bounds)
+
+    def search_bounds(
+        self,
+        sentences: Sequence[str],
+        *,
+        max_len_a: float = DecodingOptions.max_len_a,
+        max_len_b: float = DecodingOptions.max_len_b,
+    ) -> list[tuple[int, int]]:
+        """(S, T) per sentence, as the search will see it: source tokens after truncation and
+        the most output tokens, both with EOS; (0, 0) for a blank sentence.
+
+        T is ``int(a * S + b)`` (at least 0) plus EOS, the rule of the search
+        (``search._max_output_lengths``), under :meth:`_length_limit`'s cap. S × T bounds a
+        sentence's attention map, and S × T × rows the work of its search.
+        """
+        texts = [s.strip() for s in sentences]
+        encoded = iter(self.tokenizer.encode_batch([text for text in texts if text]))
+        bounds = []
+        for text in texts:
+            if not text:
+                bounds.append((0, 0))
+                continue
+            src_len = min(len(next(encoded)), self.max_source_tokens) + 1
+            a, b = self._length_limit(src_len, max_len_a, max_len_b)
+            bounds.append((src_len, max(0, int(a * src_len + b)) + 1))
+        return bounds
+
+    # -- the public API ------------------------------------------------------------------------
+
+    def translate(
+        self,
+        sentences: Sequence[str],
+        options: DecodingOptions | None = None,
+        *,
+        return_attention: bool = False,
+        seed: int | None = None,
+        progress: Callable[[int], None] | None = None,
+        **overrides: Any,
+    ) -> list[TranslationResult]:
+        """Translates sentences; returns one result per sentence, in input order.
+
+        The search options are a :class:`~aiayn.decode.search.DecodingOptions` (None: the paper's
+        defaults, §6.1) and, in CTranslate2's style, any of its fields as keywords on top:
+        ``translate(sentences, beam_size=5, n_best=2)``. The keywords are not spelled out in
+        this signature so that the options, their defaults and their checks live in one
+        place; an unknown keyword is a TypeError, a value out of range a ValueError naming
+        the field.
+
+        Long inputs are truncated, not rejected. A source longer than the model can take,
+        ``max_positions − 1`` subword tokens (plus EOS), keeps only its first
+        ``max_positions − 1`` tokens, with a logged warning and ``result.truncated`` set. With
+        learned positional embeddings (which cannot extend past ``max_positions``) the output
+        length is also capped at ``max_positions − 1`` tokens before EOS.
+
+        Args:
+            sentences: Plain text, one sentence per entry. Blank entries give an empty result
+                without running the model.
+            options: How to decode; beam_size 1 selects greedy search, ``sampling`` sampling
+                (then ``n_best`` independent samples per sentence, sorted by log-probability).
+            return_attention: Fill ``attention`` and ``attention_maps`` (one extra
+                teacher-forced pass per batch).
+            seed: Seed of the sampling generator, for reproducible samples (given the same
+                inputs and ``max_tokens``); None uses PyTorch's global generator.
+            progress: Called with the number of sentences just finished, after each batch
+                (blank sentences count at once), e.g. a progress bar's ``update``.
+            **overrides: Fields of :class:`~aiayn.decode.search.DecodingOptions` replacing those of
+                ``options``.
+
+        Raises:
+            ValueError: An option is out of range.
+            TypeError: A keyword is not a field of ``DecodingOptions``.
+        """
+        options = replace(options or DecodingOptions(), **overrides)
+        return self._translate(
+            sentences,
+            options,
+            return_attention=return_attention,
+            seed=seed,
+            first_number=1,
+            progress=progress,
+        )
+
+    def translate_iterable(
+        self,
+        sentences: Iterable[str],
+        options: DecodingOptions | None = None,
+        *,
+        chunk_size: int = 1024,
+        return_attention: bool = False,
+        seed: int | None = None,
+        progress: Callable[[int], None] | None = None,
+        **overrides: Any,
+    ) -> Iterator[TranslationResult]:
+        """Translates a stream (e.g. the lines of a file) chunk by chunk, in input order.
+
+        Reads ``chunk_size`` sentences, translates them with :meth:`translate` (sorting and
+        batching within the chunk), yields their results, and goes on, so memory stays bounded.
+        Results come a chunk at a time; ``progress`` is called after every batch. Blank lines
+        give empty results. Warnings about truncated sentences count sentences from 1 over the
+        whole stream, i.e. line numbers.
+
+        Args:
+            sentences: Any iterable of sentences.
+            options, return_attention, progress, **overrides: As for :meth:`translate`.
+            chunk_size: Sentences per chunk; larger chunks sort better.
+            seed: As for :meth:`translate`; with sampling, chunk k uses ``seed + k``.
+        """
+        if chunk_size < 1:
+            raise ValueError(f"chunk_size ({chunk_size}) must be >= 1")
+        options = replace(options or DecodingOptions(), **overrides)
+        stream = iter(sentences)
+        number = 1
+        for k in itertools.count():
+            chunk = list(itertools.islice(stream, chunk_size))
+            if not chunk:
+                return
+            yield from self._translate(
+                chunk,
+                options,
+                return_attention=return_attention,
+                seed=None if seed is None else seed + k,
+                first_number=number,
+                progress=progress,
+            )
+            number += len(chunk)
+
+    def score(
+        self,
+        sources: Sequence[str],
+        targets: Sequence[str],
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[PairScore]:
+        """The model's log-probability of each target given its source: no search, one
+        teacher-forced pass per batch (fairseq's ``--score-reference``); an ensemble scores
+        with the mean of its models' probabilities. See :mod:`aiayn.decode.scoring`.
+
+        Args:
+            sources, targets: Line-aligned plain text.
+            progress: Called with the number of pairs just scored, after each batch.
+
+        Raises:
+            ValueError: The counts differ, or a target is too long for learned positions.
+        """
+        if isinstance(sources, str) or isinstance(targets, str):
+            raise TypeError("score() takes lists of sentences, not single strings")
+        if len(sources) != len(targets):
+            raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        pairs = zip(sources, targets, strict=True)
+        return list(
+            score_pairs(
+                self.models, self.tokenizer, pairs, max_tokens=self.max_tokens, progress=progress
+            )
+        )
+
+    # -- one call --------------------------------------------------------------------------------
+
+    def _translate(
+        self,
+        sentences: Sequence[str],
+        options: DecodingOptions,
+        *,
+        return_attention: bool,
+        seed: int | None,
+        first_number: int,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[TranslationResult]:
+        if isinstance(sentences, str):
+            raise TypeError("translate() takes a list of sentences, not a single string")
+        if return_attention and len(self.models) > 1:
+            raise ValueError(
+                "an ensemble has no attention maps of its own (each model attends "
+                "differently): ask for attention or alignments with a single model"
+            )
+        sentences = list(sentences)
+        results = [empty_result() for _ in sentences]
+        sources = self._prepare(sentences, options, first_number)
+        if progress is not None and len(sentences) > len(sources):
+            progress(len(sentences) - len(sources))  # the blank ones are done
+        if not sources:
+            return results
+        generator = None
+        if options.sampling and seed is not None:
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        was_training = [model.training for model in self.models]
+        for model in self.models:
+            model.eval()
+        try:
+            with torch.inference_mode():
+                for batch in self._batches(sources, options):
+                    run = self._run(batch, options, return_attention, generator)
+                    for source, result in zip(batch, run, strict=True):
+                        results[source.index] = result
+                    if progress is not None:
+                        progress(len(batch))
+        finally:
+            for model, training in zip(self.models, was_training, strict=True):
+                model.train(training)
+        return results
+
+    def _prepare(
+        self, sentences: list[str], options: DecodingOptions, first_number: int
+    ) -> list[_Source]:
+        """Encodes the non-blank sentences, + EOS, truncated to what the model accepts."""
+        texts = [s.strip() for s in sentences]
+        indices = [i for i, text in enumerate(texts) if text]
+        encoded = self.tokenizer.encode_batch([texts[i] for i in indices])
+        limit = self.max_source_tokens
+        sources = []
+        for i, ids in zip(indices, encoded, strict=True):
+            truncated = len(ids) > limit
+            if truncated:
+                logger.warning(
+                    "sentence %d has %d tokens, more than the model accepts "
+                    "(max_positions - 1 = %d); translating only its first %d tokens",
+                    first_number + i,
+                    len(ids),
+                    limit,
+                    limit,
+                )
+                ids = ids[:limit]
+            src_ids = [*ids, EOS_ID]
+            max_len_a, max_len_b = self._length_limit(
+                len(src_ids), options.max_len_a, options.max_len_b
+            )
+            sources.append(_Source(i, src_ids, max_len_a, max_len_b, truncated))
+        return sources
+
+    def _length_limit(self, src_len: int, a: float, b: float) -> tuple[float, float]:
+        """(max_len_a, max_len_b) for one source: the caller's, or a hard cap of
+        max_positions − 1 output tokens when learned positions could not go further (the
+        decoder then sees BOS + max_positions − 1 tokens = max_positions positions)."""
+        learned = [m.config for m in self.models if m.config.positional_encoding == "learned"]
+        if not learned:
+            return a, b
+        cap = min(config.max_positions for config in learned) - 1
+        if int(a * src_len + b) > cap:
+            return 0.0, float(cap)
+        return a, b
+
+    def _batches(self, sources: list[_Source], options: DecodingOptions) -> Iterator[list[_Source]]:
+        """Longest first, cut when the padded budget would be exceeded or the length limit
+        changes (search takes one ``max_len_a``/``max_len_b`` per batch)."""
+        rows = options.rows_per_sentence
+        ordered = sorted(sources, key=lambda s: -len(s.ids))
+        batch: list[_Source] = []
+        for source in ordered:
+            if batch:
+                width = len(batch[0].ids)  # the longest, since sorted
+                over = (len(batch) + 1) * width * rows > self.max_tokens
+                limit_changed = (source.max_len_a, source.max_len_b) != (
+                    batch[0].max_len_a,
+                    batch[0].max_len_b,
+                )
+                if over or limit_changed:
+                    yield batch
+                    batch = []
+            batch.append(source)
+        if batch:
+            yield batch
+
+    def _run(
+        self,
+        batch: list[_Source],
+        options: DecodingOptions,
+        return_attention: bool,
+        generator: torch.Generator | None,
+    ) -> list[TranslationResult]:
+        """Searches one batch and turns the hypotheses into results, in batch order."""
+        src = _pad([s.ids for s in batch], self.device)  # (B, S)
+        ids = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
+        options = replace(options, max_len_a=batch[0].max_len_a, max_len_b=batch[0].max_len_b)
+        if options.sampling:
+            n = options.n_best
+            samples = search.sample(
+                self._decoder,
+                src.repeat_interleave(n, dim=0),
+                options=options,
+                generator=generator,
+                **ids,
+            )
+            nbest = [
+                sorted(samples[i * n : (i + 1) * n], key=lambda h: -h.score)
+                for i in range(len(batch))
+            ]
+        elif options.beam_size == 1:
+            greedy = search.greedy_search(self._decoder, src, options=options, **ids)
+            nbest = [[h] for h in greedy]
+        else:
+            nbest = search.beam_search(self._decoder, src, options=options, **ids)
+        maps: Sequence[SentenceAttention | None] = [None] * len(batch)
+        if return_attention:
+            maps = self._attention(src, batch, [hyps[0].tokens for hyps in nbest])
+        return [
+            translation_result(self.tokenizer, s.ids, hyps, m, truncated=s.truncated)
+            for s, hyps, m in zip(batch, nbest, maps, strict=True)
+        ]
+
+    def _attention(
+        self, src: Tensor, batch: list[_Source], outputs: list[list[int]]
+    ) -> list[SentenceAttention]:
+        """One teacher-forced pass over ``[BOS] + output`` for the whole batch, cut per sentence.
+
+        Target padding on the right changes nothing before it, as decoder self-attention is
+        causal; source padding is masked.
+        """
+        tgt = _pad([[BOS_ID, *tokens] for tokens in outputs], self.device)  # (B, T)
+        _, maps = self.model.forward_with_attention(src, tgt)
+        return cut_attention(maps, [len(s.ids) for s in batch], [len(t) + 1 for t in outputs])
+
+    def __repr__(self) -> str:
+        where: Any = [str(d) for d in self.model_dirs] or ["in-memory model"]
+        where = where[0] if len(where) == 1 else where
+        return f"Translator({where!r}, device={str(self.device)!r})"
+
+
+def _pad(rows: list[list[int]], device: torch.device) -> Tensor:
+    """Right-pads id lists into a (B, max length) long tensor."""
+    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out.to(device)

@@ -1,0 +1,2 @@
+"""Training (§5): the `Trainer`, one optimizer update, validation, stopping, the run log and run
+directory, checkpoints, fine-tuning and DDP."""

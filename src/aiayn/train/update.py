@@ -1,0 +1,123 @@
+"""One optimizer update (§5.3, §5.4): the batches of an update, forward with the label-smoothed
+loss, backward, Adam with the learning rate of Eq. 3.
+
+The update is normalised by the true number of target tokens it holds across every process, so
+that one process accumulating k batches and k data-parallel processes compute the same update.
+The loss comes from the model's own `forward` (`Transformer.forward` with a `target`), the one
+call that DDP synchronises gradients for; it projects to the vocabulary and scores a chunk of
+positions at a time, never holding the (B·T, V) logits (`loss.projected_label_smoothed_loss`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from aiayn.acceleration import OneDNNLinearProducts, onednn_linear_missing
+from aiayn.optim import learning_rate, set_learning_rate
+from aiayn.text.batching import collate
+from aiayn.text.corpus import ParallelDataset
+from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from aiayn.train.distributed import Distributed
+
+
+def uses_bf16(device: torch.device, *, bf16: bool, cpu_bf16: bool) -> bool:
+    """bf16 autocast: on CUDA unless `bf16` is off; on a CPU only with `cpu_bf16` (opt-in)."""
+    if device.type == "cuda":
+        return bf16
+    return device.type == "cpu" and cpu_bf16
+
+
+def uses_onednn(device: torch.device, onednn: bool, *, bf16: bool, compile: bool) -> bool:
+    """oneDNN's float32 linear products (`acceleration.OneDNNLinearProducts`): when `onednn` is
+    asked for (`--onednn`), for eager float32 training on an x86-64 CPU (under bf16 autocast the
+    products run on oneDNN anyway; a compiled model has its own kernels)."""
+    return (
+        onednn
+        and device.type == "cpu"
+        and not bf16
+        and not compile
+        and onednn_linear_missing() is None
+    )
+
+
+def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextManager:
+    """Mixed precision: matrix products in bf16, weights, optimizer and loss in float32."""
+    if bf16:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@dataclass(frozen=True)
+class UpdateStats:
+    """What one update measured, summed over its batches and every process."""
+
+    loss: float  # label-smoothed, summed over target tokens
+    nll: float  # summed over target tokens
+    tokens: int  # target tokens
+    lr: float  # the learning rate the update used (Eq. 3)
+
+
+def optimizer_update(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dataset: ParallelDataset,
+    group: list[np.ndarray],
+    *,
+    step: int,
+    d_model: int,
+    warmup_steps: int,
+    lr_scale: float,
+    label_smoothing: float,
+    clip_norm: float,
+    bf16: bool,
+    device: torch.device,
+    distributed: Distributed,
+    onednn: bool = False,
+) -> UpdateStats:
+    """One optimizer update over the batches in `group` (gradient accumulation).
+
+    The loss of every batch is divided by the number of target tokens in the whole update
+    across all ranks, and multiplied by the world size because DDP averages gradients: the
+    update is the same however the tokens are split over batches and processes.
+
+    Args:
+        model: A `Transformer`, or one wrapped by torch.compile and/or DDP.
+        group: The update's batches, each an array of dataset indices.
+        step: The number of this update (1 for the first), for Eq. 3.
+        onednn: Forward and backward with `OneDNNLinearProducts` (`uses_onednn`).
+    """
+    model.train()
+    batches = [
+        collate([dataset[int(i)] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
+        for indices in group
+    ]
+    local_tokens = sum(b.n_tgt_tokens for b in batches)
+    (n_tokens,) = distributed.sum([float(local_tokens)], device)
+    sums_per_batch = []
+    for i, batch in enumerate(batches):
+        batch = batch.to(device)
+        last = i == len(batches) - 1
+        sync = contextlib.nullcontext() if last or not distributed.enabled else model.no_sync()
+        products = OneDNNLinearProducts() if onednn else contextlib.nullcontext()
+        with sync, products:
+            with autocast(device, bf16):
+                sums = model(
+                    batch.src, batch.tgt_in, batch.tgt_out, label_smoothing=label_smoothing
+                )
+            (sums.loss * (distributed.world_size / n_tokens)).backward()
+        sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll]))
+    lr = learning_rate(step, d_model=d_model, warmup_steps=warmup_steps, scale=lr_scale)
+    set_learning_rate(optimizer, lr)
+    if clip_norm > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    # One device-to-host copy per update (not per batch); summed in float64 as before.
+    local_sums = torch.stack(sums_per_batch).double().sum(dim=0).tolist()
+    loss_sum, nll_sum = distributed.sum(local_sums, device)
+    return UpdateStats(loss=loss_sum, nll=nll_sum, tokens=int(n_tokens), lr=lr)

@@ -1,0 +1,1 @@
+"""Pictures: attention maps, positional encodings, the learning-rate schedule, learning curves."""
