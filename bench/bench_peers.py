@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import peers
+from aiayn import runtime
 from aiayn.acceleration import (
     OneDNNLinearProducts,
     maybe_compile,
@@ -701,7 +702,8 @@ def main(argv: list[str] | None = None) -> None:
         "table has markers of its own)",
     )
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
+    # As `aiayn train --compile` runs: a compilation that fails at the first step runs eagerly.
+    runtime.configure(threads=args.threads, compile_errors_fall_back=args.compile or None)
     info = machine_info(torch.device("cpu"))
     load_before = _load_average()
     versions = {"torch": torch.__version__}

@@ -14,6 +14,7 @@ import argparse
 import time
 from pathlib import Path
 
+from aiayn import runtime
 from aiayn.acceleration import native_bf16_cpu
 from aiayn.decode.evaluation import score
 from aiayn.decode.translator import Translator
@@ -33,6 +34,7 @@ def main() -> None:
         choices=["fp32", "fp32-no-onednn", "int8", "bf16"],
     )
     args = parser.parse_args()
+    runtime.configure(threads=args.threads)
     sources = Path(args.src).read_text(encoding="utf-8").splitlines()
     references = Path(args.ref).read_text(encoding="utf-8").splitlines()
     print(f"native bf16 on this CPU: {native_bf16_cpu()}")
@@ -42,7 +44,6 @@ def main() -> None:
     for precision in args.precisions:
         translator = Translator(
             args.model_dir,
-            threads=args.threads,
             int8=precision == "int8",
             bf16=precision == "bf16",
             onednn=precision != "fp32-no-onednn",

@@ -1,15 +1,19 @@
-"""Shared fixtures: a fixed seed for every test and a factory for tiny, CPU-fast models."""
+"""Shared fixtures: a fixed seed for every test, the process's settings kept from leaking between
+tests, and a factory for tiny, CPU-fast models."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 import torch
+import torch._dynamo
 
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
+from aiayn.runtime import ONEDNN_CACHE_VARIABLES
 
 TINY_VOCAB = 23
 
@@ -23,6 +27,25 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.fixture(autouse=True)
 def _seed() -> None:
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _process_settings() -> Iterator[None]:
+    """What `aiayn.runtime.configure` sets, given back after each test: the library sets none of
+    it, but the commands that tests run in-process (``main(["translate", "--threads", ...])``,
+    ``main(["train", ...])``) set it as the programs they are, and so do some tests."""
+    threads = torch.get_num_threads()
+    environ = {name: os.environ.get(name) for name in ONEDNN_CACHE_VARIABLES}
+    suppress_errors = torch._dynamo.config.suppress_errors
+    yield
+    if torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    for name, value in environ.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    torch._dynamo.config.suppress_errors = suppress_errors
 
 
 @pytest.fixture

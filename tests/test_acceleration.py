@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import os
 import shutil
 
 import pytest
@@ -18,7 +17,6 @@ from aiayn.acceleration import (
     PackedLinear,
     compiler_missing,
     decoding_threads,
-    limit_onednn_kernel_cache,
     maybe_compile,
     onednn_linear_missing,
     pack_linear_layers,
@@ -42,6 +40,14 @@ def test_without_a_cxx_compiler_the_model_runs_eagerly(
     with caplog.at_level(logging.WARNING, logger="aiayn.acceleration"):
         assert maybe_compile(model, CPU) is model
     assert "running eagerly" in caplog.text
+
+
+def test_compiling_leaves_the_fallback_to_the_program() -> None:
+    """`maybe_compile` does not set TorchInductor's process-wide error fallback: the entry
+    points do (``runtime.configure(compile_errors_fall_back=True)``, `aiayn train --compile`)."""
+    before = torch._dynamo.config.suppress_errors
+    maybe_compile(torch.nn.Linear(2, 2), CPU)  # compiles lazily, at the first call: cheap
+    assert torch._dynamo.config.suppress_errors == before
 
 
 def test_without_triton_cuda_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -337,19 +343,3 @@ def test_the_chunked_loss_runs_both_its_products_on_onednn() -> None:
     torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=0)
     for got, expected in zip(grads, plain_grads, strict=True):  # float32 rounding of sums
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * expected.abs().max())
-
-
-def test_the_onednn_kernel_cache_is_limited_only_where_the_user_did_not_choose(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"):
-        monkeypatch.delenv(name, raising=False)
-    assert limit_onednn_kernel_cache(16)
-    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "16"
-    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
-    assert not limit_onednn_kernel_cache(16)
-    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
-    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
-    monkeypatch.setenv("DNNL_PRIMITIVE_CACHE_CAPACITY", "64")  # oneDNN's older name
-    assert not limit_onednn_kernel_cache(16)
-    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ

@@ -6,11 +6,9 @@ did, and a checkpoint resumes. The fixture is a run directory written by commit 
 from __future__ import annotations
 
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from aiayn.cli import main
 from aiayn.model_dir import load_model_dir
@@ -29,14 +27,12 @@ TRAIN_FLAGS = [
 
 
 @pytest.fixture
-def release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+def release(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A writable copy of the old run, as the working directory (its paths are relative)."""
     copy = tmp_path / "release"
     shutil.copytree(RELEASE, copy)
     monkeypatch.chdir(copy)
-    threads = torch.get_num_threads()
-    yield copy
-    torch.set_num_threads(threads)
+    return copy
 
 
 def test_an_old_model_directory_loads_and_translates_as_it_did(release: Path) -> None:

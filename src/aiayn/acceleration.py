@@ -47,15 +47,15 @@ def compiler_missing(device: torch.device) -> str | None:
 def maybe_compile(module: nn.Module, device: torch.device) -> nn.Module:
     """`torch.compile(module)`, or `module` itself (with a warning) where it cannot compile.
 
-    A compilation that fails later, at the first call, also falls back to eager execution
-    (`torch._dynamo.config.suppress_errors`), so a missing or broken toolchain never stops a
-    run; PyTorch logs what failed.
+    A compilation that fails later, at the first call, raises, unless the program chose to fall
+    back to eager execution there too: ``runtime.configure(compile_errors_fall_back=True)``
+    (a process-wide TorchInductor setting), which ``aiayn train --compile`` does, so that a
+    broken toolchain never stops a run; PyTorch then logs what failed.
     """
     reason = compiler_missing(device)
     if reason is not None:
         logger.warning("torch.compile is not available (%s): running eagerly", reason)
         return module
-    torch._dynamo.config.suppress_errors = True
     return torch.compile(module)
 
 
@@ -74,21 +74,9 @@ Every batch of a real run has a new shape, so oneDNN compiles new bf16 kernels f
 update, and its cache of them grows the process for hundreds of updates; 16 cuts the peak
 resident memory of a real run at the same tokens/s (BENCHMARKS.md, the `fairseq-train`
 section, measures both). Decoding reuses a few dozen kernels at every step, which a cache of
-16 would compile again and again, so only training in bf16 limits it."""
-
-
-def limit_onednn_kernel_cache(capacity: int = ONEDNN_KERNELS_FOR_BF16_TRAINING) -> bool:
-    """Ask oneDNN to keep at most `capacity` compiled kernels, unless the user already chose
-    (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`). Process-wide, and it takes effect only if oneDNN has
-    not compiled a kernel yet in this process: oneDNN reads the variable once. Returns whether
-    this call set it."""
-    if any(
-        k in os.environ
-        for k in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
-    ):
-        return False
-    os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(capacity)
-    return True
+16 would compile again and again, so only training in bf16 limits it. The cache belongs to the
+process: `aiayn train` sets it (``runtime.configure(onednn_kernels=...)``) before any oneDNN
+work, where the user has not set ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``."""
 
 
 MAX_DECODING_THREADS = 4

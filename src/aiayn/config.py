@@ -262,14 +262,18 @@ class TrainConfig:
         cpu_bf16: bf16 autocast on a CPU (opt-in: it changes CPU numerics). Only where the CPU
             computes in bf16 natively (AVX512-BF16, AMX; elsewhere training warns): in the real
             loop on the Bible recipe ~1.5x the target tokens/s of float32 (BENCHMARKS.md,
-            `aiayn train` vs `fairseq-train`).
+            `aiayn train` vs `fairseq-train`). `aiayn train` also has oneDNN keep few compiled
+            kernels (peak memory: `acceleration.ONEDNN_KERNELS_FOR_BF16_TRAINING`), a setting
+            of the process that it makes through `aiayn.runtime.configure`.
         onednn: On an x86-64 CPU in float32, run the linear layers' products (and the chunked
             loss's) on oneDNN instead of MKL's sgemm (`aiayn.acceleration.OneDNNLinearProducts`):
             the same function up to float32 rounding, ~5% more tokens/s on the Bible recipe,
             but ~2.5x the peak memory (new batch shapes every step fragment the heap;
             BENCHMARKS.md), hence opt-in. Ignored under bf16 and with `compile`.
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
-            compile: aiayn.acceleration).
+            compile: aiayn.acceleration). Where compilation fails at the first update,
+            `aiayn train` goes on eagerly (``runtime.configure(compile_errors_fall_back=True)``,
+            process-wide, which `train` itself leaves as it is).
         log_every: Updates between metric lines in metrics.jsonl.
         tensorboard: Also write the records of metrics.jsonl as TensorBoard scalars into
             RUN/tensorboard/ (needs the tensorboard extra: pip install -e '.[tensorboard]').
@@ -282,7 +286,10 @@ class TrainConfig:
         save_every: Updates between checkpoints (0 = only at the end).
         save_every_minutes: Also checkpoint every this many minutes (0 = off; the paper: 10).
         keep_last: Number of step checkpoints kept (the best is kept separately).
-        threads: CPU threads for PyTorch (0 = PyTorch's default).
+        threads: CPU threads for PyTorch (0 = PyTorch's default). The thread count belongs to
+            the process, so `train` leaves it as it is: `aiayn train` applies this through
+            `aiayn.runtime.configure` before training; a program that calls `train` does so
+            itself (`aiayn.train.trainer.runtime_settings`).
         progress: Show a live progress bar (only on a terminal).
     """
 

@@ -53,17 +53,9 @@ def write_pairs(directory: Path, name: str, lines: list[str]) -> tuple[Path, Pat
     return paths
 
 
-@pytest.fixture
-def _restore_threads() -> Iterator[None]:
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 # -- 1. it learns ---------------------------------------------------------------------------
 
 
-@pytest.mark.usefixtures("_restore_threads")
 def test_learns_to_copy(tmp_path: Path) -> None:
     """≥ 99% held-out token accuracy (teacher forced) and ≥ 95% exact greedy copies after 400
     updates of ≤ 1024 tokens (~110 sentences), about 10-20 s on one CPU thread.

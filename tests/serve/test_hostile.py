@@ -10,6 +10,7 @@ the length limit: every costly request is as costly as its limits allow.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -29,8 +30,15 @@ from aiayn.config import preset
 from aiayn.decode.translator import Translator
 from aiayn.model import Transformer
 from aiayn.model_dir import save_model_dir
-from aiayn.serve import create_app
-from aiayn.serve.connections import MAX_HEAD_BYTES, MAX_TARGET_BYTES, RedactQuery
+from aiayn.serve import connections, create_app
+from aiayn.serve.connections import (
+    FD_SPARE,
+    MAX_HEAD_BYTES,
+    MAX_TARGET_BYTES,
+    RedactedAccessLog,
+    RedactQuery,
+    connection_cap,
+)
 from aiayn.serve.keys import ApiKey, load_keys
 from aiayn.serve.policy import PAGE_CSP
 from aiayn.text.tokenizer import Tokenizer
@@ -310,6 +318,35 @@ def test_redact_query_keeps_other_fields() -> None:
         "/translate?q=REDACTED&source=en&api_key=REDACTED"
     )
     assert redact("/health") == "/health"
+
+
+def test_the_access_log_is_redacted_without_a_filter_on_uvicorns_logger(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The guarded protocol logs through `RedactedAccessLog`: the same logger and handlers,
+    nothing added to the process-wide ``uvicorn.access`` logger."""
+    access = logging.getLogger("uvicorn.access")
+    filters = list(access.filters)
+    with caplog.at_level(logging.INFO, logger="uvicorn.access"):
+        RedactedAccessLog(access).info(
+            '%s - "%s %s HTTP/%s" %d', "1.2.3.4:5", "GET", "/translate?q=secret", "1.1", 200
+        )
+    assert [r.name for r in caplog.records] == ["uvicorn.access"]
+    assert caplog.records[0].getMessage() == '1.2.3.4:5 - "GET /translate?q=REDACTED HTTP/1.1" 200'
+    assert access.filters == filters
+
+
+def test_the_connection_cap_fits_the_open_files_limit_without_changing_it(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`aiayn serve` raises the limit at start (`runtime.configure(open_files=...)`); the
+    server itself only reads it, and lowers its cap where the limit is lower, with a warning."""
+    monkeypatch.setattr(connections.resource, "getrlimit", lambda which: (1000, 1000))
+    monkeypatch.setattr(connections.resource, "setrlimit", None)  # never called
+    assert connection_cap(256) == 256
+    with caplog.at_level(logging.WARNING, logger="aiayn.serve.connections"):
+        assert connection_cap(5000) == 1000 - FD_SPARE
+    assert "--max-connections 5000; using 936" in caplog.text
 
 
 # -- 5. keys and origins -------------------------------------------------------------------------

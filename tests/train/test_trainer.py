@@ -70,14 +70,6 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_copy_corpus(tmp_path_factory.mktemp("corpus"), 48)
 
 
-@pytest.fixture(autouse=True)
-def _restore_threads() -> Iterator[None]:
-    """`train(threads=...)` sets the process-wide thread count; give the next test it back."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
-
-
 def make_config(corpus: tuple[Path, Path], out_dir: Path, **overrides: Any) -> TrainConfig:
     values: dict[str, Any] = dict(
         out_dir=str(out_dir),
@@ -1205,7 +1197,8 @@ def test_cpu_bf16_training_runs_in_bf16_and_learns(
     corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With cpu_bf16 the forward runs under bf16 autocast; weights and losses stay float32; and
-    oneDNN is asked to keep few compiled kernels (peak memory)."""
+    oneDNN's kernel cache, a setting of the process, is left to the program (`aiayn train`
+    limits it: test_aiayn_train_makes_the_process_settings_before_training)."""
     seen: list[tuple[torch.dtype | None, torch.dtype]] = []
     forward = Transformer.forward
 
@@ -1219,11 +1212,61 @@ def test_cpu_bf16_training_runs_in_bf16_and_learns(
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"):
         monkeypatch.delenv(name, raising=False)  # and restored afterwards
     result = trainer.train(make_config(corpus, tmp_path / "run", max_steps=8, cpu_bf16=True))
-    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_KERNELS_FOR_BF16_TRAINING)
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ
     assert seen and set(seen) == {(torch.bfloat16, torch.float32)}
     assert all(w.dtype == torch.float32 for w in weights(result.model_dir).values())
     losses = [loss for _, loss, _ in train_losses(result.run_dir)]
     assert all(math.isfinite(x) for x in losses) and losses[-1] < losses[0]
+
+
+def test_runtime_settings_are_what_aiayn_train_set_before(
+    corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Threads as given; oneDNN's kernel cache limited for bf16 on a CPU only; the compile
+    fallback with `compile` only."""
+    config = make_config(corpus, tmp_path / "run", threads=3, device="cpu")
+    assert trainer.runtime_settings(config) == {
+        "threads": 3,
+        "onednn_kernels": None,
+        "compile_errors_fall_back": None,
+    }
+    bf16 = trainer.runtime_settings(dataclasses.replace(config, cpu_bf16=True, compile=True))
+    assert bf16["onednn_kernels"] == ONEDNN_KERNELS_FOR_BF16_TRAINING
+    assert bf16["compile_errors_fall_back"] is True
+    on_gpu = dataclasses.replace(config, cpu_bf16=True, device="cuda")  # CUDA's bf16 is not oneDNN
+    assert trainer.runtime_settings(on_gpu)["onednn_kernels"] is None
+
+
+def test_aiayn_train_makes_the_process_settings_before_training(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`aiayn train` (and so every torchrun worker) applies `runtime_settings` through
+    `runtime.configure` before `train` starts: the same threads, oneDNN kernel limit and compile
+    fallback that the trainer used to set itself."""
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"):
+        monkeypatch.delenv(name, raising=False)
+    torch.set_num_threads(2)  # tests/conftest.py gives the suite's back afterwards
+    seen = {}
+
+    def fake_train(config: TrainConfig, *, resume: bool) -> trainer.TrainResult:
+        seen.update(
+            threads=torch.get_num_threads(),
+            kernels=os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
+            fall_back=torch._dynamo.config.suppress_errors,
+        )
+        raise SystemExit(0)
+
+    monkeypatch.setattr(trainer, "train", fake_train)
+    config = make_config(
+        corpus, tmp_path / "run", threads=1, cpu_bf16=True, compile=True, device="cpu"
+    )
+    with pytest.raises(SystemExit):
+        main(cli_args(config))
+    assert seen == {
+        "threads": 1,
+        "kernels": str(ONEDNN_KERNELS_FOR_BF16_TRAINING),
+        "fall_back": True,
+    }
 
 
 def test_training_refuses_onednn_where_its_products_are_wrong(

@@ -118,9 +118,13 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from aiayn.train.trainer import train
+    from aiayn import runtime
+    from aiayn.train.trainer import runtime_settings, train
 
     config = train_config_from_args(args)
+    # The process's settings (threads, oneDNN's kernel cache for --cpu-bf16, the compile
+    # fallback) are the command's to set, before any PyTorch work; `train` sets none.
+    runtime.configure(**runtime_settings(config))
     result = train(config, resume=args.resume)
     # A run stopped by a signal exits as the shell reports one: 128 + its number (143 for
     # SIGTERM, 130 for SIGINT), which schedulers and wrappers read as "stopped, not failed".

@@ -72,18 +72,14 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from uvicorn.config import LOGGING_CONFIG
 
-from aiayn import __version__
+from aiayn import __version__, runtime
 from aiayn.decode.results import TranslationResult
 from aiayn.decode.translator import Translator
 from aiayn.serve import libretranslate
 from aiayn.serve.batcher import Batcher, BatcherClosed, QueueFull
-from aiayn.serve.connections import (
-    BodyDeadline,
-    fit_fd_limit,
-    guarded_protocol,
-    install_access_log_filter,
-)
+from aiayn.serve.connections import FD_SPARE, BodyDeadline, connection_cap, guarded_protocol
 from aiayn.serve.keys import KeyRejected, RateLimiter
 from aiayn.serve.policy import BrowserPolicy
 from aiayn.serve.requests import read_request
@@ -131,7 +127,7 @@ class Service:
         self.batcher: Batcher[TranslationResult] = Batcher(
             lambda texts, decoding: translator.translate(texts, **asdict(decoding)),
             lambda texts, d: translator.cost(
-                texts, d.beam_size, max_len_a=d.max_len_a, max_len_b=d.max_len_b
+                texts, d.rows_per_sentence, max_len_a=d.max_len_a, max_len_b=d.max_len_b
             ),
             max_wait_ms=settings.batch_wait_ms,
             max_batch_cost=settings.max_batch_cost,
@@ -206,10 +202,8 @@ class Service:
         self, texts: list[str], decoding: Decoding, name: str, full_attention: bool
     ) -> list[int]:
         """Each text's cost, after refusing a request over the cost and attention budgets."""
-        bounds = self.translator.search_bounds(
-            texts, max_len_a=decoding.max_len_a, max_len_b=decoding.max_len_b
-        )
-        costs = [decoding.beam_size * s * t for s, t in bounds]
+        lengths = {"max_len_a": decoding.max_len_a, "max_len_b": decoding.max_len_b}
+        costs = self.translator.costs(texts, decoding.rows_per_sentence, **lengths)
         limits = self.settings
         unit = "source tokens × beam size × output-length limit"
         for i, cost in enumerate(costs):
@@ -229,6 +223,7 @@ class Service:
                 "or ask for a smaller beam",
             )
         if decoding.return_attention:
+            bounds = self.translator.search_bounds(texts, **lengths)
             per_map = sum(s * t for s, t in bounds)
             values = per_map * (self.maps_per_text if full_attention else 1)
             if values > limits.max_attention_values:
@@ -527,21 +522,43 @@ def serve(
     port: int = 8000,
     log_level: str = "info",
 ) -> None:
-    """Serves until interrupted (what ``aiayn serve`` runs)."""
+    """Serves until interrupted: the entry point of ``aiayn serve``, which owns its process.
+
+    The one function of this package that sets what belongs to the process: the limit on open
+    files, raised to fit ``max_connections`` (`runtime.configure`), and uvicorn's logging
+    configuration (its handlers, and ``log_level`` on its loggers). In a process whose owner
+    keeps those, run :func:`create_app` under :func:`uvicorn_config` or
+    :func:`serve_in_background` instead.
+    """
     settings = settings or ServerSettings()
-    config = uvicorn_config(create_app(translator, settings), settings, log_level=log_level)
+    runtime.configure(open_files=settings.max_connections + FD_SPARE)
+    app = create_app(translator, settings)
+    config = uvicorn_config(app, settings, log_level=log_level, log_config=LOGGING_CONFIG)
     config.host, config.port = host, port
     uvicorn.Server(config).run()
 
 
-def uvicorn_config(app: FastAPI, settings: ServerSettings, *, log_level: str) -> uvicorn.Config:
+def uvicorn_config(
+    app: FastAPI,
+    settings: ServerSettings,
+    *,
+    log_level: str | None,
+    log_config: dict[str, Any] | None = None,
+) -> uvicorn.Config:
     """Uvicorn's configuration: the httptools parser with the head limits and connection limits
-    of :mod:`aiayn.serve.connections`, and texts and keys redacted from the access log."""
-    install_access_log_filter()
-    max_connections = fit_fd_limit(settings.max_connections)
+    of :mod:`aiayn.serve.connections` (the cap lowered to fit the file-descriptor limit as it
+    is), and texts and keys redacted from the access log.
+
+    Args:
+        log_level: The level uvicorn sets on its loggers (process-wide); None leaves them.
+        log_config: The `logging.config.dictConfig` uvicorn applies (process-wide); None, the
+            default, applies none.
+    """
+    max_connections = connection_cap(settings.max_connections)
     return uvicorn.Config(
         app,
         log_level=log_level,
+        log_config=log_config,
         lifespan="on",
         http=guarded_protocol(settings.timeout_head_s, max_connections),
         timeout_keep_alive=settings.timeout_keep_alive_s,  # type: ignore[arg-type]  # a float works
@@ -551,18 +568,23 @@ def uvicorn_config(app: FastAPI, settings: ServerSettings, *, log_level: str) ->
 
 @contextlib.contextmanager
 def serve_in_background(
-    app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
+    app: FastAPI, *, host: str = "127.0.0.1", port: int = 0, log_level: str | None = None
 ) -> Iterator[str]:
     """Runs ``app`` under uvicorn in a thread; yields its base URL (``http://127.0.0.1:PORT``).
 
     Port 0 picks a free port. The socket is bound before the server starts, so the URL is valid
-    as soon as it is yielded. For tests, benchmarks and notebooks; IPv4 only.
+    as soon as it is yielded. For tests, benchmarks and notebooks; IPv4 only. The process is
+    left as it is: the limit on open files (the connection cap fits it), and logging, where
+    uvicorn's lines go to the program's own handlers, unless ``log_level`` is given: then
+    uvicorn configures its loggers (process-wide) as ``aiayn serve`` does.
     """
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     bound_host, bound_port = sock.getsockname()[:2]
-    server = uvicorn.Server(uvicorn_config(app, app.state.settings, log_level=log_level))
+    log_config = None if log_level is None else LOGGING_CONFIG
+    config = uvicorn_config(app, app.state.settings, log_level=log_level, log_config=log_config)
+    server = uvicorn.Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="aiayn-server", daemon=True
     )

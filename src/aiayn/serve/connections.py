@@ -28,9 +28,13 @@ Each of those holds a file descriptor, and a few hundred exhaust the process's l
 * :class:`BodyDeadline`: an ASGI middleware that gives the whole request body
   ``body_timeout_s`` from the app's first read; past it the read raises :class:`BodyTimeout`,
   answered 408 by the app.
-* :class:`RedactQuery`: a filter for uvicorn's access log that replaces the values of ``q``,
-  ``api_key`` (and any other field listed) in logged query strings with ``REDACTED``: texts
-  and keys stay out of logs. Bodies are never logged.
+* :class:`RedactQuery`: replaces the values of ``q``, ``api_key`` (and any other field listed)
+  in the query strings of uvicorn's access log lines with ``REDACTED``: texts and keys stay out
+  of logs. The guarded protocol applies it to the lines of its own connections, so the
+  process-wide ``uvicorn.access`` logger gets no filter. Bodies are never logged.
+* :func:`connection_cap`: the connection cap that fits the process's file-descriptor limit,
+  which this module reads and never changes (``aiayn serve`` raises it, at start:
+  :func:`aiayn.serve.app.serve`).
 """
 
 from __future__ import annotations
@@ -55,7 +59,8 @@ __all__ = [
     "BodyDeadline",
     "BodyTimeout",
     "RedactQuery",
-    "fit_fd_limit",
+    "RedactedAccessLog",
+    "connection_cap",
     "guarded_protocol",
 ]
 
@@ -84,6 +89,11 @@ def guarded_protocol(head_timeout_s: float, max_connections: int) -> type[HttpTo
         _head_begun = False  # llhttp has seen the head's first byte
         _head_bytes = 0  # bytes fed while the head was incomplete: an upper bound on its size
         _header_bytes = 0  # the head's size, counted exactly from what llhttp has parsed
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            # Texts and keys out of the access log, without a filter on the process's logger.
+            self.access_logger = RedactedAccessLog(self.access_logger)  # type: ignore[assignment]
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -215,28 +225,27 @@ def _refusal(error: httptools.HttpParserError) -> HeadRefused:
     return HeadRefused(400, f"malformed HTTP request: {reason}")
 
 
-def fit_fd_limit(max_connections: int, spare: int = 64) -> int:
-    """Raises the soft file-descriptor limit to fit ``max_connections`` + ``spare`` if the hard
-    limit allows, else lowers the cap to fit (with a warning); returns the cap to use."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+FD_SPARE = 64
+"""File descriptors kept for what is not a client connection: the model's files, logs, pipes."""
+
+
+def connection_cap(max_connections: int, spare: int = FD_SPARE) -> int:
+    """``max_connections``, lowered (with a warning) to what the process's soft limit on open
+    files holds beside ``spare`` other descriptors. Reads the limit, never changes it: raising
+    it is the entry point's (``runtime.configure(open_files=...)``, which ``aiayn serve``
+    calls)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     needed = max_connections + spare
-    if soft != resource.RLIM_INFINITY and soft < needed:
-        target = needed if hard == resource.RLIM_INFINITY else min(needed, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-        if soft < needed:
-            cap = max(1, soft - spare)
-            logger.warning(
-                "the file-descriptor limit (%d) cannot hold --max-connections %d; using %d",
-                soft,
-                max_connections,
-                cap,
-            )
-            return cap
-    return max_connections
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return max_connections
+    cap = max(1, soft - spare)
+    logger.warning(
+        "the file-descriptor limit (%d) cannot hold --max-connections %d; using %d",
+        soft,
+        max_connections,
+        cap,
+    )
+    return cap
 
 
 class BodyTimeout(Exception):
@@ -280,17 +289,24 @@ class BodyDeadline:
 
 class RedactQuery(logging.Filter):
     """Redacts the values of ``fields`` in the query strings of uvicorn's access log lines,
-    whose arguments are (client, method, path with query, HTTP version, status)."""
+    whose arguments are (client, method, path with query, HTTP version, status). A filter, for
+    a program that configures uvicorn's logging itself; the guarded protocol redacts its own
+    lines (:class:`RedactedAccessLog`)."""
 
     def __init__(self, fields: tuple[str, ...] = SECRET_FIELDS) -> None:
         super().__init__()
         self.fields = set(fields)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str):
-            record.args = (*args[:2], self.redact(args[2]), *args[3:])
+        if isinstance(record.args, tuple):
+            record.args = self.redact_args(record.args)
         return True
+
+    def redact_args(self, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        """An access line's arguments with the path's query redacted."""
+        if len(args) >= 3 and isinstance(args[2], str):
+            return (*args[:2], self.redact(args[2]), *args[3:])
+        return args
 
     def redact(self, path: str) -> str:
         base, sep, query = path.partition("?")
@@ -301,8 +317,15 @@ class RedactQuery(logging.Filter):
         return f"{base}?{urlencode(redacted)}"
 
 
-def install_access_log_filter() -> None:
-    """Adds :class:`RedactQuery` to uvicorn's access logger, once."""
-    access = logging.getLogger("uvicorn.access")
-    if not any(isinstance(f, RedactQuery) for f in access.filters):
-        access.addFilter(RedactQuery())
+class RedactedAccessLog(logging.LoggerAdapter):
+    """Uvicorn's access logger as one connection's protocol uses it: the same logger, handlers
+    and format, with each line's query redacted by :class:`RedactQuery` on its way in. Nothing
+    is added to the process-wide ``uvicorn.access`` logger, so other servers in the process,
+    and the program's own logging, are left as they were."""
+
+    def __init__(self, logger: logging.Logger, redact: RedactQuery | None = None) -> None:
+        super().__init__(logger, {})
+        self.redactor = redact or RedactQuery()
+
+    def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        self.logger.log(level, msg, *self.redactor.redact_args(args), **kwargs)

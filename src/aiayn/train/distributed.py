@@ -53,12 +53,20 @@ class Distributed:
         return tensor.tolist()
 
 
+def device_type(device_name: str) -> str:
+    """The type of the device that `device_name` (``--device``) trains on: "auto" is CUDA
+    where there is one, else the CPU."""
+    if device_name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(device_name).type
+
+
 def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_name == "auto":
-        device_name = "cuda" if torch.cuda.is_available() else "cpu"
+        device_name = device_type(device_name)
     if device_name == "cuda":
         device_name = f"cuda:{local_rank}" if world_size > 1 else "cuda"
     device = torch.device(device_name)

@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from aiayn.acceleration import (
-    limit_onednn_kernel_cache,
+    ONEDNN_KERNELS_FOR_BF16_TRAINING,
     maybe_compile,
     native_bf16_cpu,
     onednn_products_wrong,
@@ -67,7 +67,7 @@ from aiayn.text.tokenizer import (
 )
 from aiayn.train import checkpoint as ckpt
 from aiayn.train import finetune, rundir
-from aiayn.train.distributed import Distributed, init_distributed
+from aiayn.train.distributed import Distributed, device_type, init_distributed
 from aiayn.train.runlog import (
     METRICS_FILE,
     TENSORBOARD_DIR,
@@ -130,6 +130,23 @@ def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
             dist.destroy_process_group()
 
 
+def runtime_settings(config: TrainConfig) -> dict[str, Any]:
+    """What a program that trains with `config` sets for its whole process, as
+    `aiayn.runtime.configure`'s arguments (`aiayn train` applies them before `train`, which
+    changes none of them): `threads`; for bf16 on a CPU, oneDNN's kernel cache
+    (`ONEDNN_KERNELS_FOR_BF16_TRAINING`: peak memory); with `compile`, the fallback to eager
+    execution where compilation fails at the first update."""
+    on_cpu = device_type(config.device) == "cpu"
+    bf16_on_cpu = on_cpu and uses_bf16(
+        torch.device("cpu"), bf16=config.bf16, cpu_bf16=config.cpu_bf16
+    )
+    return {
+        "threads": config.threads,
+        "onednn_kernels": ONEDNN_KERNELS_FOR_BF16_TRAINING if bf16_on_cpu else None,
+        "compile_errors_fall_back": True if config.compile else None,
+    }
+
+
 class Trainer:
     """One training job: the state the loop shares, and the steps of the loop as methods.
 
@@ -166,8 +183,6 @@ class Trainer:
         self.distributed = distributed
         self.device = device
         self.bf16 = uses_bf16(device, bf16=config.bf16, cpu_bf16=config.cpu_bf16)
-        if self.bf16 and device.type == "cpu":
-            limit_onednn_kernel_cache()  # peak memory: ONEDNN_KERNELS_FOR_BF16_TRAINING
         self.onednn = uses_onednn(device, config.onednn, bf16=self.bf16, compile=config.compile)
         self.accumulate = accumulation(
             tokens_per_update=config.tokens_per_update,
@@ -189,8 +204,6 @@ class Trainer:
 
     def setup(self, held: contextlib.ExitStack) -> None:
         """Everything before the first update; `held` keeps the run directory's lock."""
-        if self.config.threads:
-            torch.set_num_threads(self.config.threads)
         self._check_inputs()
         self._open_run_dir(held)
         held.callback(self.log.close)

@@ -1,0 +1,148 @@
+"""Tests for aiayn.runtime: what belongs to the process is set by the entry points, through
+`runtime.configure`, and by no library object: a notebook that builds a `Translator`, trains, or
+serves an app in the background finds its threads, environment, TorchInductor settings, logging
+and limits as they were (issue 28)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import resource
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch._dynamo
+
+from aiayn import runtime
+from aiayn.decode.translator import Translator
+from aiayn.runtime import ONEDNN_CACHE_VARIABLES
+from aiayn.train import trainer
+from interop_models import tiny_model_dir
+from train.test_trainer import make_config, write_copy_corpus
+
+LOGGERS = ("", "aiayn", "uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")
+
+
+def process_state() -> dict[str, Any]:
+    """What `runtime.configure` and a server's entry point may change, as it is now."""
+    loggers = {name: logging.getLogger(name) for name in LOGGERS}
+    return {
+        "threads": torch.get_num_threads(),
+        "environ": dict(os.environ),
+        "suppress_errors": torch._dynamo.config.suppress_errors,
+        "open files": resource.getrlimit(resource.RLIMIT_NOFILE),
+        "logging": {
+            name or "root": (
+                log.level,
+                list(log.handlers),
+                list(log.filters),
+                log.propagate,
+                log.disabled,
+            )
+            for name, log in loggers.items()
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def unsettled(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process whose settings differ from what the library is asked for: 2 threads (the
+    translator and the trainer get 1), no oneDNN cache size (bf16 training limits it)."""
+    for name in ONEDNN_CACHE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    torch.set_num_threads(2)  # tests/conftest.py gives the suite's back afterwards
+
+
+@pytest.mark.usefixtures("unsettled")
+def test_a_translator_leaves_the_process_as_it_was(model_dir: Path) -> None:
+    before = process_state()
+    with pytest.warns(UserWarning, match=r"runtime\.configure\(threads=1\)"):
+        translator = Translator(model_dir, threads=1)  # asked for, and not taken
+    results = translator.translate(["the cat sat", "hello"], beam_size=2)
+    assert len(results) == 2
+    assert process_state() == before
+
+
+@pytest.mark.usefixtures("unsettled")
+def test_training_leaves_the_process_as_it_was(tmp_path: Path) -> None:
+    """`train` with `threads` and bf16 on the CPU: `aiayn train` sets both for its process
+    (tests/train/test_trainer.py), `train` itself neither."""
+    corpus = write_copy_corpus(tmp_path / "corpus", 24)
+    config = make_config(corpus, tmp_path / "run", max_steps=3, threads=1, cpu_bf16=True)
+    before = process_state()
+    result = trainer.train(config)
+    assert result.model_dir.is_dir()
+    assert process_state() == before
+
+
+def test_serving_in_background_leaves_the_process_as_it_was(model_dir: Path) -> None:
+    """The app, and uvicorn running it in a thread, add no filter or handler to a logger, set
+    no level and raise no limit (`aiayn serve`'s entry point, `serve.app.serve`, does)."""
+    pytest.importorskip("fastapi", reason="optional: pip install -e '.[serve]'")
+    import httpx
+
+    from aiayn.serve import ServerSettings, create_app, serve_in_background
+
+    translator = Translator(model_dir)
+    settings = ServerSettings(max_connections=100_000)  # more than the limit on open files
+    before = process_state()
+    with serve_in_background(create_app(translator, settings)) as url:
+        answer = httpx.post(f"{url}/translate?q=secret", timeout=60)
+        assert answer.status_code == 200, answer.text
+    assert process_state() == before
+
+
+def test_configure_sets_threads_and_zero_keeps_the_default() -> None:
+    torch.set_num_threads(3)  # tests/conftest.py gives the suite's back afterwards
+    runtime.configure(threads=2)
+    assert torch.get_num_threads() == 2
+    runtime.configure(threads=0)
+    assert torch.get_num_threads() == 2
+    runtime.configure()  # None: nothing
+    assert torch.get_num_threads() == 2
+    with pytest.raises(ValueError, match=r"threads \(-1\) must be >= 0"):
+        runtime.configure(threads=-1)
+
+
+def test_configure_limits_onednn_kernels_only_where_the_user_did_not_choose(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for name in ONEDNN_CACHE_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    runtime.configure(onednn_kernels=16)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "16"
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "512")
+    runtime.configure(onednn_kernels=16)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == "512"
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY")
+    monkeypatch.setenv("DNNL_PRIMITIVE_CACHE_CAPACITY", "64")  # oneDNN's older name
+    runtime.configure(onednn_kernels=16)
+    assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ
+
+
+def test_configure_sets_the_compile_fallback() -> None:
+    runtime.configure(compile_errors_fall_back=True)  # conftest.py restores it afterwards
+    assert torch._dynamo.config.suppress_errors is True
+    runtime.configure(compile_errors_fall_back=False)
+    assert torch._dynamo.config.suppress_errors is False
+
+
+def test_configure_raises_the_open_files_limit_and_never_lowers_it() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft < 64:
+        pytest.skip(f"a soft limit on open files of {soft}")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft - 1, hard))
+        runtime.configure(open_files=soft)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (soft, hard)
+        runtime.configure(open_files=10)
+        assert resource.getrlimit(resource.RLIMIT_NOFILE) == (soft, hard)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
