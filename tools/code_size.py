@@ -1,4 +1,4 @@
-"""Module and function sizes of the aiayn package: the figures in the README's Development section.
+"""Module and function sizes of the aiayn package (`make size`): what the ~600-line guideline flags.
 
     python tools/code_size.py            # a table of every module, then the longest functions
     python tools/code_size.py --markdown # the same as the README's Markdown
