@@ -130,7 +130,7 @@ endif
 gpu-check:
 	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) bench/gpu_check.py --out $(OUT)
 
-# Module and function sizes: what the ~600-line guideline of ../shared/STYLE.md flags.
+# Module and function sizes: what the ~600-line guideline for a module flags.
 size: $(STAMP)
 	$(BIN)/python tools/code_size.py --markdown
 
