@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +24,9 @@ from torch import Tensor, nn
 from aiayn.attention import MultiHeadAttention
 from aiayn.cache import DecoderCache
 from aiayn.config import ModelConfig
-from aiayn.loss import LossSums, projected_label_smoothed_loss
+
+if TYPE_CHECKING:
+    from aiayn.loss import LossSums
 
 ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "relu": F.relu,  # Eq. 2
@@ -443,6 +446,10 @@ class Transformer(nn.Module):
             logits, _, _ = self.decode(tgt_tokens, memory, src_key_mask)
             return logits
         hidden, _, _ = self._decode(tgt_tokens, memory, src_key_mask)
+        # Imported here, not with the module: aiayn.loss imports torch._dynamo (~1.3 s, as long
+        # as importing torch), which decoding, that never computes a loss, must not pay for.
+        from aiayn.loss import projected_label_smoothed_loss
+
         return projected_label_smoothed_loss(
             hidden,
             self.output_projection.weight,
