@@ -10,7 +10,6 @@ import json
 import math
 import re
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -50,14 +49,6 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
         tokenizer_file=tokenizer.model_file,
         metadata={"src_lang": "en", "tgt_lang": "de"},
     )
-
-
-@pytest.fixture(autouse=True)
-def _restore_threads() -> Iterator[None]:
-    """--threads sets a process-wide PyTorch setting; keep it from leaking into other tests."""
-    threads = torch.get_num_threads()
-    yield
-    torch.set_num_threads(threads)
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:

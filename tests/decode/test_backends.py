@@ -1,12 +1,149 @@
-"""Tests for aiayn.interop._runtime: a missing optional runtime names the pip line to run."""
+"""Tests for aiayn.decode.backends: `Translator` drives any backend through the protocol alone
+(sources as ids + EOS, longest first, one length limit per batch; results in input order;
+refusals before any work), no subclass of `Translator` overrides its private methods, and a
+missing peer runtime names the pip line to run."""
 
 from __future__ import annotations
 
+import ast
+import importlib
+import sys
+from pathlib import Path
+
 import pytest
+import torch
 
-from aiayn.interop._runtime import require
+import aiayn
+from aiayn.config import preset
+from aiayn.decode.backends import ExportedModel
+from aiayn.decode.options import DecodingOptions, max_output_length
+from aiayn.decode.search import Hypothesis
+from aiayn.decode.translator import Translator
+from aiayn.extras import MissingExtra
+from aiayn.text.tokenizer import EOS_ID, Tokenizer
+
+CORPUS = ["the cat sat on the mat", "a dog barked at the moon all night", "hello world"]
 
 
-def test_missing_runtime_gives_the_install_line():
-    with pytest.raises(ImportError, match=r"pip install -e '\.\[export\]'"):
-        require("surely_not_an_installed_module", "exporting to nowhere")
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
+    directory = tmp_path_factory.mktemp("tokenizer")
+    corpus = directory / "corpus.txt"
+    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
+    return Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
+
+
+class EchoBackend:
+    """Answers each source with its own ids (EOS cut), and records what it was asked."""
+
+    returns_attention = False
+
+    def __init__(self, tokenizer: Tokenizer, **config: object) -> None:
+        values = {"max_positions": 64, **config}
+        model_config = preset("tiny", src_vocab_size=tokenizer.vocab_size, **values)
+        self.models = [ExportedModel(model_config, torch.device("cpu"))]
+        self.device = torch.device("cpu")
+        self.checked: list[tuple[DecodingOptions, bool]] = []
+        self.seeds: list[int] = []
+        self.batches: list[tuple[list[list[int]], DecodingOptions]] = []
+
+    def check(self, options: DecodingOptions, *, return_attention: bool) -> None:
+        self.checked.append((options, return_attention))
+        if return_attention:
+            raise ValueError("no attention maps here")
+
+    def seed(self, seed: int) -> None:
+        self.seeds.append(seed)
+
+    def search(self, sources, options, generator):
+        self.batches.append((sources, options))
+        return [[Hypothesis(tokens=ids[:-1], score=-1.0, log_prob=-1.0)] for ids in sources]
+
+    def attention(self, sources, outputs):
+        raise AssertionError("never asked: check refused")
+
+
+def test_a_translator_drives_any_backend_through_the_protocol(tokenizer: Tokenizer) -> None:
+    backend = EchoBackend(tokenizer)
+    translator = Translator.from_backend(backend, tokenizer, max_tokens=12, model_dirs=["x"])
+    sentences = ["hello world", "", "the cat sat on the mat", "a dog"]
+    results = translator.translate(sentences, beam_size=2, max_len_b=7)
+    assert [r.text for r in results] == [s.strip() for s in sentences]  # input order
+    assert all(r.src_tokens[-1] == "</s>" for r in results if r.src_tokens)
+    assert backend.checked == [(DecodingOptions(beam_size=2, max_len_b=7), False)]
+    widths = [len(sources[0]) for sources, _ in backend.batches]
+    assert widths == sorted(widths, reverse=True)  # longest first
+    for sources, options in backend.batches:
+        assert all(ids[-1] == EOS_ID for ids in sources)
+        assert len(sources) * len(sources[0]) * 2 <= 12 or len(sources) == 1  # the budget
+        assert (options.max_len_a, options.max_len_b) == (1.0, 7)
+    assert translator.model_dirs == [Path("x")] and translator.model is backend.models[0]
+
+
+def test_refusals_come_before_any_work_and_seeds_only_with_sampling(
+    tokenizer: Tokenizer,
+) -> None:
+    backend = EchoBackend(tokenizer)
+    translator = Translator.from_backend(backend, tokenizer)
+    assert not translator.returns_attention
+    with pytest.raises(ValueError, match="no attention maps"):
+        translator.translate(["hello world"], return_attention=True)
+    assert backend.batches == []
+    translator.translate(["hello world"], beam_size=1, seed=3)
+    translator.translate(["hello world"], sampling=True, n_best=2, seed=5)
+    assert backend.seeds == [5]
+
+
+def test_learned_positions_cap_the_limit_each_backend_is_given(tokenizer: Tokenizer) -> None:
+    """The translator applies the cap of learned positions for every backend: the options a
+    batch comes with never allow more than max_positions − 1 output tokens."""
+    backend = EchoBackend(tokenizer, positional_encoding="learned", max_positions=12)
+    translator = Translator.from_backend(backend, tokenizer)
+    translator.translate(["the cat sat on the mat", "hello"], beam_size=1)
+    for sources, options in backend.batches:
+        for ids in sources:
+            assert max_output_length(len(ids), options.max_len_a, options.max_len_b) <= 11
+
+
+def test_max_output_length_is_int_of_a_s_plus_b_at_least_0() -> None:
+    assert max_output_length(10, 1.0, 50) == 60  # the paper's input length + 50
+    assert max_output_length(3, 0.5, 3) == 4  # int(4.5)
+    assert max_output_length(3, 0.0, -5) == 0
+
+
+def test_no_subclass_of_translator_overrides_a_private_method() -> None:
+    """A backend composes; it does not reach into `Translator`'s private steps."""
+    package = Path(aiayn.__file__).parent
+    private = {
+        node.name
+        for node in ast.walk(ast.parse((package / "decode" / "translator.py").read_text()))
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("_")
+    } - {"__init__", "__repr__"}
+    overrides = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            bases = [ast.unparse(b) for b in getattr(node, "bases", [])]
+            if isinstance(node, ast.ClassDef) and any(b.endswith("Translator") for b in bases):
+                overrides += [
+                    f"{path.name}: {node.name}.{f.name}"
+                    for f in node.body
+                    if isinstance(f, ast.FunctionDef) and f.name in private
+                ]
+    assert overrides == []
+
+
+@pytest.mark.parametrize(
+    ("runtime", "module", "name"),
+    [
+        ("onnxruntime", "aiayn.decode.backends.onnx", "OnnxModel"),
+        ("ctranslate2", "aiayn.decode.backends.ctranslate2", "CTranslate2Backend"),
+    ],
+)
+def test_a_missing_runtime_gives_the_install_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, runtime: str, module: str, name: str
+) -> None:
+    monkeypatch.setitem(sys.modules, runtime, None)  # as if not installed
+    backend = getattr(importlib.import_module(module), name)
+    with pytest.raises(MissingExtra, match=r"pip install -e '\.\[export\]'") as error:
+        backend(tmp_path)
+    assert runtime in str(error.value) and "\n" not in str(error.value)

@@ -96,14 +96,13 @@ class Result:
 class FakeTranslator:
     """'Translates' by looking the source up in a table; records the options it was given."""
 
-    max_tokens = 8  # validation_bleu batches by it: a few sentences per call
-
     def __init__(self, table: dict[str, str]) -> None:
         self.table = table
         self.options: DecodingOptions | None = None
 
-    def cost(self, sentences: list[str], rows_per_sentence: int) -> int:
-        return rows_per_sentence * sum(len(s.split()) + 1 for s in sentences if s.strip())
+    def batches(self, sentences: list[str], options: DecodingOptions) -> list[list[int]]:
+        """One sentence per batch (validation_bleu translates a batch per call)."""
+        return [[i] for i, sentence in enumerate(sentences) if sentence.strip()]
 
     def translate_iterable(
         self,

@@ -294,6 +294,36 @@ def test_cost_counts_the_source_tokens_translate_feeds_the_model(translator: Tra
     assert translator.cost([" "], rows_per_sentence=4) == 0
 
 
+def test_costs_are_per_sentence_in_the_unit_of_rows_per_sentence(translator: Translator) -> None:
+    sentences = ["the cat", " ", " ".join(CORPUS * 4), "  a dog  "]
+    lengths = {"max_len_a": 0.5, "max_len_b": 3}
+    bounds = translator.search_bounds(sentences, **lengths)
+    assert translator.costs(sentences, 2) == [2 * s for s, _ in bounds]
+    assert translator.costs(sentences, 2, **lengths) == [2 * s * t for s, t in bounds]
+    total = translator.cost(sentences, 2, **lengths)
+    assert total == sum(translator.costs(sentences, 2, **lengths))
+    sampling = DecodingOptions(sampling=True, n_best=3)
+    assert translator.costs(["the cat"], sampling.rows_per_sentence) == [3 * bounds[0][0]]
+
+
+@pytest.mark.parametrize("options", [DecodingOptions(), DecodingOptions(beam_size=1)])
+def test_batches_are_those_translate_runs(tokenizer: Tokenizer, options: DecodingOptions) -> None:
+    """Longest first, within the budget of padded source tokens × rows, blank ones in none;
+    translating a batch alone runs it as one model call."""
+    translator = Translator.from_model(build_model(tokenizer), tokenizer, max_tokens=40)
+    batches = translator.batches(SENTENCES, options)
+    assert sorted(i for batch in batches for i in batch) == [0, 2, 3, 5, 6]
+    costs = translator.costs(SENTENCES, options.rows_per_sentence)
+    for batch in batches:
+        assert len(batch) * max(costs[i] for i in batch) <= 40 or len(batch) == 1
+    widths = [costs[batch[0]] for batch in batches]
+    assert widths == sorted(widths, reverse=True) and len(batches) > 1
+    calls = []
+    for batch in batches:
+        translator.translate([SENTENCES[i] for i in batch], options, progress=calls.append, **FAST)
+    assert calls == [len(batch) for batch in batches]
+
+
 @pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
 def test_search_bounds_are_the_lengths_the_search_runs_to(
     tokenizer: Tokenizer, positions: str
@@ -365,7 +395,7 @@ def test_translate_restores_the_training_mode(model: Transformer, tokenizer: Tok
 def test_a_model_directory_loads_and_translates_like_the_model(
     model_dir: Path, translator: Translator
 ) -> None:
-    loaded = Translator(model_dir, threads=1)
+    loaded = Translator(model_dir)
     assert loaded.metadata["tgt_lang"] == "de"
     assert_same_results(
         loaded.translate(SENTENCES, **FAST), translator.translate(SENTENCES, **FAST)

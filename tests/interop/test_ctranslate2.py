@@ -123,3 +123,16 @@ def test_backend_streams_and_samples(export: Path):
     assert ids(streamed) == ids(translator.translate(SENTENCES, beam_size=1))
     samples = translator.translate(["hello"], sampling=True, n_best=3, seed=1, top_k=5)
     assert len(samples[0].hypotheses) == 3
+
+
+def test_ctranslate2_translator_is_a_translator_on_the_ctranslate2_backend(export: Path):
+    """The public name builds a plain `Translator` that composes the CTranslate2 backend."""
+    from aiayn import interop
+    from aiayn.decode.backends.ctranslate2 import CTranslate2Backend
+
+    assert interop.CTranslate2Translator is CTranslate2Translator
+    translator = CTranslate2Translator(export, threads=1)
+    assert type(translator) is Translator
+    assert isinstance(translator.backend, CTranslate2Backend)
+    assert not translator.returns_attention and translator.model_dirs == [export]
+    assert translator.model.config.max_positions == 64

@@ -61,27 +61,47 @@ def test_translator_on_the_export_gives_the_pytorch_tokens(model_dir, export, op
 
 def test_export_cannot_give_attention_maps_or_run_int8(export: Path):
     translator = Translator(export)
-    with pytest.raises(NotImplementedError, match="attention maps"):
+    assert not translator.returns_attention
+    with pytest.raises(ValueError, match="attention maps"):
         translator.translate(["hello"], return_attention=True)
     with pytest.raises(ValueError, match="float32 on the CPU"):
         Translator(export, int8=True)
 
 
-def test_threads_go_to_onnxruntime_and_pytorch_keeps_one(model_dir, export):
-    """With `threads`, onnxruntime runs the graphs on them and PyTorch, which runs only the
-    search's small operators, on one (its spinning OpenMP threads took onnxruntime's cores);
-    the tokens stay the same."""
+def test_threads_are_onnxruntimes_and_pytorchs_are_left_alone(model_dir, export):
+    """`threads` are the sessions' own; PyTorch's belong to the process, which the translator
+    leaves as it found it (tests/conftest.py gives the suite's threads back). The tokens stay
+    the same."""
     import torch
 
-    before = torch.get_num_threads()
     torch.set_num_threads(2)
-    try:
-        translator = Translator(export, threads=2)
-        assert torch.get_num_threads() == 1
-        for session in (translator.model.encoder, translator.model.decoder):
-            assert session.get_session_options().intra_op_num_threads == 2
-        ours = Translator(model_dir).translate(SENTENCES, beam_size=4)
-        theirs = translator.translate(SENTENCES, beam_size=4)
-        assert [r.text for r in theirs] == [r.text for r in ours]
-    finally:
-        torch.set_num_threads(before)
+    translator = Translator(export, threads=2)
+    for session in (translator.model.encoder, translator.model.decoder):
+        assert session.get_session_options().intra_op_num_threads == 2
+    ours = Translator(model_dir).translate(SENTENCES, beam_size=4)
+    theirs = translator.translate(SENTENCES, beam_size=4)
+    assert [r.text for r in theirs] == [r.text for r in ours]
+    assert torch.get_num_threads() == 2
+
+
+def test_aiayn_translate_gives_onnxruntime_the_threads_and_pytorch_one(export):
+    """The command owns its process: with --threads N, onnxruntime runs the graphs on N threads
+    and PyTorch, left with the search's small operators, on one (its spinning OpenMP threads
+    took onnxruntime's cores: beam 4 1.2x slower, BENCHMARKS.md)."""
+    import torch
+
+    from aiayn.cli import build_parser
+    from aiayn.cli.common import load_translator
+
+    torch.set_num_threads(2)
+    args = build_parser().parse_args(["translate", "-m", str(export), "--threads", "2"])
+    translator = load_translator(args)
+    assert torch.get_num_threads() == 1
+    assert translator.model.encoder.get_session_options().intra_op_num_threads == 2
+
+
+def test_the_interop_namespace_still_offers_onnx_model() -> None:
+    from aiayn import interop
+    from aiayn.decode.backends.onnx import OnnxModel
+
+    assert interop.OnnxModel is OnnxModel

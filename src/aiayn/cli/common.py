@@ -152,11 +152,19 @@ def backend_of(args: argparse.Namespace) -> str:
 
 def load_translator(args: argparse.Namespace) -> Translator:
     """The translator the flags describe: PyTorch (one model or an ensemble, or an ONNX export)
-    or CTranslate2."""
+    or CTranslate2.
+
+    The process is the command's, so the threads are set here, not by the translator:
+    PyTorch's (`runtime.configure`), or for an ONNX export onnxruntime's, PyTorch keeping one
+    for the search's small operators (with both on every core, PyTorch's spin-waiting OpenMP
+    threads take the cores from onnxruntime's: beam 4 1.2x slower; BENCHMARKS.md).
+    """
     import torch
 
     if backend_of(args) == "ctranslate2":
         return _load_ct2_translator(args)
+    from aiayn import runtime
+    from aiayn.decode.backends.onnx import is_onnx_export
     from aiayn.decode.translator import Translator
 
     device, int8 = args.device, getattr(args, "int8", False)
@@ -165,11 +173,14 @@ def load_translator(args: argparse.Namespace) -> Translator:
     threads = args.threads
     if threads is None:
         threads = _default_threads(torch.device(device).type == "cpu")
+    dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]
+    onnx = len(dirs) == 1 and is_onnx_export(dirs[0])
+    runtime.configure(threads=min(threads, 1) if onnx else threads)
     return Translator(
         args.model_dir,
         device=device,
         max_tokens=args.max_tokens,
-        threads=threads,
+        threads=threads if onnx else 0,
         int8=int8,
         bf16=getattr(args, "bf16", False),
         onednn=getattr(args, "onednn", True),
@@ -194,13 +205,12 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
     decodes up to 1.9x slower for as long as it runs (BENCHMARKS.md, "CTranslate2 in a process
     where PyTorch ran"). Converting a model directory needs no more.
     """
-    import torch
+    from aiayn import runtime
+    from aiayn.extras import require
 
-    from aiayn.interop._runtime import require
+    runtime.configure(threads=1)
 
-    torch.set_num_threads(1)
-
-    ctranslate2 = require("ctranslate2", "--backend ctranslate2")
+    [ctranslate2] = require("export", "ctranslate2", needed_by="--backend ctranslate2")
     from aiayn.interop.ctranslate2 import CTranslate2Translator, export_ctranslate2
 
     dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]

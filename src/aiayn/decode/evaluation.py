@@ -309,8 +309,8 @@ def validation_bleu(
     """Training's validation BLEU: decode the sources of ``pairs`` (source, reference) and
     score them, through the same code as ``aiayn evaluate``.
 
-    The sources go to the translator longest first, about one batch of its token budget at a
-    time (the batches it would make itself from the whole set), so that ``should_stop()`` is
+    The sources go to the translator one of its batches at a time (``Translator.batches``:
+    those it would make itself from the whole set, longest first), so that ``should_stop()`` is
     asked between batches: a stop request during training never waits for a whole dev set.
 
     Args:
@@ -325,20 +325,13 @@ def validation_bleu(
     """
     options = options or DecodingOptions()
     sources = [src for src, _ in pairs]
-    rows = options.beam_size if not options.sampling else 1
-    lengths = [translator.cost([s], rows_per_sentence=1) for s in sources]
-    order = sorted(range(len(sources)), key=lambda i: -lengths[i])
-    hypotheses = [""] * len(sources)
-    start = 0
-    while start < len(order):
+    hypotheses = [""] * len(sources)  # blank sources stay blank, in no batch
+    for batch in translator.batches(sources, options):
         if should_stop():
             return None
-        per_batch = max(1, translator.max_tokens // (rows * max(lengths[order[start]], 1)))
-        chunk = order[start : start + per_batch]
-        results = translator.translate([sources[i] for i in chunk], options)
-        for i, result in zip(chunk, results, strict=True):
+        results = translator.translate([sources[i] for i in batch], options)
+        for i, result in zip(batch, results, strict=True):
             hypotheses[i] = result.text
-        start += len(chunk)
     scores = score(hypotheses, [[tgt for _, tgt in pairs]])
     return {
         "valid_bleu": scores.bleu,

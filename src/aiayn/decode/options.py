@@ -23,6 +23,7 @@ __all__ = [
     "StoppingRule",
     "gnmt_length_penalty",
     "length_penalty_fn",
+    "max_output_length",
     "no_length_penalty",
     "power_length_penalty",
 ]
@@ -70,6 +71,14 @@ def length_penalty_fn(kind: str) -> LengthPenalty:
 MAX_LENGTH_PENALTY = 10.0
 """Largest α accepted. Useful values lie in 0–2; far beyond, ``length ** α`` overflows a float
 (α ≈ 400 for a length of 5)."""
+
+
+def max_output_length(src_len: int, max_len_a: float, max_len_b: float) -> int:
+    """Tokens a sentence may generate before EOS is forced: ``int(a * src_len + b)``, at
+    least 0, ``src_len`` counting the source's EOS (the paper's "input length + 50", §6.1,
+    with the defaults). The one home of the rule: aiayn's search, `Translator`'s bounds and
+    the CTranslate2 backend all ask here."""
+    return max(0, int(max_len_a * src_len + max_len_b))
 
 
 def _is_int(value: Any) -> bool:

@@ -1,10 +1,9 @@
 """What a translation returns: :class:`TranslationResult` per input sentence, its n-best
 :class:`TranslationHypothesis` list and, on request, its :class:`SentenceAttention` maps.
 
-Plain frozen dataclasses, shared by every way of translating
-(:class:`aiayn.decode.translator.Translator`
-on PyTorch, an ONNX export or an ensemble; :class:`aiayn.interop.ctranslate2.CTranslate2Translator`)
-and read by the CLI, the server's response schemas, the attention pictures and the alignments.
+Plain frozen dataclasses, shared by every backend of :class:`aiayn.decode.translator.Translator`
+(PyTorch, an ensemble, ONNX Runtime, CTranslate2: :mod:`aiayn.decode.backends`) and read by the
+CLI, the server's response schemas, the attention pictures and the alignments.
 
 Shapes: S source length (EOS included), T output length (EOS included), L layers, H heads.
 """

@@ -19,8 +19,9 @@ flags and validation BLEU during training all take their defaults from it. It is
 
 Lengths. The length of a hypothesis counts its generated tokens including EOS (BOS is not
 generated). A sentence with ``src_len`` non-pad source tokens may generate
-``max_len = int(max_len_a * src_len + max_len_b)`` tokens; the next token is then forced to be
-EOS, so the longest hypothesis is ``max_len`` tokens + EOS. The defaults (a = 1, b = 50) are the
+``max_len = int(max_len_a * src_len + max_len_b)`` tokens, at least 0
+(:func:`aiayn.decode.options.max_output_length`); the next token is then forced to be EOS, so
+the longest hypothesis is ``max_len`` tokens + EOS. The defaults (a = 1, b = 50) are the
 paper's "maximum output length of input length + 50" (§6.1).
 
 Shapes: B sentences in the batch, N of them still unfinished, W beam size, K live beams per
@@ -45,6 +46,7 @@ from aiayn.decode.options import (
     LengthPenalty,
     gnmt_length_penalty,
     length_penalty_fn,
+    max_output_length,
     no_length_penalty,
     power_length_penalty,
 )
@@ -133,7 +135,7 @@ def _max_output_lengths(
 ) -> Tensor:
     """(B,) number of tokens each sentence may generate before EOS is forced."""
     src_len = src_tokens.ne(pad_id).sum(dim=1).tolist()
-    max_len = [max(0, int(max_len_a * n + max_len_b)) for n in src_len]
+    max_len = [max_output_length(n, max_len_a, max_len_b) for n in src_len]
     return torch.tensor(max_len, dtype=torch.long, device=src_tokens.device)
 
 

@@ -13,13 +13,20 @@ Ensembles. ``Translator(["run1/model", "run2/model"])`` decodes with several mod
 with the same tokenizer as one, averaging their next-token probabilities at every step
 (:class:`aiayn.decode.ensemble.Ensemble`).
 
+Backends. What runs the model is a backend (:mod:`aiayn.decode.backends`): PyTorch (a model
+directory, an ensemble, or a model in memory), ONNX Runtime (``Translator(onnx_export_dir)``)
+or CTranslate2 (``aiayn.interop.CTranslate2Translator``). The translator keeps what they share,
+so that every backend tokenizes, truncates, limits output lengths and batches alike.
+
 How a call runs. Each sentence is encoded with the tokenizer and followed by EOS, exactly as
 training presents sources (``aiayn.text.batching.collate``). Blank sentences get an empty result
-without
-running the model. The others are sorted by length, so that a batch holds sentences of similar
-length and little padding, grouped into batches of at most ``max_tokens`` padded source tokens
-× rows per sentence (the beam size), decoded with :mod:`aiayn.decode.search` under
-``torch.inference_mode()``, and returned in input order.
+without running the model. The others are sorted by length, so that a batch holds sentences of
+similar length and little padding, grouped into batches of at most ``max_tokens`` padded
+source tokens × rows per sentence (the beam size), decoded by the backend, and returned in
+input order.
+
+Process-wide settings are the caller's: a translator never sets PyTorch's thread count
+(``aiayn.runtime.configure`` does, for the programs that own their process).
 
 Shapes: S source length (EOS included), T output length (EOS included), L layers, H heads.
 """
@@ -28,33 +35,29 @@ from __future__ import annotations
 
 import itertools
 import logging
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import Tensor
 
-from aiayn.acceleration import native_bf16_cpu, pack_linear_layers, quantize_int8
-from aiayn.decode import search
-from aiayn.decode.ensemble import Ensemble, check_same_vocabulary
+from aiayn.decode.backends import Backend
+from aiayn.decode.backends.onnx import OnnxBackend, is_onnx_export, load_onnx_export
+from aiayn.decode.backends.pytorch import PyTorchBackend, load_model_dirs
+from aiayn.decode.options import DecodingOptions, max_output_length
 from aiayn.decode.results import (
     SentenceAttention,
     TranslationHypothesis,
     TranslationResult,
-    cut_attention,
     empty_result,
     translation_result,
 )
 from aiayn.decode.scoring import PairScore, score_pairs
-from aiayn.decode.search import DecodingOptions
-from aiayn.interop._runtime import ExportedModel
-from aiayn.interop.onnx import is_onnx_export, load_onnx_export
-from aiayn.model import Transformer
-from aiayn.model_dir import CheckpointError, load_model_dir, unwrap
+from aiayn.model_dir import CheckpointError, unwrap
 from aiayn.text.lines import one_line, read_lines
-from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer, load_tokenizer
+from aiayn.text.tokenizer import EOS_ID, PAD_ID, SplitTokenizer, Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -93,7 +96,9 @@ class Translator:
     """A model and its tokenizer, ready to translate batches of sentences.
 
     Attributes:
-        model: The `Transformer` (evaluation mode while translating); the first of an ensemble.
+        backend: What runs the model (:mod:`aiayn.decode.backends`).
+        model: The `Transformer` (evaluation mode while translating); the first of an ensemble;
+            for an export, a stand-in holding its `ModelConfig`.
         models: Every model: ``[model]``, or an ensemble's models.
         tokenizer: The shared source/target SentencePiece model.
         device: Where the model runs.
@@ -126,8 +131,10 @@ class Translator:
             device: "cpu", "cuda", "cuda:1", ...
             max_tokens: Batch budget in padded source tokens × beam size. A sentence that alone
                 exceeds it is translated in a batch of its own.
-            threads: CPU threads for PyTorch (``torch.set_num_threads``, which is process-wide);
-                0 leaves PyTorch's default. For an ONNX export onnxruntime's; PyTorch gets one.
+            threads: For an ONNX export, onnxruntime's intra-op threads (its sessions' own);
+                0 leaves onnxruntime's default. PyTorch's threads belong to the process, so a
+                translator leaves them as they are: set them with
+                ``aiayn.runtime.configure(threads=N)`` (as ``aiayn translate`` does).
             int8: Quantize every linear layer to int8 weights with dynamic int8 activations
                 (``torch.ao.quantization.quantize_dynamic``), CPU only: faster, slightly
                 different outputs (BENCHMARKS.md states the measured difference).
@@ -148,13 +155,7 @@ class Translator:
             TokenizerError: The tokenizer model cannot be read.
         """
         if threads < 0:
-            raise ValueError(f"threads ({threads}) must be >= 0 (0 = PyTorch's default)")
-        if int8 and torch.device(device).type != "cpu":
-            raise ValueError(f"int8 dynamic quantization runs on the CPU only, not on {device}")
-        if int8 and bf16:
-            raise ValueError("choose one of int8 and bf16")
-        if bf16 and torch.device(device).type == "cpu" and not native_bf16_cpu():
-            logger.warning("this CPU has no native bf16 arithmetic: bf16 will be slower")
+            raise ValueError(f"threads ({threads}) must be >= 0 (0 = the runtime's default)")
         dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
         if not dirs:
             raise ValueError("no model directory given")
@@ -162,28 +163,26 @@ class Translator:
             if int8 or bf16 or torch.device(device).type != "cpu":
                 raise ValueError("an ONNX export runs in float32 on the CPU (onnxruntime)")
             onnx_model, tokenizer = load_onnx_export(dirs[0], threads=threads)
-            self._setup([onnx_model], tokenizer, max_tokens, onnx_model.metadata, [Path(dirs[0])])
+            backend = OnnxBackend(onnx_model)
+            self._setup(backend, tokenizer, max_tokens, onnx_model.metadata, [Path(dirs[0])])
             return
         if threads > 0:
-            torch.set_num_threads(threads)
+            warnings.warn(
+                f"threads={threads} is not the translator's to set: PyTorch's threads belong "
+                f"to the process; call aiayn.runtime.configure(threads={threads}) instead",
+                stacklevel=2,
+            )
         for directory in dirs:
             if (Path(directory) / "model.bin").is_file():
                 raise CheckpointError(
                     f"{directory} is a CTranslate2 export: load it with "
                     "aiayn.interop.CTranslate2Translator"
                 )
-        loaded = [load_model_dir(d, device=device) for d in dirs]
-        check_same_vocabulary(loaded)
-        tokenizer = load_tokenizer(loaded[0].tokenizer_file)
-        models = [one.model for one in loaded]
-        if int8:
-            models = [quantize_int8(model) for model in models]
-        elif bf16:
-            models = [model.to(torch.bfloat16) for model in models]
-        elif onednn and torch.device(device).type == "cpu":
-            models = [pack_linear_layers(model) for model in models]
+        pytorch, tokenizer, loaded = load_model_dirs(
+            dirs, device=device, int8=int8, bf16=bf16, onednn=onednn
+        )
         self._setup(
-            models, tokenizer, max_tokens, loaded[0].metadata, [one.directory for one in loaded]
+            pytorch, tokenizer, max_tokens, loaded[0].metadata, [one.directory for one in loaded]
         )
 
     @classmethod
@@ -197,21 +196,43 @@ class Translator:
         previous mode afterwards, so a training loop can call it between updates; for the same
         reason its linear layers are used as they are, not packed for oneDNN.
         """
+        return cls.from_backend(PyTorchBackend([unwrap(model)]), tokenizer, max_tokens=max_tokens)
+
+    @classmethod
+    def from_backend(
+        cls,
+        backend: Backend,
+        tokenizer: Tokenizer | SplitTokenizer,
+        *,
+        max_tokens: int = 4096,
+        metadata: dict[str, Any] | None = None,
+        model_dirs: Sequence[str | Path] = (),
+    ) -> Translator:
+        """A translator over any backend (:mod:`aiayn.decode.backends`), e.g.
+        ``aiayn.interop.CTranslate2Translator``'s.
+
+        Args:
+            backend: Runs the model.
+            tokenizer: The model's tokenizer.
+            max_tokens: Batch budget, as for the constructor.
+            metadata: What ``metadata`` shows.
+            model_dirs: Where the model came from, for ``model_dirs`` and ``repr``.
+        """
         translator = cls.__new__(cls)
-        translator._setup([unwrap(model)], tokenizer, max_tokens, {}, [])
+        translator._setup(
+            backend, tokenizer, max_tokens, metadata or {}, [Path(d) for d in model_dirs]
+        )
         return translator
 
     def _setup(
         self,
-        models: list[torch.nn.Module],
-        tokenizer: Tokenizer,
+        backend: Backend,
+        tokenizer: Tokenizer | SplitTokenizer,
         max_tokens: int,
         metadata: dict[str, Any],
         model_dirs: list[Path],
     ) -> None:
-        for model in models:
-            if not isinstance(model, Transformer | ExportedModel):
-                raise TypeError(f"expected an aiayn Transformer, got {type(model).__name__}")
+        for model in backend.models:
             config = model.config
             if tokenizer.vocab_size > min(config.src_vocab_size, config.tgt_vocab_size):
                 raise CheckpointError(
@@ -223,28 +244,21 @@ class Translator:
                 raise CheckpointError(f"the model's pad_id ({config.pad_id}) must be {PAD_ID}")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens ({max_tokens!r}) must be a positive integer")
-        self.models: list[Transformer] = models  # type: ignore[assignment]
+        self.backend = backend
+        self.models: list[Any] = list(backend.models)
         self.model = self.models[0]
-        # What search decodes with: the model itself, or the ensemble of all of them.
-        self._decoder: search.IncrementalModel = (
-            self.model if len(self.models) == 1 else Ensemble(self.models)
-        )
         self.tokenizer = tokenizer
         self.max_tokens = max_tokens
         self.metadata = dict(metadata)
         self.model_dirs = list(model_dirs)
         self.model_dir = self.model_dirs[0] if self.model_dirs else None
-        self.device = (
-            self.model.device
-            if isinstance(self.model, ExportedModel)
-            else next(self.model.parameters()).device
-        )
+        self.device = backend.device
 
     @property
     def returns_attention(self) -> bool:
         """Whether ``translate(..., return_attention=True)`` can give attention maps: one
         PyTorch model can; an ensemble, an ONNX or a CTranslate2 export cannot."""
-        return len(self.models) == 1 and not isinstance(self.models[0], ExportedModel)
+        return self.backend.returns_attention
 
     @property
     def max_source_tokens(self) -> int:
@@ -260,23 +274,45 @@ class Translator:
         max_len_a: float | None = None,
         max_len_b: float | None = None,
     ) -> int:
-        """Source tokens the model will see (after truncation, EOS included) × decoder rows
-        per sentence (the beam size, or the samples): the unit of a batch budget. With
-        ``max_len_a`` and ``max_len_b``, also × the most output tokens (EOS included) the
-        search may run: a bound on the work of a call, whatever the model prefers.
+        """The sum of :meth:`costs`: what a batch of these sentences costs."""
+        return sum(
+            self.costs(sentences, rows_per_sentence, max_len_a=max_len_a, max_len_b=max_len_b)
+        )
+
+    def costs(
+        self,
+        sentences: Sequence[str],
+        rows_per_sentence: int,
+        *,
+        max_len_a: float | None = None,
+        max_len_b: float | None = None,
+    ) -> list[int]:
+        """Each sentence's cost: source tokens the model will see (after truncation, EOS
+        included) × decoder rows per sentence (``DecodingOptions.rows_per_sentence``: the beam
+        size, or the samples), the unit of ``max_tokens``. With ``max_len_a`` or
+        ``max_len_b``, also × the most output tokens (EOS included) the search may run: a
+        bound on the work of a call, whatever the model prefers (the server's unit).
 
         It follows :meth:`_prepare`'s rules (blank sentences cost nothing, long ones count
-        as truncated) and the search's length limit, so that a caller that budgets work, such
-        as the server, cannot drift from what :meth:`translate` runs.
+        as truncated) and the search's length limit (:meth:`search_bounds`), so that a caller
+        that budgets work, such as the server, cannot drift from what :meth:`translate` runs.
         """
-        if max_len_a is None and max_len_b is None:
-            texts = [text for text in (s.strip() for s in sentences) if text]
-            lengths = (len(ids) for ids in self.tokenizer.encode_batch(texts))
-            return rows_per_sentence * sum(min(n, self.max_source_tokens) + 1 for n in lengths)
-        a = 1.0 if max_len_a is None else max_len_a
-        b = 50.0 if max_len_b is None else max_len_b
+        a = DecodingOptions.max_len_a if max_len_a is None else max_len_a
+        b = DecodingOptions.max_len_b if max_len_b is None else max_len_b
         bounds = self.search_bounds(sentences, max_len_a=a, max_len_b=b)
-        return rows_per_sentence * sum(s * t for s, t in bounds)
+        if max_len_a is None and max_len_b is None:
+            return [rows_per_sentence * s for s, _ in bounds]
+        return [rows_per_sentence * s * t for s, t in bounds]
+
+    def batches(
+        self, sentences: Sequence[str], options: DecodingOptions | None = None
+    ) -> list[list[int]]:
+        """The batches :meth:`translate` decodes ``sentences`` in, as lists of their indices,
+        in the order it runs them (blank sentences are in none): for a caller that acts
+        between batches, as training's validation asks between them whether to stop."""
+        options = options or DecodingOptions()
+        sources = self._prepare(list(sentences), options, first_number=1, warn=False)
+        return [[source.index for source in batch] for batch in self._batches(sources, options)]
 
     def search_bounds(
         self,
@@ -289,8 +325,8 @@ class Translator:
         the most output tokens, both with EOS; (0, 0) for a blank sentence.
 
         T is ``int(a * S + b)`` (at least 0) plus EOS, the rule of the search
-        (``search._max_output_lengths``), under :meth:`_length_limit`'s cap. S × T bounds a
-        sentence's attention map, and S × T × rows the work of its search.
+        (:func:`aiayn.decode.options.max_output_length`), under :meth:`_length_limit`'s cap.
+        S × T bounds a sentence's attention map, and S × T × rows the work of its search.
         """
         texts = [s.strip() for s in sentences]
         encoded = iter(self.tokenizer.encode_batch([text for text in texts if text]))
@@ -301,7 +337,7 @@ class Translator:
                 continue
             src_len = min(len(next(encoded)), self.max_source_tokens) + 1
             a, b = self._length_limit(src_len, max_len_a, max_len_b)
-            bounds.append((src_len, max(0, int(a * src_len + b)) + 1))
+            bounds.append((src_len, max_output_length(src_len, a, b) + 1))
         return bounds
 
     # -- the public API ------------------------------------------------------------------------
@@ -425,6 +461,8 @@ class Translator:
             raise TypeError("score() takes lists of sentences, not single strings")
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        if not isinstance(self.backend, PyTorchBackend):
+            raise ValueError("scoring needs the PyTorch model: load the aiayn model directory")
         pairs = zip(sources, targets, strict=True)
         return list(
             score_pairs(
@@ -446,11 +484,7 @@ class Translator:
     ) -> list[TranslationResult]:
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
-        if return_attention and len(self.models) > 1:
-            raise ValueError(
-                "an ensemble has no attention maps of its own (each model attends "
-                "differently): ask for attention or alignments with a single model"
-            )
+        self.backend.check(options, return_attention=return_attention)
         sentences = list(sentences)
         results = [empty_result() for _ in sentences]
         sources = self._prepare(sentences, options, first_number)
@@ -460,27 +494,21 @@ class Translator:
             return results
         generator = None
         if options.sampling and seed is not None:
-            generator = torch.Generator(device=self.device).manual_seed(seed)
-        was_training = [model.training for model in self.models]
-        for model in self.models:
-            model.eval()
-        try:
-            with torch.inference_mode():
-                for batch in self._batches(sources, options):
-                    run = self._run(batch, options, return_attention, generator)
-                    for source, result in zip(batch, run, strict=True):
-                        results[source.index] = result
-                    if progress is not None:
-                        progress(len(batch))
-        finally:
-            for model, training in zip(self.models, was_training, strict=True):
-                model.train(training)
+            generator = self.backend.seed(seed)
+        for batch in self._batches(sources, options):
+            run = self._run(batch, options, return_attention, generator)
+            for source, result in zip(batch, run, strict=True):
+                results[source.index] = result
+            if progress is not None:
+                progress(len(batch))
         return results
 
     def _prepare(
-        self, sentences: list[str], options: DecodingOptions, first_number: int
+        self, sentences: list[str], options: DecodingOptions, first_number: int, warn: bool = True
     ) -> list[_Source]:
-        """Encodes the non-blank sentences, + EOS, truncated to what the model accepts."""
+        """Encodes the non-blank sentences, + EOS, truncated to what the model accepts (with
+        a warning naming each truncated one, counted from ``first_number``, unless not
+        ``warn``)."""
         texts = [s.strip() for s in sentences]
         indices = [i for i, text in enumerate(texts) if text]
         encoded = self.tokenizer.encode_batch([texts[i] for i in indices])
@@ -488,7 +516,7 @@ class Translator:
         sources = []
         for i, ids in zip(indices, encoded, strict=True):
             truncated = len(ids) > limit
-            if truncated:
+            if truncated and warn:
                 logger.warning(
                     "sentence %d has %d tokens, more than the model accepts "
                     "(max_positions - 1 = %d); translating only its first %d tokens",
@@ -513,13 +541,14 @@ class Translator:
         if not learned:
             return a, b
         cap = min(config.max_positions for config in learned) - 1
-        if int(a * src_len + b) > cap:
+        if max_output_length(src_len, a, b) > cap:
             return 0.0, float(cap)
         return a, b
 
     def _batches(self, sources: list[_Source], options: DecodingOptions) -> Iterator[list[_Source]]:
-        """Longest first, cut when the padded budget would be exceeded or the length limit
-        changes (search takes one ``max_len_a``/``max_len_b`` per batch)."""
+        """Longest first, cut when the padded budget (sentences × the longest's cost, see
+        :meth:`costs`) would pass ``max_tokens`` or the length limit changes (search takes one
+        ``max_len_a``/``max_len_b`` per batch)."""
         rows = options.rows_per_sentence
         ordered = sorted(sources, key=lambda s: -len(s.ids))
         batch: list[_Source] = []
@@ -545,57 +574,20 @@ class Translator:
         return_attention: bool,
         generator: torch.Generator | None,
     ) -> list[TranslationResult]:
-        """Searches one batch and turns the hypotheses into results, in batch order."""
-        src = _pad([s.ids for s in batch], self.device)  # (B, S)
-        ids = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
+        """Decodes one batch on the backend and turns the hypotheses into results, in batch
+        order."""
+        sources = [s.ids for s in batch]
         options = replace(options, max_len_a=batch[0].max_len_a, max_len_b=batch[0].max_len_b)
-        if options.sampling:
-            n = options.n_best
-            samples = search.sample(
-                self._decoder,
-                src.repeat_interleave(n, dim=0),
-                options=options,
-                generator=generator,
-                **ids,
-            )
-            nbest = [
-                sorted(samples[i * n : (i + 1) * n], key=lambda h: -h.score)
-                for i in range(len(batch))
-            ]
-        elif options.beam_size == 1:
-            greedy = search.greedy_search(self._decoder, src, options=options, **ids)
-            nbest = [[h] for h in greedy]
-        else:
-            nbest = search.beam_search(self._decoder, src, options=options, **ids)
+        nbest = self.backend.search(sources, options, generator)
         maps: Sequence[SentenceAttention | None] = [None] * len(batch)
         if return_attention:
-            maps = self._attention(src, batch, [hyps[0].tokens for hyps in nbest])
+            maps = self.backend.attention(sources, [hyps[0].tokens for hyps in nbest])
         return [
             translation_result(self.tokenizer, s.ids, hyps, m, truncated=s.truncated)
             for s, hyps, m in zip(batch, nbest, maps, strict=True)
         ]
 
-    def _attention(
-        self, src: Tensor, batch: list[_Source], outputs: list[list[int]]
-    ) -> list[SentenceAttention]:
-        """One teacher-forced pass over ``[BOS] + output`` for the whole batch, cut per sentence.
-
-        Target padding on the right changes nothing before it, as decoder self-attention is
-        causal; source padding is masked.
-        """
-        tgt = _pad([[BOS_ID, *tokens] for tokens in outputs], self.device)  # (B, T)
-        _, maps = self.model.forward_with_attention(src, tgt)
-        return cut_attention(maps, [len(s.ids) for s in batch], [len(t) + 1 for t in outputs])
-
     def __repr__(self) -> str:
         where: Any = [str(d) for d in self.model_dirs] or ["in-memory model"]
         where = where[0] if len(where) == 1 else where
         return f"Translator({where!r}, device={str(self.device)!r})"
-
-
-def _pad(rows: list[list[int]], device: torch.device) -> Tensor:
-    """Right-pads id lists into a (B, max length) long tensor."""
-    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out.to(device)

@@ -5,6 +5,10 @@
 - `export_onnx` / `OnnxModel` (`aiayn.interop.onnx`): encoder and decoder step as ONNX graphs,
   which `Translator` loads like a model directory
 
+Exporters and importers only: decoding an export is decoding's business
+(`aiayn.decode.backends`): `CTranslate2Translator` only builds a `Translator` on the
+CTranslate2 backend, and `OnnxModel` is the ONNX backend's, named here too.
+
 The peer runtimes are optional: `pip install -e '.[export]'`. Names are imported lazily, so
 that `import aiayn.interop` needs none of them.
 """
@@ -24,6 +28,12 @@ _WHERE = {
 }
 
 __all__ = sorted(_WHERE)
+
+EXTRA_POSITIONS = 512
+"""Rows of an export's positional table past ``max_positions``. aiayn extends its sinusoids
+on the fly; an exported model's table is fixed and must hold the outputs too (up to source + 50
+tokens by default), so CTranslate2, ONNX and Hugging Face exports get ``max_positions +
+EXTRA_POSITIONS`` positions."""
 
 
 def __getattr__(name: str) -> Any:

@@ -14,7 +14,8 @@ The weights go into a CTranslate2 ``TransformerSpec``: post- or pre-norm, the mo
 activation, LayerNorm ε and sinusoidal table, embeddings ×√d_model; CTranslate2 decodes the
 very same function (tests: fp32 greedy and beam outputs equal aiayn's).
 
-`CTranslate2Translator` is `aiayn.decode.translator.Translator` over such a directory: same
+`CTranslate2Translator` builds a plain `aiayn.decode.translator.Translator` over such a
+directory, on the CTranslate2 backend (`aiayn.decode.backends.ctranslate2`): the same
 `translate` options and results, CTranslate2's search underneath. What CTranslate2 cannot do
 is refused with a clear error: per-head attention maps, and the GNMT length penalty (it
 divides by ``|Y| ** α``: pass ``length_penalty_kind="power"``).
@@ -25,28 +26,24 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from aiayn.config import ModelConfig
-from aiayn.decode.results import TranslationResult, translation_result
-from aiayn.decode.search import DecodingOptions, Hypothesis
-from aiayn.decode.translator import Translator, _Source
-from aiayn.interop._runtime import ExportedModel, require
+from aiayn.decode.backends import AIAYN_FILE
+from aiayn.decode.backends.ctranslate2 import CTranslate2Backend, vocabulary
+from aiayn.decode.translator import Translator
+from aiayn.extras import require
+from aiayn.interop import EXTRA_POSITIONS
 from aiayn.model import Transformer, sinusoidal_positional_encoding
-from aiayn.model_dir import CheckpointError, load_model_dir
+from aiayn.model_dir import load_model_dir
 from aiayn.text.tokenizer import (
     BOS_ID,
     EOS_ID,
     PAD_ID,
     SOURCE_SPM_FILE,
     TARGET_SPM_FILE,
-    VOCAB_FILE,
-    SplitTokenizer,
-    Tokenizer,
     load_tokenizer,
     tokenizer_files,
 )
@@ -54,8 +51,6 @@ from aiayn.text.tokenizer import (
 logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("int8", "int8_float32", "int16", "float16", "bfloat16")
-AIAYN_FILE = "aiayn.json"
-EXTRA_POSITIONS = 512
 _ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "swish": "SWISH"}
 
 
@@ -82,7 +77,7 @@ def export_ctranslate2(
         raise ValueError(
             f"quantization ({quantization!r}) must be None or one of {', '.join(QUANTIZATIONS)}"
         )
-    require("ctranslate2", "exporting to CTranslate2")
+    require("export", "ctranslate2", needed_by="exporting to CTranslate2")
     from ctranslate2.converters.converter import Converter
 
     loaded = load_model_dir(model_dir)
@@ -111,12 +106,6 @@ def export_ctranslate2(
     (out_dir / AIAYN_FILE).write_text(json.dumps(aiayn, indent=2) + "\n")
     logger.info("exported %s to CTranslate2 (%s) -> %s", model_dir, quantization, out_dir)
     return out_dir
-
-
-def vocabulary(tokenizer: Tokenizer | SplitTokenizer, size: int) -> list[str]:
-    """The piece of every id 0..size-1 (ids past the tokenizer's, if any, get filler names)."""
-    pieces = tokenizer.pieces(range(min(size, tokenizer.vocab_size)))
-    return pieces + [f"<unused{i}>" for i in range(len(pieces), size)]
 
 
 def _array(tensor: torch.Tensor):
@@ -212,7 +201,7 @@ def convert_model(model: Transformer, out_dir: Path, quantization: str | None) -
     """Write an in-memory `model` as a bare CTranslate2 directory (no tokenizer; token names
     ``t<id>`` besides the specials), for benchmarks that feed aiayn's source ids, ``</s>``
     included."""
-    require("ctranslate2", "converting to CTranslate2")
+    require("export", "ctranslate2", needed_by="converting to CTranslate2")
     from ctranslate2.converters.converter import Converter
 
     tokens = id_tokens(model.config.tgt_vocab_size)
@@ -235,165 +224,34 @@ def id_tokens(size: int) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
-class CTranslate2Translator(Translator):
-    """`Translator` over a directory written by `export_ctranslate2`: the same `translate`
-    options and `TranslationResult`s, decoded by CTranslate2.
+def CTranslate2Translator(
+    ct2_dir: str | Path,
+    *,
+    device: str = "cpu",
+    compute_type: str = "default",
+    max_tokens: int = 4096,
+    threads: int = 0,
+) -> Translator:
+    """A `Translator` over a directory written by `export_ctranslate2`: the same `translate`
+    options and `TranslationResult`s, decoded by CTranslate2
+    (`aiayn.decode.backends.ctranslate2`, which says what it refuses).
 
-    Differences, all refused with an error rather than approximated: no attention maps
-    (``return_attention``), no GNMT length penalty with beam search (CTranslate2 divides by
-    ``|Y| ** α``: pass ``length_penalty_kind="power"``). Sampling runs CTranslate2's sampler, so
-    samples differ from the PyTorch model's for the same seed.
-
-    Speed: in a process where PyTorch has already run on several threads, CTranslate2 decodes
-    1.15-1.9x slower (both run OpenMP threads, more of them than cores; docs/interop.md).
-    Call ``torch.set_num_threads(1)`` before any PyTorch work, as ``aiayn translate --backend
-    ctranslate2`` does, or translate in a process of its own.
+    Args:
+        ct2_dir: Written by `export_ctranslate2`.
+        device: "cpu", "cuda" (CTranslate2's devices).
+        compute_type: CTranslate2's compute type ("default" = as stored, "int8",
+            "float32", ...).
+        max_tokens: Batch budget, as `Translator`'s.
+        threads: CPU threads (``intra_threads``); 0 = CTranslate2's default.
     """
-
-    def __init__(
-        self,
-        ct2_dir: str | Path,
-        *,
-        device: str = "cpu",
-        compute_type: str = "default",
-        max_tokens: int = 4096,
-        threads: int = 0,
-    ) -> None:
-        """Loads an export.
-
-        Args:
-            ct2_dir: Written by `export_ctranslate2`.
-            device: "cpu", "cuda" (CTranslate2's devices).
-            compute_type: CTranslate2's compute type ("default" = as stored, "int8",
-                "float32", ...).
-            max_tokens: Batch budget, as `Translator`'s.
-            threads: CPU threads (``intra_threads``); 0 = CTranslate2's default.
-        """
-        ctranslate2 = require("ctranslate2", "CTranslate2Translator")
-        directory = Path(ct2_dir)
-        try:
-            aiayn = json.loads((directory / AIAYN_FILE).read_text())
-        except (OSError, ValueError) as error:
-            raise CheckpointError(
-                f"{directory} is not an aiayn CTranslate2 export (no readable {AIAYN_FILE}: "
-                f"{error}); write one with export_ctranslate2"
-            ) from None
-        config = ModelConfig.from_dict(aiayn["config"])
-        if aiayn["tokenizer"] == "split":
-            tokenizer: Tokenizer | SplitTokenizer = SplitTokenizer.load(directory / VOCAB_FILE)
-        else:
-            tokenizer = Tokenizer.load(directory / SOURCE_SPM_FILE)
-        self.ct2 = ctranslate2.Translator(
-            str(directory), device=device, compute_type=compute_type, intra_threads=threads
-        )
-        self._token_ids: dict[str, int] = {}
-        for i, piece in enumerate(vocabulary(tokenizer, config.tgt_vocab_size)):
-            self._token_ids.setdefault(piece, i)
-        model = ExportedModel(config, torch.device("cpu"))
-        self._setup([model], tokenizer, max_tokens, aiayn.get("metadata", {}), [directory])
-
-    def _translate(
-        self,
-        sentences: Any,
-        options: DecodingOptions,
-        *,
-        return_attention: bool,
-        seed: int | None,
-        first_number: int,
-        progress: Callable[[int], None] | None = None,
-    ) -> list[TranslationResult]:
-        if return_attention:
-            raise ValueError(
-                "the CTranslate2 backend cannot return per-head attention maps "
-                "(return_attention=True); use Translator on the aiayn model directory"
-            )
-        beam = not options.sampling and options.beam_size > 1
-        if beam and options.length_penalty_kind == "gnmt" and options.length_penalty != 0:
-            raise ValueError(
-                "CTranslate2 ranks beam hypotheses by log_prob / |Y| ** α, not GNMT's "
-                "((5 + |Y|) / 6) ** α: pass length_penalty_kind='power' (or length_penalty=0)"
-            )
-        if options.sampling and seed is not None:
-            require("ctranslate2", "sampling").set_random_seed(seed)
-        return super()._translate(
-            sentences,
-            options,
-            return_attention=return_attention,
-            seed=seed,
-            first_number=first_number,
-            progress=progress,
-        )
-
-    def _run(
-        self,
-        batch: list[_Source],
-        options: DecodingOptions,
-        return_attention: bool,
-        generator: Any,
-    ) -> list[TranslationResult]:
-        """One CTranslate2 call per output length limit (it takes one per call)."""
-        nbest: list[list[Hypothesis]] = [[] for _ in batch]
-        limits: dict[int, list[int]] = {}
-        for i, source in enumerate(batch):
-            limit = max(0, int(source.max_len_a * len(source.ids) + source.max_len_b))
-            limits.setdefault(limit, []).append(i)
-        for limit, rows in limits.items():
-            found = self._search([batch[i] for i in rows], limit, options)
-            for i, hyps in zip(rows, found, strict=True):
-                nbest[i] = hyps
-        return [
-            translation_result(self.tokenizer, s.ids, hyps, truncated=s.truncated)
-            for s, hyps in zip(batch, nbest, strict=True)
-        ]
-
-    def _search(
-        self, sources: list[_Source], max_len: int, options: DecodingOptions
-    ) -> list[list[Hypothesis]]:
-        tokens = [self.tokenizer.pieces(s.ids[:-1]) for s in sources]  # CTranslate2 adds </s>
-        kwargs: dict[str, Any] = dict(
-            max_decoding_length=max_len,
-            return_scores=True,
-            max_batch_size=0,
-            suppress_sequences=[[piece] for piece in self.tokenizer.pieces([PAD_ID, BOS_ID])],
-        )
-        alpha = 0.0 if options.length_penalty_kind == "none" else options.length_penalty
-        if options.sampling:
-            n = options.n_best
-            tokens = [t for t in tokens for _ in range(n)]
-            kwargs |= dict(
-                beam_size=1,
-                sampling_topk=options.top_k,
-                sampling_topp=options.top_p,
-                sampling_temperature=options.temperature,
-            )
-        else:
-            n = 1
-            kwargs |= dict(
-                beam_size=options.beam_size,
-                num_hypotheses=options.n_best,
-                length_penalty=alpha if options.beam_size > 1 else 0.0,
-            )
-        outputs = self.ct2.translate_batch(tokens, **kwargs)
-        hyps = [
-            [
-                self._hypothesis(pieces, score, kwargs.get("length_penalty", 0.0))
-                for pieces, score in zip(out.hypotheses, out.scores, strict=True)
-            ]
-            for out in outputs
-        ]
-        if n > 1:
-            hyps = [
-                sorted((h for hs in hyps[i * n : (i + 1) * n] for h in hs), key=lambda h: -h.score)
-                for i in range(len(sources))
-            ]
-        return hyps
-
-    def _hypothesis(self, pieces: list[str], score: float, alpha: float) -> Hypothesis:
-        ids = [self._token_ids.get(p, 1) for p in pieces]
-        if ids and ids[-1] == EOS_ID:
-            ids = ids[:-1]
-        log_prob = score * float(len(ids) + 1) ** alpha
-        return Hypothesis(tokens=ids, score=score, log_prob=log_prob)
+    backend = CTranslate2Backend(ct2_dir, device=device, compute_type=compute_type, threads=threads)
+    return Translator.from_backend(
+        backend,
+        backend.tokenizer,
+        max_tokens=max_tokens,
+        metadata=backend.metadata,
+        model_dirs=[Path(ct2_dir)],
+    )
 
 
 __all__ = ["QUANTIZATIONS", "CTranslate2Translator", "export_ctranslate2"]

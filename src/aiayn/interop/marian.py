@@ -48,7 +48,8 @@ import torch
 from torch import Tensor
 
 from aiayn.config import ModelConfig
-from aiayn.interop._runtime import require
+from aiayn.extras import require
+from aiayn.interop import EXTRA_POSITIONS
 from aiayn.model import Transformer
 from aiayn.model_dir import LoadedModel, load_model_dir, save_model_dir
 from aiayn.text.tokenizer import (
@@ -67,9 +68,6 @@ from aiayn.text.tokenizer import (
 logger = logging.getLogger(__name__)
 
 MARIAN_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which MarianMTModel always uses
-# aiayn extends its sinusoids on the fly; HF's table must hold the outputs too (up to source
-# + 50 tokens by default), so an export's has max_positions + EXTRA_POSITIONS rows.
-EXTRA_POSITIONS = 512
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 
 
@@ -167,7 +165,7 @@ def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
     Raises:
         MarianFormatError: The model uses something MarianMTModel cannot represent.
     """
-    require("transformers", "exporting to Hugging Face")
+    require("export", "transformers", needed_by="exporting to Hugging Face")
     from transformers import GenerationConfig, MarianMTModel
 
     loaded = load_model_dir(model_dir)
@@ -325,7 +323,7 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
         MarianFormatError: The model uses something aiayn cannot represent (the message names
             the field).
     """
-    require("transformers", "importing a Hugging Face Marian model")
+    require("export", "transformers", needed_by="importing a Hugging Face Marian model")
     from transformers import MarianMTModel
 
     hf_dir = Path(hf_dir)

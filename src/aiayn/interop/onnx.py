@@ -3,11 +3,11 @@
 `export_onnx` writes ``encoder.onnx`` (source ids → every decoder layer's encoder-decoder
 keys/values, projected once), ``decoder_step.onnx`` (one token per row, its position, the
 cache so far → log-probabilities and the cache one position longer), the tokenizer files,
-and ``aiayn.json`` (`ModelConfig`, metadata, opset). `OnnxModel` runs them with onnxruntime
-behind the `search.IncrementalModel` protocol, with `OnnxCache` as its `ReorderableCache`, so
-aiayn's own greedy and beam search (and sampling) run on the graphs, and
-``Translator(export_dir)`` translates with them: the same tokens as the PyTorch model
-(tests). Attention maps (``return_attention``) need the PyTorch model.
+and ``aiayn.json`` (`ModelConfig`, metadata, opset). Running them is decoding's business:
+``Translator(export_dir)`` loads the directory like a model directory and decodes with
+onnxruntime under aiayn's own search (`aiayn.decode.backends.onnx`, whose `OnnxModel` this
+module re-exports): the same tokens as the PyTorch model (tests). Attention maps
+(``return_attention``) need the PyTorch model.
 
 Graph inputs/outputs (L layers, N sentences, R = N·K rows, H heads, S source, t positions so
 far; float32, ids int64):
@@ -33,25 +33,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.interop._runtime import ExportedModel, require
+from aiayn.decode.backends import AIAYN_FILE
+from aiayn.decode.backends.onnx import (  # OnnxModel re-exported: aiayn.interop.OnnxModel
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
+    OnnxModel,
+)
+from aiayn.extras import require
+from aiayn.interop import EXTRA_POSITIONS
 from aiayn.model import Transformer, sinusoidal_positional_encoding
 from aiayn.model_dir import TOKENIZER_FILE as TOKENIZER_FILE_NAME
 from aiayn.model_dir import load_model_dir
-from aiayn.text.tokenizer import (
-    PAD_ID,
-    SplitTokenizer,
-    Tokenizer,
-    load_tokenizer,
-    tokenizer_files,
-)
+from aiayn.text.tokenizer import PAD_ID, tokenizer_files
 
 logger = logging.getLogger(__name__)
 
 OPSET = 18
-ENCODER_FILE = "encoder.onnx"
-DECODER_STEP_FILE = "decoder_step.onnx"
-AIAYN_FILE = "aiayn.json"
-EXTRA_POSITIONS = 512  # positions past max_positions that sinusoidal models still decode
 
 
 # --------------------------------------------------------------------------------------------
@@ -180,8 +177,7 @@ def write_onnx_graphs(
 ) -> Path:
     """The graphs and ``aiayn.json`` of `export_onnx`, from a model in memory (no tokenizer:
     `OnnxModel(out_dir)` runs on token ids, as the benchmarks do)."""
-    require("onnx", "exporting to ONNX")
-    require("onnxscript", "exporting to ONNX")
+    require("export", "onnx", "onnxscript", needed_by="exporting to ONNX")
     c, model = model.config, model.float().eval()
     if c.positional_encoding == "sinusoidal":
         table = sinusoidal_positional_encoding(c.max_positions + EXTRA_POSITIONS, c.d_model)
@@ -235,123 +231,4 @@ def write_onnx_graphs(
     return out_dir
 
 
-# --------------------------------------------------------------------------------------------
-# Running an export
-# --------------------------------------------------------------------------------------------
-
-
-class OnnxCache:
-    """The decoder state between ONNX steps; search sees only `reorder` (ReorderableCache).
-
-    Attributes:
-        self_k, self_v: (L, R, H, t, d) self-attention keys/values of the positions so far.
-        cross_k, cross_v: (L, N, H, S, d) encoder-decoder keys/values, one per sentence.
-        src_key_mask: (N, S) True = real source token.
-        length: Positions fed so far (t).
-    """
-
-    def __init__(self, self_k, self_v, cross_k, cross_v, src_key_mask) -> None:
-        self.self_k, self.self_v = self_k, self_v
-        self.cross_k, self.cross_v = cross_k, cross_v
-        self.src_key_mask = src_key_mask
-        self.length = 0
-
-    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> OnnxCache:
-        """Keep rows `index` and sentences `sentences` (see `search.ReorderableCache`)."""
-        self.self_k = self.self_k.index_select(1, index)
-        self.self_v = self.self_v.index_select(1, index)
-        if sentences is not None:
-            self.cross_k = self.cross_k.index_select(1, sentences)
-            self.cross_v = self.cross_v.index_select(1, sentences)
-            self.src_key_mask = self.src_key_mask.index_select(0, sentences)
-        return self
-
-
-class OnnxModel(ExportedModel):
-    """An `export_onnx` directory run by onnxruntime, as a `search.IncrementalModel`."""
-
-    def __init__(self, export_dir: str | Path, *, threads: int = 0) -> None:
-        ort = require("onnxruntime", "running an ONNX export")
-        directory = Path(export_dir)
-        aiayn = json.loads((directory / AIAYN_FILE).read_text())
-        super().__init__(ModelConfig.from_dict(aiayn["config"]), torch.device("cpu"))
-        self.metadata = aiayn.get("metadata", {})
-        self.positions = int(aiayn["positions"])
-        options = ort.SessionOptions()
-        if threads:
-            options.intra_op_num_threads = threads
-        providers = ["CPUExecutionProvider"]
-        self.encoder = ort.InferenceSession(
-            str(directory / ENCODER_FILE), options, providers=providers
-        )
-        self.decoder = ort.InferenceSession(
-            str(directory / DECODER_STEP_FILE), options, providers=providers
-        )
-
-    def encode(self, src_tokens: Tensor) -> tuple[tuple[Tensor, Tensor], Tensor]:
-        """Source ids (N, S) → the encoder-decoder keys/values (the "memory" search passes on
-        to `init_cache`) and the source mask."""
-        cross_k, cross_v = self.encoder.run(None, {"src_tokens": src_tokens.cpu().numpy()})
-        return (torch.from_numpy(cross_k), torch.from_numpy(cross_v)), src_tokens != PAD_ID
-
-    def init_cache(
-        self, memory: tuple[Tensor, Tensor], src_key_mask: Tensor | None, max_len: int
-    ) -> OnnxCache:
-        cross_k, cross_v = memory
-        c = self.config
-        l, n, h = cross_k.shape[:3]
-        if max_len > self.positions:
-            raise ValueError(
-                f"outputs of up to {max_len} positions, but the export's positional table has "
-                f"{self.positions}: lower max_len_a/max_len_b"
-            )
-        empty_k = cross_k.new_zeros(l, n, h, 0, c.d_k)
-        empty_v = cross_v.new_zeros(l, n, h, 0, c.d_v)
-        if src_key_mask is None:
-            src_key_mask = torch.ones(n, cross_k.size(3), dtype=torch.bool)
-        return OnnxCache(empty_k, empty_v, cross_k, cross_v, src_key_mask)
-
-    def decode_step(self, tokens: Tensor, cache: OnnxCache) -> Tensor:
-        log_probs, cache.self_k, cache.self_v = (
-            torch.from_numpy(a)
-            for a in self.decoder.run(
-                None,
-                {
-                    "tokens": tokens.cpu().numpy(),
-                    "position": torch.tensor([cache.length]).numpy(),
-                    "self_k": cache.self_k.numpy(),
-                    "self_v": cache.self_v.numpy(),
-                    "cross_k": cache.cross_k.numpy(),
-                    "cross_v": cache.cross_v.numpy(),
-                    "src_key_mask": cache.src_key_mask.numpy(),
-                },
-            )
-        )
-        cache.length += 1
-        return log_probs
-
-
-def load_onnx_export(
-    export_dir: str | Path, *, threads: int = 0
-) -> tuple[OnnxModel, Tokenizer | SplitTokenizer]:
-    """The model and tokenizer of an `export_onnx` directory (what `Translator` loads).
-
-    `threads` > 0: onnxruntime runs the graphs on that many threads and PyTorch, left with the
-    search's small operators, on one (process-wide): with both on every core, PyTorch's OpenMP
-    threads spin-wait after each operator and take the cores from onnxruntime's (beam 4 1.2x
-    slower; BENCHMARKS.md). 0 leaves both at their defaults.
-    """
-    if threads > 0:
-        torch.set_num_threads(1)
-    directory = Path(export_dir)
-    model = OnnxModel(directory, threads=threads)
-    joint = directory / TOKENIZER_FILE_NAME
-    tokenizer = load_tokenizer(joint if joint.is_file() else directory / "vocab.json")
-    return model, tokenizer
-
-
-def is_onnx_export(path: str | Path) -> bool:
-    return (Path(path) / DECODER_STEP_FILE).is_file()
-
-
-__all__ = ["OPSET", "OnnxCache", "OnnxModel", "export_onnx", "is_onnx_export"]
+__all__ = ["OPSET", "OnnxModel", "export_onnx", "write_onnx_graphs"]

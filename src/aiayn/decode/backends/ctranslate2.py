@@ -1,0 +1,199 @@
+"""The CTranslate2 backend: a directory of ``aiayn export --to ctranslate2``, decoded by
+CTranslate2's own search.
+
+`Translator` drives it like any backend: the same ``translate`` options and
+`TranslationResult`s (``aiayn.interop.CTranslate2Translator`` builds such a Translator).
+Sources go in as pieces, without ``</s>`` (the export sets CTranslate2's ``add_source_eos``);
+hypotheses come back as pieces, mapped to aiayn's ids through the export's vocabulary.
+
+What CTranslate2 cannot do is refused with a clear error, not approximated: per-head attention
+maps, and the GNMT length penalty with beam search (CTranslate2 divides by ``|Y| ** α``: pass
+``length_penalty_kind="power"``). Sampling runs CTranslate2's sampler, so samples differ from
+the PyTorch model's for the same seed.
+
+Threads. ``threads`` are CTranslate2's ``intra_threads``, its translator's own. In a process
+where PyTorch has already run on several threads, CTranslate2 decodes 1.15-1.9x slower (both
+run OpenMP threads, more of them than cores; docs/interop.md): give PyTorch one thread before
+any PyTorch work (``aiayn.runtime.configure(threads=1)``, as ``aiayn translate --backend
+ctranslate2`` does), or translate in a process of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aiayn.config import ModelConfig
+from aiayn.decode.backends import AIAYN_FILE, ExportedModel
+from aiayn.decode.options import DecodingOptions, max_output_length
+from aiayn.decode.results import SentenceAttention
+from aiayn.decode.search import Hypothesis
+from aiayn.extras import require
+from aiayn.model_dir import CheckpointError
+from aiayn.text.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    SOURCE_SPM_FILE,
+    VOCAB_FILE,
+    SplitTokenizer,
+    Tokenizer,
+)
+
+__all__ = ["CTranslate2Backend", "vocabulary"]
+
+
+def vocabulary(tokenizer: Tokenizer | SplitTokenizer, size: int) -> list[str]:
+    """The piece of every id 0..size-1 (ids past the tokenizer's, if any, get filler names):
+    the vocabulary an export registers, and how the backend maps pieces back to ids."""
+    pieces = tokenizer.pieces(range(min(size, tokenizer.vocab_size)))
+    return pieces + [f"<unused{i}>" for i in range(len(pieces), size)]
+
+
+class CTranslate2Backend:
+    """A `ctranslate2.Translator` over an export, with the export's tokenizer and config.
+
+    Attributes:
+        translator: The `ctranslate2.Translator`.
+        tokenizer: The export's tokenizer (``source.spm``, or a split tokenizer's files).
+        metadata: The exported model directory's metadata.
+        models: One stand-in (`ExportedModel`) holding the exported `ModelConfig`.
+    """
+
+    returns_attention = False
+
+    def __init__(
+        self,
+        ct2_dir: str | Path,
+        *,
+        device: str = "cpu",
+        compute_type: str = "default",
+        threads: int = 0,
+    ) -> None:
+        """Loads an export.
+
+        Args:
+            ct2_dir: Written by `aiayn.interop.export_ctranslate2`.
+            device: "cpu", "cuda" (CTranslate2's devices).
+            compute_type: CTranslate2's compute type ("default" = as stored, "int8",
+                "float32", ...).
+            threads: CPU threads (``intra_threads``); 0 = CTranslate2's default.
+
+        Raises:
+            CheckpointError: The directory has no readable ``aiayn.json``.
+        """
+        [self._ctranslate2] = require("export", "ctranslate2", needed_by="CTranslate2Translator")
+        directory = Path(ct2_dir)
+        try:
+            aiayn = json.loads((directory / AIAYN_FILE).read_text())
+        except (OSError, ValueError) as error:
+            raise CheckpointError(
+                f"{directory} is not an aiayn CTranslate2 export (no readable {AIAYN_FILE}: "
+                f"{error}); write one with export_ctranslate2"
+            ) from None
+        config = ModelConfig.from_dict(aiayn["config"])
+        if aiayn["tokenizer"] == "split":
+            self.tokenizer: Tokenizer | SplitTokenizer = SplitTokenizer.load(directory / VOCAB_FILE)
+        else:
+            self.tokenizer = Tokenizer.load(directory / SOURCE_SPM_FILE)
+        self.metadata: dict[str, Any] = aiayn.get("metadata", {})
+        self.translator = self._ctranslate2.Translator(
+            str(directory), device=device, compute_type=compute_type, intra_threads=threads
+        )
+        self._token_ids: dict[str, int] = {}
+        for i, piece in enumerate(vocabulary(self.tokenizer, config.tgt_vocab_size)):
+            self._token_ids.setdefault(piece, i)
+        self.device = torch.device(device)
+        self.models = [ExportedModel(config, self.device)]
+
+    def check(self, options: DecodingOptions, *, return_attention: bool) -> None:
+        if return_attention:
+            raise ValueError(
+                "the CTranslate2 backend cannot return per-head attention maps "
+                "(return_attention=True); use Translator on the aiayn model directory"
+            )
+        beam = not options.sampling and options.beam_size > 1
+        if beam and options.length_penalty_kind == "gnmt" and options.length_penalty != 0:
+            raise ValueError(
+                "CTranslate2 ranks beam hypotheses by log_prob / |Y| ** α, not GNMT's "
+                "((5 + |Y|) / 6) ** α: pass length_penalty_kind='power' (or length_penalty=0)"
+            )
+
+    def seed(self, seed: int) -> None:
+        """Seeds CTranslate2's own sampler (it takes no generator)."""
+        self._ctranslate2.set_random_seed(seed)
+
+    def search(
+        self,
+        sources: list[list[int]],
+        options: DecodingOptions,
+        generator: torch.Generator | None,
+    ) -> list[list[Hypothesis]]:
+        """One CTranslate2 call per output-length limit (it takes one per call)."""
+        nbest: list[list[Hypothesis]] = [[] for _ in sources]
+        limits: dict[int, list[int]] = {}
+        for i, ids in enumerate(sources):
+            limit = max_output_length(len(ids), options.max_len_a, options.max_len_b)
+            limits.setdefault(limit, []).append(i)
+        for limit, rows in limits.items():
+            found = self._translate_batch([sources[i] for i in rows], limit, options)
+            for i, hyps in zip(rows, found, strict=True):
+                nbest[i] = hyps
+        return nbest
+
+    def attention(
+        self, sources: list[list[int]], outputs: list[list[int]]
+    ) -> list[SentenceAttention]:
+        raise NotImplementedError("CTranslate2 returns no attention maps (see check)")
+
+    def _translate_batch(
+        self, sources: list[list[int]], max_len: int, options: DecodingOptions
+    ) -> list[list[Hypothesis]]:
+        tokens = [self.tokenizer.pieces(ids[:-1]) for ids in sources]  # CTranslate2 adds </s>
+        kwargs: dict[str, Any] = dict(
+            max_decoding_length=max_len,
+            return_scores=True,
+            max_batch_size=0,
+            suppress_sequences=[[piece] for piece in self.tokenizer.pieces([PAD_ID, BOS_ID])],
+        )
+        alpha = 0.0 if options.length_penalty_kind == "none" else options.length_penalty
+        if options.sampling:
+            n = options.n_best
+            tokens = [t for t in tokens for _ in range(n)]
+            kwargs |= dict(
+                beam_size=1,
+                sampling_topk=options.top_k,
+                sampling_topp=options.top_p,
+                sampling_temperature=options.temperature,
+            )
+        else:
+            n = 1
+            kwargs |= dict(
+                beam_size=options.beam_size,
+                num_hypotheses=options.n_best,
+                length_penalty=alpha if options.beam_size > 1 else 0.0,
+            )
+        outputs = self.translator.translate_batch(tokens, **kwargs)
+        hyps = [
+            [
+                self._hypothesis(pieces, score, kwargs.get("length_penalty", 0.0))
+                for pieces, score in zip(out.hypotheses, out.scores, strict=True)
+            ]
+            for out in outputs
+        ]
+        if n > 1:
+            hyps = [
+                sorted((h for hs in hyps[i * n : (i + 1) * n] for h in hs), key=lambda h: -h.score)
+                for i in range(len(sources))
+            ]
+        return hyps
+
+    def _hypothesis(self, pieces: list[str], score: float, alpha: float) -> Hypothesis:
+        ids = [self._token_ids.get(p, 1) for p in pieces]
+        if ids and ids[-1] == EOS_ID:
+            ids = ids[:-1]
+        log_prob = score * float(len(ids) + 1) ** alpha
+        return Hypothesis(tokens=ids, score=score, log_prob=log_prob)

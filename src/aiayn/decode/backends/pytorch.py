@@ -1,0 +1,149 @@
+"""The PyTorch backend: an aiayn `Transformer`, or the ensemble of several, under aiayn's search.
+
+The default of `Translator`, and the only backend that returns attention maps: one extra
+teacher-forced pass over each batch's best outputs (an ensemble has no maps of its own, each
+model attends differently).
+
+A model keeps its device and dtype; `load_model_dirs` loads model directories and prepares
+them for inference (int8, bf16 or pre-packed oneDNN weights). During a search or an attention
+pass the models are in evaluation mode; their previous mode comes back after each, so that
+a training loop can decode between updates (validation BLEU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from aiayn.acceleration import native_bf16_cpu, pack_linear_layers, quantize_int8
+from aiayn.decode import search
+from aiayn.decode.backends import pad, search_with
+from aiayn.decode.ensemble import Ensemble, check_same_vocabulary
+from aiayn.decode.options import DecodingOptions
+from aiayn.decode.results import SentenceAttention, cut_attention
+from aiayn.decode.search import Hypothesis
+from aiayn.model import Transformer
+from aiayn.model_dir import LoadedModel, load_model_dir
+from aiayn.text.tokenizer import BOS_ID, SplitTokenizer, Tokenizer, load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PyTorchBackend", "load_model_dirs"]
+
+
+class PyTorchBackend:
+    """One model, or an ensemble (`aiayn.decode.ensemble.Ensemble`: the mean of the models'
+    probabilities at every step), decoded by `aiayn.decode.search`.
+
+    Attributes:
+        models: The Transformers.
+        device: The first model's.
+    """
+
+    def __init__(self, models: Sequence[nn.Module]) -> None:
+        """One model, or an ensemble's models (sharing a tokenizer).
+
+        Raises:
+            TypeError: A model is not an aiayn `Transformer`.
+        """
+        if not models:
+            raise ValueError("no model given")
+        for model in models:
+            if not isinstance(model, Transformer):
+                raise TypeError(f"expected an aiayn Transformer, got {type(model).__name__}")
+        self.models: list[Transformer] = list(models)  # type: ignore[arg-type]
+        self.device = next(self.models[0].parameters()).device
+        # What search decodes with: the model itself, or the ensemble of all of them.
+        self._decoder: search.IncrementalModel = (
+            self.models[0] if len(self.models) == 1 else Ensemble(self.models)
+        )
+
+    @property
+    def returns_attention(self) -> bool:
+        return len(self.models) == 1
+
+    def check(self, options: DecodingOptions, *, return_attention: bool) -> None:
+        if return_attention and not self.returns_attention:
+            raise ValueError(
+                "an ensemble has no attention maps of its own (each model attends "
+                "differently): ask for attention or alignments with a single model"
+            )
+
+    def seed(self, seed: int) -> torch.Generator:
+        return torch.Generator(device=self.device).manual_seed(seed)
+
+    def search(
+        self,
+        sources: list[list[int]],
+        options: DecodingOptions,
+        generator: torch.Generator | None,
+    ) -> list[list[Hypothesis]]:
+        with _evaluating(self.models):
+            return search_with(self._decoder, sources, options, generator, self.device)
+
+    def attention(
+        self, sources: list[list[int]], outputs: list[list[int]]
+    ) -> list[SentenceAttention]:
+        """One teacher-forced pass over ``[BOS] + output`` for the whole batch, cut per
+        sentence.
+
+        Target padding on the right changes nothing before it, as decoder self-attention is
+        causal; source padding is masked.
+        """
+        src = pad(sources, self.device)  # (B, S)
+        tgt = pad([[BOS_ID, *tokens] for tokens in outputs], self.device)  # (B, T)
+        with _evaluating(self.models), torch.inference_mode():
+            _, maps = self.models[0].forward_with_attention(src, tgt)
+            return cut_attention(maps, [len(s) for s in sources], [len(t) + 1 for t in outputs])
+
+
+@contextlib.contextmanager
+def _evaluating(models: list[Transformer]) -> Iterator[None]:
+    """The models in evaluation mode, their previous modes restored after."""
+    was_training = [model.training for model in models]
+    for model in models:
+        model.eval()
+    try:
+        yield
+    finally:
+        for model, training in zip(models, was_training, strict=True):
+            model.train(training)
+
+
+def load_model_dirs(
+    dirs: Sequence[str | Path],
+    *,
+    device: str | torch.device,
+    int8: bool = False,
+    bf16: bool = False,
+    onednn: bool = True,
+) -> tuple[PyTorchBackend, Tokenizer | SplitTokenizer, list[LoadedModel]]:
+    """The backend over model directories (checksums verified), their shared tokenizer, and
+    what was loaded (metadata, directories); `Translator`'s arguments say the rest.
+
+    Raises:
+        CheckpointError: A directory is missing, incomplete or corrupt, or an ensemble's
+            models do not share their tokenizer and target vocabulary.
+    """
+    if int8 and torch.device(device).type != "cpu":
+        raise ValueError(f"int8 dynamic quantization runs on the CPU only, not on {device}")
+    if int8 and bf16:
+        raise ValueError("choose one of int8 and bf16")
+    if bf16 and torch.device(device).type == "cpu" and not native_bf16_cpu():
+        logger.warning("this CPU has no native bf16 arithmetic: bf16 will be slower")
+    loaded = [load_model_dir(d, device=device) for d in dirs]
+    check_same_vocabulary(loaded)
+    tokenizer = load_tokenizer(loaded[0].tokenizer_file)
+    models: list[nn.Module] = [one.model for one in loaded]
+    if int8:
+        models = [quantize_int8(model) for model in models]
+    elif bf16:
+        models = [model.to(torch.bfloat16) for model in models]
+    elif onednn and torch.device(device).type == "cpu":
+        models = [pack_linear_layers(model) for model in models]
+    return PyTorchBackend(models), tokenizer, loaded
