@@ -95,8 +95,8 @@ def add_model_flags(p: argparse.ArgumentParser, *, backend: bool = False) -> Non
     g.add_argument(
         "--bf16",
         action="store_true",
-        help="run the model in bfloat16 (faster on GPUs and CPUs with native bf16; see "
-        "BENCHMARKS.md for the effect on BLEU)",
+        help="run the model in bfloat16 (GPUs; on CPUs with native bf16 it pays only for wide "
+        "models: 0.93x float32 on `small`; see BENCHMARKS.md for speed and BLEU)",
     )
     g.add_argument(
         "--no-onednn",
