@@ -145,11 +145,11 @@ class PackedLinear(nn.Module):
     y = x Wᵀ + b, the same function as the layer it was made from, computed by oneDNN's matrix
     product on a weight reordered once (`torch.ops.mkldnn`, the kernels TorchInductor's frozen
     CPU graphs call). PyTorch's own float32 `nn.Linear` calls MKL's sgemm, which on AMD CPUs
-    runs 1.2–2.2x slower than oneDNN at 32 to 4,096 rows (BENCHMARKS.md, bench/bench_gemm.py);
+    runs slower than oneDNN at 32 to 4,096 rows (BENCHMARKS.md, bench/bench_gemm.py);
     CTranslate2 calls oneDNN on AMD CPUs for the same reason. Results differ from `nn.Linear`
     only by float32 rounding (another summation order).
 
-    Two fusions save a beam-4 step of the base model ~2% on an Intel Xeon (BENCHMARKS.md):
+    Two fusions save a little of a beam-4 step (`bench/bench_decode.py --fusions` measures it):
     several layers that read the same input are one product of their stacked weights (their
     outputs side by side: self-attention's W^Q, W^K, W^V), and with `relu=True` the product
     applies the ReLU of Eq. 2 itself (oneDNN's post-op), y = max(0, x Wᵀ + b).
@@ -227,8 +227,8 @@ MIN_PACKED_FEATURES = 256
 
 Below it the call's fixed cost outweighs the faster product. Measured with beam 4 over 20
 batches of 1–32 sentences of varying length on 1 thread (`bench/bench_decode.py --varied`): the
-`tiny` preset's 64-wide layers made it 0.84x as fast packed, `small` (256 wide) was 1.27x and
-`base` 1.31x faster (BENCHMARKS.md)."""
+`tiny` preset's 64-wide layers ran slower packed, `small` (256 wide) and `base` faster (when
+measured on an AMD EPYC; the beam-4 rows are to be re-measured at the current search)."""
 
 
 def pack_linear_layers(model: nn.Module, min_features: int | None = None) -> nn.Module:

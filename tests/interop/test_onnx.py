@@ -87,7 +87,7 @@ def test_threads_are_onnxruntimes_and_pytorchs_are_left_alone(model_dir, export)
 def test_aiayn_translate_gives_onnxruntime_the_threads_and_pytorch_one(export):
     """The command owns its process: with --threads N, onnxruntime runs the graphs on N threads
     and PyTorch, left with the search's small operators, on one (its spinning OpenMP threads
-    took onnxruntime's cores: beam 4 1.2x slower, BENCHMARKS.md)."""
+    took onnxruntime's cores and slowed it down)."""
     import torch
 
     from aiayn.cli import build_parser

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from aiayn.cli.flags import add_dataclass_flags, dataclass_from_args
 from aiayn.decode.options import DecodingOptions  # no torch: --help stays fast
+from aiayn.errors import UserValueError
 
 if TYPE_CHECKING:
     from aiayn.decode.translator import Translator
@@ -135,18 +136,18 @@ def backend_of(args: argparse.Namespace) -> str:
     exported = [d for d in dirs if is_ct2_export(d)]
     if backend is None:
         if exported and not hasattr(args, "backend"):
-            raise ValueError(
+            raise UserValueError(
                 f"{exported[0]} is a CTranslate2 export; this command needs the aiayn model "
                 "directory it was exported from"
             )
         backend = "ctranslate2" if exported else "pytorch"
     if backend == "pytorch" and exported:
-        raise ValueError(
+        raise UserValueError(
             f"{exported[0]} is a CTranslate2 export: leave out --backend pytorch, or give the "
             "aiayn model directory"
         )
     if backend == "pytorch" and getattr(args, "compute_type", None):
-        raise ValueError("--compute-type is CTranslate2's: use it with --backend ctranslate2")
+        raise UserValueError("--compute-type is CTranslate2's: use it with --backend ctranslate2")
     return backend
 
 
@@ -157,7 +158,7 @@ def load_translator(args: argparse.Namespace) -> Translator:
     The process is the command's, so the threads are set here, not by the translator:
     PyTorch's (`runtime.configure`), or for an ONNX export onnxruntime's, PyTorch keeping one
     for the search's small operators (with both on every core, PyTorch's spin-waiting OpenMP
-    threads take the cores from onnxruntime's: beam 4 1.2x slower; BENCHMARKS.md).
+    threads take the cores from onnxruntime's and slow it down).
     """
     import torch
 
@@ -202,8 +203,8 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
 
     PyTorch gets one thread first, so that it never starts its OpenMP threads here: once they
     exist beside CTranslate2's, the process has more OpenMP threads than cores and CTranslate2
-    decodes up to 1.9x slower for as long as it runs (BENCHMARKS.md, "CTranslate2 in a process
-    where PyTorch ran"). Converting a model directory needs no more.
+    decodes slower for as long as it runs (BENCHMARKS.md, "CTranslate2 in a process where
+    PyTorch ran"). Converting a model directory needs no more.
     """
     from aiayn import runtime
     from aiayn.extras import require
@@ -215,18 +216,18 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
 
     dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]
     if len(dirs) > 1:
-        raise ValueError("--backend ctranslate2 runs one model: give -m once (no ensembles)")
+        raise UserValueError("--backend ctranslate2 runs one model: give -m once (no ensembles)")
     if args.int8 or args.bf16:
         flag = "--int8" if args.int8 else "--bf16"
         kind = "int8" if args.int8 else "bfloat16"
-        raise ValueError(f"{flag} is PyTorch's; with CTranslate2 use --compute-type {kind}")
+        raise UserValueError(f"{flag} is PyTorch's; with CTranslate2 use --compute-type {kind}")
     if not getattr(args, "onednn", True):
-        raise ValueError("--no-onednn is PyTorch's: CTranslate2 picks its own CPU kernels")
+        raise UserValueError("--no-onednn is PyTorch's: CTranslate2 picks its own CPU kernels")
     device = args.device
     if device == "auto":
         device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
     if device not in ("cpu", "cuda", "cuda:0"):
-        raise ValueError(f"--device {device}: the CTranslate2 backend runs on cpu or cuda")
+        raise UserValueError(f"--device {device}: the CTranslate2 backend runs on cpu or cuda")
     device = device.split(":")[0]
     threads = args.threads
     if threads is None:

@@ -12,7 +12,7 @@ Threads. ``threads`` are onnxruntime's intra-op threads, its sessions' own. PyTo
 only the search's small operators here, are the process's: a program that runs an export is
 best off giving PyTorch one (``aiayn.runtime.configure(threads=1)``, as ``aiayn translate``
 does), since with both on every core PyTorch's OpenMP threads spin-wait after each operator
-and take the cores from onnxruntime's (beam 4 1.2x slower; BENCHMARKS.md).
+and take the cores from onnxruntime's, slowing it down.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from aiayn.decode.backends import AIAYN_FILE, ExportedModel, search_with
 from aiayn.decode.options import DecodingOptions
 from aiayn.decode.results import SentenceAttention
 from aiayn.decode.search import Hypothesis
+from aiayn.errors import UserValueError
 from aiayn.extras import require
 from aiayn.model_dir import TOKENIZER_FILE
 from aiayn.text.tokenizer import PAD_ID, VOCAB_FILE, SplitTokenizer, Tokenizer, load_tokenizer
@@ -107,7 +108,7 @@ class OnnxModel(ExportedModel):
         c = self.config
         l, n, h = cross_k.shape[:3]
         if max_len > self.positions:
-            raise ValueError(
+            raise UserValueError(
                 f"outputs of up to {max_len} positions, but the export's positional table has "
                 f"{self.positions}: lower max_len_a/max_len_b"
             )
@@ -169,7 +170,7 @@ class OnnxBackend:
 
     def check(self, options: DecodingOptions, *, return_attention: bool) -> None:
         if return_attention:
-            raise ValueError(
+            raise UserValueError(
                 "an ONNX export cannot return per-head attention maps (return_attention=True); "
                 "translate with the PyTorch model directory for them"
             )
