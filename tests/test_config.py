@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import re
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from aiayn.config import (
     ModelConfig,
     TrainConfig,
     load_yaml_config,
+    parse_duration,
     preset,
 )
 
@@ -234,6 +236,87 @@ def test_early_stopping_on_bleu_with_valid_bleu_is_accepted() -> None:
         src="a", tgt="b", valid_tsv="v", valid_bleu=True, patience=3, patience_metric="bleu"
     )
     assert (config.patience, config.patience_metric) == (3, "bleu")
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90s", 90), ("30m", 1800), ("8h", 28800), ("1d", 86400), ("1h30m", 5400),
+     (" 2.5h ", 9000), ("1H 30M", 5400), (".5m", 30)],
+)  # fmt: skip
+def test_a_duration_is_a_number_and_a_unit(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["30", "abc", "30x", "m30", "1h30", "", "-5m", "1.5.2h"])
+def test_what_is_not_a_duration_is_refused_with_the_units(text: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"time_budget ({text!r}) must be a duration")):
+        TrainConfig(src="a", tgt="b", time_budget=text)
+
+
+def test_a_time_budget_without_a_unit_or_of_nothing_is_refused() -> None:
+    with pytest.raises(ConfigError, match=re.escape("time_budget (1800) needs a unit: 1800s")):
+        TrainConfig.from_dict({"src": "a", "tgt": "b", "time_budget": 1800})  # YAML's 1800
+    with pytest.raises(ConfigError, match=re.escape("time_budget ('0s') must be longer than 0 s")):
+        TrainConfig(src="a", tgt="b", time_budget="0s")
+    assert TrainConfig(src="a", tgt="b", time_budget="30m").budget_seconds == 1800
+    assert TrainConfig(src="a", tgt="b").budget_seconds is None
+
+
+def test_schedule_auto_is_eq3_without_a_time_budget_and_linear_with_one() -> None:
+    """The paper's recipes set no budget: their schedule stays Eq. 3."""
+    assert TrainConfig(src="a", tgt="b").schedule == "auto"
+    assert TrainConfig(src="a", tgt="b").resolved_schedule == "inverse_sqrt"
+    assert TrainConfig(src="a", tgt="b", time_budget="1h").resolved_schedule == "linear"
+    for name in ("inverse_sqrt", "linear", "cosine", "inverse_sqrt_cooldown"):
+        config = TrainConfig(src="a", tgt="b", schedule=name, time_budget="1h")
+        assert config.resolved_schedule == name
+    with pytest.raises(ConfigError, match=re.escape("schedule ('exp') must be one of auto, inv")):
+        TrainConfig(src="a", tgt="b", schedule="exp")
+
+
+def test_ema_decay_and_precision_are_checked() -> None:
+    with pytest.raises(ConfigError, match=re.escape("ema_decay (1.0) must be in [0, 1)")):
+        TrainConfig(src="a", tgt="b", ema_decay=1)
+    message = "precision ('fp16') must be one of auto, fp32, bf16"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig(src="a", tgt="b", precision="fp16")
+    assert TrainConfig(src="a", tgt="b").precision == "auto"
+
+
+@pytest.mark.parametrize(
+    ("old", "precision"),
+    [
+        ({"bf16": True}, "auto"),  # the old default: bf16 on a GPU (which auto now checks)
+        ({"bf16": True, "cpu_bf16": False}, "auto"),
+        ({"bf16": False}, "fp32"),
+        ({"bf16": False, "cpu_bf16": False}, "fp32"),
+        ({"cpu_bf16": True}, "bf16"),
+        ({"bf16": True, "cpu_bf16": True}, "bf16"),
+        ({"bf16": False, "cpu_bf16": True, "device": "cpu"}, "bf16"),  # bf16 on the CPU only
+        ({"bf16": False, "cpu_bf16": True, "device": "cuda"}, "fp32"),
+    ],
+)
+def test_the_precision_keys_of_earlier_releases_are_read_as_precision(
+    old: dict[str, Any], precision: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="aiayn.config"):
+        config = TrainConfig.from_dict({"src": "a", "tgt": "b", **old}, source="old.yaml")
+    assert config.precision == precision
+    assert f"old.yaml: {next(iter(old))}: " in caplog.text
+    assert f"is read as precision: {precision}" in caplog.text
+    assert "replaced by precision" in caplog.text
+
+
+def test_old_and_new_precision_keys_together_are_refused_naming_both() -> None:
+    values = {"src": "a", "tgt": "b", "cpu_bf16": True, "precision": "fp32"}
+    message = (
+        "x.yaml: cpu_bf16: True and precision ('fp32') both given: cpu_bf16 is replaced by "
+        "precision; give precision alone"
+    )
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        TrainConfig.from_dict(values, source="x.yaml")
+    with pytest.raises(ConfigError, match=re.escape("bf16 ('yes') must be true or false")):
+        TrainConfig.from_dict({"src": "a", "tgt": "b", "bf16": "yes"})
 
 
 @pytest.mark.parametrize(

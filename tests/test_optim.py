@@ -1,15 +1,26 @@
-"""Tests for aiayn.optim: Adam of §5.3 and the learning-rate schedule of Eq. 3."""
+"""Tests for aiayn.optim: Adam of §5.3, the learning-rate schedule of Eq. 3 and the decaying
+schedules that end at the run's last update."""
 
 from __future__ import annotations
 
 import copy
 import itertools
 import math
+import typing
 
 import pytest
 import torch
 
-from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
+from aiayn.config import Schedule
+from aiayn.optim import (
+    COOLDOWN_FRACTION,
+    DECAYING,
+    SCHEDULES,
+    build_optimizer,
+    learning_rate,
+    scheduled_rate,
+    set_learning_rate,
+)
 
 
 @pytest.mark.parametrize(
@@ -116,3 +127,80 @@ def test_fused_adam_makes_the_same_updates_as_the_plain_loop() -> None:
             optimizer.step()
     for a, b in zip(fused_model.parameters(), plain_model.parameters(), strict=True):
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-5)
+
+
+# -- schedules that know their end (not in the paper: docs/training.md) ----------------------
+
+
+def test_inverse_sqrt_is_eq3_whatever_the_end() -> None:
+    for step in (1, 50, 100, 1000):
+        eq3 = learning_rate(step, d_model=64, warmup_steps=100, scale=0.5)
+        for end in (None, 10, 10_000):
+            got = scheduled_rate(
+                "inverse_sqrt", step, d_model=64, warmup_steps=100, scale=0.5, end=end
+            )
+            assert got == eq3
+
+
+@pytest.mark.parametrize("schedule", DECAYING)
+@pytest.mark.parametrize(("warmup", "end"), [(4, 6), (4, 9), (20, 57), (100, 400), (4000, 100_000)])
+def test_a_decaying_schedule_warms_up_as_eq3_and_reaches_zero_at_the_last_update(
+    schedule: str, warmup: int, end: int
+) -> None:
+    rates = [
+        scheduled_rate(schedule, s, d_model=512, warmup_steps=warmup, end=end)
+        for s in range(1, end + 3)
+    ]
+    eq3 = [learning_rate(s, d_model=512, warmup_steps=warmup) for s in range(1, end + 3)]
+    assert rates[end - 1] == 0.0 and rates[end:] == [0.0, 0.0]  # at the last update, and after
+    assert all(r > 0 for r in rates[: end - 1])  # every update before it learns
+    cooldown_start = end - math.ceil(COOLDOWN_FRACTION * end)
+    same_as_eq3 = cooldown_start if schedule == "inverse_sqrt_cooldown" else warmup
+    assert rates[:same_as_eq3] == eq3[:same_as_eq3]  # the warm-up (and Eq. 3 up to the cool-down)
+    after_peak = rates[warmup - 1 : end]
+    assert all(a > b for a, b in itertools.pairwise(after_peak))  # falling all the way down
+
+
+def test_linear_and_cosine_fall_from_eq3s_peak_as_their_names_say() -> None:
+    peak = learning_rate(100, d_model=64, warmup_steps=100)
+    kwargs = dict(d_model=64, warmup_steps=100, end=500)
+    assert scheduled_rate("linear", 300, **kwargs) == pytest.approx(peak / 2)  # half-way down
+    assert scheduled_rate("linear", 400, **kwargs) == pytest.approx(peak / 4)
+    assert scheduled_rate("cosine", 300, **kwargs) == pytest.approx(peak / 2)
+    assert scheduled_rate("cosine", 200, **kwargs) == pytest.approx(
+        peak * (1 + math.cos(math.pi / 4)) / 2
+    )
+    # Eq. 3 with a cool-down: Eq. 3 until the last 20%, then Eq. 3 times a line down to 0.
+    assert scheduled_rate("inverse_sqrt_cooldown", 400, **kwargs) == learning_rate(
+        400, d_model=64, warmup_steps=100
+    )
+    assert scheduled_rate("inverse_sqrt_cooldown", 450, **kwargs) == pytest.approx(
+        learning_rate(450, d_model=64, warmup_steps=100) / 2
+    )
+
+
+@pytest.mark.parametrize("schedule", DECAYING)
+def test_an_end_inside_the_warm_up_ramps_up_until_it_and_is_zero_there(schedule: str) -> None:
+    rates = [scheduled_rate(schedule, s, d_model=16, warmup_steps=10, end=4) for s in range(1, 5)]
+    eq3 = [learning_rate(s, d_model=16, warmup_steps=10) for s in range(1, 4)]
+    assert rates[:3] == pytest.approx(eq3, rel=0.5) and all(r > 0 for r in rates[:3])
+    assert rates[3] == 0.0
+
+
+def test_a_schedule_is_named_and_a_decaying_one_needs_its_end() -> None:
+    with pytest.raises(ValueError, match=r"schedule \('exp'\) must be one of inverse_sqrt, linear"):
+        scheduled_rate("exp", 1, d_model=16, warmup_steps=4, end=10)
+    with pytest.raises(ValueError, match="needs the run's last update"):
+        scheduled_rate("linear", 1, d_model=16, warmup_steps=4)
+
+
+def test_train_config_and_plot_offer_the_schedules_of_optim() -> None:
+    """TrainConfig.schedule (and `aiayn plot schedule --schedule`) name them without importing
+    torch; they must stay the same list."""
+    from aiayn.cli import build_parser
+
+    assert typing.get_args(Schedule) == ("auto", *SCHEDULES)
+    plot = build_parser()._subparsers._group_actions[0].choices["plot"]
+    schedule = plot._subparsers._group_actions[0].choices["schedule"]
+    [action] = [a for a in schedule._actions if a.dest == "schedule"]
+    assert tuple(action.choices) == SCHEDULES

@@ -8,11 +8,13 @@ config is built, and an error names the field and its value, e.g.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import re
 import types
 import typing
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -20,6 +22,13 @@ POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
 SHARE_EMBEDDINGS = ("all", "decoder", "none")
 ACTIVATIONS = ("relu", "gelu", "swish")
 PATIENCE_METRICS = ("loss", "bleu")
+# TrainConfig.schedule: "auto" and aiayn.optim.SCHEDULES (checked against each other in a test).
+Schedule = Literal["auto", "inverse_sqrt", "linear", "cosine", "inverse_sqrt_cooldown"]
+Precision = Literal["auto", "fp32", "bf16"]
+# Keys of earlier releases that TrainConfig.from_dict still reads (`upgrade_train_values`).
+LEGACY_PRECISION_KEYS = ("bf16", "cpu_bf16")
+
+logger = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -199,6 +208,8 @@ def _accepts(kind: Any, value: Any) -> bool:
         return any(_accepts(option, value) for option in typing.get_args(kind))
     if kind is type(None):
         return value is None
+    if typing.get_origin(kind) is Literal:
+        return value in typing.get_args(kind)
     if kind is float:  # an int is a float here (YAML writes 0, not 0.0); bool is not
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind is int:
@@ -214,6 +225,9 @@ def _check_types(config: Any) -> None:
     """
     for name, kind in typing.get_type_hints(type(config)).items():
         value = getattr(config, name)
+        if typing.get_origin(kind) is Literal and not _accepts(kind, value):
+            choices = ", ".join(typing.get_args(kind))
+            raise ConfigError(f"{name} ({value!r}) must be one of {choices}")
         if not _accepts(kind, value):
             shown = getattr(kind, "__name__", None) or str(kind).replace("NoneType", "None")
             raise ConfigError(f"{name} ({value!r}) must be of type {shown}")
@@ -249,26 +263,56 @@ class TrainConfig:
         accumulate: Batches accumulated per update (per device).
         tokens_per_update: If > 0, sets `accumulate` so an update holds about this many target
             tokens across devices (the paper: ~25000).
-        max_steps: Number of optimizer updates (§5.2: 100k for base).
+        max_steps: Number of optimizer updates (§5.2: 100k for base). With `time_budget`,
+            whichever comes first ends the run.
         max_epochs: Stop after this many epochs as well (0 = no limit).
-        warmup_steps: Eq. 3 warm-up (4000 in the paper).
+        time_budget: Wall time the run may take, e.g. 90s, 30m, 8h, 1d or 1h30m (not set = no
+            limit). The run ends by itself inside it, start-up, validations and the final
+            save included, and saves its model/. `aiayn train` counts from the start of its
+            process as the OS records it (/proc; under torchrun, the launcher's start; where
+            there is no /proc, from when the command began); `train()` from when it is
+            called. The budget is the run's, not the process's: a resumed run has what is
+            left of it, its processes' wall time up to the checkpoint it resumes from being
+            saved with that checkpoint (time after the last checkpoint of a killed process is
+            not counted). Under torchrun, rank 0's clock decides, and every rank stops after
+            the same update. docs/training.md says how the end is foreseen.
+        warmup_steps: Eq. 3 warm-up (4000 in the paper); every schedule warms up the same way.
         lr_scale: Factor on Eq. 3's learning rate (1.0 = the paper).
+        schedule: The learning-rate schedule (aiayn.optim.scheduled_rate): "inverse_sqrt" is
+            Eq. 3, which never anneals; "linear" and "cosine" warm up as Eq. 3 to its peak and
+            then decay to 0 at the run's last update; "inverse_sqrt_cooldown" is Eq. 3 with a
+            linear decay to 0 over the last 20% of the updates. The last update is max_steps
+            (or max_epochs' last), or, with time_budget, the one that the measured speed
+            foresees, re-estimated after every update. "auto" is inverse_sqrt without a
+            time_budget (the paper, whose recipes are unchanged) and linear with one; a run
+            records the schedule "auto" chose in its train_config.yaml.
         adam_beta1, adam_beta2, adam_eps: §5.3.
         label_smoothing: ε_ls of §5.4.
         clip_norm: Gradient-norm clipping (0 = off, as in the paper).
+        ema_decay: Keep an exponential moving average of the weights (not in the paper; as
+            Marian's --exponential-smoothing, whose 1e-4 is 0.9999 here): after update t,
+            average = d·average + (1 - d)·weights with d = min(ema_decay, (1 + t) / (10 + t)),
+            so that early on it follows the weights closely. 0 = off. Kept in float32 on the
+            training device and saved with every checkpoint. Every validation measures both
+            weights; model/ (and best/) holds whichever validates better by patience_metric,
+            and metrics.jsonl records which (docs/training.md).
         seed: Seeds model init, dropout and batch order.
         device: "auto", "cpu", "cuda" or "cuda:N".
-        bf16: bf16 autocast on CUDA (ignored on CPU).
-        cpu_bf16: bf16 autocast on a CPU (opt-in: it changes CPU numerics). Only where the CPU
-            computes in bf16 natively (AVX512-BF16, AMX; elsewhere training warns): in the real
-            loop on the Bible recipe ~1.5x the target tokens/s of float32 (BENCHMARKS.md,
-            `aiayn train` vs `fairseq-train`). `aiayn train` also has oneDNN keep few compiled
-            kernels (peak memory: `acceleration.ONEDNN_KERNELS_FOR_BF16_TRAINING`), a setting
-            of the process that it makes through `aiayn.runtime.configure`.
+        precision: "auto": bf16 autocast on a CUDA GPU that computes in bf16 (Ampere or newer:
+            torch.cuda.is_bf16_supported), float32 elsewhere; "fp32": float32 everywhere;
+            "bf16": bf16 autocast on any device. Weights, Adam and the loss stay float32. On a
+            CPU, bf16 changes the numerics and is fast only where the CPU computes in bf16
+            natively (AVX512-BF16, AMX; elsewhere training warns): in the real loop on the
+            Bible recipe ~1.5x the target tokens/s of float32 (BENCHMARKS.md). With bf16 on a
+            CPU `aiayn train` also has oneDNN keep few compiled kernels (peak memory:
+            `acceleration.ONEDNN_KERNELS_FOR_BF16_TRAINING`), a setting of the process that it
+            makes through `aiayn.runtime.configure`. Replaces bf16 and cpu_bf16 (and
+            --no-bf16, --cpu-bf16) of earlier releases, which are still read: bf16 false is
+            fp32, cpu_bf16 true is bf16.
         onednn: On an x86-64 CPU in float32, run the linear layers' products (and the chunked
             loss's) on oneDNN instead of MKL's sgemm (`aiayn.acceleration.OneDNNLinearProducts`):
             the same function up to float32 rounding, ~5% more tokens/s on the Bible recipe,
-            but ~2.5x the peak memory (new batch shapes every step fragment the heap;
+            but ~2.9x the peak memory (new batch shapes every step fragment the heap;
             BENCHMARKS.md), hence opt-in. Ignored under bf16 and with `compile`.
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
             compile: aiayn.acceleration). Where compilation fails at the first update,
@@ -314,17 +358,19 @@ class TrainConfig:
     tokens_per_update: int = 0
     max_steps: int = 100_000
     max_epochs: int = 0
+    time_budget: str | None = None
     warmup_steps: int = 4000
     lr_scale: float = 1.0
+    schedule: Schedule = "auto"
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
     label_smoothing: float = 0.1
     clip_norm: float = 0.0
+    ema_decay: float = 0.0
     seed: int = 1
     device: str = "auto"
-    bf16: bool = True
-    cpu_bf16: bool = False
+    precision: Precision = "auto"
     onednn: bool = False
     compile: bool = False
     log_every: int = 100
@@ -340,6 +386,11 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.time_budget, (int, float)) and not isinstance(self.time_budget, bool):
+            raise ConfigError(
+                f"time_budget ({self.time_budget!r}) needs a unit: {self.time_budget}s, or "
+                "minutes (30m), hours (8h), days (1d)"
+            )
         _check_types(self)
         if self.tsv is None:
             _require(
@@ -383,6 +434,9 @@ class TrainConfig:
             _require(getattr(self, name) > 0, f"{name} ({getattr(self, name)}) must be > 0")
         for name in ("max_ratio", "clip_norm", "save_every_minutes"):
             _require(getattr(self, name) >= 0, f"{name} ({getattr(self, name)}) must be >= 0")
+        _require(0.0 <= self.ema_decay < 1.0, f"ema_decay ({self.ema_decay}) must be in [0, 1)")
+        if self.time_budget is not None:
+            parse_duration(self.time_budget, name="time_budget")
         self._check_early_stopping()
         _require(
             self.device == "auto" or self.device == "cpu" or self.device.startswith("cuda"),
@@ -419,6 +473,21 @@ class TrainConfig:
                 "run validates only at its end",
             )
 
+    @property
+    def budget_seconds(self) -> float | None:
+        """`time_budget` in seconds (None: no budget)."""
+        if self.time_budget is None:
+            return None
+        return parse_duration(self.time_budget, name="time_budget")
+
+    @property
+    def resolved_schedule(self) -> str:
+        """The schedule the run uses: `schedule`, with "auto" resolved (inverse_sqrt, Eq. 3,
+        without a time budget; linear with one)."""
+        if self.schedule != "auto":
+            return self.schedule
+        return "inverse_sqrt" if self.time_budget is None else "linear"
+
     def model_config(self, vocab_size: int, pad_id: int = 0) -> ModelConfig:
         """The `ModelConfig` for a joint vocabulary of `vocab_size` (preset + overrides)."""
         overrides = dict(self.model)
@@ -435,7 +504,9 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], *, source: str = "config") -> TrainConfig:
-        """Build from a dict; unknown keys are an error naming `source` and the valid keys."""
+        """Build from a dict; unknown keys are an error naming `source` and the valid keys.
+        Keys of earlier releases are read as their replacements (`upgrade_train_values`)."""
+        values = upgrade_train_values(values, source=source)
         unknown, valid = _unknown_keys(cls, values)
         if unknown:
             raise ConfigError(f"{source}: unknown key(s) {unknown}; valid keys: {valid}")
@@ -443,6 +514,83 @@ class TrainConfig:
             return cls(**values)
         except ConfigError as error:
             raise ConfigError(f"{source}: {error}") from None
+
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd])")
+_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str, *, name: str = "duration") -> float:
+    """Seconds in a duration such as ``90s``, ``30m``, ``8h``, ``1d`` or ``1h30m``.
+
+    Raises:
+        ConfigError: Not a duration, or not positive; the message names `name`.
+    """
+    compact = text.strip().lower().replace(" ", "")
+    parts = _DURATION_PART.findall(compact)
+    if not compact or "".join(number + unit for number, unit in parts) != compact:
+        raise ConfigError(
+            f"{name} ({text!r}) must be a duration: a number and a unit, s, m, h or d "
+            "(90s, 30m, 8h, 1d, 1h30m)"
+        )
+    seconds = sum(float(number) * _SECONDS[unit] for number, unit in parts)
+    _require(seconds > 0, f"{name} ({text!r}) must be longer than 0 s")
+    return seconds
+
+
+def upgrade_train_values(
+    values: dict[str, Any], *, source: str = "config", warn: bool = True
+) -> dict[str, Any]:
+    """`TrainConfig` values with the keys of earlier releases replaced by today's:
+    `bf16` and `cpu_bf16` (two booleans) by `precision` (issue 28). A warning names the new
+    key; giving both the old and the new key is an error that names them.
+
+    bf16 true (the old default) is precision auto, which also checks that a GPU computes in
+    bf16 before using it; bf16 false is fp32; cpu_bf16 true is bf16. bf16 false with
+    cpu_bf16 true (bf16 on a CPU, float32 on CUDA) is bf16 or fp32 as the device is.
+    `warn` False reads them silently (a run directory's own train_config.yaml, which the run
+    rewrites with precision when it resumes).
+    """
+    old = [key for key in LEGACY_PRECISION_KEYS if key in values]
+    if not old:
+        return values
+    values = dict(values)
+    given = {key: values.pop(key) for key in old}
+    shown = ", ".join(f"{key}: {value!r}" for key, value in given.items())
+    if "precision" in values:
+        raise ConfigError(
+            f"{source}: {shown} and precision ({values['precision']!r}) both given: "
+            f"{' and '.join(old)} {'are' if len(old) > 1 else 'is'} replaced by precision; "
+            "give precision alone"
+        )
+    for key, value in given.items():
+        if not isinstance(value, bool):
+            raise ConfigError(f"{source}: {key} ({value!r}) must be true or false")
+    bf16, cpu_bf16 = given.get("bf16", True), given.get("cpu_bf16", False)
+    if cpu_bf16:
+        on_cpu = _device_type(values.get("device", "auto")) == "cpu"
+        precision = "bf16" if bf16 or on_cpu else "fp32"
+    else:
+        precision = "auto" if bf16 else "fp32"
+    if warn:
+        logger.warning(
+            "%s: %s is read as precision: %s (%s replaced by precision)",
+            source,
+            shown,
+            precision,
+            " and ".join(old) + (" are" if len(old) > 1 else " is"),
+        )
+    values["precision"] = precision
+    return values
+
+
+def _device_type(device: Any) -> str:
+    """ "cpu" or "cuda" for a `TrainConfig.device` ("auto": CUDA where there is one)."""
+    if device == "auto":
+        import torch  # only here: reading a config imports no torch otherwise
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cpu" if device == "cpu" else "cuda"
 
 
 def load_yaml_config(path: str | Path) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from aiayn.cli import (
     main,
     train_config_from_args,
 )
-from aiayn.config import TrainConfig
+from aiayn.config import ConfigError, TrainConfig
 from aiayn.decode.search import DecodingOptions
 
 SEARCH_COMMANDS = ["translate", "evaluate", "serve", "attention"]
@@ -163,6 +163,50 @@ def test_train_flags_go_over_the_yaml_file(tmp_path: Path) -> None:
     assert (resolved.src, resolved.max_steps, resolved.progress) == ("a.en", 20, False)
     assert resolved.model == {"d_ff": 64, "n_heads": 2}
     assert resolved.warmup_steps == TrainConfig.warmup_steps  # neither file nor flag: default
+
+
+def test_train_reads_a_time_budget_schedule_average_and_precision_from_flags_or_yaml(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "train.yaml"
+    config.write_text("src: a.en\ntgt: a.de\ntime_budget: 30m\nschedule: cosine\n")
+    resolved = train_config_from_args(parse("train", "-c", str(config), "--ema-decay", "0.999"))
+    assert (resolved.time_budget, resolved.budget_seconds, resolved.schedule) == (
+        "30m",
+        1800,
+        "cosine",
+    )
+    assert resolved.ema_decay == 0.999
+    flags = ["train", "--src", "a", "--tgt", "b", "--time-budget", "90s", "--precision", "fp32"]
+    resolved = train_config_from_args(parse(*flags))
+    assert (resolved.budget_seconds, resolved.precision, resolved.schedule) == (90, "fp32", "auto")
+    with pytest.raises(SystemExit):
+        parse("train", "--src", "a", "--tgt", "b", "--precision", "fp16")
+
+
+@pytest.mark.parametrize(
+    ("flags", "precision"),
+    [(["--cpu-bf16"], "bf16"), (["--no-bf16"], "fp32"), (["--bf16"], "auto"),
+     (["--no-cpu-bf16"], "auto"), (["--no-bf16", "--no-cpu-bf16"], "fp32")],
+)  # fmt: skip
+def test_the_precision_flags_of_earlier_releases_still_work(
+    flags: list[str], precision: str
+) -> None:
+    resolved = train_config_from_args(parse("train", "--src", "a", "--tgt", "b", *flags))
+    assert resolved.precision == precision
+
+
+def test_old_precision_flags_with_precision_are_refused_and_flags_go_over_an_old_file(
+    tmp_path: Path,
+) -> None:
+    args = parse("train", "--src", "a", "--tgt", "b", "--cpu-bf16", "--precision", "fp32")
+    with pytest.raises(ConfigError, match=r"--cpu-bf16 and --precision both given"):
+        train_config_from_args(args)
+    config = tmp_path / "old.yaml"
+    config.write_text("src: a.en\ntgt: a.de\ncpu_bf16: true\n")  # an earlier release's file
+    assert train_config_from_args(parse("train", "-c", str(config))).precision == "bf16"
+    args = parse("train", "-c", str(config), "--precision", "fp32")
+    assert train_config_from_args(args).precision == "fp32"  # flags win, as for any key
 
 
 # -- the generator ----------------------------------------------------------------------------

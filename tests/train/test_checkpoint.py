@@ -288,7 +288,12 @@ def test_checkpoint_holds_a_model_dir_and_the_training_state(
         "best_valid_bleu": -float("inf"),
         "best_step": 0,
         "validations_since_best": 0,
+        "elapsed_s": 0.0,
+        "schedule_end": 0,
+        "weights": "raw",
+        "weights_chosen_at": 0,
     }
+    # No "ema" key without an average of the weights, as before there was one.
     assert sorted(raw) == ["accumulate", "optimizer", "progress", "rng", "world_size"]
 
 

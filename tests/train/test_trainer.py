@@ -36,7 +36,7 @@ from aiayn.config import TrainConfig
 from aiayn.decode.translator import Translator
 from aiayn.model import Transformer
 from aiayn.model_dir import CHECKSUMS_FILE, WEIGHTS_FILE, load_model_dir, save_model
-from aiayn.optim import learning_rate
+from aiayn.optim import DECAYING, learning_rate, scheduled_rate
 from aiayn.text.corpus import load_or_build
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.train import checkpoint as ckpt
@@ -89,7 +89,7 @@ def make_config(corpus: tuple[Path, Path], out_dir: Path, **overrides: Any) -> T
         progress=False,
     )
     values.update(overrides)
-    return TrainConfig(**values)
+    return TrainConfig.from_dict(values)  # keys of earlier releases too (cpu_bf16)
 
 
 def cli_args(config: TrainConfig) -> list[str]:
@@ -199,7 +199,8 @@ def test_run_directory_contents(corpus: tuple[Path, Path], tmp_path: Path) -> No
     run_dir = tmp_path / "run"
     assert (result.run_dir, result.model_dir, result.step) == (run_dir, run_dir / "model", 6)
     assert not result.interrupted
-    assert TrainConfig(**yaml.safe_load((run_dir / "train_config.yaml").read_text())) == config
+    recorded = TrainConfig(**yaml.safe_load((run_dir / "train_config.yaml").read_text()))
+    assert recorded == dataclasses.replace(config, schedule="inverse_sqrt")  # "auto", resolved
     assert checkpoint_steps(run_dir) == [3, 6]
     records = read_metrics(run_dir)
     assert [(r["type"], r["step"]) for r in records] == [
@@ -684,7 +685,7 @@ def test_resume_overrides_a_setting_that_may_change_and_records_it(
     assert "resume: max_steps changed from 2 to 4" in caplog.text
     assert checkpoint_steps(run)[-1] == 4
     recorded = TrainConfig(**yaml.safe_load((run / "train_config.yaml").read_text()))
-    assert recorded == make_config(corpus, run, max_steps=4)
+    assert recorded == make_config(corpus, run, max_steps=4, schedule="inverse_sqrt")
 
 
 @pytest.mark.parametrize(
@@ -1196,9 +1197,9 @@ def test_a_fresh_run_remakes_a_vocabulary_made_from_other_settings(
 def test_cpu_bf16_training_runs_in_bf16_and_learns(
     corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With cpu_bf16 the forward runs under bf16 autocast; weights and losses stay float32; and
-    oneDNN's kernel cache, a setting of the process, is left to the program (`aiayn train`
-    limits it: test_aiayn_train_makes_the_process_settings_before_training)."""
+    """With precision bf16 on a CPU the forward runs under bf16 autocast; weights and losses
+    stay float32; and oneDNN's kernel cache, a setting of the process, is left to the program
+    (`aiayn train` limits it: test_aiayn_train_makes_the_process_settings_before_training)."""
     seen: list[tuple[torch.dtype | None, torch.dtype]] = []
     forward = Transformer.forward
 
@@ -1211,7 +1212,7 @@ def test_cpu_bf16_training_runs_in_bf16_and_learns(
     monkeypatch.setattr(Transformer, "forward", recording_forward)
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"):
         monkeypatch.delenv(name, raising=False)  # and restored afterwards
-    result = trainer.train(make_config(corpus, tmp_path / "run", max_steps=8, cpu_bf16=True))
+    result = trainer.train(make_config(corpus, tmp_path / "run", max_steps=8, precision="bf16"))
     assert "ONEDNN_PRIMITIVE_CACHE_CAPACITY" not in os.environ
     assert seen and set(seen) == {(torch.bfloat16, torch.float32)}
     assert all(w.dtype == torch.float32 for w in weights(result.model_dir).values())
@@ -1230,10 +1231,10 @@ def test_runtime_settings_are_what_aiayn_train_set_before(
         "onednn_kernels": None,
         "compile_errors_fall_back": None,
     }
-    bf16 = trainer.runtime_settings(dataclasses.replace(config, cpu_bf16=True, compile=True))
+    bf16 = trainer.runtime_settings(dataclasses.replace(config, precision="bf16", compile=True))
     assert bf16["onednn_kernels"] == ONEDNN_KERNELS_FOR_BF16_TRAINING
     assert bf16["compile_errors_fall_back"] is True
-    on_gpu = dataclasses.replace(config, cpu_bf16=True, device="cuda")  # CUDA's bf16 is not oneDNN
+    on_gpu = dataclasses.replace(config, precision="bf16", device="cuda")  # not oneDNN's bf16
     assert trainer.runtime_settings(on_gpu)["onednn_kernels"] is None
 
 
@@ -1248,7 +1249,7 @@ def test_aiayn_train_makes_the_process_settings_before_training(
     torch.set_num_threads(2)  # tests/conftest.py gives the suite's back afterwards
     seen = {}
 
-    def fake_train(config: TrainConfig, *, resume: bool) -> trainer.TrainResult:
+    def fake_train(config: TrainConfig, *, resume: bool, started: float) -> trainer.TrainResult:
         seen.update(
             threads=torch.get_num_threads(),
             kernels=os.environ.get("ONEDNN_PRIMITIVE_CACHE_CAPACITY"),
@@ -1258,7 +1259,7 @@ def test_aiayn_train_makes_the_process_settings_before_training(
 
     monkeypatch.setattr(trainer, "train", fake_train)
     config = make_config(
-        corpus, tmp_path / "run", threads=1, cpu_bf16=True, compile=True, device="cpu"
+        corpus, tmp_path / "run", threads=1, precision="bf16", compile=True, device="cpu"
     )
     with pytest.raises(SystemExit):
         main(cli_args(config))
@@ -1280,3 +1281,80 @@ def test_training_refuses_onednn_where_its_products_are_wrong(
     with pytest.raises(ValueError, match="--onednn cannot train correctly on this CPU: off by"):
         trainer.train(config)
     assert not (tmp_path / "run" / "model").exists()
+
+
+# -- schedules that know their end, and the precision keys of earlier releases --------------
+
+
+@pytest.mark.parametrize("schedule", DECAYING)
+@pytest.mark.parametrize("max_steps", [5, 9])
+def test_a_decaying_schedule_reaches_zero_at_max_steps(
+    corpus: tuple[Path, Path], tmp_path: Path, schedule: str, max_steps: int
+) -> None:
+    """The rate of every update is the schedule's for an end at max_steps: 0 at the last."""
+    config = make_config(corpus, tmp_path / "run", max_steps=max_steps, schedule=schedule)
+    trainer.train(config)
+    records = [r for r in read_metrics(tmp_path / "run") if r["type"] == "train"]
+    assert [r["step"] for r in records] == list(range(1, max_steps + 1))
+    for r in records:
+        expected = scheduled_rate(schedule, r["step"], d_model=16, warmup_steps=4, end=max_steps)
+        assert r["lr"] == expected
+    assert records[-1]["lr"] == 0.0 and all(r["lr"] > 0 for r in records[:-1])
+
+
+def test_a_decaying_schedule_resumes_exactly(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped after update 5 of 10 and resumed: the same rates, losses and weights."""
+    config = make_config(corpus, tmp_path / "whole", max_steps=10, schedule="linear")
+    trainer.train(config)
+    stopped = dataclasses.replace(config, out_dir=str(tmp_path / "stopped"))
+    with monkeypatch.context() as patch:
+        stop_at(patch, 5)
+        assert trainer.train(stopped).interrupted
+    assert trainer.train(stopped, resume=True).step == 10
+
+    def rates(run_dir: Path) -> list[tuple[int, float]]:
+        return [(r["step"], r["lr"]) for r in read_metrics(run_dir) if r["type"] == "train"]
+
+    assert rates(tmp_path / "whole") == rates(tmp_path / "stopped")
+    assert rates(tmp_path / "whole")[-1] == (10, 0.0)
+    assert train_losses(tmp_path / "whole") == train_losses(tmp_path / "stopped")
+    assert_same_weights(tmp_path / "whole" / "model", tmp_path / "stopped" / "model")
+
+
+def test_with_max_epochs_a_decaying_schedule_ends_at_the_last_epochs_last_update(
+    corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    config = make_config(corpus, tmp_path / "run", max_steps=1000, max_epochs=2, schedule="cosine")
+    result = trainer.train(config)
+    records = [r for r in read_metrics(tmp_path / "run") if r["type"] == "train"]
+    assert records[-1]["step"] == result.step < 1000
+    assert records[-1]["lr"] == 0.0 and records[-2]["lr"] > 0
+
+
+def test_a_run_directory_of_an_earlier_release_resumes_with_its_precision_and_eq3(
+    corpus: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """Its train_config.yaml has bf16/cpu_bf16 and no schedule: they are read as precision and
+    Eq. 3 (the only schedule it had), even when the resume adds a time budget (for which
+    "auto" would pick another schedule), and the file is written again with today's keys."""
+    run = tmp_path / "run"
+    config = make_config(corpus, run, max_steps=2)
+    assert main(cli_args(config)) == 0
+    settings = run / "train_config.yaml"
+    values = yaml.safe_load(settings.read_text())
+    del values["precision"], values["schedule"], values["time_budget"], values["ema_decay"]
+    values.update(bf16=False, cpu_bf16=False)  # as `--no-bf16` wrote it
+    settings.write_text(yaml.safe_dump(values, sort_keys=False))
+    # In this process `aiayn train` counts the budget from pytest's start: a week, then.
+    args = ["train", "--out-dir", str(run), "--resume", "--max-steps", "4", "--time-budget", "7d"]
+    assert main(args) == 0
+    assert "error" not in capsys.readouterr().err
+    recorded = yaml.safe_load(settings.read_text())
+    assert (recorded["precision"], recorded["schedule"]) == ("fp32", "inverse_sqrt")
+    assert "bf16" not in recorded and "cpu_bf16" not in recorded
+    records = [r for r in read_metrics(run) if r["type"] == "train"]
+    assert [r["lr"] for r in records] == [
+        learning_rate(step, d_model=16, warmup_steps=4) for step in (1, 2, 3, 4)
+    ]

@@ -3,6 +3,7 @@ update, with the loss computed in chunks through the model's forward."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 from collections.abc import Callable
@@ -18,6 +19,7 @@ from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
 from aiayn.text.batching import collate
 from aiayn.text.corpus import ParallelDataset, load_or_build
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from aiayn.train import update
 from aiayn.train.distributed import Distributed
 from aiayn.train.update import UpdateStats, optimizer_update, uses_bf16
 
@@ -183,13 +185,37 @@ def test_the_loss_path_of_forward_is_float32_under_bf16_autocast() -> None:
     assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
 
 
-def test_bf16_autocast_is_opt_in_on_cpu() -> None:
+def test_bf16_autocast_is_opt_in_on_cpu_and_auto_only_where_a_gpu_computes_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """precision auto (the default): bf16 on a CUDA GPU that computes in bf16 (Ampere or
+    newer), float32 on an older GPU (which only emulates it) and on a CPU; bf16 and fp32 as
+    asked, anywhere."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
-    default = TrainConfig(src="a", tgt="b")
-    flags = {"bf16": default.bf16, "cpu_bf16": default.cpu_bf16}
-    assert uses_bf16(cuda, **flags) and not uses_bf16(cpu, **flags)
-    assert uses_bf16(cpu, bf16=True, cpu_bf16=True)
-    assert not uses_bf16(cuda, bf16=False, cpu_bf16=True)
+    default = TrainConfig(src="a", tgt="b").precision
+    assert default == "auto"
+    native = {"bf16": True}
+    monkeypatch.setattr(update, "cuda_computes_bf16", lambda device: native["bf16"])
+    assert uses_bf16(cuda, default) and not uses_bf16(cpu, default)
+    native["bf16"] = False  # a pre-Ampere GPU
+    assert not uses_bf16(cuda, default)
+    assert uses_bf16(cuda, "bf16") and uses_bf16(cpu, "bf16")
+    assert not uses_bf16(cuda, "fp32") and not uses_bf16(cpu, "fp32")
+
+
+def test_cuda_computes_bf16_asks_without_emulation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`torch.cuda.is_bf16_supported()` counts emulation by default (True on a pre-Ampere GPU
+    that only emulates bf16, slowly); "auto" asks for native support only."""
+    asked = []
+
+    def is_bf16_supported(including_emulation: bool = True) -> bool:
+        asked.append(including_emulation)
+        return including_emulation
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", is_bf16_supported)
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    assert not update.cuda_computes_bf16(torch.device("cuda"))
+    assert asked == [False]
 
 
 def test_an_update_with_onednn_products_is_the_plain_update(dataset: ParallelDataset) -> None:

@@ -25,7 +25,7 @@ from aiayn.config import preset
 from aiayn.decode.translator import TranslationResult, Translator
 from aiayn.model import Transformer, sinusoidal_positional_encoding
 from aiayn.model_dir import save_model_dir
-from aiayn.optim import learning_rate
+from aiayn.optim import learning_rate, scheduled_rate
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.viz.plots import (
     ATTENTION_KINDS,
@@ -262,6 +262,24 @@ def test_schedule_curves_each_take_their_own_lr_scale() -> None:
         plot_schedule([(128, 200, 0.0)])
 
 
+@pytest.mark.parametrize("schedule", ["linear", "cosine", "inverse_sqrt_cooldown"])
+def test_a_decaying_schedule_is_drawn_as_training_sets_it_down_to_zero_at_the_last_step(
+    schedule: str,
+) -> None:
+    figure = plot_schedule([(256, 400)], steps=3000, schedule=schedule)
+    ax = figure.axes[0]
+    [line] = [line for line in ax.lines if len(line.get_xdata()) > 1]
+    steps, rates = np.asarray(line.get_xdata()), np.asarray(line.get_ydata())
+    expected = [scheduled_rate(schedule, int(s), d_model=256, warmup_steps=400, end=3000)
+                for s in steps]  # fmt: skip
+    np.testing.assert_allclose(rates, expected)
+    assert steps[-1] == 3000 and rates[-1] == 0.0
+    assert steps[np.argmax(rates)] == 400  # Eq. 3's peak, marked as for Eq. 3
+    assert "to 0 at step 3000" in ax.get_title()
+    with pytest.raises(ValueError, match=r"schedule \('exp'\) must be one of"):
+        plot_schedule(schedule="exp")
+
+
 def test_curves_plot_train_and_valid_series(tmp_path: Path) -> None:
     write_metrics(tmp_path / "metrics.jsonl", TRAIN + VALID)
     figure = plot_curves(tmp_path)
@@ -408,6 +426,9 @@ def test_plot_positional_encoding_and_schedule_commands(
     argv = ["plot", "schedule", "--d-model", "512", "--d-model", "256", "--warmup", "4000"]
     assert main([*argv, "--steps", "10000", "-o", str(lr), "--dpi", str(DPI)]) == 0
     assert_image(lr, size_of(plot_schedule()), DPI)
+    argv = ["plot", "schedule", "--schedule", "linear", "--steps", "1000", "-o", str(lr)]
+    assert main([*argv, "--dpi", str(DPI)]) == 0
+    assert_image(lr, size_of(plot_schedule(schedule="linear")), DPI)
     parser = build_parser()
     argv = ["plot", "schedule", "--d-model", "512", "--warmup", "4000", "--lr-scale", "1"]
     args = parser.parse_args(

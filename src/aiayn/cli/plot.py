@@ -35,7 +35,9 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     pe.set_defaults(run=_run_plot_positional_encoding)
 
-    sc = what.add_parser("schedule", help="the learning-rate schedule of Eq. 3")
+    sc = what.add_parser(
+        "schedule", help="the learning-rate schedule of Eq. 3 (or another of train's)"
+    )
     sc.add_argument(
         "--d-model",
         type=int,
@@ -52,6 +54,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         type=float,
         action="append",
         help="factor on Eq. 3, train's --lr-scale (default 1.0); repeatable, pairs like --warmup",
+    )
+    sc.add_argument(
+        "--schedule",
+        choices=("inverse_sqrt", "linear", "cosine", "inverse_sqrt_cooldown"),
+        default="inverse_sqrt",
+        help="train's --schedule (default inverse_sqrt, Eq. 3); a decaying one reaches 0 at "
+        "--steps",
     )
     sc.set_defaults(run=_run_plot_schedule)
 
@@ -97,7 +106,9 @@ def _run_plot_schedule(args: argparse.Namespace) -> int:
         )
     columns = [values * (n_curves // len(values)) for values in given.values()]
     settings = list(zip(*columns, strict=True))
-    return _save_plot(args, lambda: plot_schedule(settings, steps=args.steps))
+    return _save_plot(
+        args, lambda: plot_schedule(settings, steps=args.steps, schedule=args.schedule)
+    )
 
 
 def _run_plot_curves(args: argparse.Namespace) -> int:

@@ -86,6 +86,15 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "logging, validation, device)",
     )
     add_dataclass_flags(p, TrainConfig, skip={"model"})
+    # The flags of earlier releases, replaced by --precision (`config.upgrade_train_values`).
+    for old in ("bf16", "cpu_bf16"):
+        p.add_argument(
+            "--" + old.replace("_", "-"),
+            dest=f"legacy_{old}",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=argparse.SUPPRESS,
+        )
     p.add_argument(
         "--model",
         action="append",
@@ -101,11 +110,20 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
     With `--resume`, the run's own `train_config.yaml` comes first: what the file and flags
     give goes on top of it, where the trainer accepts it as an override or refuses it.
     """
-    from aiayn.config import TrainConfig, load_yaml_config
+    from aiayn.config import (
+        LEGACY_PRECISION_KEYS,
+        ConfigError,
+        TrainConfig,
+        load_yaml_config,
+        upgrade_train_values,
+    )
     from aiayn.train.rundir import read_config
 
     values: dict[str, Any] = load_yaml_config(args.config) if args.config else {}
     source = args.config or "flags"
+    # Each source's keys of earlier releases are read as today's before the sources merge,
+    # so that a flag given today goes over an old key in the file, and the other way round.
+    values = upgrade_train_values(values, source=source)
     out_dir = args.out_dir or values.get("out_dir") or TrainConfig.out_dir
     if args.resume and (saved := read_config(Path(out_dir))) is not None:
         values = {**saved, **values}
@@ -113,19 +131,40 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
         merged = dict(values.get("model") or {})
         merged.update(parse_assignments(args.model, "--model"))
         values["model"] = merged
-    values.update(dataclass_values(TrainConfig, args, skip={"model"}))
+    flags = dataclass_values(TrainConfig, args, skip={"model"})
+    legacy = {
+        name: value
+        for name in LEGACY_PRECISION_KEYS
+        if (value := getattr(args, f"legacy_{name}", None)) is not None
+    }
+    if legacy and "precision" in flags:
+        given = " and ".join(
+            f"--{'' if v else 'no-'}{k.replace('_', '-')}" for k, v in legacy.items()
+        )
+        raise ConfigError(f"{given} and --precision both given: give --precision alone")
+    flags.update(upgrade_train_values(legacy, source="flags"))
+    values.update(flags)
     return TrainConfig.from_dict(values, source=source)
 
 
 def _run_train(args: argparse.Namespace) -> int:
+    import time
+
+    from aiayn.train.budget import process_start
+
+    # A time budget counts from the process's start, as the OS recorded it; where it keeps no
+    # record, from here (before torch is imported).
+    started = process_start()
+    started = time.monotonic() if started is None else started
+
     from aiayn import runtime
     from aiayn.train.trainer import runtime_settings, train
 
     config = train_config_from_args(args)
-    # The process's settings (threads, oneDNN's kernel cache for --cpu-bf16, the compile
+    # The process's settings (threads, oneDNN's kernel cache for bf16 on a CPU, the compile
     # fallback) are the command's to set, before any PyTorch work; `train` sets none.
     runtime.configure(**runtime_settings(config))
-    result = train(config, resume=args.resume)
+    result = train(config, resume=args.resume, started=started)
     # A run stopped by a signal exits as the shell reports one: 128 + its number (143 for
     # SIGTERM, 130 for SIGINT), which schedulers and wrappers read as "stopped, not failed".
     status = 128 + (result.stop_signal or signal.SIGINT) if result.interrupted else 0

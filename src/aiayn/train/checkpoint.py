@@ -58,6 +58,15 @@ class Progress:
     best_step: int = 0  # the validation that chose `best/`
     validations_since_best: int = 0
     interval: dict[str, float] = field(default_factory=new_interval)
+    # The run's wall time up to this checkpoint, every process of it (aiayn.train.budget).
+    elapsed_s: float = 0.0
+    # The last update a decaying schedule was heading for, as foreseen from a time budget
+    # (0 = none foreseen): a resumed run goes on from it until it has measured its own pace.
+    schedule_end: int = 0
+    # Which weights model/ holds with an average of them (aiayn.train.ema): "raw" or "ema", and
+    # the validation that chose (0 = none yet).
+    weights: str = "raw"
+    weights_chosen_at: int = 0
 
     def count_update(self, loss: float, nll: float, tokens: int) -> None:
         """One update more: step, position in the epoch, tokens, the open metrics interval."""
@@ -78,9 +87,11 @@ class TrainingState:
     Attributes:
         optimizer: The optimizer's `state_dict()`.
         progress: Step, epoch, data position, the open metrics interval, the best validation
-            so far and the validations since it.
+            so far and the validations since it, the run's wall time.
         rng: Every rank's RNG states (`capture_rng`), indexed by rank.
         world_size, accumulate: The processes × batches of one update, which `position` counts.
+        ema: The moving average of the weights by parameter name, float32
+            (`ema.WeightAverage.state_dict`); None without one (and not saved then).
     """
 
     optimizer: dict[str, Any]
@@ -88,9 +99,13 @@ class TrainingState:
     rng: list[dict[str, Any]]
     world_size: int
     accumulate: int
+    ema: dict[str, torch.Tensor] | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**vars(self), "progress": dataclasses.asdict(self.progress)}
+        values = {**vars(self), "progress": dataclasses.asdict(self.progress)}
+        if self.ema is None:
+            del values["ema"]  # as earlier releases wrote it
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainingState:

@@ -39,12 +39,13 @@ import os
 import shutil
 import socket
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from aiayn.config import TrainConfig, load_yaml_config
+from aiayn.config import TrainConfig, load_yaml_config, upgrade_train_values
 from aiayn.model_dir import DiskFullError, leftovers, stranded_copy
 from aiayn.train import checkpoint as ckpt
 from aiayn.train.runlog import METRICS_FILE
@@ -178,13 +179,15 @@ def write_config(run_dir: Path, values: dict[str, Any]) -> None:
 # refused. `accumulate` may change because the number of processes may: it is how an update
 # keeps its size on other hardware (the trainer warns that the epoch's batches then differ);
 # `out_dir` because a run directory may be moved. `patience` may change (the count goes on), not
-# `patience_metric`: `best/` and the count would mix two metrics.
+# `patience_metric`: `best/` and the count would mix two metrics. The run's length
+# (`max_steps`, `max_epochs`, `time_budget`) may change: with a decaying schedule the decay then
+# follows the new end (logged). `schedule` and `ema_decay` may not.
 RESUMABLE = frozenset(
     {
-        "max_steps", "max_epochs", "save_every", "save_every_minutes", "keep_last",
-        "valid_every", "valid_bleu", "valid_src", "valid_tgt", "valid_tsv", "log_every",
-        "threads", "progress", "device", "bf16", "cpu_bf16", "onednn", "compile", "accumulate",
-        "src_lang", "tgt_lang", "out_dir", "patience", "tensorboard",
+        "max_steps", "max_epochs", "time_budget", "save_every", "save_every_minutes",
+        "keep_last", "valid_every", "valid_bleu", "valid_src", "valid_tgt", "valid_tsv",
+        "log_every", "threads", "progress", "device", "precision", "onednn", "compile",
+        "accumulate", "src_lang", "tgt_lang", "out_dir", "patience", "tensorboard",
     }
 )  # fmt: skip
 _PATHS = ("out_dir", "src", "tgt", "tsv", "tokenizer", "valid_src", "valid_tgt", "valid_tsv")
@@ -202,6 +205,8 @@ def resume_overrides(run_dir: Path, config: TrainConfig) -> dict[str, tuple[Any,
     if saved_values is None:
         return {}
     saved = TrainConfig.from_dict(saved_values, source=str(run_dir / CONFIG_FILE))
+    # A schedule is compared as the run uses it ("auto" resolved), as it records it.
+    saved, config = (replace(c, schedule=c.resolved_schedule) for c in (saved, config))
     changed = {
         name: (getattr(saved, name), getattr(config, name))
         for name in saved.to_dict()
@@ -237,11 +242,18 @@ def _same_setting(name: str, a: Any, b: Any) -> bool:
 
 
 def read_config(run_dir: Path) -> dict[str, Any] | None:
-    """The settings the run recorded (`write_config`), or None if it recorded none."""
+    """The settings the run recorded (`write_config`), or None if it recorded none.
+
+    A run of an earlier release is read as today's: `bf16`/`cpu_bf16` as `precision`
+    (`config.upgrade_train_values`), and no `schedule` as Eq. 3's, the only one it had (so that
+    a resume given a `time_budget` does not turn "auto" into another schedule mid-run).
+    """
     path = run_dir / CONFIG_FILE
     if not path.is_file():
         return None
-    return load_yaml_config(path)
+    values = upgrade_train_values(load_yaml_config(path), source=str(path), warn=False)
+    values.setdefault("schedule", "inverse_sqrt")
+    return values
 
 
 def disk_full_message(error: DiskFullError | OSError, run_dir: str | Path) -> str | None:

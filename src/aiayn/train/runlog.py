@@ -4,9 +4,11 @@ Named for what it holds (a log), not ``metrics``: the metrics themselves (BLEU, 
 :mod:`aiayn.decode.evaluation`.
 
 Records are `TrainRecord`s (`type` "train") and `ValidRecord`s (`type` "valid"), written as
-flat JSON objects. Readers stop at the last complete line, so a log that a running job is
-writing can be read. With `tensorboard: true` the same records also go to RUN_DIR/tensorboard/
-as TensorBoard scalars (`TensorBoardLog`).
+flat JSON objects; with an average of the weights (`ema_decay`), a `ModelRecord` (`type`
+"model") at the end says which weights the run's model/ holds. Readers stop at the last
+complete line, so a log that a running job is writing can be read. With `tensorboard: true` the
+same train and valid records also go to RUN_DIR/tensorboard/ as TensorBoard scalars
+(`TensorBoardLog`).
 """
 
 from __future__ import annotations
@@ -40,14 +42,22 @@ class TrainRecord:
     lr: float
     tokens_per_s: float  # target tokens of every process, per second of this process
     tokens_seen: int  # target tokens of the whole run so far
+    elapsed_s: float | None = None  # the run's wall time (aiayn.train.budget.RunClock)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"type": self.type, **dataclasses.asdict(self)}
+        """The JSON form; `elapsed_s` only when measured (as in logs of earlier releases)."""
+        values = dataclasses.asdict(self)
+        return {"type": self.type, **{k: v for k, v in values.items() if v is not None}}
 
 
 @dataclass(frozen=True)
 class ValidRecord:
-    """A validation pass at `step`; BLEU and chrF only with `valid_bleu`."""
+    """A validation pass at `step`; BLEU and chrF only with `valid_bleu`.
+
+    With an average of the weights (`ema_decay`), the `valid_*` fields are the raw weights',
+    the `valid_ema_*` ones the average's, and `weights` names the better of the two by the
+    run's `patience_metric` ("raw" or "ema"): what `best/` and early stopping take.
+    """
 
     type: ClassVar[str] = "valid"
     step: int
@@ -58,6 +68,23 @@ class ValidRecord:
     valid_bleu: float | None = None
     valid_chrf: float | None = None
     bleu_signature: str | None = None
+    valid_ema_loss: float | None = None
+    valid_ema_nll: float | None = None
+    valid_ema_ppl: float | None = None
+    valid_ema_bleu: float | None = None
+    valid_ema_chrf: float | None = None
+    weights: str | None = None
+
+    def score(self, metric: str) -> float:
+        """The validation NLL (`metric` "loss") or BLEU ("bleu") of the weights it chose."""
+        ema = self.weights == "ema"
+        if metric == "bleu":
+            value = self.valid_ema_bleu if ema else self.valid_bleu
+            assert value is not None, "patience_metric bleu needs valid_bleu"
+            return value
+        value = self.valid_ema_nll if ema else self.valid_nll
+        assert value is not None
+        return value
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form; BLEU fields only when measured (as in logs of earlier releases)."""
@@ -67,6 +94,21 @@ class ValidRecord:
     def metrics(self) -> dict[str, Any]:
         """The measured values, without `type` and `step` (what `TrainResult` reports)."""
         return {k: v for k, v in self.to_dict().items() if k not in ("type", "step")}
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    """Which weights the run's model/ holds at `step`: "raw" or "ema" (the moving average), as
+    the validation at `chosen_at` found them better (None: no validation chose, so the
+    average, which the run was asked to keep, is taken)."""
+
+    type: ClassVar[str] = "model"
+    step: int
+    weights: str
+    chosen_at: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, **dataclasses.asdict(self)}
 
 
 Record = TrainRecord | ValidRecord
@@ -163,11 +205,12 @@ class MetricsLog:
         self.path, self.enabled = path, enabled
         self.tensorboard: TensorBoardLog | None = None
 
-    def write(self, record: Record | dict[str, Any]) -> None:
+    def write(self, record: Record | ModelRecord | dict[str, Any]) -> None:
         """Appends one record as a line and closes the file: a crash loses at most that line."""
-        if self.enabled and self.tensorboard is not None and not isinstance(record, dict):
+        numbers = isinstance(record, (TrainRecord, ValidRecord))
+        if self.enabled and self.tensorboard is not None and numbers:
             self.tensorboard.write(record)
-        if isinstance(record, (TrainRecord, ValidRecord)):
+        if isinstance(record, (TrainRecord, ValidRecord, ModelRecord)):
             record = record.to_dict()
         if self.enabled:
             with open(self.path, "a", encoding="utf-8") as f:

@@ -69,16 +69,18 @@ class EarlyStopping:
         """Count the validation `record` into `progress`; True if it is the new best.
 
         Improvement is strict: a validation that only equals the best one does not reset the
-        count. The best NLL and BLEU are both kept, whichever metric decides.
+        count. The best NLL and BLEU are both kept, whichever metric decides. With an average
+        of the weights, the values are those of the weights the validation chose
+        (`ValidRecord.score`): the ones `best/` would hold.
         """
+        score = record.score(self.metric)
         if self.metric == "bleu":
-            assert record.valid_bleu is not None, "patience_metric bleu needs valid_bleu"
-            improved = record.valid_bleu > progress.best_valid_bleu
+            improved = score > progress.best_valid_bleu
         else:
-            improved = record.valid_nll < progress.best_valid_nll
-        progress.best_valid_nll = min(progress.best_valid_nll, record.valid_nll)
+            improved = score < progress.best_valid_nll
+        progress.best_valid_nll = min(progress.best_valid_nll, record.score("loss"))
         if record.valid_bleu is not None:
-            progress.best_valid_bleu = max(progress.best_valid_bleu, record.valid_bleu)
+            progress.best_valid_bleu = max(progress.best_valid_bleu, record.score("bleu"))
         if improved:
             progress.best_step, progress.validations_since_best = record.step, 0
         else:

@@ -14,7 +14,11 @@
    (weights, optimizer, step, RNG, data position: `checkpoint.TrainingState`), a `model/`
    directory that inference loads with no flags and a `best/` one;
 4. `Trainer.run`: the loop; SIGINT/SIGTERM finish the current update, save and exit; with
-   `patience`, the run ends once validation stops improving (aiayn.train.stopping).
+   `patience`, the run ends once validation stops improving (aiayn.train.stopping); with
+   `time_budget`, once the next update would leave too little time for the final validation
+   and save (aiayn.train.budget), the end a decaying schedule heads for. With `ema_decay`, a
+   moving average of the weights (aiayn.train.ema) is validated beside them, and model/ holds
+   whichever validates better.
 
 Multi-GPU / multi-node: launch with `torchrun ... -m aiayn train ...`; every rank takes its
 share of the batches (DDP over NCCL on GPUs, gloo on CPUs) and rank 0 alone writes.
@@ -55,7 +59,7 @@ from aiayn.model_dir import (
     load_weights,
     save_model_dir,
 )
-from aiayn.optim import build_optimizer
+from aiayn.optim import DECAYING, build_optimizer
 from aiayn.text.batching import accumulation, epoch_updates
 from aiayn.text.corpus import ParallelDataset, check_corpus_files, load_or_build
 from aiayn.text.tokenizer import (
@@ -67,11 +71,14 @@ from aiayn.text.tokenizer import (
 )
 from aiayn.train import checkpoint as ckpt
 from aiayn.train import finetune, rundir
+from aiayn.train.budget import MARGIN_S, MARGIN_S_DISTRIBUTED, Pace, RunClock, TimeBudget
 from aiayn.train.distributed import Distributed, device_type, init_distributed
+from aiayn.train.ema import WEIGHTS_NAMES, WeightAverage, averaged_fields, better_weights
 from aiayn.train.runlog import (
     METRICS_FILE,
     TENSORBOARD_DIR,
     MetricsLog,
+    ModelRecord,
     TensorBoardLog,
     TrainingDisplay,
     TrainRecord,
@@ -79,7 +86,13 @@ from aiayn.train.runlog import (
     truncate_metrics,
 )
 from aiayn.train.stopping import EarlyStopping, StopFlag
-from aiayn.train.update import UpdateStats, optimizer_update, uses_bf16, uses_onednn
+from aiayn.train.update import (
+    UpdateStats,
+    cuda_computes_bf16,
+    optimizer_update,
+    uses_bf16,
+    uses_onednn,
+)
 from aiayn.train.validation import validation_metrics
 
 logger = logging.getLogger(__name__)
@@ -98,18 +111,48 @@ class TrainResult:
     last_valid: dict[str, Any] | None
     stop_signal: int | None = None  # the signal that stopped the run (SIGINT, SIGTERM)
     early_stopped: bool = False  # validation stopped improving (`patience`)
+    out_of_time: bool = False  # the time budget ended the run (`time_budget`)
+    weights: str = "raw"  # what model/ holds: "raw", or "ema" (the moving average)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every rank does after an update, agreed on by all (`Trainer.should_stop`).
+
+    Attributes:
+        stop_now: A stop request (a signal) came: save and exit.
+        timed: A timed save is due (`save_every_minutes`).
+        out_of_time: The time budget has no room for another update: this one is the last.
+        end: The last update the schedule heads for (`max_steps`, or foreseen by the budget).
+    """
+
+    stop_now: bool
+    timed: bool
+    out_of_time: bool
+    end: int
 
 
 # -- the job: `train`, and the `Trainer` it runs ---------------------------------------------
 
 
-def train(config: TrainConfig, *, resume: bool = False) -> TrainResult:
-    """Run (or continue, with `resume`) the training job described by `config`."""
+def train(
+    config: TrainConfig, *, resume: bool = False, started: float | None = None
+) -> TrainResult:
+    """Run (or continue, with `resume`) the training job described by `config`.
+
+    Args:
+        started: When the run's time began in this process, a `time.monotonic()` value, for
+            `time_budget` (and the run's wall time in metrics.jsonl): `aiayn train` gives its
+            process's start (`budget.process_start`); by default, the call of `train`.
+    """
+    started = time.monotonic() if started is None else started
     distributed, device = init_distributed(config.device)
     trainer: Trainer | None = None
     try:
         with contextlib.ExitStack() as held:  # the run directory's lock, while training
-            trainer = Trainer(config, resume=resume, distributed=distributed, device=device)
+            trainer = Trainer(
+                config, resume=resume, distributed=distributed, device=device, started=started
+            )
             trainer.setup(held)
             return trainer.run()
     except (DiskFullError, OSError) as error:
@@ -137,9 +180,7 @@ def runtime_settings(config: TrainConfig) -> dict[str, Any]:
     (`ONEDNN_KERNELS_FOR_BF16_TRAINING`: peak memory); with `compile`, the fallback to eager
     execution where compilation fails at the first update."""
     on_cpu = device_type(config.device) == "cpu"
-    bf16_on_cpu = on_cpu and uses_bf16(
-        torch.device("cpu"), bf16=config.bf16, cpu_bf16=config.cpu_bf16
-    )
+    bf16_on_cpu = on_cpu and uses_bf16(torch.device("cpu"), config.precision)
     return {
         "threads": config.threads,
         "onednn_kernels": ONEDNN_KERNELS_FOR_BF16_TRAINING if bf16_on_cpu else None,
@@ -168,6 +209,10 @@ class Trainer:
         progress: Step, epoch and data position, and the open metrics interval; saved and
             restored with every checkpoint.
         log: The metrics log (written by rank 0).
+        clock: The run's wall time; `pace` what its updates, validations and saves cost;
+            `budget` the time budget (None without one).
+        average: The moving average of the weights (rank 0, with `ema_decay`; else None).
+        schedule_end: The last update the learning-rate schedule heads for.
     """
 
     def __init__(
@@ -177,12 +222,14 @@ class Trainer:
         resume: bool,
         distributed: Distributed,
         device: torch.device,
+        started: float | None = None,
     ) -> None:
-        self.config = config
+        # "auto" is resolved once, and recorded so: a resume keeps the schedule it began with.
+        self.config = config = replace(config, schedule=config.resolved_schedule)
         self.resume_requested = resume
         self.distributed = distributed
         self.device = device
-        self.bf16 = uses_bf16(device, bf16=config.bf16, cpu_bf16=config.cpu_bf16)
+        self.bf16 = uses_bf16(device, config.precision)
         self.onednn = uses_onednn(device, config.onednn, bf16=self.bf16, compile=config.compile)
         self.accumulate = accumulation(
             tokens_per_update=config.tokens_per_update,
@@ -199,6 +246,25 @@ class Trainer:
         self.early_stopping = EarlyStopping(config.patience, config.patience_metric)
         self._last_save_time = time.monotonic()
         self.display = TrainingDisplay(logger)
+        self.clock = RunClock(time.monotonic() if started is None else started)
+        self.pace = Pace(bleu=config.valid_bleu, validations=2 if config.ema_decay else 1)
+        self.budget: TimeBudget | None = None
+        if config.budget_seconds is not None:
+            self.budget = TimeBudget(
+                config.budget_seconds,
+                self.clock,
+                self.pace,
+                valid_every=config.valid_every,
+                save_every=config.save_every,
+                save_every_minutes=config.save_every_minutes,
+                exit_s=MARGIN_S_DISTRIBUTED if distributed.enabled else MARGIN_S,
+            )
+        self.average: WeightAverage | None = None
+        self._saved_average: dict[str, torch.Tensor] | None = None
+        self.schedule_end = config.max_steps
+        self.out_of_time = False  # the budget ended the run (agreed on by every rank)
+        self._validation_out_of_time = False  # rank 0 gave up a validation for the final save
+        self._warned_short = False  # that the budget ends the run inside the warm-up
 
     # -- setup ----------------------------------------------------------------------------
 
@@ -227,6 +293,8 @@ class Trainer:
         betas = (self.config.adam_beta1, self.config.adam_beta2)
         self.optimizer = build_optimizer(self.model, betas=betas, eps=self.config.adam_eps)
         self._resume_or_start()
+        self._start_average()
+        self._plan_the_end()
         self.train_model = self._wrap_model()
         self._log_setup()
 
@@ -376,6 +444,8 @@ class Trainer:
         # else: a rank the checkpoint did not have keeps the stream `setup` seeded for it
         # (seed + rank), rather than drawing rank 0's dropout masks
         self.progress = state.progress
+        self.clock.spent_before = state.progress.elapsed_s  # the budget is the run's
+        self._saved_average = state.ema
         self.model.to(self.device)
 
     def _start_from_init(self, init: finetune.InitModel) -> None:
@@ -388,10 +458,56 @@ class Trainer:
                 init.directory,
             )
 
+    def _start_average(self) -> None:
+        """The moving average of the weights (rank 0, which validates and saves): the saved
+        one on resume, else the weights the run starts from."""
+        c = self.config
+        if not c.ema_decay or not self.distributed.is_main:
+            return
+        self.average = WeightAverage(self.model, c.ema_decay)
+        if self._saved_average is not None:
+            try:
+                self.average.load_state_dict(self._saved_average)
+            except ValueError as error:
+                raise CorruptCheckpointError(f"cannot resume the average: {error}") from None
+        elif self.progress.step > 0:
+            logger.warning(
+                "the checkpoint holds no average of the weights: it starts from the weights "
+                "of step %d",
+                self.progress.step,
+            )
+        elif self.valid_data is None:
+            self.progress.weights = "ema"  # no validation will choose: the average asked for
+        self._saved_average = None
+
+    def _plan_the_end(self) -> None:
+        """The last update the schedule heads for: `max_steps`, or the last of `max_epochs`
+        if that comes first; with a time budget, the end a resumed run was heading for, until
+        this process has measured its own pace."""
+        c = self.config
+        self.fixed_end = c.max_steps
+        if c.max_epochs and c.schedule in DECAYING:
+            lengths = (len(self._epoch_updates(epoch)) for epoch in range(1, c.max_epochs + 1))
+            self.fixed_end = min(c.max_steps, sum(lengths))
+        self.schedule_end = self.fixed_end
+        if self.budget is not None and self.progress.schedule_end > 0:
+            self.schedule_end = min(self.fixed_end, self.progress.schedule_end)
+        if self.valid_data is not None:
+            self.pace.valid_tokens = int(self.valid_data.tgt_lengths.sum()) + len(self.valid_data)
+        weights = sum(p.numel() for p in self.model.parameters()) * 4  # float32
+        self.pace.save_bytes = weights * (4 + (1 if c.ema_decay else 0))  # 2 copies, Adam's 2
+
     def _wrap_model(self) -> nn.Module:
         """The model that updates run through: compiled and/or under DDP when asked."""
         if self.bf16 and self.device.type == "cpu" and not native_bf16_cpu():
-            logger.warning("cpu_bf16: this CPU has no native bf16 arithmetic; steps will be slower")
+            logger.warning(
+                "precision bf16: this CPU has no native bf16 arithmetic; steps will be slower"
+            )
+        if self.bf16 and self.device.type == "cuda" and not cuda_computes_bf16(self.device):
+            logger.warning(
+                "precision bf16: this GPU only emulates bf16 (slower than float32); "
+                "precision auto trains it in float32"
+            )
         train_model: nn.Module = self.model
         if self.config.compile:
             train_model = maybe_compile(train_model, self.device)
@@ -406,31 +522,50 @@ class Trainer:
             self.train_model = self.model
 
     def _log_setup(self) -> None:
-        if self.distributed.is_main:
+        if not self.distributed.is_main:
+            return
+        c = self.config
+        logger.info(
+            "model: %s parameters, %d train pairs, %d device(s) × %d batch(es) of ≤ %d "
+            "tokens per update, on %s%s",
+            f"{sum(p.numel() for p in self.model.parameters()):,}",
+            len(self.train_data),
+            self.distributed.world_size,
+            self.accumulate,
+            c.max_tokens,
+            self.device,
+            " in bf16" if self.bf16 else "",
+        )
+        end = f", to 0 at update {self.fixed_end}" if c.schedule in DECAYING else ""
+        if self.budget is not None and c.schedule in DECAYING:
+            end = f", to 0 at the update the time budget foresees (≤ {self.fixed_end})"
+        logger.info("learning-rate schedule: %s%s", c.schedule, end)
+        if self.budget is not None:
             logger.info(
-                "model: %s parameters, %d train pairs, %d device(s) × %d batch(es) of ≤ %d "
-                "tokens per update, on %s",
-                f"{sum(p.numel() for p in self.model.parameters()):,}",
-                len(self.train_data),
-                self.distributed.world_size,
-                self.accumulate,
-                self.config.max_tokens,
-                self.device,
+                "time budget %s: %.1f s spent by the run so far",
+                c.time_budget,
+                self.clock.elapsed(),
             )
 
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> TrainResult:
-        """Train until `max_steps` (or `max_epochs`), a stop request or an early stop; then
-        validate and save. A stop request skips or abandons the final validation (resuming
-        makes it up), an early stop has just validated; the last update is saved either way."""
+        """Train until `max_steps` (or `max_epochs`, or the time budget), a stop request or an
+        early stop; then validate and save. A stop request skips or abandons the final
+        validation (resuming makes it up), an early stop has just validated; the last update is
+        saved either way."""
         c, progress = self.config, self.progress
         self.display.open(
             bar=self.distributed.is_main and c.progress, total=c.max_steps, initial=progress.step
         )
         interrupted = early_stopped = False
         with self.stop:  # also around the final save: a signal cannot cut it in half
-            while progress.step < c.max_steps and not interrupted:
+            if self.budget is not None and progress.step < c.max_steps:
+                # A resumed run may find its budget spent already (rank 0's word counts).
+                spent = self.distributed.is_main and self.budget.updates_left() == 0
+                if self.distributed.sum([float(spent)], self.device)[0] > 0:
+                    self._out_of_time()
+            while progress.step < c.max_steps and not interrupted and not self.out_of_time:
                 if c.max_epochs and progress.epoch > c.max_epochs:
                     break
                 early_stopped = self.early_stopping.exhausted(progress)
@@ -439,12 +574,22 @@ class Trainer:
                 interrupted = self._run_epoch()
             self.display.close()
             if not interrupted:
-                interrupted = not early_stopped and not self.validate()
+                if not early_stopped and not self._validation_out_of_time:
+                    interrupted = not self.validate()
                 self.save()
         if interrupted:
             logger.warning("stopped at step %d; continue with --resume", progress.step)
-        elif early_stopped and self.distributed.is_main:
-            logger.info("early stop: %s", self.early_stopping.describe(progress))
+        elif self.distributed.is_main:
+            if early_stopped:
+                logger.info("early stop: %s", self.early_stopping.describe(progress))
+            if self.average is not None:
+                chosen_at = progress.weights_chosen_at or None
+                self.log.write(ModelRecord(progress.step, progress.weights, chosen_at))
+                logger.info("model/ holds the %s weights", WEIGHTS_NAMES[progress.weights])
+            if self.budget is not None:
+                logger.info(
+                    "the run took %.1f s of its %s time budget", self.clock.elapsed(), c.time_budget
+                )
         return TrainResult(
             self.run_dir,
             self.run_dir / "model",
@@ -453,36 +598,46 @@ class Trainer:
             self.last_valid.metrics() if self.last_valid else None,
             self.stop.signum if interrupted else None,
             early_stopped,
+            self.out_of_time,
+            progress.weights,
+        )
+
+    def _epoch_updates(self, epoch: int) -> list[list[np.ndarray]]:
+        """This rank's updates of `epoch` (aiayn.text.batching.epoch_updates)."""
+        c = self.config
+        return epoch_updates(
+            self.train_data.src_lengths,
+            self.train_data.tgt_lengths,
+            max_tokens=c.max_tokens,
+            seed=c.seed,
+            epoch=epoch,
+            accumulate=self.accumulate,
+            rank=self.distributed.rank,
+            world_size=self.distributed.world_size,
         )
 
     def _run_epoch(self) -> bool:
         """The rest of the current epoch; True if a stop request ended it."""
         c, progress = self.config, self.progress
-        updates = epoch_updates(
-            self.train_data.src_lengths,
-            self.train_data.tgt_lengths,
-            max_tokens=c.max_tokens,
-            seed=c.seed,
-            epoch=progress.epoch,
-            accumulate=self.accumulate,
-            rank=self.distributed.rank,
-            world_size=self.distributed.world_size,
-        )
+        updates = self._epoch_updates(progress.epoch)
         if not updates:
             raise TrainingError(
                 f"an epoch has no batches for {self.distributed.world_size} process(es): the "
                 "training set is too small for this many processes; use fewer or more data"
             )
         for group in updates[progress.position :]:
-            self._log_update(self.update(group))
-            stop_now, timed = self.should_stop()
-            done = progress.step >= c.max_steps
+            stats = self.update(group)
+            decision = self.should_stop()
+            stop_now = decision.stop_now
+            done = progress.step >= c.max_steps or self.out_of_time
+            self._log_update(stats, last=done)
             if c.valid_every and progress.step % c.valid_every == 0 and not done and not stop_now:
                 stop_now = not self.validate()  # a stop during validation: save now
+                done = self.out_of_time  # a validation given up for the final save
                 if self.early_stopping.exhausted(progress) and not stop_now:
                     return False  # `run` saves this update
             periodic = c.save_every and progress.step % c.save_every == 0
-            if (periodic or timed or stop_now) and not done:
+            if (periodic or decision.timed or stop_now) and not done:
                 self.save()
             if done:
                 return False  # the final validation and save follow the loop
@@ -493,8 +648,10 @@ class Trainer:
         return False
 
     def update(self, group: list[np.ndarray]) -> UpdateStats:
-        """One optimizer update over the batches of `group`; advances `progress`."""
+        """One optimizer update over the batches of `group`; advances `progress` and the
+        average of the weights, and measures the pace."""
         c, progress = self.config, self.progress
+        began = time.monotonic()
         stats = optimizer_update(
             self.train_model,
             self.optimizer,
@@ -510,15 +667,20 @@ class Trainer:
             device=self.device,
             distributed=self.distributed,
             onednn=self.onednn,
+            schedule=c.schedule,
+            end_step=self.schedule_end,
         )
         progress.count_update(stats.loss, stats.nll, stats.tokens)
+        if self.average is not None:
+            self.average.update(progress.step)
+        self.pace.count_update(time.monotonic() - began, stats.tokens)
         self.display.count(stats.tokens)
         return stats
 
-    def _log_update(self, stats: UpdateStats) -> None:
+    def _log_update(self, stats: UpdateStats, *, last: bool) -> None:
         """A metrics record every `log_every` updates (and at the last); the progress bar."""
         progress = self.progress
-        if progress.step % self.config.log_every == 0 or progress.step == self.config.max_steps:
+        if progress.step % self.config.log_every == 0 or last:
             record = self._train_record(stats.lr)
             self.log.write(record)
             self.display.show(record, log=self.distributed.is_main)
@@ -537,58 +699,140 @@ class Trainer:
             lr=lr,
             tokens_per_s=self.display.tokens_per_s(),
             tokens_seen=progress.tokens_seen,
+            elapsed_s=round(self.clock.elapsed(), 3),
         )
 
-    def should_stop(self) -> tuple[bool, bool]:
-        """(stop now, a timed save is due), the same on every rank.
+    def should_stop(self) -> Decision:
+        """What to do after this update, the same on every rank.
 
-        Every rank must take the same branch (`save` and `validate` hold barriers), so the
-        flags are agreed on: clocks and signals differ between processes.
+        Every rank must take the same branch (`save` and `validate` hold barriers) and use
+        the same learning rate, so the decision is agreed on: clocks and signals differ
+        between processes. Rank 0's clock and pace decide the time budget and the end the
+        schedule heads for.
         """
+        c, step = self.config, self.progress.step
         minutes = (time.monotonic() - self._last_save_time) / 60
-        every = self.config.save_every_minutes
+        every = c.save_every_minutes
         timed = every > 0 and minutes >= every
-        flags = self.distributed.sum([float(self.stop.requested), float(timed)], self.device)
-        stop_now, timed = (flag > 0 for flag in flags)
-        return stop_now, timed
+        out_of_time, end = False, 0
+        if self.budget is not None and self.distributed.is_main:
+            due = 0.0
+            if c.valid_every and step % c.valid_every == 0:
+                due += self.pace.validation_s
+            if timed or (c.save_every and step % c.save_every == 0):
+                due += self.pace.save_s
+            left = self.budget.updates_left(due_s=due)
+            out_of_time, end = left == 0, min(self.fixed_end, step + left)
+            if end < c.warmup_steps and self.pace.updates >= 10 and not self._warned_short:
+                self._warned_short = True
+                logger.warning(
+                    "the time budget foresees %d updates, fewer than warmup_steps (%d): the "
+                    "learning rate will not reach its peak; a shorter warm-up suits this budget",
+                    end,
+                    c.warmup_steps,
+                )
+        flags = [float(self.stop.requested), float(timed), float(out_of_time), float(end)]
+        stop_now, timed, out_of_time, end = self.distributed.sum(flags, self.device)
+        if self.budget is not None:
+            self.schedule_end = int(end)
+        if out_of_time:
+            self._out_of_time()
+        return Decision(stop_now > 0, timed > 0, out_of_time > 0, self.schedule_end)
+
+    def _out_of_time(self) -> None:
+        """The time budget has no room for another update (every rank agreed)."""
+        self.out_of_time = True
+        if not self.distributed.is_main:  # every rank says where it stops: the same update
+            logger.info("rank %d: step %d is the last", self.distributed.rank, self.progress.step)
+        elif self.budget is not None:
+            logger.info(
+                "time budget: %.1f s of %s spent; step %d is the last (the final validation "
+                "and save: ~%.1f s)",
+                self.clock.elapsed(),
+                self.config.time_budget,
+                self.progress.step,
+                self.budget.final_s(),
+            )
 
     def validate(self) -> bool:
         """Validate (rank 0) unless a stop request comes first; False if one did, on every
-        rank. An abandoned validation logs nothing and leaves `best/` alone."""
+        rank. An abandoned validation logs nothing and leaves `best/` alone; one given up for
+        the time budget's final save (rank 0's word) makes this update the last."""
         if self.valid_data is None:
             return True
+        began = time.monotonic()
         if self.distributed.is_main:
             self._validate_on_main()
         self.distributed.barrier()
         # Rank 0 counted the validation; every rank must agree on an early stop.
-        count = self.progress.validations_since_best if self.distributed.is_main else 0
-        flags = self.distributed.sum([float(self.stop.requested), float(count)], self.device)
-        self.progress.validations_since_best = int(flags[1])
-        return flags[0] == 0
+        main = self.distributed.is_main
+        count = self.progress.validations_since_best if main else 0
+        timed_out = float(self._validation_out_of_time and main)
+        flags = [float(self.stop.requested), float(count), timed_out]
+        stopped, count, timed_out = self.distributed.sum(flags, self.device)
+        self.progress.validations_since_best = int(count)
+        if timed_out:
+            self._validation_out_of_time = True
+            self.out_of_time = True
+        elif not stopped:
+            self.pace.last_validation = time.monotonic() - began
+        return stopped == 0
 
     def _validate_on_main(self) -> None:
         assert self.valid_data is not None
-        c, step = self.config, self.progress.step
-        valid = validation_metrics(
-            self.model,
-            self.tokenizer,
-            self.valid_data,
-            bleu_files=(c.valid_tsv, c.valid_src, c.valid_tgt) if c.valid_bleu else None,
-            max_tokens=c.max_tokens,
-            device=self.device,
-            label_smoothing=c.label_smoothing,
-            bf16=self.bf16,
-            should_stop=lambda: self.stop.requested,
-        )
+        c, step, progress = self.config, self.progress.step, self.progress
+
+        def give_up() -> bool:
+            if self.stop.requested:
+                return True
+            if self.budget is not None and self.budget.must_save_now():
+                self._validation_out_of_time = True
+                return True
+            return False
+
+        def measure() -> dict[str, Any] | None:
+            return validation_metrics(
+                self.model,
+                self.tokenizer,
+                self.valid_data,
+                bleu_files=(c.valid_tsv, c.valid_src, c.valid_tgt) if c.valid_bleu else None,
+                max_tokens=c.max_tokens,
+                device=self.device,
+                label_smoothing=c.label_smoothing,
+                bf16=self.bf16,
+                should_stop=give_up,
+            )
+
+        valid = measure()
+        if valid is not None and self.average is not None:
+            with self.average.applied():
+                averaged = measure()
+            if averaged is None:
+                valid = None
+            else:
+                valid.update(averaged_fields(averaged))
+                valid["weights"] = better_weights(valid, c.patience_metric)
         if valid is None:
-            logger.warning("step %d: validation abandoned on the stop request", step)
+            why = (
+                "the time budget's final save"
+                if self._validation_out_of_time
+                else "the stop request"
+            )
+            logger.warning("step %d: validation abandoned for %s", step, why)
             return
         record = self.last_valid = ValidRecord(step=step, **valid)
         self.log.write(record)
-        improved = self.early_stopping.observe(self.progress, record)
+        if record.weights is not None:
+            progress.weights, progress.weights_chosen_at = record.weights, step
+        improved = self.early_stopping.observe(progress, record)
         more = "" if record.valid_bleu is None else f", BLEU {record.valid_bleu:.2f}"
+        if record.valid_ema_ppl is not None:
+            more += f"; average: ppl {record.valid_ema_ppl:.2f}"
+            if record.valid_ema_bleu is not None:
+                more += f", BLEU {record.valid_ema_bleu:.2f}"
+            more += f" ({WEIGHTS_NAMES[record.weights or 'raw']} better)"
         if c.patience and not improved:
-            more += f"; not better for {self.progress.validations_since_best}/{c.patience}"
+            more += f"; not better for {progress.validations_since_best}/{c.patience}"
         logger.info(
             "step %d: valid loss %.4f, ppl %.2f%s", step, record.valid_loss, record.valid_ppl, more
         )
@@ -597,6 +841,9 @@ class Trainer:
 
     def save(self) -> None:
         """A checkpoint of this update, and `model/` (rank 0); every rank must call it."""
+        began = time.monotonic()
+        self.progress.elapsed_s = self.clock.elapsed()
+        self.progress.schedule_end = self.schedule_end if self.budget is not None else 0
         rng = self.distributed.gather(ckpt.capture_rng())  # a collective: every rank takes part
         if self.distributed.is_main:
             state = ckpt.TrainingState(
@@ -605,6 +852,7 @@ class Trainer:
                 rng=rng,
                 world_size=self.distributed.world_size,
                 accumulate=self.accumulate,
+                ema=self.average.state_dict() if self.average is not None else None,
             )
             path = ckpt.save_checkpoint(
                 self.run_dir,
@@ -619,13 +867,22 @@ class Trainer:
             logger.info("saved %s", path)
         self.distributed.barrier()
         self._last_save_time = time.monotonic()
+        self.pace.last_save = self._last_save_time - began
 
     def _metadata(self, with_step: bool = True) -> dict[str, Any]:
         languages = finetune.run_languages(self.config, self.init)
         return {**languages, "step": self.progress.step} if with_step else languages
 
     def _save_model_dir(self, name: str, metadata: dict[str, Any]) -> None:
+        """`name`/ (model/ or best/) with the weights the run chose: its own, or with
+        `ema_decay` the average where that validated better (`metadata` says which)."""
         tokenizer_file = self.tokenizer.model_file
-        save_model_dir(
-            self.run_dir / name, self.model, tokenizer_file=tokenizer_file, metadata=metadata
-        )
+        path = self.run_dir / name
+        if self.average is None:
+            save_model_dir(path, self.model, tokenizer_file=tokenizer_file, metadata=metadata)
+            return
+        weights = self.progress.weights
+        held = self.average.applied() if weights == "ema" else contextlib.nullcontext()
+        with held:
+            metadata = {**metadata, "weights": weights}
+            save_model_dir(path, self.model, tokenizer_file=tokenizer_file, metadata=metadata)

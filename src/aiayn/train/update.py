@@ -1,5 +1,5 @@
 """One optimizer update (§5.3, §5.4): the batches of an update, forward with the label-smoothed
-loss, backward, Adam with the learning rate of Eq. 3.
+loss, backward, Adam with the learning rate of Eq. 3 (or another schedule, aiayn.optim).
 
 The update is normalised by the true number of target tokens it holds across every process, so
 that one process accumulating k batches and k data-parallel processes compute the same update.
@@ -18,18 +18,35 @@ import torch
 from torch import nn
 
 from aiayn.acceleration import OneDNNLinearProducts, onednn_linear_missing
-from aiayn.optim import learning_rate, set_learning_rate
+from aiayn.optim import scheduled_rate, set_learning_rate
 from aiayn.text.batching import collate
 from aiayn.text.corpus import ParallelDataset
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from aiayn.train.distributed import Distributed
 
 
-def uses_bf16(device: torch.device, *, bf16: bool, cpu_bf16: bool) -> bool:
-    """bf16 autocast: on CUDA unless `bf16` is off; on a CPU only with `cpu_bf16` (opt-in)."""
-    if device.type == "cuda":
-        return bf16
-    return device.type == "cpu" and cpu_bf16
+def uses_bf16(device: torch.device, precision: str) -> bool:
+    """bf16 autocast for `TrainConfig.precision` on `device`: "bf16" everywhere, "fp32"
+    nowhere, "auto" on a CUDA GPU that computes in bf16 (`cuda_computes_bf16`; never on a
+    CPU, where it changes the numerics and is slow without native bf16: opt-in)."""
+    if precision == "bf16":
+        return True
+    if precision == "fp32":
+        return False
+    if precision != "auto":
+        raise ValueError(f"precision ({precision!r}) must be auto, fp32 or bf16")
+    return device.type == "cuda" and cuda_computes_bf16(device)
+
+
+def cuda_computes_bf16(device: torch.device) -> bool:
+    """Whether the GPU `device` computes in bf16 natively (compute capability 8.0, Ampere, or
+    newer); older GPUs only emulate it, slower than float32, and "auto" leaves them in float32."""
+    try:
+        with torch.cuda.device(device):
+            return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # a PyTorch without the argument: no emulation counted
+        with torch.cuda.device(device):
+            return torch.cuda.is_bf16_supported()
 
 
 def uses_onednn(device: torch.device, onednn: bool, *, bf16: bool, compile: bool) -> bool:
@@ -59,7 +76,7 @@ class UpdateStats:
     loss: float  # label-smoothed, summed over target tokens
     nll: float  # summed over target tokens
     tokens: int  # target tokens
-    lr: float  # the learning rate the update used (Eq. 3)
+    lr: float  # the learning rate the update used (its schedule's)
 
 
 def optimizer_update(
@@ -78,6 +95,8 @@ def optimizer_update(
     device: torch.device,
     distributed: Distributed,
     onednn: bool = False,
+    schedule: str = "inverse_sqrt",
+    end_step: int | None = None,
 ) -> UpdateStats:
     """One optimizer update over the batches in `group` (gradient accumulation).
 
@@ -88,8 +107,10 @@ def optimizer_update(
     Args:
         model: A `Transformer`, or one wrapped by torch.compile and/or DDP.
         group: The update's batches, each an array of dataset indices.
-        step: The number of this update (1 for the first), for Eq. 3.
+        step: The number of this update (1 for the first), for the schedule.
         onednn: Forward and backward with `OneDNNLinearProducts` (`uses_onednn`).
+        schedule: The learning-rate schedule (`aiayn.optim.scheduled_rate`): Eq. 3 by default.
+        end_step: The run's last update, where a decaying schedule reaches 0.
     """
     model.train()
     batches = [
@@ -111,7 +132,9 @@ def optimizer_update(
                 )
             (sums.loss * (distributed.world_size / n_tokens)).backward()
         sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll]))
-    lr = learning_rate(step, d_model=d_model, warmup_steps=warmup_steps, scale=lr_scale)
+    lr = scheduled_rate(
+        schedule, step, d_model=d_model, warmup_steps=warmup_steps, scale=lr_scale, end=end_step
+    )
     set_learning_rate(optimizer, lr)
     if clip_norm > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)

@@ -363,17 +363,27 @@ def plot_schedule(
     *,
     steps: int = 100_000,
     scale: float = 1.0,
+    schedule: str = "inverse_sqrt",
 ) -> Figure:
-    """Eq. 3's learning rate over ``steps`` updates, one curve per (d_model, warmup_steps) or
-    (d_model, warmup_steps, lr_scale), with each peak (at step = warmup_steps) marked. Uses
-    ``aiayn.optim.learning_rate``, the function training uses.
+    """Eq. 3's learning rate (or another `schedule`'s) over ``steps`` updates, one curve per
+    (d_model, warmup_steps) or (d_model, warmup_steps, lr_scale), with each peak (at step =
+    warmup_steps) marked. Uses ``aiayn.optim.scheduled_rate``, the function training uses.
 
     Args:
         settings: One tuple per curve; a curve without its own scale takes ``scale``.
-        steps: Updates on the x axis.
+        steps: Updates on the x axis; a decaying schedule's run ends at the last of them.
         scale: Factor on Eq. 3 (``TrainConfig.lr_scale``) for curves that give none.
+        schedule: One of ``aiayn.optim.SCHEDULES`` (``TrainConfig.schedule``).
     """
-    from aiayn.optim import learning_rate
+    from aiayn.optim import SCHEDULES, scheduled_rate
+
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule ({schedule!r}) must be one of {', '.join(SCHEDULES)}")
+
+    def learning_rate(step: int, *, d_model: int, warmup_steps: int, scale: float) -> float:
+        return scheduled_rate(
+            schedule, step, d_model=d_model, warmup_steps=warmup_steps, scale=scale, end=steps
+        )
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps ({steps!r}) must be a positive integer")
@@ -411,7 +421,7 @@ def plot_schedule(
             )
     ax.set_xlabel("training step")
     ax.set_ylabel("learning rate")
-    title = "Learning-rate schedule (Eq. 3): d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)"
+    title = _SCHEDULE_TITLES[schedule].format(steps=steps)
     ax.set_title(title if common in (None, 1.0) else f"{title} × {common:g}", fontsize=10)
     ax.ticklabel_format(axis="y", style="sci", scilimits=(0, 0))
     ax.set_xlim(0, steps)
@@ -419,6 +429,18 @@ def plot_schedule(
     ax.grid(alpha=0.3)
     ax.legend()
     return figure
+
+
+_SCHEDULE_TITLES = {
+    "inverse_sqrt": (
+        "Learning-rate schedule (Eq. 3): d_model^-0.5 · min(step^-0.5, step · warmup^-1.5)"
+    ),
+    "linear": "Learning-rate schedule: Eq. 3's warm-up, then linear to 0 at step {steps}",
+    "cosine": "Learning-rate schedule: Eq. 3's warm-up, then cosine to 0 at step {steps}",
+    "inverse_sqrt_cooldown": (
+        "Learning-rate schedule: Eq. 3, cooled down linearly to 0 at step {steps} (last 20%)"
+    ),
+}
 
 
 # --------------------------------------------------------------------------------------------
