@@ -34,7 +34,14 @@ def test_public_names_are_the_modules_own() -> None:
 
 
 def test_dir_and_all_list_the_public_names() -> None:
-    public = {"DecodingOptions", "ModelConfig", "Transformer", "Translator", "__version__"}
+    public = {
+        "DecodingOptions",
+        "ModelConfig",
+        "Transformer",
+        "Translator",
+        "UserError",
+        "__version__",
+    }
     assert public <= set(dir(aiayn))
     assert set(aiayn.__all__) == public
 

@@ -28,14 +28,23 @@ _LAZY = {
     "ModelConfig": "aiayn.config",
     "Transformer": "aiayn.model",
     "Translator": "aiayn.decode.translator",
+    "UserError": "aiayn.errors",
 }
 
-__all__ = ["DecodingOptions", "ModelConfig", "Transformer", "Translator", "__version__"]
+__all__ = [
+    "DecodingOptions",
+    "ModelConfig",
+    "Transformer",
+    "Translator",
+    "UserError",
+    "__version__",
+]
 
 if TYPE_CHECKING:  # what type checkers and IDEs see; at run time, __getattr__ below
     from aiayn.config import ModelConfig
     from aiayn.decode.options import DecodingOptions
     from aiayn.decode.translator import Translator
+    from aiayn.errors import UserError
     from aiayn.model import Transformer
 
 

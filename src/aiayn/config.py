@@ -18,6 +18,8 @@ from typing import Any, Literal
 
 import yaml
 
+from aiayn.errors import UserValueError
+
 POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
 SHARE_EMBEDDINGS = ("all", "decoder", "none")
 ACTIVATIONS = ("relu", "gelu", "swish")
@@ -31,7 +33,7 @@ LEGACY_PRECISION_KEYS = ("bf16", "cpu_bf16")
 logger = logging.getLogger(__name__)
 
 
-class ConfigError(ValueError):
+class ConfigError(UserValueError):
     """A configuration value is missing, unknown or out of range."""
 
 

@@ -4,7 +4,8 @@ Training and translating need only torch, numpy and sentencepiece (and a few sma
 The HTTP server (``aiayn[serve]``: FastAPI, uvicorn with httptools, python-multipart) and the
 pictures (``aiayn[viz]``: matplotlib) install on request, so a package that needs one imports
 it through :func:`require`, which turns a missing module into a one-line :class:`MissingExtra`
-naming the command to run. The CLI prints it as such (it is an aiayn error), not as a traceback.
+naming the command to run. The CLI prints it as one line, not as a traceback: it is a
+:class:`~aiayn.errors.UserError`.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from aiayn.errors import UserError
+
 __all__ = ["MissingExtra", "require"]
 
 
-class MissingExtra(ImportError):
+class MissingExtra(UserError, ImportError):
     """A module of an optional extra is not installed; the message says how to install it."""
 
 

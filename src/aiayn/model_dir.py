@@ -42,6 +42,7 @@ from torch import nn
 
 from aiayn import __version__
 from aiayn.config import ConfigError, ModelConfig
+from aiayn.errors import UserError
 from aiayn.model import Transformer
 from aiayn.text.tokenizer import SPLIT_TOKENIZER_FILES, VOCAB_FILE, tokenizer_files
 
@@ -55,7 +56,7 @@ CHECKSUMS_FILE = "checksums.json"
 MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, METADATA_FILE)
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A model directory or checkpoint is missing, incomplete, corrupt or incompatible."""
 
 

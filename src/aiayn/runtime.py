@@ -20,6 +20,8 @@ from __future__ import annotations
 import contextlib
 import os
 
+from aiayn.errors import UserValueError
+
 ONEDNN_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
 
 
@@ -45,7 +47,7 @@ def configure(
     """
     if threads is not None:
         if threads < 0:
-            raise ValueError(f"threads ({threads}) must be >= 0 (0 = PyTorch's default)")
+            raise UserValueError(f"threads ({threads}) must be >= 0 (0 = PyTorch's default)")
         if threads > 0:
             import torch
 

@@ -223,3 +223,29 @@ def test_serve_on_ctranslate2_translates_and_refuses_attention(ct2_dir, model_di
         assert refused.status_code == 422
         assert "no attention maps" in refused.json()["error"]
         assert client.get("/").status_code == 200
+
+
+def test_an_hf_directory_with_a_corrupt_json_file_is_one_line_naming_it(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text('{"model_type": "marian",', encoding="utf-8")  # cut short
+    assert main(["import", str(hf), "-o", str(tmp_path / "imported")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"aiayn import: error: {hf / 'config.json'}: not valid JSON: "), err
+    assert err.count("\n") == 1
+    assert not (tmp_path / "imported").exists()
+
+
+def test_an_onnx_export_with_a_corrupt_aiayn_json_is_one_line_naming_it(tmp_path, capsys):
+    pytest.importorskip("onnxruntime")
+    export_dir = tmp_path / "onnx"
+    export_dir.mkdir()
+    (export_dir / "decoder_step.onnx").write_bytes(b"")  # what marks an ONNX export
+    (export_dir / "aiayn.json").write_text('{"config": ', encoding="utf-8")  # cut short
+    source = tmp_path / "in.txt"
+    source.write_text("hello\n", encoding="utf-8")
+    assert main(["translate", "-m", str(export_dir), "-i", str(source), *FAST]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"aiayn translate: error: {export_dir / 'aiayn.json'} is corrupt: "), err
+    assert err.count("\n") == 1

@@ -258,6 +258,17 @@ def test_train_or_reuse_remakes_only_for_another_recipe(tmp_path: Path) -> None:
     assert json.loads(model_file.with_suffix(".json").read_text())["seed"] == 2
 
 
+def test_a_corrupt_record_of_what_a_vocabulary_was_made_from_is_named(tmp_path: Path) -> None:
+    """A TokenizerError naming the file (one line from the CLI), not a bare JSONDecodeError."""
+    src = tmp_path / "a.txt"
+    src.write_text("a b c d e f g h\n" * 20, encoding="utf-8")
+    model_file = tmp_path / "tokenizer.model"
+    Tokenizer.train_or_reuse(model_file, src=src, tgt=src, vocab_size=300, seed=1)
+    model_file.with_suffix(".json").write_text('{"seed": 1', encoding="utf-8")  # cut short
+    with pytest.raises(TokenizerError, match=r"tokenizer\.json: not valid JSON: "):
+        Tokenizer.train_or_reuse(model_file, src=src, tgt=src, vocab_size=300, seed=1)
+
+
 def test_a_joint_tokenizer_encodes_targets_as_sources(tokenizer: Tokenizer) -> None:
     texts = ["the cat", "der Hund"]
     assert tokenizer.encode_target_batch(texts) == tokenizer.encode_batch(texts)

@@ -1,10 +1,12 @@
 """The `aiayn` command: info, train, average, demo, translate, evaluate, score, attention, serve,
 plot, prepare, export, import.
 
-Each subcommand is a small function that turns flags into explicit arguments for the library;
-errors that a user can fix (bad config, bad data, missing files) are printed as one clear line
-with exit status 2, never as a traceback. The commands live by family, each module with an
-``add(subparsers)`` that registers its commands and their ``run`` functions:
+Each subcommand is a small function that turns flags into explicit arguments for the library.
+What a command raises is reported by one rule (:func:`main`): an error the user can fix
+(:class:`aiayn.errors.UserError`: bad config, data, flags, files) is one line with exit status 2,
+never a traceback; anything else is a bug, shown with its traceback and a line asking for a
+report, exit status 1. The commands live by family, each module with an ``add(subparsers)`` that
+registers its commands and their ``run`` functions:
 
 - :mod:`aiayn.cli.train`: info, train, average, demo
 - :mod:`aiayn.cli.translate`: translate, evaluate, score, attention
@@ -22,8 +24,10 @@ replace. Building the parser imports no torch, so ``aiayn --help`` is fast.
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
+import traceback
 from collections.abc import Sequence
 
 from aiayn import __version__
@@ -37,6 +41,7 @@ from aiayn.cli.flags import (
 )
 from aiayn.cli.parser import ArgumentParser
 from aiayn.cli.train import train_config_from_args
+from aiayn.errors import UserError
 
 __all__ = [
     "add_dataclass_flags",
@@ -55,10 +60,37 @@ logger = logging.getLogger("aiayn")
 _COMMAND_FAMILIES = (train, translate, serve, plot, prepare, interop)
 
 
+# What an OSError about a path the user gave may say: the path is missing, of the wrong kind,
+# not theirs to read or write, or on a full or read-only disk. Not EBADF, EMFILE, EINVAL, EIO,
+# ...: those are aiayn's or the machine's, and keep their traceback.
+_PATH_ERRNOS = frozenset(
+    getattr(errno, name)
+    for name in (
+        "ENOENT", "ENOTDIR", "EISDIR", "EEXIST", "EACCES", "EPERM", "EROFS", "ENOSPC",
+        "EDQUOT", "ENAMETOOLONG", "ELOOP",
+    )
+    if hasattr(errno, name)
+)  # fmt: skip
+
+_REPORT = (
+    "this is a bug in aiayn, not a mistake of yours: please report it with the traceback above"
+)
+
+
 def _is_user_error(error: BaseException) -> bool:
-    """Errors a user can fix (bad config, data, files): one line, exit status 2."""
-    ours = type(error).__module__.startswith("aiayn.")
-    return ours or isinstance(error, (ValueError, FileNotFoundError, UnicodeDecodeError))
+    """Whether ``error`` is one a user can fix, printed as one line with exit status 2.
+
+    That is a :class:`~aiayn.errors.UserError`; an ``argparse.ArgumentError`` (a flag's value,
+    should a command check it after parsing; errors found while parsing already exit 2 through
+    argparse); or an ``OSError`` *about a path*, its ``filename`` set and its errno one of
+    :data:`_PATH_ERRNOS` (``open("missing.txt")``, a directory given as a file, a file that is
+    not the user's to read, a full disk). Everything else, a plain ``ValueError`` or
+    ``FileNotFoundError`` without a file name included, is a bug: where aiayn checks what a user
+    gave, it raises a ``UserError``.
+    """
+    if isinstance(error, (UserError, argparse.ArgumentError)):
+        return True
+    return isinstance(error, OSError) and error.filename is not None and error.errno in _PATH_ERRNOS
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -84,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command ``argv`` (default: ``sys.argv[1:]``) and returns its exit status.
+
+    0 on success; 2 for an error the user can fix (:func:`_is_user_error`), one line on stderr,
+    ``aiayn COMMAND: error: MESSAGE``, as argparse prints a bad flag (``-v`` adds the
+    traceback); 130 on Ctrl-C; 1 for anything else, a bug: its traceback, then a line asking for
+    a report. A command's own exit status (``SystemExit``) passes through.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
@@ -93,7 +132,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as error:
-        if args.verbose or not _is_user_error(error):
-            raise
+        if not _is_user_error(error):
+            traceback.print_exc()
+            print(f"aiayn {args.command}: {_REPORT}", file=sys.stderr)
+            return 1
+        if args.verbose:
+            traceback.print_exc()
         print(f"aiayn {args.command}: error: {error}", file=sys.stderr)
         return 2

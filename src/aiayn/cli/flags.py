@@ -22,6 +22,8 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from aiayn.errors import UserValueError
+
 T = TypeVar("T")
 
 __all__ = [
@@ -151,6 +153,6 @@ def parse_assignments(items: Sequence[str], flag: str) -> dict[str, Any]:
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"{flag} expects FIELD=VALUE, got {item!r}")
+            raise UserValueError(f"{flag} expects FIELD=VALUE, got {item!r}")
         values[key.strip()] = yaml.safe_load(raw)
     return values

@@ -10,6 +10,7 @@ import argparse
 from pathlib import Path
 
 from aiayn.cli.output_dir import check_output_dir, write_replacing
+from aiayn.errors import UserFileNotFoundError, UserValueError
 
 # aiayn.interop.ctranslate2.QUANTIZATIONS, restated so that building the parser imports no torch
 # (a test checks that they agree).
@@ -69,9 +70,9 @@ def add(sub: argparse._SubParsersAction) -> None:
 
 def _run_export(args: argparse.Namespace) -> int:
     if args.quantization is not None and args.to != "ctranslate2":
-        raise ValueError(f"--quantization is for --to ctranslate2, not --to {args.to}")
+        raise UserValueError(f"--quantization is for --to ctranslate2, not --to {args.to}")
     if args.opset is not None and args.to != "onnx":
-        raise ValueError(f"--opset is for --to onnx, not --to {args.to}")
+        raise UserValueError(f"--opset is for --to onnx, not --to {args.to}")
     from aiayn.model_dir import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model_dir)
@@ -97,7 +98,9 @@ def _run_export(args: argparse.Namespace) -> int:
 def _run_import(args: argparse.Namespace) -> int:
     hf_dir = Path(args.hf_dir)
     if not (hf_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{hf_dir} is not a Hugging Face model directory (no config.json)")
+        raise UserFileNotFoundError(
+            f"{hf_dir} is not a Hugging Face model directory (no config.json)"
+        )
     output = Path(args.output)
     check_output_dir(output, "aiayn")
     from aiayn.interop.marian import import_marian

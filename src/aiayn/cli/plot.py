@@ -7,6 +7,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from aiayn.errors import UserValueError
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -101,7 +103,7 @@ def _run_plot_schedule(args: argparse.Namespace) -> int:
     n_curves = max(len(values) for values in given.values())
     if any(len(values) not in (1, n_curves) for values in given.values()):
         counts = ", ".join(f"{flag} {len(v)} time{'s' * (len(v) > 1)}" for flag, v in given.items())
-        raise ValueError(
+        raise UserValueError(
             f"given {counts}: give each the same number of times (they pair up), or once"
         )
     columns = [values * (n_curves // len(values)) for values in given.values()]

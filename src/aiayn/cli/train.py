@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiayn.cli.flags import add_dataclass_flags, dataclass_values, parse_assignments
+from aiayn.errors import UserValueError
 
 if TYPE_CHECKING:
     from aiayn.config import TrainConfig
@@ -207,7 +208,7 @@ def _run_average(args: argparse.Namespace) -> int:
     if not paths:
         raise CheckpointError(f"no checkpoints in {Path(args.run_dir) / 'checkpoints'}")
     if args.last < 1:
-        raise ValueError(f"--last ({args.last}) must be >= 1")
+        raise UserValueError(f"--last ({args.last}) must be >= 1")
     chosen = paths[-args.last :]
     if len(chosen) < args.last:
         logger.warning("only %d checkpoint(s) available; averaging those", len(chosen))

@@ -22,6 +22,7 @@ from aiayn.cli.common import (
 )
 from aiayn.cli.flags import add_dataclass_flags
 from aiayn.decode.options import DecodingOptions
+from aiayn.errors import UserFileNotFoundError, UserValueError
 
 if TYPE_CHECKING:
     from aiayn.decode.translator import Translator
@@ -91,13 +92,13 @@ def _run_translate(args: argparse.Namespace) -> int:
 
     from_file = args.input not in (None, "-")
     if from_file and not Path(args.input).is_file():
-        raise FileNotFoundError(f"input file {args.input} does not exist")
+        raise UserFileNotFoundError(f"input file {args.input} does not exist")
     if from_file and args.output and Path(args.output).resolve() == Path(args.input).resolve():
-        raise ValueError(f"refusing to write the translation over its input {args.input}")
+        raise UserValueError(f"refusing to write the translation over its input {args.input}")
     if args.alignment and args.n_best is not None:
-        raise ValueError("--alignment cannot be combined with --n-best")
+        raise UserValueError("--alignment cannot be combined with --n-best")
     if args.alignment and backend_of(args) == "ctranslate2":
-        raise ValueError(
+        raise UserValueError(
             "--alignment needs the attention maps, which the CTranslate2 backend does not "
             "return: translate with the aiayn model directory (--backend pytorch)"
         )
@@ -196,7 +197,7 @@ def _run_evaluate(args: argparse.Namespace) -> int:
     out_path = Path(args.output) if args.output else Path.cwd() / f"{Path(args.src).name}.hyp"
     for path in (args.src, *args.ref):
         if not Path(path).is_file():
-            raise FileNotFoundError(f"{path} does not exist")
+            raise UserFileNotFoundError(f"{path} does not exist")
     translator = load_translator(args)
     with progress_bar(not args.no_progress, count_lines(Path(args.src))) as progress:
         scores = evaluate_files(
@@ -271,12 +272,12 @@ def _run_score(args: argparse.Namespace) -> int:
     src, tgt = Path(args.src), Path(args.tgt)
     for path in (src, tgt):
         if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist")
+            raise UserFileNotFoundError(f"{path} does not exist")
     n_src, n_tgt = count_lines(src), count_lines(tgt)
     if n_src != n_tgt:
-        raise ValueError(f"{src} has {n_src} lines but {tgt} has {n_tgt} lines")
+        raise UserValueError(f"{src} has {n_src} lines but {tgt} has {n_tgt} lines")
     if args.output and Path(args.output).resolve() in (src.resolve(), tgt.resolve()):
-        raise ValueError(f"refusing to write the scores over the input {args.output}")
+        raise UserValueError(f"refusing to write the scores over the input {args.output}")
     translator = load_translator(args)
     pairs = zip(read_lines(src), read_lines(tgt), strict=True)
     show_progress = not args.no_progress and bool(args.output or not sys.stdout.isatty())

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING
 
 from torch import Tensor
 
+from aiayn.errors import UserValueError
+
 if TYPE_CHECKING:
     from aiayn.decode.results import SentenceAttention, TranslationResult
 
@@ -50,7 +52,7 @@ def check_index(index: int, count: int, name: str, of: str) -> int:
     if isinstance(index, bool) or not isinstance(index, int) or not -count <= index < count:
         valid = ", ".join(str(i) for i in range(count))
         negative = ", ".join(str(i) for i in range(-count, 0))
-        raise ValueError(
+        raise UserValueError(
             f"{name} {index!r} is out of range: the model has {count} {of} "
             f"(valid: {valid}, or {negative})"
         )
@@ -61,7 +63,7 @@ def attention_maps(result: TranslationResult) -> SentenceAttention:
     """``result.attention_maps``, or a ValueError saying why there are none."""
     if result.attention_maps is None:
         if not result.src_tokens:
-            raise ValueError("the input is blank: there is no attention to show")
+            raise UserValueError("the input is blank: there is no attention to show")
         raise ValueError("the result has no attention maps: translate with return_attention=True")
     return result.attention_maps
 

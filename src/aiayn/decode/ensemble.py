@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from aiayn.decode.search import IncrementalModel, ReorderableCache
+from aiayn.errors import UserValueError
 from aiayn.model_dir import CheckpointError, LoadedModel
 
 __all__ = ["Ensemble", "EnsembleCache"]
@@ -72,7 +73,7 @@ class Ensemble:
         sizes = {getattr(getattr(m, "config", None), "tgt_vocab_size", None) for m in models}
         sizes.discard(None)
         if len(sizes) > 1:
-            raise ValueError(
+            raise UserValueError(
                 f"the models' target vocabularies differ in size ({sorted(sizes)}): an "
                 "ensemble needs models trained with the same tokenizer"
             )

@@ -26,6 +26,7 @@ from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from aiayn.decode.search import DecodingOptions
 from aiayn.decode.translator import Translator
+from aiayn.errors import UserFileNotFoundError, UserValueError
 from aiayn.text.corpus import count_lines
 from aiayn.text.lines import one_line, read_lines
 
@@ -43,7 +44,7 @@ __all__ = [
 ]
 
 
-class EvaluationError(ValueError):
+class EvaluationError(UserValueError):
     """Hypotheses and references cannot be scored together (counts differ, nothing to score)."""
 
 
@@ -268,7 +269,7 @@ def evaluate_files(
         raise EvaluationError("give at least one reference file")
     for path in (src_path, *ref_paths):
         if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist")
+            raise UserFileNotFoundError(f"{path} does not exist")
         if out_path.exists() and out_path.resolve() == path.resolve():
             raise EvaluationError(f"refusing to overwrite the input {path} with hypotheses")
     n_src = count_lines(src_path)

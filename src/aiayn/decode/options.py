@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+from aiayn.errors import UserValueError
+
 __all__ = [
     "LENGTH_PENALTIES",
     "MAX_LENGTH_PENALTY",
@@ -64,7 +66,7 @@ def length_penalty_fn(kind: str) -> LengthPenalty:
     """The length penalty named ``kind`` ("gnmt", "power" or "none")."""
     if kind not in LENGTH_PENALTIES:
         valid = ", ".join(repr(k) for k in LENGTH_PENALTIES)
-        raise ValueError(f"length_penalty_kind ({kind!r}) must be one of {valid}")
+        raise UserValueError(f"length_penalty_kind ({kind!r}) must be one of {valid}")
     return LENGTH_PENALTIES[kind]
 
 
@@ -95,8 +97,8 @@ class DecodingOptions:
 
     The defaults are the paper's (§6.1): beam size 4, GNMT length penalty with α = 0.6,
     maximum output length = input length + 50. Every value is checked once, here, with a
-    message naming the field and the value. Frozen, hence hashable: requests with equal
-    options can share a batch.
+    message naming the field and the value (a `UserValueError`, hence a ``ValueError``).
+    Frozen, hence hashable: requests with equal options can share a batch.
 
     The attribute descriptions below are also the help of ``aiayn translate``'s flags
     (``aiayn.cli.add_dataclass_flags``); they must not restate the defaults, which the
@@ -139,44 +141,44 @@ class DecodingOptions:
 
     def __post_init__(self) -> None:
         if not _is_int(self.beam_size) or self.beam_size < 1:
-            raise ValueError(f"beam_size ({self.beam_size!r}) must be an integer >= 1")
+            raise UserValueError(f"beam_size ({self.beam_size!r}) must be an integer >= 1")
         if not _is_int(self.n_best) or self.n_best < 1:
-            raise ValueError(f"n_best ({self.n_best!r}) must be an integer >= 1")
+            raise UserValueError(f"n_best ({self.n_best!r}) must be an integer >= 1")
         if not self.sampling and self.n_best > self.beam_size:
-            raise ValueError(
+            raise UserValueError(
                 f"n_best ({self.n_best}) must be <= beam_size ({self.beam_size}); "
                 "raise the beam size or use sampling"
             )
         alpha = self.length_penalty
         if not (_is_number(alpha) and 0 <= alpha <= MAX_LENGTH_PENALTY):
-            raise ValueError(
+            raise UserValueError(
                 f"length_penalty ({alpha!r}) must be a number between 0 and {MAX_LENGTH_PENALTY}"
             )
         kinds = get_args(LengthPenaltyKind)
         if self.length_penalty_kind not in kinds:
             valid = ", ".join(repr(k) for k in kinds)
-            raise ValueError(
+            raise UserValueError(
                 f"length_penalty_kind ({self.length_penalty_kind!r}) must be one of {valid}"
             )
         rules = get_args(StoppingRule)
         if self.stopping not in rules:
             valid = ", ".join(repr(r) for r in rules)
-            raise ValueError(f"stopping ({self.stopping!r}) must be one of {valid}")
+            raise UserValueError(f"stopping ({self.stopping!r}) must be one of {valid}")
         for name in ("max_len_a", "max_len_b"):
             value = getattr(self, name)
             if not (_is_number(value) and 0 <= value < math.inf):
-                raise ValueError(f"{name} ({value!r}) must be a finite number >= 0")
+                raise UserValueError(f"{name} ({value!r}) must be a finite number >= 0")
         if not isinstance(self.sampling, bool):
-            raise ValueError(f"sampling ({self.sampling!r}) must be True or False")
+            raise UserValueError(f"sampling ({self.sampling!r}) must be True or False")
         if not (_is_number(self.temperature) and 0 < self.temperature < math.inf):
-            raise ValueError(
+            raise UserValueError(
                 f"temperature ({self.temperature!r}) must be a finite number > 0; "
                 "use greedy search (beam_size 1) for 0"
             )
         if not _is_int(self.top_k) or self.top_k < 0:
-            raise ValueError(f"top_k ({self.top_k!r}) must be an integer >= 0 (0 = no limit)")
+            raise UserValueError(f"top_k ({self.top_k!r}) must be an integer >= 0 (0 = no limit)")
         if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p ({self.top_p!r}) must be in (0, 1] (1 = no limit)")
+            raise UserValueError(f"top_p ({self.top_p!r}) must be in (0, 1] (1 = no limit)")
 
     @property
     def rows_per_sentence(self) -> int:

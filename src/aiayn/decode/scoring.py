@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from aiayn.errors import UserValueError
 from aiayn.model import Transformer
 from aiayn.text.batching import collate
 from aiayn.text.tokenizer import PAD_ID, Tokenizer
@@ -137,7 +138,7 @@ def _prepare(
     for i, (src, tgt) in enumerate(zip(sources, targets, strict=True)):
         number = first_number + i
         if max_tgt is not None and len(tgt) > max_tgt:
-            raise ValueError(
+            raise UserValueError(
                 f"target {number} has {len(tgt)} tokens, more than the model accepts "
                 f"(max_positions - 1 = {max_tgt}); it cannot be scored"
             )

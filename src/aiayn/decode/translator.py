@@ -55,6 +55,7 @@ from aiayn.decode.results import (
     translation_result,
 )
 from aiayn.decode.scoring import PairScore, score_pairs
+from aiayn.errors import UserValueError
 from aiayn.model_dir import CheckpointError, unwrap
 from aiayn.text.lines import one_line, read_lines
 from aiayn.text.tokenizer import EOS_ID, PAD_ID, SplitTokenizer, Tokenizer
@@ -155,13 +156,13 @@ class Translator:
             TokenizerError: The tokenizer model cannot be read.
         """
         if threads < 0:
-            raise ValueError(f"threads ({threads}) must be >= 0 (0 = the runtime's default)")
+            raise UserValueError(f"threads ({threads}) must be >= 0 (0 = the runtime's default)")
         dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
         if not dirs:
             raise ValueError("no model directory given")
         if len(dirs) == 1 and is_onnx_export(dirs[0]):  # written by aiayn.interop.export_onnx
             if int8 or bf16 or torch.device(device).type != "cpu":
-                raise ValueError("an ONNX export runs in float32 on the CPU (onnxruntime)")
+                raise UserValueError("an ONNX export runs in float32 on the CPU (onnxruntime)")
             onnx_model, tokenizer = load_onnx_export(dirs[0], threads=threads)
             backend = OnnxBackend(onnx_model)
             self._setup(backend, tokenizer, max_tokens, onnx_model.metadata, [Path(dirs[0])])
@@ -243,7 +244,7 @@ class Translator:
             if config.pad_id != PAD_ID:
                 raise CheckpointError(f"the model's pad_id ({config.pad_id}) must be {PAD_ID}")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise ValueError(f"max_tokens ({max_tokens!r}) must be a positive integer")
+            raise UserValueError(f"max_tokens ({max_tokens!r}) must be a positive integer")
         self.backend = backend
         self.models: list[Any] = list(backend.models)
         self.model = self.models[0]
@@ -462,7 +463,7 @@ class Translator:
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
         if not isinstance(self.backend, PyTorchBackend):
-            raise ValueError("scoring needs the PyTorch model: load the aiayn model directory")
+            raise UserValueError("scoring needs the PyTorch model: load the aiayn model directory")
         pairs = zip(sources, targets, strict=True)
         return list(
             score_pairs(

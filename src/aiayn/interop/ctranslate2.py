@@ -34,6 +34,7 @@ import torch
 from aiayn.decode.backends import AIAYN_FILE
 from aiayn.decode.backends.ctranslate2 import CTranslate2Backend, vocabulary
 from aiayn.decode.translator import Translator
+from aiayn.errors import UserValueError
 from aiayn.extras import require
 from aiayn.interop import EXTRA_POSITIONS
 from aiayn.model import Transformer, sinusoidal_positional_encoding
@@ -74,7 +75,7 @@ def export_ctranslate2(
         `out_dir`.
     """
     if quantization is not None and quantization not in QUANTIZATIONS:
-        raise ValueError(
+        raise UserValueError(
             f"quantization ({quantization!r}) must be None or one of {', '.join(QUANTIZATIONS)}"
         )
     require("export", "ctranslate2", needed_by="exporting to CTranslate2")
@@ -138,12 +139,12 @@ def ct2_spec(model: Transformer, tokens: list[str], *, add_source_eos: bool = Tr
 
     c = model.config
     if c.positional_encoding != "sinusoidal":
-        raise ValueError(
+        raise UserValueError(
             f"positional_encoding ({c.positional_encoding!r}): the CTranslate2 export needs "
             "'sinusoidal'"
         )
     if c.d_k * c.n_heads != c.d_model or c.d_v != c.d_k:
-        raise ValueError(
+        raise UserValueError(
             f"d_k ({c.d_k}), d_v ({c.d_v}): the CTranslate2 export needs d_k = d_v = "
             f"d_model / n_heads ({c.d_model // c.n_heads})"
         )

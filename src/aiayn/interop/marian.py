@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from aiayn.config import ModelConfig
+from aiayn.errors import UserValueError
 from aiayn.extras import require
 from aiayn.interop import EXTRA_POSITIONS
 from aiayn.model import Transformer
@@ -71,7 +72,7 @@ MARIAN_LAYER_NORM_EPS = 1e-5  # nn.LayerNorm's default, which MarianMTModel alwa
 _ACTIVATIONS = {"relu": "relu", "gelu": "gelu", "swish": "swish", "silu": "swish"}
 
 
-class MarianFormatError(ValueError):
+class MarianFormatError(UserValueError):
     """A model uses something the other side cannot represent; the message names the field."""
 
 
@@ -275,6 +276,15 @@ def _save_marian_tokenizer(loaded: LoadedModel, out_dir: Path) -> None:
 # --------------------------------------------------------------------------------------------
 
 
+def _read_json(path: Path) -> Any:
+    """A JSON file of the Hugging Face directory; one that is not UTF-8 JSON is a
+    `MarianFormatError` naming it (a missing one, an OSError naming it)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError
+        raise MarianFormatError(f"{path}: not valid JSON: {error}") from None
+
+
 def _check_importable(raw: dict[str, Any], tokenizer_config: dict[str, Any]) -> None:
     """Refuse, naming the field, what aiayn's Transformer cannot represent."""
 
@@ -327,11 +337,9 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
     from transformers import MarianMTModel
 
     hf_dir = Path(hf_dir)
-    raw = json.loads((hf_dir / "config.json").read_text())
+    raw = _read_json(hf_dir / "config.json")
     tokenizer_config_file = hf_dir / "tokenizer_config.json"
-    tokenizer_config = (
-        json.loads(tokenizer_config_file.read_text()) if tokenizer_config_file.is_file() else {}
-    )
+    tokenizer_config = _read_json(tokenizer_config_file) if tokenizer_config_file.is_file() else {}
     _check_importable(raw, tokenizer_config)
     hf = MarianMTModel.from_pretrained(hf_dir, local_files_only=True).eval()
     cfg = hf.config
@@ -339,7 +347,7 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
         raise MarianFormatError(
             "final_logits_bias (non-zero): aiayn's output projection has no bias"
         )
-    vocab: dict[str, int] = json.loads((hf_dir / "vocab.json").read_text(encoding="utf-8"))
+    vocab: dict[str, int] = _read_json(hf_dir / "vocab.json")
     if SPECIAL_PIECES[UNK_ID] not in vocab:
         raise MarianFormatError(f"vocab.json: no {SPECIAL_PIECES[UNK_ID]!r} piece")
     size = cfg.vocab_size

@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from aiayn.errors import UserValueError
+
 __all__ = ["ENV_VAR", "ApiKey", "KeyRejected", "RateLimiter", "load_keys"]
 
 ENV_VAR = "AIAYN_API_KEYS"  # keys separated by commas or whitespace, default limits
@@ -57,7 +59,7 @@ class KeyRejected(Exception):
 def load_keys(file: str | Path | None = None, env: str | None = None) -> tuple[ApiKey, ...]:
     """The keys of ``file`` and of the environment variable's value ``env``. A file that cannot
     be read (missing, a directory, unreadable, not UTF-8) or a malformed line is a one-line
-    ValueError naming the file (and line; never the key)."""
+    `UserValueError` (a ``ValueError``) naming the file (and line; never the key)."""
     keys: list[ApiKey] = []
     if file is not None:
         path = Path(file)
@@ -66,7 +68,7 @@ def load_keys(file: str | Path | None = None, env: str | None = None) -> tuple[A
             if not fields:
                 continue
             if len(fields) > 3 or not all(f.isdigit() and int(f) > 0 for f in fields[1:]):
-                raise ValueError(
+                raise UserValueError(
                     f"{path}:{lineno}: expected 'KEY [REQUESTS_PER_MINUTE [CHARS_PER_MINUTE]]' "
                     "with positive integers"
                 )
@@ -82,11 +84,11 @@ def _read_keys_file(path: Path) -> str:
         data = path.read_bytes()
     except OSError as error:
         reason = error.strerror or type(error).__name__
-        raise ValueError(f"{path}: cannot read the API keys file: {reason}") from None
+        raise UserValueError(f"{path}: cannot read the API keys file: {reason}") from None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise ValueError(
+        raise UserValueError(
             f"{path}: the API keys file is not UTF-8 (byte 0x{data[error.start]:02x} at "
             f"position {error.start})"
         ) from None

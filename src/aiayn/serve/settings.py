@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from aiayn.decode.options import DecodingOptions
+from aiayn.errors import UserValueError
 from aiayn.serve.keys import ApiKey
 
 __all__ = [
@@ -106,24 +107,24 @@ class ServerSettings:
         for name in INTEGER_LIMITS:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} ({value!r}) must be an integer >= 1")
+                raise UserValueError(f"{name} ({value!r}) must be an integer >= 1")
         if not self.batch_wait_ms >= 0:
-            raise ValueError(f"batch_wait_ms ({self.batch_wait_ms}) must be >= 0")
+            raise UserValueError(f"batch_wait_ms ({self.batch_wait_ms}) must be >= 0")
         for name in ("busy_after_s", "timeout_keep_alive_s", "timeout_head_s", "timeout_body_s"):
             if not getattr(self, name) > 0:
-                raise ValueError(f"{name} ({getattr(self, name)}) must be > 0")
+                raise UserValueError(f"{name} ({getattr(self, name)}) must be > 0")
         if not 1 <= self.decoding.beam_size <= self.max_beam_size:
-            raise ValueError(
+            raise UserValueError(
                 f"the default beam size ({self.decoding.beam_size}) must be between 1 and "
                 f"max_beam_size ({self.max_beam_size})"
             )
         if not 0 <= self.decoding.length_penalty <= MAX_LENGTH_PENALTY:
-            raise ValueError(
+            raise UserValueError(
                 f"the default length penalty ({self.decoding.length_penalty}) must be between "
                 f"0 and {MAX_LENGTH_PENALTY}"
             )
         if self.require_api_key and not self.api_keys:
-            raise ValueError("require_api_key needs api_keys (--api-keys or $AIAYN_API_KEYS)")
+            raise UserValueError("require_api_key needs api_keys (--api-keys or $AIAYN_API_KEYS)")
 
     @property
     def max_body_values(self) -> int:

@@ -42,6 +42,8 @@ from typing import Any, Protocol, TypeVar
 
 import numpy as np
 
+from aiayn.errors import UserValueError
+
 logger = logging.getLogger(__name__)
 
 # Bump when the on-disk layout changes, so old caches are rebuilt rather than misread.
@@ -53,7 +55,7 @@ _META = "meta.json"
 T = TypeVar("T")
 
 
-class DataError(ValueError):
+class DataError(UserValueError):
     """A corpus, cache or batching setting is unusable; the message names file, line and cause."""
 
 

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from aiayn.errors import UserFileNotFoundError
 from aiayn.text.corpus import decode_line
 
 __all__ = ["one_line", "read_lines"]
@@ -24,12 +25,12 @@ def read_lines(source: str | Path | BinaryIO, name: str | None = None) -> Iterat
 
     Raises:
         DataError: A line is not valid UTF-8; the message names the file and 1-based line.
-        FileNotFoundError: The path does not exist.
+        UserFileNotFoundError: The path does not exist (a ``FileNotFoundError``).
     """
     if isinstance(source, (str, Path)):
         path = Path(source)
         if not path.is_file():
-            raise FileNotFoundError(f"input file {path} does not exist")
+            raise UserFileNotFoundError(f"input file {path} does not exist")
         with path.open("rb") as f:
             yield from read_lines(f, name=str(path))
         return

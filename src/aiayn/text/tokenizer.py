@@ -32,6 +32,7 @@ from typing import Any
 
 import sentencepiece as spm
 
+from aiayn.errors import UserValueError
 from aiayn.text.corpus import read_parallel, read_tsv
 
 logger = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ _MIN_SAMPLED_SENTENCES = 101
 _TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserValueError):
     """A tokenizer cannot be trained or loaded; the message names the file or setting."""
 
 
@@ -247,7 +248,10 @@ class Tokenizer:
         record = model_file.with_suffix(".json")
         recipe = _recipe(src, tgt, tsv, copy_from, vocab_size, seed)
         if model_file.exists() and not keep:
-            saved = json.loads(record.read_text()) if record.is_file() else None
+            try:
+                saved = json.loads(record.read_text(encoding="utf-8")) if record.is_file() else None
+            except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError
+                raise TokenizerError(f"{record}: not valid JSON: {error}") from None
             if saved != recipe:
                 logger.info("%s was made from other settings or files: remaking it", model_file)
                 model_file.unlink()

@@ -46,6 +46,7 @@ from typing import Any
 import yaml
 
 from aiayn.config import TrainConfig, load_yaml_config, upgrade_train_values
+from aiayn.errors import UserError
 from aiayn.model_dir import DiskFullError, leftovers, stranded_copy
 from aiayn.train import checkpoint as ckpt
 from aiayn.train.runlog import METRICS_FILE
@@ -63,7 +64,7 @@ CONFIG_FILE = "train_config.yaml"
 OWN_DIRS = ("checkpoints", "data", "model", "best", "tensorboard")
 
 
-class RunDirectoryError(RuntimeError):
+class RunDirectoryError(UserError, RuntimeError):
     """The run directory cannot be used as asked (the message says why and what to do)."""
 
 

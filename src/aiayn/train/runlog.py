@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from aiayn.errors import UserFileNotFoundError
 from aiayn.extras import require
 
 METRICS_FILE = "metrics.jsonl"
@@ -134,7 +135,7 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     if path.is_dir():
         path = path / METRICS_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"metrics log not found: {path}")
+        raise UserFileNotFoundError(f"metrics log not found: {path}")
     records = []
     with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:

@@ -48,6 +48,7 @@ from aiayn.acceleration import (
     onednn_products_wrong,
 )
 from aiayn.config import TrainConfig
+from aiayn.errors import UserError, UserValueError
 from aiayn.extras import require
 from aiayn.loss import perplexity
 from aiayn.model import Transformer
@@ -98,7 +99,7 @@ from aiayn.train.validation import validation_metrics
 logger = logging.getLogger(__name__)
 
 
-class TrainingError(RuntimeError):
+class TrainingError(UserError, RuntimeError):
     """The run cannot start or continue (the message says why and what to do)."""
 
 
@@ -284,7 +285,7 @@ class Trainer:
         if self.onednn:
             wrong = onednn_products_wrong(self.model)
             if wrong is not None:
-                raise ValueError(
+                raise UserValueError(
                     f"--onednn cannot train correctly on this CPU: {wrong}; train without --onednn"
                 )
         if self.distributed.rank > 0:

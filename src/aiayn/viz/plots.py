@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aiayn.decode.alignment import alignment_matrix, attention_maps, check_index
+from aiayn.errors import UserFileNotFoundError, UserValueError
 from aiayn.extras import require
 
 require("viz", "matplotlib", needed_by="aiayn's pictures (aiayn plot, aiayn attention)")
@@ -85,7 +86,7 @@ def check_image_path(path: str | Path) -> Path:
     path = Path(path)
     if path.suffix.lower() not in IMAGE_FORMATS:
         shown = repr(path.suffix) if path.suffix else "no suffix"
-        raise ValueError(
+        raise UserValueError(
             f"cannot write {path}: unsupported image format ({shown}); "
             f"use one of {', '.join(IMAGE_FORMATS)}"
         )
@@ -100,9 +101,9 @@ def save_figure(figure: Figure, path: str | Path, *, dpi: int = DPI) -> Path:
     """
     path = check_image_path(path)
     if isinstance(dpi, bool) or not isinstance(dpi, int) or dpi < 1:
-        raise ValueError(f"dpi ({dpi!r}) must be a positive integer")
+        raise UserValueError(f"dpi ({dpi!r}) must be a positive integer")
     if not path.parent.is_dir():
-        raise FileNotFoundError(f"cannot write {path}: directory {path.parent} does not exist")
+        raise UserFileNotFoundError(f"cannot write {path}: directory {path.parent} does not exist")
     figure.savefig(path, dpi=dpi, format=path.suffix.lower()[1:])
     return path
 
@@ -141,7 +142,7 @@ def plot_attention(
             attention maps in ``result``.
     """
     if kind not in ATTENTION_KINDS:
-        raise ValueError(
+        raise UserValueError(
             f"unknown attention kind {kind!r}; choose one of {', '.join(ATTENTION_KINDS)}"
         )
     if kind == "alignment":
@@ -211,7 +212,7 @@ def plot_attention_grid(
         auto_scale: Colours from 0 to the largest weight in the grid instead of 0 to 1.
     """
     if kind not in _GRID_TITLES:
-        raise ValueError(
+        raise UserValueError(
             f"unknown attention kind {kind!r}; choose one of {', '.join(_GRID_TITLES)}"
         )
     maps = getattr(attention_maps(result), kind).numpy()  # (L, H, Q, K)
@@ -313,12 +314,12 @@ def plot_positional_encoding(
 
     for name, value in (("d_model", d_model), ("length", length)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} ({value!r}) must be a positive integer")
+            raise UserValueError(f"{name} ({value!r}) must be a positive integer")
     if dims is None:
         dims = sorted({d for d in (0, 1, d_model // 16 * 2, d_model // 8 * 2) if d < d_model})
     for d in dims:
         if not 0 <= d < d_model:
-            raise ValueError(
+            raise UserValueError(
                 f"dimension {d} is out of range for d_model {d_model} (valid: 0..{d_model - 1})"
             )
     pe = sinusoidal_positional_encoding(length, d_model).numpy()  # (length, D)
@@ -378,7 +379,7 @@ def plot_schedule(
     from aiayn.optim import SCHEDULES, scheduled_rate
 
     if schedule not in SCHEDULES:
-        raise ValueError(f"schedule ({schedule!r}) must be one of {', '.join(SCHEDULES)}")
+        raise UserValueError(f"schedule ({schedule!r}) must be one of {', '.join(SCHEDULES)}")
 
     def learning_rate(step: int, *, d_model: int, warmup_steps: int, scale: float) -> float:
         return scheduled_rate(
@@ -386,15 +387,15 @@ def plot_schedule(
         )
 
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps ({steps!r}) must be a positive integer")
+        raise UserValueError(f"steps ({steps!r}) must be a positive integer")
     if not settings:
-        raise ValueError("give at least one (d_model, warmup_steps) pair")
+        raise UserValueError("give at least one (d_model, warmup_steps) pair")
     curves = [(d, w, scale) if len(rest) == 0 else (d, w, *rest) for d, w, *rest in settings]
     for d_model, warmup, curve_scale in curves:
         if d_model < 1 or warmup < 1:
-            raise ValueError(f"d_model ({d_model}) and warmup ({warmup}) must be >= 1")
+            raise UserValueError(f"d_model ({d_model}) and warmup ({warmup}) must be >= 1")
         if not curve_scale > 0:
-            raise ValueError(f"the learning-rate scale ({curve_scale}) must be > 0")
+            raise UserValueError(f"the learning-rate scale ({curve_scale}) must be > 0")
     # ~2000 points, plus every warmup step so that each peak is drawn exactly.
     points = np.linspace(1, steps, num=min(steps, 2000)).round().astype(int)
     points = np.unique(np.concatenate([points, [w for _, w, _ in curves if w <= steps]]))
@@ -473,7 +474,7 @@ def plot_curves(run: str | Path) -> Figure:
     train = [r for r in records if isinstance(r, TrainRecord)]
     valid = [r for r in records if isinstance(r, ValidRecord)]
     if not train and not valid:
-        raise ValueError(f"{path} has no complete training or validation record yet")
+        raise UserValueError(f"{path} has no complete training or validation record yet")
 
     panels: list[tuple[str, str, list[tuple[str, Sequence[Any], str, str]]]] = [
         (

@@ -267,3 +267,16 @@ def test_split_with_no_usable_pair_leaves_no_corpus(tmp_path: Path, capsys) -> N
     assert run("wmt14-en-de", out, "--data-dir", tmp_path / "empty_sides") == 2
     assert "split 'train'" in capsys.readouterr().err
     assert not list(out.iterdir())  # no manifest, no partial files
+
+
+def test_a_truncated_parquet_file_is_one_line_naming_the_data_dir(tmp_path: Path, capsys) -> None:
+    """pyarrow refuses it with ArrowInvalid, a ValueError: a user's file, not a bug in aiayn."""
+    pytest.importorskip("datasets")
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "validation", "test"):
+        (data / f"{split}.parquet").write_bytes(b"PAR1 not really parquet")
+    assert run("wmt14-en-de", tmp_path / "out", "--data-dir", data) == 2
+    err = capsys.readouterr().err  # after what `datasets` itself logs
+    assert err.splitlines()[-1].startswith(f"aiayn prepare: error: cannot read --data-dir {data}: ")
+    assert "Traceback" not in err

@@ -31,6 +31,7 @@ from aiayn.decode.backends import AIAYN_FILE, ExportedModel
 from aiayn.decode.options import DecodingOptions, max_output_length
 from aiayn.decode.results import SentenceAttention
 from aiayn.decode.search import Hypothesis
+from aiayn.errors import UserValueError
 from aiayn.extras import require
 from aiayn.model_dir import CheckpointError
 from aiayn.text.tokenizer import (
@@ -111,13 +112,13 @@ class CTranslate2Backend:
 
     def check(self, options: DecodingOptions, *, return_attention: bool) -> None:
         if return_attention:
-            raise ValueError(
+            raise UserValueError(
                 "the CTranslate2 backend cannot return per-head attention maps "
                 "(return_attention=True); use Translator on the aiayn model directory"
             )
         beam = not options.sampling and options.beam_size > 1
         if beam and options.length_penalty_kind == "gnmt" and options.length_penalty != 0:
-            raise ValueError(
+            raise UserValueError(
                 "CTranslate2 ranks beam hypotheses by log_prob / |Y| ** α, not GNMT's "
                 "((5 + |Y|) / 6) ** α: pass length_penalty_kind='power' (or length_penalty=0)"
             )

@@ -30,7 +30,7 @@ from aiayn.decode.results import SentenceAttention
 from aiayn.decode.search import Hypothesis
 from aiayn.errors import UserValueError
 from aiayn.extras import require
-from aiayn.model_dir import TOKENIZER_FILE
+from aiayn.model_dir import TOKENIZER_FILE, CheckpointError
 from aiayn.text.tokenizer import PAD_ID, VOCAB_FILE, SplitTokenizer, Tokenizer, load_tokenizer
 
 __all__ = [
@@ -80,7 +80,10 @@ class OnnxModel(ExportedModel):
     def __init__(self, export_dir: str | Path, *, threads: int = 0) -> None:
         [ort] = require("export", "onnxruntime", needed_by="running an ONNX export")
         directory = Path(export_dir)
-        aiayn = json.loads((directory / AIAYN_FILE).read_text())
+        try:
+            aiayn = json.loads((directory / AIAYN_FILE).read_text(encoding="utf-8"))
+        except ValueError as error:  # json.JSONDecodeError, UnicodeDecodeError
+            raise CheckpointError(f"{directory / AIAYN_FILE} is corrupt: {error}") from None
         super().__init__(ModelConfig.from_dict(aiayn["config"]), torch.device("cpu"))
         self.metadata = aiayn.get("metadata", {})
         self.positions = int(aiayn["positions"])

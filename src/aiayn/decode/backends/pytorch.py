@@ -27,6 +27,7 @@ from aiayn.decode.ensemble import Ensemble, check_same_vocabulary
 from aiayn.decode.options import DecodingOptions
 from aiayn.decode.results import SentenceAttention, cut_attention
 from aiayn.decode.search import Hypothesis
+from aiayn.errors import UserValueError
 from aiayn.model import Transformer
 from aiayn.model_dir import LoadedModel, load_model_dir
 from aiayn.text.tokenizer import BOS_ID, SplitTokenizer, Tokenizer, load_tokenizer
@@ -69,7 +70,7 @@ class PyTorchBackend:
 
     def check(self, options: DecodingOptions, *, return_attention: bool) -> None:
         if return_attention and not self.returns_attention:
-            raise ValueError(
+            raise UserValueError(
                 "an ensemble has no attention maps of its own (each model attends "
                 "differently): ask for attention or alignments with a single model"
             )
@@ -131,9 +132,9 @@ def load_model_dirs(
             models do not share their tokenizer and target vocabulary.
     """
     if int8 and torch.device(device).type != "cpu":
-        raise ValueError(f"int8 dynamic quantization runs on the CPU only, not on {device}")
+        raise UserValueError(f"int8 dynamic quantization runs on the CPU only, not on {device}")
     if int8 and bf16:
-        raise ValueError("choose one of int8 and bf16")
+        raise UserValueError("choose one of int8 and bf16")
     if bf16 and torch.device(device).type == "cpu" and not native_bf16_cpu():
         logger.warning("this CPU has no native bf16 arithmetic: bf16 will be slower")
     loaded = [load_model_dir(d, device=device) for d in dirs]

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from aiayn import __version__
+from aiayn.errors import UserValueError
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ TRAIN_SPLIT = "train"
 _CONTROL = re.compile(r"[\x00-\x08\x0e-\x1b\x7f-\x84\x86-\x9f]")
 
 
-class PrepareError(ValueError):
+class PrepareError(UserValueError):
     """A corpus cannot be prepared: missing package or data, bad record, unusable output folder."""
 
 

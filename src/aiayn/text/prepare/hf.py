@@ -33,7 +33,7 @@ splits (``train.parquet``, ``validation-00000-of-00001.parquet``, ``test/0000.pa
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -183,14 +183,17 @@ def _load_hub(datasets: Any, source: HubSource, cache_dir: Path | None) -> Any:
             source.dataset, source.config, revision=source.revision, cache_dir=cache
         )
     except Exception as err:  # network, authentication, unknown name or config: one clear line
-        reason = " ".join(f"{type(err).__name__}: {err}".split())
-        if len(reason) > 400:
-            reason = reason[:400] + " ..."
         raise PrepareError(
-            f"could not load {source.describe()} from the Hugging Face Hub ({reason}). Check the "
-            "network connection and the dataset's name and configuration, or prepare from a "
-            "local copy with --data-dir"
+            f"could not load {source.describe()} from the Hugging Face Hub ({_reason(err)}). "
+            "Check the network connection and the dataset's name and configuration, or prepare "
+            "from a local copy with --data-dir"
         ) from err
+
+
+def _reason(err: Exception) -> str:
+    """An exception as one line of at most ~400 characters, its type named."""
+    reason = " ".join(f"{type(err).__name__}: {err}".split())
+    return reason[:400] + " ..." if len(reason) > 400 else reason
 
 
 def _load_local(datasets: Any, path: Path, splits: Any, cache_dir: Path | None) -> Any:
@@ -198,7 +201,7 @@ def _load_local(datasets: Any, path: Path, splits: Any, cache_dir: Path | None) 
     if not path.is_dir():
         raise PrepareError(f"--data-dir {path} is not a folder")
     if (path / "dataset_dict.json").is_file():
-        return datasets.load_from_disk(str(path))
+        return _read_local(path, lambda: datasets.load_from_disk(str(path)))
     if (path / "dataset_info.json").is_file():
         raise PrepareError(
             f"{path} holds a single saved Dataset; save a DatasetDict with one entry per split"
@@ -226,7 +229,19 @@ def _load_local(datasets: Any, path: Path, splits: Any, cache_dir: Path | None) 
     if len(kinds) > 1:
         raise PrepareError(f"--data-dir {path} mixes Parquet and JSON files; use one format")
     cache = str(cache_dir) if cache_dir is not None else None
-    return datasets.load_dataset(kinds.pop(), data_files=data_files, cache_dir=cache)
+    kind = kinds.pop()
+    return _read_local(
+        path, lambda: datasets.load_dataset(kind, data_files=data_files, cache_dir=cache)
+    )
+
+
+def _read_local(path: Path, load: Callable[[], Any]) -> Any:
+    """``load()``, with what the user's files make ``datasets`` or pyarrow raise (a truncated
+    Parquet file is pyarrow's ArrowInvalid, a ValueError) as one clear line."""
+    try:
+        return load()
+    except (ValueError, OSError) as err:
+        raise PrepareError(f"cannot read --data-dir {path}: {_reason(err)}") from err
 
 
 def _check_languages(records: Any, src_lang: str, tgt_lang: str, where: str) -> None:

@@ -1,0 +1,43 @@
+"""Errors a user can fix, as one family: what ``aiayn`` prints as one line, exit status 2.
+
+An error belongs to :class:`UserError` when the person running aiayn can fix it without
+touching aiayn's code: a file, a flag, a config value, a model or run directory, a corpus, a
+missing optional extra, a full disk. Its message is the whole report, so it names what is wrong
+(the file and line, the field and value) and, where it can, what to do.
+
+Everything else (an ``IndexError`` in the search, a ``RuntimeError`` from inside torch, a
+``ValueError`` from a shape check) is a bug in aiayn or below it: the CLI shows its traceback
+and asks for it to be reported. So raise a ``UserError`` only where the cause is the user's
+input, and let a broken invariant raise what it raises.
+
+The classes of the family keep the built-in base their callers catch (``ValueError``,
+``FileNotFoundError``, ``ImportError``, ``RuntimeError``), so ``except ValueError`` around
+``DecodingOptions(beam_size=0)`` and ``pytest.raises(ValueError)`` keep working. A module's own
+error class (``aiayn.config.ConfigError``, ``aiayn.text.corpus.DataError``,
+``aiayn.model_dir.CheckpointError``, ``aiayn.extras.MissingExtra``, ...) derives from
+``UserError`` and that base; a one-off check raises :class:`UserValueError` or
+:class:`UserFileNotFoundError`.
+"""
+
+from __future__ import annotations
+
+__all__ = ["UserError", "UserFileNotFoundError", "UserValueError"]
+
+
+class UserError(Exception):
+    """Something the user gave cannot be used as it is; the message says what and how to fix it.
+
+    What belongs here: bad input the user can fix (a file, a flag, a config value, a model
+    directory, a run directory, a corpus), a missing optional extra, a full disk. What does not:
+    anything that means aiayn itself is wrong, which must keep its traceback.
+    """
+
+
+class UserValueError(UserError, ValueError):
+    """A value the user gave (a flag, an option, a setting, a file's content) is out of range or
+    malformed. Also a ``ValueError``, as it was before the family existed."""
+
+
+class UserFileNotFoundError(UserError, FileNotFoundError):
+    """A file or directory the user named does not exist; the message names it. Also a
+    ``FileNotFoundError``, as it was before the family existed."""

@@ -1,0 +1,236 @@
+"""`aiayn.errors.UserError` and the CLI's one rule: an error the user can fix is one line with
+exit status 2; anything else is a bug in aiayn, shown with its traceback and a line asking for a
+report, exit status 1.
+
+The one-line errors of each command are tested where the command is (``tests/cli``,
+``tests/text/prepare``, ...); here, each family of user errors is raised from a step that
+`aiayn translate` calls, and so is what is not the user's: a ``ValueError`` from inside torch.
+"""
+
+from __future__ import annotations
+
+import errno
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+
+import aiayn.cli.translate
+from aiayn.cli import main
+from aiayn.config import ConfigError
+from aiayn.decode.evaluation import EvaluationError
+from aiayn.decode.options import DecodingOptions
+from aiayn.errors import UserError, UserFileNotFoundError, UserValueError
+from aiayn.extras import MissingExtra
+from aiayn.interop.marian import MarianFormatError
+from aiayn.model_dir import CheckpointError, CorruptCheckpointError, DiskFullError
+from aiayn.text.corpus import DataError
+from aiayn.text.prepare import PrepareError
+from aiayn.text.tokenizer import TokenizerError
+from aiayn.train.rundir import RunDirectoryError, RunDirectoryLocked
+from aiayn.train.trainer import TrainingError
+
+REPORT = "this is a bug in aiayn, not a mistake of yours: please report it with the traceback above"
+
+
+@pytest.mark.parametrize(
+    ("error_class", "old_base"),
+    [
+        (UserValueError, ValueError),
+        (UserFileNotFoundError, FileNotFoundError),
+        (CheckpointError, RuntimeError),
+        (CorruptCheckpointError, RuntimeError),
+        (DiskFullError, RuntimeError),
+        (TokenizerError, ValueError),
+        (DataError, ValueError),
+        (PrepareError, ValueError),
+        (EvaluationError, ValueError),
+        (MarianFormatError, ValueError),
+        (MissingExtra, ImportError),
+        (ConfigError, ValueError),
+        (RunDirectoryError, RuntimeError),
+        (RunDirectoryLocked, RuntimeError),
+        (TrainingError, RuntimeError),
+    ],
+)
+def test_user_errors_keep_the_base_that_callers_catch(
+    error_class: type[Exception], old_base: type[Exception]
+) -> None:
+    assert issubclass(error_class, UserError) and issubclass(error_class, old_base)
+    with pytest.raises(old_base, match=r"^why$"):
+        raise error_class("why")
+
+
+def test_invalid_decoding_options_are_a_user_value_error_with_the_same_message() -> None:
+    with pytest.raises(UserValueError, match=r"^beam_size \(0\) must be an integer >= 1$"):
+        DecodingOptions(beam_size=0)
+
+
+# -- the CLI ------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def translate_argv(tmp_path: Path) -> list[str]:
+    """`aiayn translate` up to loading the model, which the tests replace."""
+    source = tmp_path / "in.txt"
+    source.write_text("hello\n", encoding="utf-8")
+    return ["translate", "-m", str(tmp_path / "model"), "-i", str(source), "--threads", "1"]
+
+
+def load_raising(monkeypatch: pytest.MonkeyPatch, raise_it: Callable[[], object]) -> None:
+    """Make `aiayn translate`'s loading of the model call ``raise_it()``."""
+
+    def load_translator(args: object) -> None:
+        raise_it()
+
+    monkeypatch.setattr(aiayn.cli.translate, "load_translator", load_translator)
+
+
+def _raise(error: BaseException) -> Callable[[], None]:
+    def raise_it() -> None:
+        raise error
+
+    return raise_it
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        UserValueError("--alignment cannot be combined with --n-best"),
+        UserFileNotFoundError("input file x.txt does not exist"),
+        CheckpointError("model directory not found: runs/nope"),
+        CorruptCheckpointError("runs/m: missing model.safetensors"),
+        DiskFullError("No space left on device writing runs/m: ..."),
+        TokenizerError("tokenizer not found: t.model"),
+        DataError("in.txt:3: NUL byte at byte 0 of the line (binary data?)"),
+        PrepareError("output folder out is a file"),
+        EvaluationError("nothing to score: in.txt is empty"),
+        MissingExtra("aiayn serve needs fastapi, which is not installed: ..."),
+        # An OSError about a path: what a user gave is missing, not theirs, or the disk is full.
+        PermissionError(errno.EACCES, "Permission denied", "/root/out.txt"),
+        IsADirectoryError(errno.EISDIR, "Is a directory", "runs"),
+        OSError(errno.ENOSPC, "No space left on device", "out.txt"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_an_error_the_user_can_fix_is_one_line_with_exit_status_2(
+    translate_argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: Exception,
+) -> None:
+    load_raising(monkeypatch, _raise(error))
+    assert main(translate_argv) == 2
+    assert capsys.readouterr().err == f"aiayn translate: error: {error}\n"
+
+
+def test_a_file_that_open_cannot_find_is_one_line_naming_it(
+    translate_argv: list[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    missing = tmp_path / "no" / "such.txt"
+    load_raising(monkeypatch, lambda: missing.read_text(encoding="utf-8"))
+    assert main(translate_argv) == 2
+    expected = f"aiayn translate: error: [Errno 2] No such file or directory: '{missing}'\n"
+    assert capsys.readouterr().err == expected
+
+
+def test_real_user_errors_of_translate_stay_one_line(
+    translate_argv: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No monkeypatching: a missing input file, a model directory that is not there, an
+    invalid decoding option."""
+    missing_input = [*translate_argv[:4], str(tmp_path / "missing.txt")]
+    assert main(missing_input) == 2
+    err = capsys.readouterr().err
+    assert err == f"aiayn translate: error: input file {tmp_path / 'missing.txt'} does not exist\n"
+
+    assert main(translate_argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("aiayn translate: error: model directory not found: ")
+    assert err.count("\n") == 1
+
+    assert main([*translate_argv, "--beam-size", "0"]) == 2
+    assert capsys.readouterr().err == (
+        "aiayn translate: error: beam_size (0) must be an integer >= 1\n"
+    )
+
+
+def _value_error_inside_torch() -> None:
+    logits, targets = torch.zeros(2, 5), torch.zeros(3, dtype=torch.long)
+    torch.nn.functional.cross_entropy(logits, targets)  # batch sizes differ: ValueError
+
+
+@pytest.mark.parametrize(
+    "raise_it",
+    [
+        _value_error_inside_torch,
+        _raise(ValueError("src_tokens must be (B, S), got shape (3,)")),
+        _raise(FileNotFoundError("a path aiayn built itself, no file name attached")),
+        _raise(RuntimeError("shape mismatch")),
+        _raise(IndexError("list index out of range")),
+    ],
+    ids=["ValueError-in-torch", "ValueError", "FileNotFoundError-no-filename", "RuntimeError",
+         "IndexError"],
+)  # fmt: skip
+def test_an_error_that_is_not_the_users_shows_its_traceback_and_asks_for_a_report(
+    translate_argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    raise_it: Callable[[], object],
+) -> None:
+    load_raising(monkeypatch, raise_it)
+    assert main(translate_argv) == 1
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert "in load_translator" in err  # where it was raised, as Python prints it
+    assert lines[-1] == f"aiayn translate: {REPORT}"
+    assert "aiayn translate: error:" not in err
+
+
+def test_verbose_adds_the_traceback_to_a_user_error_and_keeps_exit_status_2(
+    translate_argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    load_raising(monkeypatch, _raise(UserValueError("--alignment cannot be combined")))
+    assert main(["-v", *translate_argv]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "Traceback (most recent call last):"
+    assert lines[-1] == "aiayn translate: error: --alignment cannot be combined"
+
+
+def test_ctrl_c_is_exit_status_130_without_a_traceback(
+    translate_argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    load_raising(monkeypatch, _raise(KeyboardInterrupt()))
+    assert main(translate_argv) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_the_aiayn_program_exits_1_with_the_traceback_then_the_report_line(
+    tmp_path: Path,
+) -> None:
+    """As the installed ``aiayn`` runs it (``sys.exit(main())``), in a process of its own."""
+    source = tmp_path / "in.txt"
+    source.write_text("hello\n", encoding="utf-8")
+    argv = ["translate", "-m", str(tmp_path / "model"), "-i", str(source), "--threads", "1"]
+    code = (
+        "import sys, aiayn.cli.translate as t\n"
+        "def load_translator(args):\n"
+        "    raise ValueError('boom')\n"
+        "t.load_translator = load_translator\n"
+        "from aiayn.cli import main\n"
+        f"sys.exit(main({argv!r}))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    lines = run.stderr.splitlines()
+    assert run.returncode == 1, run.stderr
+    assert "Traceback (most recent call last):" in lines
+    assert lines[-2:] == ["ValueError: boom", f"aiayn translate: {REPORT}"]
