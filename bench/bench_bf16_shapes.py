@@ -1,10 +1,10 @@
 """Does CPU bf16 training lose its speed to changing batch shapes? Updates on real batches.
 
-Issue #17: `--cpu-bf16` is 1.5–1.7× fp32 per step at a fixed shape (the peers table) but only
+Issue #17: `--precision bf16` is 1.5–1.7× fp32 per step at a fixed shape (the peers table) but only
 ~1.2× in a real run, where token-bucketed batches change shape nearly every update. If oneDNN
 preparing kernels per new shape were the cost, padding batches up to a few widths (and row
 counts) would buy the speed back. This runs the trainer's own `optimizer_update` (the `small`
-model, Adam, label smoothing, autocast as `aiayn train --cpu-bf16` uses it) on the batches of
+model, Adam, label smoothing, autocast as `aiayn train --precision bf16` uses it) on the batches of
 one epoch of a real corpus, in these variants, one after the other on the same batches:
 
 - `fp32`, `bf16`: the batches as `aiayn train` collates them;

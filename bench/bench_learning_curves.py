@@ -1,12 +1,12 @@
 """Dev perplexity per update of whole `aiayn train` runs that differ in one setting, side by side.
 
-Issue #17 asks that CPU bf16 training (`--cpu-bf16`) learn as fp32 does, update for update.
+Issue #17 asks that CPU bf16 training (`--precision bf16`) learn as fp32 does, update for update.
 Each variant is a name and the extra `aiayn train` arguments that make it, trained on the same
 recipe, data and validation set into `RUNS_DIR/NAME`:
 
     .venv/bin/python bench/bench_learning_curves.py --src DATA/train.en --tgt DATA/train.es \\
         --valid-src DATA/dev.en --valid-tgt DATA/dev.es --runs-dir runs/curves \\
-        --variant fp32= --variant bf16=--cpu-bf16 --variant 'bf16-seed2=--cpu-bf16 --seed 2'
+        --variant fp32= --variant bf16="--precision bf16" --variant "bf16-seed2=--precision bf16 --seed 2"
 
 The first variant is the reference. A variant whose directory already holds a finished run
 (a model and a validation at its last update) is read, not trained again, and the table says

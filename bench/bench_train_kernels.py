@@ -9,7 +9,7 @@ Part 1, the kernels alone, at the Bible recipe's batch shape (`small`: d_model 2
 - dropout: `F.dropout` against `model.Dropout` (keep-mask drawn as U[0, 1) ≥ p), forward +
   backward of a (3,400 × 256) activation;
 - attention under bf16 autocast: the fused kernel in bf16 against `attention`'s float32 one
-  (what `--cpu-bf16` training runs), forward + backward.
+  (what `--precision bf16` training runs), forward + backward.
 
 Part 2, whole training steps of the `small` model (forward, chunked label-smoothed loss,
 backward, Adam) on batches of varied shape (≈ 4,000 tokens a side, 12–80 tokens long: a new
@@ -155,7 +155,7 @@ def steps(n_steps: int) -> list[str]:
                     if i >= 2:  # the first two rounds warm up
                         times[new].append(took)
             old, new = (1e6 * statistics.median(times[k]) for k in (False, True))
-            what = "bf16 autocast (`--cpu-bf16`)" if bf16 else "float32"
+            what = "bf16 autocast (`--precision bf16`)" if bf16 else "float32"
             lines.append(f"| {what} | {old:.0f} | {new:.0f} | {old / new:.2f}× | {n_steps} |")
             print(lines[-1], flush=True)
     finally:

@@ -103,7 +103,7 @@ MARKERS = "bench_train_vs_fairseq"
 """BENCHMARKS.md's table markers: `<!-- bench_train_vs_fairseq:start -->` ... `:end -->`."""
 HEADING = "## Training run: `aiayn train` vs `fairseq-train`, side by side"
 FAIRSEQ = "fairseq-train"
-BF16_DEFAULT_KERNELS = "aiayn train --cpu-bf16, oneDNN's 1024 kernels"
+BF16_DEFAULT_KERNELS = "aiayn train --precision bf16, oneDNN's 1024 kernels"
 ONEDNN_DEFAULT_KERNELS = 1024  # oneDNN's default; aiayn limits bf16 training to 16
 STOP_GRACE_S = 120  # after SIGTERM: aiayn finishes its update and saves
 
@@ -425,7 +425,7 @@ def run_aiayn(
     command += ["--max-steps", str(args.max_updates or c.max_steps), "--log-every"]
     command += [str(args.log_every), "--save-every", str(10**9), "--save-every-minutes", "0"]
     command += ["--valid-every", "0", "--device", "cpu", "--threads", str(args.threads)]
-    command += ["--no-progress", "--cpu-bf16" if bf16 else "--no-cpu-bf16"]
+    command += ["--no-progress", "--precision", "bf16" if bf16 else "fp32"]
     env = child_env(args.threads)
     if kernel_cache is not None:
         env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(kernel_cache)
@@ -734,11 +734,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=10, help="updates per logged interval")
     parser.add_argument("--max-updates", type=int, help="also stop a run here (smoke runs)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--with-bf16", action="store_true", help="add aiayn --cpu-bf16")
+    parser.add_argument("--with-bf16", action="store_true", help="add aiayn --precision bf16")
     parser.add_argument(
         "--with-bf16-default-kernels",
         action="store_true",
-        help="add aiayn --cpu-bf16 with oneDNN's default kernel cache (1024), as before it was "
+        help="add aiayn --precision bf16 with oneDNN's default kernel cache (1024), as before it was "
         "limited for bf16 training",
     )
     parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: temporary)")
@@ -771,7 +771,7 @@ def main(argv: list[str] | None = None) -> None:
     missing = fairseq_missing(args.fairseq_bin)
     trainers = [Trainer("aiayn train"), Trainer(FAIRSEQ, missing=missing)]
     if args.with_bf16:
-        trainers.append(Trainer("aiayn train --cpu-bf16"))
+        trainers.append(Trainer("aiayn train --precision bf16"))
     if args.with_bf16_default_kernels:
         trainers.append(Trainer(BF16_DEFAULT_KERNELS))
     info = machine_info(torch.device("cpu"))
