@@ -6,7 +6,8 @@ recipe, data and validation set into `RUNS_DIR/NAME`:
 
     .venv/bin/python bench/bench_learning_curves.py --src DATA/train.en --tgt DATA/train.es \\
         --valid-src DATA/dev.en --valid-tgt DATA/dev.es --runs-dir runs/curves \\
-        --variant fp32= --variant bf16="--precision bf16" --variant "bf16-seed2=--precision bf16 --seed 2"
+        --variant fp32= --variant bf16="--precision bf16" \\
+        --variant "bf16-seed2=--precision bf16 --seed 2"
 
 The first variant is the reference. A variant whose directory already holds a finished run
 (a model and a validation at its last update) is read, not trained again, and the table says

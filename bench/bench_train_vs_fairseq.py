@@ -738,8 +738,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--with-bf16-default-kernels",
         action="store_true",
-        help="add aiayn --precision bf16 with oneDNN's default kernel cache (1024), as before it was "
-        "limited for bf16 training",
+        help="add aiayn --precision bf16 with oneDNN's default kernel cache (1024), as before "
+        "it was limited for bf16 training",
     )
     parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: temporary)")
     parser.add_argument("--json", type=Path, help="also write the results here")
