@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: size demo test test-avx2 gpu-check lint format bench bench-peers bench-decode bench-train-vs-fairseq browser-deps bible-deps docs clean
+.PHONY: size demo test test-fast test-avx2 gpu-check lint format bench bench-peers bench-decode bench-train-vs-fairseq browser-deps bible-deps docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ $(HF4)/.installed: $(STAMP)
 # gets a cache of its own: kernels it compiled for one instruction set abort under the other.
 AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
 	CT2_FORCE_CPU_ISA=AVX2 CT2_USE_MKL=0 TORCHINDUCTOR_CACHE_DIR=$$(mktemp -d)
-NUMERICS_TESTS := tests/test_model.py tests/test_attention.py tests/test_loss.py \
+NUMERICS_TESTS := tests/test_model.py tests/test_cache.py tests/test_attention.py tests/test_loss.py \
 	tests/test_acceleration.py tests/decode/test_search.py tests/decode/test_translator.py tests/train/test_update.py \
 	tests/decode/test_ensemble.py tests/test_optim.py tests/decode/test_alignment.py \
 	tests/interop/test_ctranslate2.py tests/interop/test_onnx.py
@@ -41,6 +41,13 @@ test: $(STAMP) $(HF4)/.installed
 	$(AVX2_ONLY) $(BIN)/python -m pytest -q -p no:cacheprovider $(NUMERICS_TESTS)
 	PYTHONPATH=$(HF4) $(BIN)/python -c 'import transformers as t; assert t.__version__.startswith("4."), t.__version__'
 	PYTHONPATH=$(HF4) $(BIN)/python -m pytest -q -p no:cacheprovider tests/interop/test_marian.py tests/cli/test_interop.py
+
+# The inner loop: ruff, then the tests not marked slow, tests/integration left out (`make test`
+# runs them all, as CI does).
+test-fast: $(STAMP)
+	$(BIN)/ruff check src tests bench tools
+	$(BIN)/ruff format --check src tests bench tools
+	$(BIN)/python -m pytest -q -m "not slow" --ignore tests/integration
 
 # The numerics tests alone, as an AVX2-only CPU runs them (part of `make test`).
 test-avx2: $(STAMP)

@@ -1,8 +1,10 @@
-"""Tiny model directories for the interop tests (tests/test_interop_*.py).
+"""Tiny model directories for the interop tests (tests/interop, and the CLI and runtime tests
+of exports): `model_dirs.tiny_model_dir` on `CORPUS` with the seed and the scaled-up ``</s>``
+row these tests were tuned on, a model trained on `PAIRS`, and a split tokenizer's files.
 
-Random weights, with one twist: the row of ``</s>`` in the (tied) embedding is scaled up, so
-that the random model ends some outputs with EOS (most beam search outputs, a few greedy
-ones), as a trained model does, instead of running all of them into the length limit.
+The ``</s>`` row of the (tied) embedding is scaled up 4x, so that the random model ends some
+outputs with EOS (most beam search outputs, a few greedy ones), as a trained model does, instead
+of running all of them into the length limit.
 """
 
 from __future__ import annotations
@@ -15,21 +17,13 @@ import torch
 from aiayn.config import preset
 from aiayn.model import Transformer
 from aiayn.model_dir import save_model_dir
-from aiayn.text.tokenizer import EOS_ID, Tokenizer
+from aiayn.text.tokenizer import EOS_ID
+from model_dirs import CORPUS, train_tokenizer
+from model_dirs import tiny_model_dir as _tiny_model_dir
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may come from the Hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-CORPUS = [
-    "the cat sat on the mat",
-    "a dog barked at the moon all night",
-    "hello world, this is a small test",
-    "die katze sass auf der matte",
-    "ein hund bellte die ganze nacht den mond an",
-    "hallo welt, das ist ein kleiner test",
-    "we translate short sentences quickly",
-    "wir übersetzen kurze sätze schnell",
-]
 SENTENCES = [
     "the cat sat",
     "",
@@ -43,16 +37,8 @@ SENTENCES = [
 
 def tiny_model_dir(directory: Path, *, eos_scale: float = 4.0, **overrides: object) -> Path:
     """A tokenizer trained on `CORPUS` and a random tiny model, saved as `directory`/model."""
-    directory.mkdir(parents=True, exist_ok=True)
-    corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
-    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
-    torch.manual_seed(1234)
     values = {"max_positions": 64, **overrides}
-    model = Transformer(preset("tiny", src_vocab_size=tokenizer.vocab_size, **values)).eval()
-    with torch.no_grad():
-        model.tgt_embed.embedding.weight[EOS_ID] *= eos_scale
-    return save_model_dir(directory / "model", model, tokenizer_file=tokenizer.model_file)
+    return _tiny_model_dir(directory, CORPUS, seed=1234, eos_scale=eos_scale, **values)
 
 
 PAIRS = [(CORPUS[i], CORPUS[i + 3]) for i in range(3)] + [(CORPUS[6], CORPUS[7])]
@@ -68,10 +54,7 @@ def trained_model_dir(directory: Path, *, steps: int = 150) -> Path:
     """
     from aiayn.text.tokenizer import BOS_ID, PAD_ID
 
-    directory.mkdir(parents=True, exist_ok=True)
-    corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
-    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
+    tokenizer = train_tokenizer(directory, CORPUS)
     pairs = PAIRS + [(tgt, src) for src, tgt in PAIRS]
 
     def padded(rows: list[list[int]]) -> torch.Tensor:
@@ -92,15 +75,13 @@ def trained_model_dir(directory: Path, *, steps: int = 150) -> Path:
     return save_model_dir(directory / "model", model.eval(), tokenizer_file=tokenizer.model_file)
 
 
-def split_tokenizer_files(directory: Path) -> Path:
-    """A `SplitTokenizer`'s files in `directory`, as `aiayn import` writes them: a source model
-    learned on the English lines of `CORPUS`, a target model on the German ones (so the two cut
-    German text differently), and a vocab.json of both models' pieces. Returns the vocab.json."""
-    import json
-
+def split_spm_files(directory: Path) -> tuple[Path, Path]:
+    """Raw SentencePiece models as Marian ships them: `directory`/source.spm learned on the
+    English lines of `CORPUS`, target.spm on the German ones (so the two cut German text
+    differently)."""
     import sentencepiece as spm
 
-    pieces = ["<pad>", "<unk>", "<s>", "</s>"]
+    models = []
     for name, lines in (("source", CORPUS[:3] + CORPUS[6:7]), ("target", CORPUS[3:6] + CORPUS[7:])):
         text = directory / f"{name}.txt"
         text.write_text("\n".join(lines * 3) + "\n", encoding="utf-8")
@@ -111,9 +92,26 @@ def split_tokenizer_files(directory: Path) -> Path:
             hard_vocab_limit=False,
             minloglevel=2,
         )
-        model = (directory / f"{name}.model").rename(directory / f"{name}.spm")
-        sp = spm.SentencePieceProcessor(model_file=str(model))
-        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i)]
+        models.append((directory / f"{name}.model").rename(directory / f"{name}.spm"))
+    return models[0], models[1]
+
+
+def spm_pieces(model_file: Path) -> list[str]:
+    """The pieces of a raw SentencePiece model, control pieces left out."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_file))
+    return [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i)]
+
+
+def split_tokenizer_files(directory: Path) -> Path:
+    """A `SplitTokenizer`'s files in `directory`, as `aiayn import` writes them: the two models
+    of `split_spm_files` and a vocab.json of both models' pieces. Returns the vocab.json."""
+    import json
+
+    pieces = ["<pad>", "<unk>", "<s>", "</s>"]
+    for model in split_spm_files(directory):
+        pieces += spm_pieces(model)
     vocab_file = directory / "vocab.json"
     vocab_file.write_text(json.dumps({"pieces": list(dict.fromkeys(pieces))}), encoding="utf-8")
     return vocab_file

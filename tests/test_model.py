@@ -1,6 +1,6 @@
 """Tests for aiayn.model: parity with `torch.nn.Transformer`, fused vs explicit attention, cached
-decoding, causality and padding, §3.5 positional encodings, Table 3 parameter counts, §3.4
-weight sharing."""
+decoding (the cache's reorders: tests/test_cache.py), causality and padding, §3.5 positional
+encodings, Table 3 parameter counts, §3.4 weight sharing."""
 
 from __future__ import annotations
 
@@ -258,78 +258,6 @@ def test_decode_step_refuses_a_full_cache(make_model: MakeModel) -> None:
         model.decode_step(tgt[:, 0], cache)
         with pytest.raises(ValueError, match="full"):
             model.decode_step(tgt[:, 1], cache)
-
-
-@pytest.mark.parametrize("overrides", VARIANTS)
-def test_reordered_cache_continues_like_the_reordered_batch(
-    make_model: MakeModel, overrides: dict[str, Any]
-) -> None:
-    model = make_model(**overrides)
-    src, tgt = batch(model)
-    # As beam search does: expand each sentence to 2 beams, then drop sentence 1 and follow
-    # beams to (repeated, permuted) parents within their sentence.
-    steps = [(torch.tensor([0, 0, 1, 1, 2, 2]), None), (torch.tensor([1, 1, 4, 5]), [0, 2])]
-    rows = torch.arange(src.size(0))  # the batch row each cache row decodes
-    with torch.no_grad():
-        memory, src_key_mask = model.encode(src)
-        cache = model.init_cache(memory, src_key_mask, max_len=T)
-        k = 0
-        for index, sentences in steps:
-            for t in range(k, k + 2):
-                model.decode_step(tgt[rows, t], cache)
-            k += 2
-            kept = None if sentences is None else torch.tensor(sentences)
-            cache = cache.reorder(index, kept)
-            rows = rows[index]
-            assert cache.batch_size == len(index) and cache.length == k
-        continued = torch.stack(
-            [model.decode_step(tgt[rows, t], cache) for t in range(k, T)], dim=1
-        )
-        from_scratch = model(src[rows], tgt[rows]).log_softmax(-1)[:, k:]
-        torch.testing.assert_close(continued, from_scratch, atol=1e-5, rtol=0)
-
-
-def test_cache_copies_only_moved_rows_in_place_and_continues_like_the_reordered_batch(
-    make_model: MakeModel,
-) -> None:
-    """Reorders that beam search makes, one position apart: the cache moves in place the rows
-    that change when their sources stay put (same buffer) and gathers every row otherwise;
-    decoding then goes on exactly as the reordered batch from scratch."""
-    model = make_model()
-    src, tgt = batch(model)
-    steps = [  # (index, sentences, moves in place?)
-        (torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]), None, False),  # expand to 4 beams
-        (torch.tensor([0, 0, 2, 3, 4, 5, 5, 7, 8, 9, 10, 11]), None, True),  # second children
-        (torch.tensor([8, 9, 9, 11, 4, 5, 6, 4]), torch.tensor([2, 1]), True),  # back refills 0
-        (torch.tensor([1, 0, 2, 3, 4, 5, 6, 7]), None, False),  # a swap: sources overwritten
-    ]
-    rows = torch.arange(src.size(0))  # the batch row each cache row decodes
-    with torch.no_grad():
-        cache = model.init_cache(*model.encode(src), max_len=T)
-        for t, (index, sentences, in_place) in enumerate(steps):
-            model.decode_step(tgt[rows, t], cache)
-            buffer = cache.self_k.data_ptr()
-            cache = cache.reorder(index, sentences)
-            assert (cache.self_k.data_ptr() == buffer) == in_place
-            rows = rows[index]
-        k = len(steps)
-        continued = torch.stack(
-            [model.decode_step(tgt[rows, t], cache) for t in range(k, T)], dim=1
-        )
-        from_scratch = model(src[rows], tgt[rows]).log_softmax(-1)[:, k:]
-        torch.testing.assert_close(continued, from_scratch, atol=1e-5, rtol=0)
-
-
-def test_reorder_refuses_rows_that_cannot_be_grouped(make_model: MakeModel) -> None:
-    model = make_model()
-    src, _ = batch(model)
-    with torch.no_grad():
-        cache = model.init_cache(*model.encode(src), max_len=T)
-        with pytest.raises(ValueError, match="grouped"):
-            cache.reorder(torch.tensor([0, 1]))  # 2 rows for 3 sentences
-        for not_a_row in (-1, 3):  # refused, not taken from the other end or beyond
-            with pytest.raises((RuntimeError, IndexError)):
-                cache.reorder(torch.tensor([0, 1, not_a_row]))
 
 
 # -- causality and padding --------------------------------------------------------------------

@@ -16,12 +16,11 @@ import pytest
 import torch
 
 from aiayn.cli import main
-from aiayn.config import preset
 from aiayn.decode.evaluation import score
 from aiayn.decode.translator import Translator, one_line
-from aiayn.model import Transformer
 from aiayn.model_dir import save_model_dir
 from aiayn.text.tokenizer import Tokenizer
+from model_dirs import EN_DE, tiny_model, tiny_model_dir
 
 CORPUS = [
     "the cat sat on the mat",
@@ -38,17 +37,7 @@ FAST = ["--beam-size", "2", "--max-len-b", "3", "--threads", "1"]
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("cli")
-    corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
-    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
-    torch.manual_seed(0)
-    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=MAX_POSITIONS)
-    return save_model_dir(
-        directory / "model",
-        Transformer(config),
-        tokenizer_file=tokenizer.model_file,
-        metadata={"src_lang": "en", "tgt_lang": "de"},
-    )
+    return tiny_model_dir(directory, CORPUS, max_positions=MAX_POSITIONS, metadata=EN_DE)
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
@@ -316,10 +305,8 @@ def test_threads_default_to_the_idle_cores_and_0_leaves_pytorchs_default(
 
 
 def save_model(directory: Path, tokenizer_file: Path, seed: int) -> Path:
-    tokenizer = Tokenizer.load(tokenizer_file)
-    torch.manual_seed(seed)
-    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=MAX_POSITIONS)
-    return save_model_dir(directory, Transformer(config), tokenizer_file=tokenizer_file)
+    model = tiny_model(Tokenizer.load(tokenizer_file), seed=seed, max_positions=MAX_POSITIONS)
+    return save_model_dir(directory, model, tokenizer_file=tokenizer_file)
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ from aiayn.config import preset
 from aiayn.decode.alignment import alignment_matrix, check_index, format_alignment, hard_alignment
 from aiayn.decode.translator import SentenceAttention, TranslationResult, Translator, one_line
 from aiayn.model import Transformer
-from aiayn.model_dir import save_model_dir
-from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from model_dirs import tiny_model_dir
 
 CORPUS = [
     "the cat sat on the mat",
@@ -38,16 +38,7 @@ PAIRS = re.compile(r"^(\d+-\d+( \d+-\d+)*)?$")
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("alignment")
-    corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
-    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
-    torch.manual_seed(0)
-    config = preset(
-        "tiny", src_vocab_size=tokenizer.vocab_size, d_model=32, d_ff=64, max_positions=32
-    )
-    return save_model_dir(
-        directory / "model", Transformer(config), tokenizer_file=tokenizer.model_file
-    )
+    return tiny_model_dir(directory, CORPUS, d_model=32, d_ff=64, max_positions=32)
 
 
 @pytest.fixture(scope="module")

@@ -21,16 +21,14 @@ from aiayn.decode.search import Hypothesis
 from aiayn.decode.translator import Translator
 from aiayn.extras import MissingExtra
 from aiayn.text.tokenizer import EOS_ID, Tokenizer
+from model_dirs import train_tokenizer
 
 CORPUS = ["the cat sat on the mat", "a dog barked at the moon all night", "hello world"]
 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    directory = tmp_path_factory.mktemp("tokenizer")
-    corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
-    return Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
+    return train_tokenizer(tmp_path_factory.mktemp("tokenizer"), CORPUS)
 
 
 class EchoBackend:

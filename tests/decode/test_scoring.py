@@ -15,6 +15,7 @@ from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer
 from aiayn.text.batching import collate
 from aiayn.text.tokenizer import PAD_ID, Tokenizer
+from model_dirs import train_tokenizer
 
 CORPUS = ["the cat sat on the mat", "a dog barked at the moon", "die katze sass auf der matte"]
 PAIRS = [
@@ -28,10 +29,7 @@ PAIRS = [
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    directory = tmp_path_factory.mktemp("scoring")
-    corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
-    return Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
+    return train_tokenizer(tmp_path_factory.mktemp("scoring"), CORPUS)
 
 
 @pytest.fixture

@@ -17,7 +17,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiayn.config import preset
 from aiayn.decode import search
 from aiayn.decode.search import DecodingOptions, gnmt_length_penalty
 from aiayn.decode.translator import Translator, one_line, read_lines
@@ -25,17 +24,8 @@ from aiayn.model import Transformer
 from aiayn.model_dir import CheckpointError, save_model_dir
 from aiayn.text.corpus import DataError
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from model_dirs import CORPUS, EN_DE, tiny_model, train_tokenizer
 
-CORPUS = [
-    "the cat sat on the mat",
-    "a dog barked at the moon all night",
-    "hello world, this is a small test",
-    "die katze sass auf der matte",
-    "ein hund bellte die ganze nacht den mond an",
-    "hallo welt, das ist ein kleiner test",
-    "we translate short sentences quickly",
-    "wir übersetzen kurze sätze schnell",
-]
 SENTENCES = [
     "the cat sat",
     "",
@@ -50,17 +40,11 @@ FAST = {"max_len_b": 6}  # random models rarely emit EOS: keep outputs short
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
-    directory = tmp_path_factory.mktemp("tokenizer")
-    corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
-    return Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
+    return train_tokenizer(tmp_path_factory.mktemp("tokenizer"), CORPUS)
 
 
 def build_model(tokenizer: Tokenizer, **overrides: object) -> Transformer:
-    torch.manual_seed(1234)
-    values = {"max_positions": 64, **overrides}
-    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, **values)
-    return Transformer(config).eval()
+    return tiny_model(tokenizer, seed=1234, **{"max_positions": 64, **overrides})
 
 
 @pytest.fixture(scope="module")
@@ -78,12 +62,7 @@ def model_dir(
     tmp_path_factory: pytest.TempPathFactory, model: Transformer, tokenizer: Tokenizer
 ) -> Path:
     directory = tmp_path_factory.mktemp("models") / "model"
-    save_model_dir(
-        directory,
-        model,
-        tokenizer_file=tokenizer.model_file,
-        metadata={"src_lang": "en", "tgt_lang": "de"},
-    )
+    save_model_dir(directory, model, tokenizer_file=tokenizer.model_file, metadata=EN_DE)
     return directory
 
 

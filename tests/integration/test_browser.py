@@ -21,12 +21,9 @@ from typing import Any
 import pytest
 import torch
 
-from aiayn.config import preset
 from aiayn.decode.translator import Translator
-from aiayn.model import Transformer
-from aiayn.model_dir import save_model_dir
 from aiayn.serve import Decoding, ServerSettings, create_app, serve_in_background
-from aiayn.text.tokenizer import Tokenizer
+from model_dirs import EN_DE, tiny_model_dir
 
 pytestmark = pytest.mark.slow
 
@@ -67,17 +64,7 @@ CHROMIUM_FLAGS = [
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     directory = tmp_path_factory.mktemp("browser")
-    corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
-    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
-    torch.manual_seed(0)
-    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=32)
-    model_dir = save_model_dir(
-        directory / "model",
-        Transformer(config),
-        tokenizer_file=tokenizer.model_file,
-        metadata={"src_lang": "en", "tgt_lang": "de"},
-    )
+    model_dir = tiny_model_dir(directory, CORPUS, max_positions=32, metadata=EN_DE)
     with serve_in_background(create_app(Translator(model_dir), SETTINGS)) as url:
         yield url
 

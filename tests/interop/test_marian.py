@@ -15,7 +15,7 @@ import torch
 
 from aiayn.decode.translator import Translator
 from aiayn.model_dir import load_model_dir, read_model_config
-from interop_models import CORPUS, SENTENCES, tiny_model_dir
+from interop_models import CORPUS, SENTENCES, split_spm_files, spm_pieces, tiny_model_dir
 
 transformers = pytest.importorskip("transformers", reason="optional: pip install -e '.[export]'")
 
@@ -125,35 +125,14 @@ def test_export_then_import_is_lossless(hf_dir: Path, model_dir: Path, reference
 # -- import -----------------------------------------------------------------------------------
 
 
-def train_spm(directory: Path, name: str, lines: list[str]) -> Path:
-    import sentencepiece as spm
-
-    corpus = directory / f"{name}.txt"
-    corpus.write_text("\n".join(lines * 3) + "\n", encoding="utf-8")
-    spm.SentencePieceTrainer.train(
-        input=str(corpus),
-        model_prefix=str(directory / name),
-        vocab_size=60,
-        hard_vocab_limit=False,
-        minloglevel=2,
-    )
-    return (directory / f"{name}.model").rename(directory / f"{name}.spm")
-
-
 @pytest.fixture(scope="module")
 def opus_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A Marian directory as OPUS-MT ships them, written by transformers itself: separate
     source/target SentencePiece models, one vocab.json with ``</s>`` 0, ``<unk>`` 1 and
     ``<pad>`` last, decoding starting with ``<pad>``, swish; random weights."""
-    import sentencepiece as spm
-
     directory = tmp_path_factory.mktemp("opus")
-    source = train_spm(directory, "source", CORPUS[:3] + CORPUS[6:7])
-    target = train_spm(directory, "target", CORPUS[3:6] + CORPUS[7:])
-    pieces = ["</s>", "<unk>"]
-    for model in (source, target):
-        sp = spm.SentencePieceProcessor(model_file=str(model))
-        pieces += [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if not sp.is_control(i)]
+    source, target = split_spm_files(directory)
+    pieces = ["</s>", "<unk>", *spm_pieces(source), *spm_pieces(target)]
     pieces = [*dict.fromkeys(pieces), "<pad>"]
     vocab = {piece: i for i, piece in enumerate(pieces)}
     (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))

@@ -9,15 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
-from aiayn.config import preset
 from aiayn.decode.translator import Translator
-from aiayn.model import Transformer
-from aiayn.model_dir import save_model_dir
 from aiayn.serve import create_app
-from aiayn.text.tokenizer import Tokenizer
+from model_dirs import EN_DE, tiny_model_dir
 
 from .helpers import CORPUS, MAX_POSITIONS, SETTINGS
 
@@ -25,17 +21,7 @@ from .helpers import CORPUS, MAX_POSITIONS, SETTINGS
 @pytest.fixture(scope="package")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("server")
-    corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
-    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
-    torch.manual_seed(0)
-    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=MAX_POSITIONS)
-    return save_model_dir(
-        directory / "model",
-        Transformer(config),
-        tokenizer_file=tokenizer.model_file,
-        metadata={"src_lang": "en", "tgt_lang": "de"},
-    )
+    return tiny_model_dir(directory, CORPUS, max_positions=MAX_POSITIONS, metadata=EN_DE)
 
 
 @pytest.fixture(scope="package")

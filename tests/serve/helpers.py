@@ -15,15 +15,9 @@ from fastapi.testclient import TestClient
 
 from aiayn.decode.translator import Translator
 from aiayn.serve import Decoding, ServerSettings, create_app, serve_in_background
+from model_dirs import CORPUS as ALL_LINES
 
-CORPUS = [
-    "the cat sat on the mat",
-    "a dog barked at the moon all night",
-    "hello world, this is a small test",
-    "die katze sass auf der matte",
-    "ein hund bellte die ganze nacht den mond an",
-    "hallo welt, das ist ein kleiner test",
-]
+CORPUS = ALL_LINES[:6]  # three English–German pairs
 SENTENCES = ["the cat sat", "a dog barked at the moon", "hello world", "the mat", "a test"]
 MAX_POSITIONS = 32
 DECODING = Decoding(beam_size=2, max_len_a=0.0, max_len_b=4)  # random models rarely stop

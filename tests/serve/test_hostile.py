@@ -23,13 +23,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import torch
 from fastapi.testclient import TestClient
 
-from aiayn.config import preset
 from aiayn.decode.translator import Translator
-from aiayn.model import Transformer
-from aiayn.model_dir import save_model_dir
 from aiayn.serve import connections, create_app
 from aiayn.serve.connections import (
     FD_SPARE,
@@ -41,7 +37,7 @@ from aiayn.serve.connections import (
 )
 from aiayn.serve.keys import ApiKey, load_keys
 from aiayn.serve.policy import PAGE_CSP
-from aiayn.text.tokenizer import Tokenizer
+from model_dirs import tiny_model_dir
 
 from .helpers import CORPUS, SETTINGS, assert_error, http
 
@@ -61,15 +57,7 @@ COSTLY = {"texts": [LONG] * 5, "beam_size": 16, "length_penalty": 5.0}  # within
 
 @pytest.fixture(scope="module")
 def long_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("hostile")
-    corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
-    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
-    torch.manual_seed(0)
-    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=POSITIONS)
-    return save_model_dir(
-        directory / "model", Transformer(config), tokenizer_file=tokenizer.model_file
-    )
+    return tiny_model_dir(tmp_path_factory.mktemp("hostile"), CORPUS, max_positions=POSITIONS)
 
 
 class Server:
@@ -174,10 +162,11 @@ def test_a_short_request_is_not_held_up_by_costly_abandoned_ones(server: Server)
     time.sleep(0.5)
     health = http(server.url + "/health")[1]
     assert health["queued_texts"] > 0
-    start = time.monotonic()
     status, answer = http(server.url + "/translate", {"text": "the cat sat"})
-    short_latency = time.monotonic() - start
     assert status == 200 and len(answer["translations"]) == 1
+    # it was answered while texts queued before it still waited: it was not held up behind
+    # them (round-robin: at most the call in progress and one text per hammer went first)
+    assert http(server.url + "/health")[1]["queued_texts"] > 0
     for sock in hammers:
         sock.close()
     deadline = time.monotonic() + 20
@@ -186,9 +175,6 @@ def test_a_short_request_is_not_held_up_by_costly_abandoned_ones(server: Server)
         time.sleep(0.1)
     translated = stats["sentences"] - start_stats["sentences"]
     assert translated < 2 * len(COSTLY["texts"])  # the abandoned texts were not all computed
-    # at most the call in progress and one per hammer ahead of it (round-robin): one call
-    # holds one long text at beam 16 (--max-batch-cost), well under a second here
-    assert short_latency < 15, short_latency
     assert stats["status"] == "ok" and stats["queued"] == 0
 
 
@@ -252,7 +238,6 @@ def test_idle_slow_header_and_slow_body_connections_are_closed(server: Server) -
     threading.Thread(target=trickle, daemon=True).start()
     slow_body = server.connect()
     slow_body.sendall(raw_request({"text": "the cat sat"})[:-5])
-    start = time.monotonic()
     assert all(closed_within(sock, 5) for sock in idle)
     assert closed_within(slow_head, 5)
     slow_body.settimeout(5)
@@ -260,8 +245,7 @@ def test_idle_slow_header_and_slow_body_connections_are_closed(server: Server) -
     while chunk := slow_body.recv(65536):
         reply += chunk
     assert reply.startswith(b"HTTP/1.1 408"), reply[:200]
-    assert b"--timeout-body" in reply
-    assert time.monotonic() - start < 6
+    assert b"--timeout-body" in reply  # closed by the server's 1 s timeouts, not by ours
     assert http(server.url + "/health")[0] == 200
     for sock in (*idle, slow_head, slow_body):
         sock.close()
@@ -595,11 +579,10 @@ def test_a_header_trickling_past_the_limit_is_refused_before_it_is_whole(server:
 
 
 class HealthProbe:
-    """Polls ``GET /health`` from a thread and keeps the longest wait: how long the server's
-    event loop was held."""
+    """Polls ``GET /health`` from a thread and keeps the statuses it got."""
 
     def __init__(self, server: Server) -> None:
-        self.url, self.longest, self._stop = server.url + "/health", 0.0, threading.Event()
+        self.url, self.statuses, self._stop = server.url + "/health", [], threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> HealthProbe:
@@ -612,9 +595,7 @@ class HealthProbe:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            start = time.monotonic()
-            assert http(self.url)[0] == 200
-            self.longest = max(self.longest, time.monotonic() - start)
+            self.statuses.append(http(self.url)[0])
             time.sleep(0.02)
 
 
@@ -645,7 +626,9 @@ def test_a_body_of_millions_of_values_is_cheap_to_refuse(server: Server, shape: 
     """Old server: two million numbers in `texts` (4 MB) took 18.8 s, 2.5 GB and a 116 MB
     answer, and /health waited up to 18 s; 300k unknown fields got a 43 MB answer. Now the
     values are counted before they are built (413), and percent-decoding, which is Python code,
-    runs off the event loop (then the text is over --max-chars: 413 too)."""
+    runs off the event loop (then the text is over --max-chars: 413 too; that /health is
+    answered meanwhile: tests/serve/test_requests.py). How fast (~0.02 s; ~1 s for the escapes)
+    is not asserted: a bound on a clock fails on a loaded machine."""
     content_type, start, unit, end = HOSTILE_BODIES[shape]
     body = as_large_as_allowed(start, unit, end)
     head = (b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: %s\r\n"
@@ -653,13 +636,10 @@ def test_a_body_of_millions_of_values_is_cheap_to_refuse(server: Server, shape: 
     peak_before = server.peak_rss_mb()
     with HealthProbe(server) as probe:
         time.sleep(0.1)
-        started = time.monotonic()
         reply, _ = exchange(server, head + body, seconds=30)
-        elapsed = time.monotonic() - started
         time.sleep(0.1)
     status, error = error_of(reply)
     assert status == 413 and len(reply) < 1000, reply[:300]
     assert "--max-chars" in error if "escapes" in shape else "values" in error
-    assert elapsed < 5, elapsed  # ~0.02 s; ~1 s for the escapes (decoded in a thread)
-    assert probe.longest < 0.5, probe.longest
+    assert probe.statuses and set(probe.statuses) == {200}  # the server answered throughout
     assert server.peak_rss_mb() - peak_before < 64

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 from urllib.parse import quote_plus, unquote_plus
@@ -14,7 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from aiayn.decode.translator import Translator
-from aiayn.serve import create_app
+from aiayn.serve import create_app, requests
 from aiayn.serve.requests import _unquote_plus, too_many_json_values
 
 from .helpers import SETTINGS, assert_error, post_raw
@@ -139,3 +141,28 @@ def test_form_values_are_percent_decoded_as_urllib_does(piece: int) -> None:
         except UnicodeDecodeError:
             decoded = UnicodeDecodeError
         assert decoded == expected, encoded
+
+
+def test_form_bodies_are_decoded_off_the_event_loop(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Percent-decoding is Python code (~1 s for 4 MiB of escapes): held mid-decoding, the
+    server still answers /health. Were it decoded on the event loop, /health would wait for the
+    hold to time out (30 s, a guard), and the decoding would find it unreleased."""
+    entered, released, waits = threading.Event(), threading.Event(), []
+
+    def held(*args: Any) -> Any:
+        entered.set()
+        waits.append(released.wait(30))  # True: released by the test, not by the guard
+        return parse(*args)
+
+    parse = requests._parse_urlencoded
+    monkeypatch.setattr(requests, "_parse_urlencoded", held)
+    with ThreadPoolExecutor(1) as pool:
+        form = pool.submit(post_raw, client, b"q=the+cat", "application/x-www-form-urlencoded")
+        assert entered.wait(30)
+        health = client.get("/health")
+        released.set()
+        assert health.status_code == 200
+        assert form.result().status_code < 500
+    assert waits == [True]

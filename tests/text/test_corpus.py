@@ -1,4 +1,5 @@
-"""Tests for aiayn.text.corpus: reading, binarizing/caching, token-budget batching and collation."""
+"""Tests for aiayn.text.corpus: reading, binarizing/caching, and batching a dataset (the batching
+itself: tests/text/test_batching.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.text.batching import Batch, accumulation, collate, make_batches, shard_batches
+from aiayn.text.batching import collate, make_batches
 from aiayn.text.corpus import (
     DataError,
     FilterStats,
@@ -24,7 +25,7 @@ from aiayn.text.corpus import (
     read_parallel,
     read_tsv,
 )
-from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID, SplitTokenizer, Tokenizer
+from aiayn.text.tokenizer import SplitTokenizer, Tokenizer
 from interop_models import split_tokenizer_files
 
 
@@ -302,154 +303,7 @@ def test_dataset_pickles_without_copying_the_corpus(
     assert [t.tolist() for _, t in clone] == [t.tolist() for _, t in dataset]
 
 
-# --- batching -----------------------------------------------------------------------------
-
-
-def random_lengths(n: int, seed: int, max_len: int = 60) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    return rng.integers(0, max_len + 1, n), rng.integers(0, max_len + 1, n)
-
-
-@pytest.mark.parametrize("max_tokens", [61, 100, 257, 1000])
-@pytest.mark.parametrize("shuffle", [True, False])
-def test_batches_respect_budget_and_cover_everything(max_tokens: int, shuffle: bool) -> None:
-    src_lengths, tgt_lengths = random_lengths(2000, seed=max_tokens)
-    batches = make_batches(
-        src_lengths, tgt_lengths, max_tokens=max_tokens, seed=1, epoch=0, shuffle=shuffle
-    )
-    for batch in batches:
-        assert len(batch) > 0
-        assert len(batch) * (src_lengths[batch].max() + 1) <= max_tokens
-        assert len(batch) * (tgt_lengths[batch].max() + 1) <= max_tokens
-    assert sorted(np.concatenate(batches).tolist()) == list(range(2000))
-
-
-def reference_batches(
-    src_lengths: np.ndarray, tgt_lengths: np.ndarray, max_tokens: int
-) -> list[list[int]]:
-    """The unshuffled batching rule, one example at a time."""
-    order = np.lexsort((np.arange(len(src_lengths)), src_lengths, tgt_lengths))
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for i in order.tolist():
-        padded = max(src_lengths[i], tgt_lengths[i]) + 1
-        if current and (len(current) + 1) * max(longest, padded) > max_tokens:
-            batches.append(current)
-            current, longest = [], 0
-        current.append(i)
-        longest = max(longest, padded)
-    return [*batches, current]
-
-
-@pytest.mark.parametrize("max_tokens", [61, 300, 5000])
-def test_batches_match_the_one_at_a_time_reference(max_tokens: int) -> None:
-    src_lengths, tgt_lengths = random_lengths(3000, seed=max_tokens)
-    src_lengths[::7] = 0  # empty sides and wide ranges stress the windowed search
-    batches = make_batches(
-        src_lengths, tgt_lengths, max_tokens=max_tokens, seed=0, epoch=0, shuffle=False
-    )
-    assert [b.tolist() for b in batches] == reference_batches(src_lengths, tgt_lengths, max_tokens)
-
-
-def test_batches_are_filled_greedily() -> None:
-    # Equal lengths 9 (+1 = 10): a budget of 35 fits 3 per batch.
-    batches = make_batches(np.full(10, 9), np.full(10, 9), max_tokens=35, seed=0, epoch=0)
-    assert sorted(len(b) for b in batches) == [1, 3, 3, 3]
-
-
-def test_batches_group_similar_lengths() -> None:
-    src_lengths, tgt_lengths = random_lengths(2000, seed=0)
-    batches = make_batches(src_lengths, tgt_lengths, max_tokens=500, seed=0, epoch=0)
-    spread = np.mean([np.ptp(tgt_lengths[b]) for b in batches])
-    assert spread <= 1.0
-
-
-def test_batches_are_deterministic_per_seed_and_epoch() -> None:
-    src_lengths, tgt_lengths = random_lengths(500, seed=3)
-
-    def batches(seed: int, epoch: int) -> list[list[int]]:
-        return [
-            b.tolist()
-            for b in make_batches(src_lengths, tgt_lengths, max_tokens=300, seed=seed, epoch=epoch)
-        ]
-
-    assert batches(0, 0) == batches(0, 0)
-    assert batches(0, 0) != batches(0, 1)
-    assert batches(0, 0) != batches(1, 0)
-
-
-def test_unshuffled_batches_are_sorted_and_ignore_seed() -> None:
-    src_lengths, tgt_lengths = random_lengths(300, seed=4)
-    a = make_batches(src_lengths, tgt_lengths, max_tokens=300, seed=0, epoch=0, shuffle=False)
-    b = make_batches(src_lengths, tgt_lengths, max_tokens=300, seed=5, epoch=9, shuffle=False)
-    assert [x.tolist() for x in a] == [x.tolist() for x in b]
-    order = np.concatenate(a)
-    assert np.all(np.diff(tgt_lengths[order]) >= 0)
-
-
-def test_example_longer_than_budget_is_an_error() -> None:
-    with pytest.raises(DataError, match=r"max_tokens must be >= max_len \+ 1"):
-        make_batches(np.array([3, 50]), np.array([3, 4]), max_tokens=50, seed=0, epoch=0)
-    # Exactly max_len + 1 fits.
-    assert len(make_batches(np.array([49]), np.array([3]), max_tokens=50, seed=0, epoch=0)) == 1
-
-
-def test_make_batches_of_nothing() -> None:
-    assert make_batches(np.array([]), np.array([]), max_tokens=10, seed=0, epoch=0) == []
-
-
-@pytest.mark.parametrize("n_batches", [8, 10, 11])
-def test_shards_are_equal_and_disjoint(n_batches: int) -> None:
-    batches = [np.array([i]) for i in range(n_batches)]
-    shards = [shard_batches(batches, rank, 4) for rank in range(4)]
-    assert len({len(s) for s in shards}) == 1
-    assert len(shards[0]) == n_batches // 4
-    assert [int(b[0]) for b in shards[1]] == list(range(1, 4 * (n_batches // 4), 4))
-    taken = sorted(int(b[0]) for shard in shards for b in shard)
-    assert taken == list(range(4 * (n_batches // 4)))
-
-
-def test_shard_rejects_bad_rank() -> None:
-    with pytest.raises(DataError, match="rank"):
-        shard_batches([1, 2], 2, 2)
-
-
-# --- collation ----------------------------------------------------------------------------
-
-
-def test_collate_shapes_and_contents() -> None:
-    examples = [
-        (np.array([5, 6, 7], dtype=np.uint16), np.array([8, 9], dtype=np.uint16)),
-        (np.array([10], dtype=np.uint16), np.array([11, 12, 13, 14], dtype=np.uint16)),
-    ]
-    batch = collate(examples)
-    assert isinstance(batch, Batch)
-    assert batch.src.dtype == batch.tgt_in.dtype == batch.tgt_out.dtype == torch.long
-    p, b, e = PAD_ID, BOS_ID, EOS_ID
-    assert batch.src.tolist() == [[5, 6, 7, e], [10, e, p, p]]
-    assert batch.tgt_in.tolist() == [[b, 8, 9, p, p], [b, 11, 12, 13, 14]]
-    assert batch.tgt_out.tolist() == [[8, 9, e, p, p], [11, 12, 13, 14, e]]
-    assert batch.n_src_tokens == int((batch.src != p).sum()) == 6
-    assert batch.n_tgt_tokens == int((batch.tgt_out != p).sum()) == 8
-    assert len(batch) == 2
-
-
-def test_collate_respects_budget_of_make_batches() -> None:
-    src_lengths, tgt_lengths = random_lengths(200, seed=7)
-    examples = [
-        (np.ones(s, np.int64), np.ones(t, np.int64))
-        for s, t in zip(src_lengths, tgt_lengths, strict=True)
-    ]
-    for indices in make_batches(src_lengths, tgt_lengths, max_tokens=200, seed=0, epoch=0):
-        batch = collate([examples[i] for i in indices])
-        assert batch.src.numel() <= 200 and batch.tgt_in.numel() <= 200
-
-
-def test_batch_to_device() -> None:
-    batch = collate([(np.array([4]), np.array([5]))]).to("cpu")
-    assert batch.src.device.type == "cpu"
-    assert batch.n_tgt_tokens == 2
+# --- batches of a dataset -------------------------------------------------------------------
 
 
 def test_dataloader_with_batch_sampler(parallel: tuple[Path, Path], tmp_path: Path) -> None:
@@ -457,13 +311,6 @@ def test_dataloader_with_batch_sampler(parallel: tuple[Path, Path], tmp_path: Pa
     batches = make_batches(dataset.src_lengths, dataset.tgt_lengths, max_tokens=20, seed=0, epoch=0)
     loader = torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=collate)
     assert sum(len(batch) for batch in loader) == len(dataset)
-
-
-def test_tokens_per_update_sets_accumulation() -> None:
-    settings = dict(tokens_per_update=25_000, max_tokens=1000, accumulate=1)
-    assert accumulation(**settings, world_size=1) == 25
-    assert accumulation(**settings, world_size=8) == 4  # ceil(25000 / 8000)
-    assert accumulation(**{**settings, "tokens_per_update": 0}, world_size=8) == 1
 
 
 def test_binarize_encodes_targets_with_the_target_side_of_a_split_tokenizer(
