@@ -170,7 +170,7 @@ def _write_model_files(
         with open(tmp / name, "wb") as f:
             torch.save(obj, f)
     names = sorted(p.name for p in tmp.iterdir())
-    checksums = {name: _sha256(tmp / name) for name in names}
+    checksums = {name: sha256_of(tmp / name) for name in names}
     (tmp / CHECKSUMS_FILE).write_text(json.dumps(checksums, indent=2) + "\n")
     _fsync_dir(tmp)
 
@@ -268,7 +268,7 @@ def verify(directory: Path) -> None:
         file = directory / name
         if not file.is_file():
             raise CorruptCheckpointError(f"{directory}: missing {name}")
-        if _sha256(file) != expected:
+        if sha256_of(file) != expected:
             raise CorruptCheckpointError(
                 f"{file} is corrupt or truncated (SHA-256 does not match checksums.json)"
             )
@@ -402,7 +402,8 @@ def load_weights(model: nn.Module, weights_file: Path) -> None:
 # -- file system helpers --------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file, read in 1 MiB pieces (checksums.json records these)."""
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

@@ -17,11 +17,11 @@ import sacrebleu
 from aiayn.decode.evaluation import (
     TOKENIZED_BLEU_LABEL,
     EvaluationError,
+    bleu_of_pairs,
     evaluate_files,
     score,
     split_hyphenated_compounds,
     tokenized_bleu,
-    validation_bleu,
 )
 from aiayn.decode.search import DecodingOptions
 from aiayn.text.corpus import DataError
@@ -101,7 +101,7 @@ class FakeTranslator:
         self.options: DecodingOptions | None = None
 
     def batches(self, sentences: list[str], options: DecodingOptions) -> list[list[int]]:
-        """One sentence per batch (validation_bleu translates a batch per call)."""
+        """One sentence per batch (bleu_of_pairs translates a batch per call)."""
         return [[i] for i, sentence in enumerate(sentences) if sentence.strip()]
 
     def translate_iterable(
@@ -150,7 +150,7 @@ def test_evaluate_files_writes_hypotheses_and_scores_them(
 def test_validation_bleu_scores_the_paper_decoding_against_the_targets() -> None:
     sources = ["Die Katze.", "Der Hund.", "Das Buch."]
     translator = FakeTranslator(dict(zip(sources, HYPOTHESES, strict=True)))
-    metrics = validation_bleu(translator, list(zip(sources, REFERENCES, strict=True)))
+    metrics = bleu_of_pairs(translator, list(zip(sources, REFERENCES, strict=True)))
     expected = score(HYPOTHESES, [REFERENCES])
     assert metrics == {
         "valid_bleu": expected.bleu,
@@ -170,7 +170,7 @@ def test_validation_bleu_stops_between_batches_when_asked() -> None:
         return len(asked) > 1  # after the first batch
 
     pairs = list(zip(sources, REFERENCES, strict=True))
-    assert validation_bleu(translator, pairs, should_stop=should_stop) is None
+    assert bleu_of_pairs(translator, pairs, should_stop=should_stop) is None
     assert asked == [None, DecodingOptions()]  # asked before each batch, stopped at the second
 
 

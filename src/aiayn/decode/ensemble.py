@@ -22,10 +22,8 @@ Shapes: B sentences, R rows (hypotheses) of the decoder cache, S source length, 
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -33,7 +31,7 @@ from torch import Tensor
 
 from aiayn.decode.search import IncrementalModel, ReorderableCache
 from aiayn.errors import UserValueError
-from aiayn.model_dir import CheckpointError, LoadedModel
+from aiayn.model_dir import CheckpointError, LoadedModel, sha256_of
 
 __all__ = ["Ensemble", "EnsembleCache"]
 
@@ -110,9 +108,9 @@ def check_same_vocabulary(loaded: list[LoadedModel]) -> None:
     """An ensemble's models must share the tokenizer (byte for byte) and the target vocabulary
     size: then a token id means the same piece to each of them."""
     first = loaded[0]
-    first_sha = _sha256(first.tokenizer_file)
+    first_sha = sha256_of(first.tokenizer_file)
     for other in loaded[1:]:
-        sha = _sha256(other.tokenizer_file)
+        sha = sha256_of(other.tokenizer_file)
         if sha != first_sha:
             raise CheckpointError(
                 f"cannot ensemble {first.directory} and {other.directory}: their tokenizers "
@@ -125,7 +123,3 @@ def check_same_vocabulary(loaded: list[LoadedModel]) -> None:
                 f"cannot ensemble {first.directory} and {other.directory}: their target "
                 f"vocabularies have {sizes[0]} and {sizes[1]} entries"
             )
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -3,7 +3,7 @@
 The paper reports tokenized BLEU; we report sacreBLEU (Post, 2018) on detokenized text, whose
 signature (``nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:...``) makes a score
 reproducible and comparable. chrF (Popović, 2015) is reported next to it. Training's
-validation BLEU (:func:`validation_bleu`), ``aiayn evaluate`` (:func:`evaluate_files`) and tests
+validation BLEU (:func:`bleu_of_pairs`), ``aiayn evaluate`` (:func:`evaluate_files`) and tests
 all go through :func:`score`.
 
 :func:`tokenized_bleu` approximates the number the paper reported on EN-DE (tensor2tensor's
@@ -36,11 +36,11 @@ __all__ = [
     "EvalScores",
     "EvaluationError",
     "TokenizedBleu",
+    "bleu_of_pairs",
     "evaluate_files",
     "score",
     "split_hyphenated_compounds",
     "tokenized_bleu",
-    "validation_bleu",
 ]
 
 
@@ -301,7 +301,7 @@ def evaluate_files(
     )
 
 
-def validation_bleu(
+def bleu_of_pairs(
     translator: Translator,
     pairs: Sequence[tuple[str, str]],
     options: DecodingOptions | None = None,

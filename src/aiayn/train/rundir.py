@@ -59,7 +59,7 @@ except ImportError:  # Windows
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = "train.lock"
-CONFIG_FILE = "train_config.yaml"
+TRAIN_CONFIG_FILE = "train_config.yaml"
 # The directories of the layout above: the trainer's, never another command's output.
 OWN_DIRS = ("checkpoints", "data", "model", "best", "tensorboard")
 
@@ -127,7 +127,7 @@ def _describe_holder(path: Path) -> str:
 
 def is_run_dir(directory: Path) -> bool:
     """Whether `directory` is a training run's (it holds checkpoints/ or its train config)."""
-    return (directory / "checkpoints").is_dir() or (directory / CONFIG_FILE).is_file()
+    return (directory / "checkpoints").is_dir() or (directory / TRAIN_CONFIG_FILE).is_file()
 
 
 def owning_run(directory: Path) -> tuple[Path, str | None] | None:
@@ -171,7 +171,7 @@ def write_config(run_dir: Path, values: dict[str, Any]) -> None:
     """Record the resolved config; only once the run starts, so that a refused `--resume`
     does not leave a config in the directory that its checkpoints do not match."""
     text = yaml.safe_dump(values, sort_keys=False, allow_unicode=True)
-    (run_dir / CONFIG_FILE).write_text(text, encoding="utf-8")
+    (run_dir / TRAIN_CONFIG_FILE).write_text(text, encoding="utf-8")
 
 
 # What a resume may change: how the run goes on (length, saving, logging, validation, where
@@ -205,7 +205,7 @@ def resume_overrides(run_dir: Path, config: TrainConfig) -> dict[str, tuple[Any,
     saved_values = read_config(run_dir)
     if saved_values is None:
         return {}
-    saved = TrainConfig.from_dict(saved_values, source=str(run_dir / CONFIG_FILE))
+    saved = TrainConfig.from_dict(saved_values, source=str(run_dir / TRAIN_CONFIG_FILE))
     # A schedule is compared as the run uses it ("auto" resolved), as it records it.
     saved, config = (replace(c, schedule=c.resolved_schedule) for c in (saved, config))
     changed = {
@@ -223,7 +223,7 @@ def resume_overrides(run_dir: Path, config: TrainConfig) -> dict[str, tuple[Any,
         if name not in RESUMABLE:
             raise RunDirectoryError(
                 f"{name}: the run in {run_dir} was trained with {before!r}, this resume was given "
-                f"{after!r}; a resume keeps the run's settings ({CONFIG_FILE}) except "
+                f"{after!r}; a resume keeps the run's settings ({TRAIN_CONFIG_FILE}) except "
                 f"{', '.join(sorted(RESUMABLE))}: drop the setting, or start a new run in "
                 "another --out-dir"
             )
@@ -249,7 +249,7 @@ def read_config(run_dir: Path) -> dict[str, Any] | None:
     (`config.upgrade_train_values`), and no `schedule` as Eq. 3's, the only one it had (so that
     a resume given a `time_budget` does not turn "auto" into another schedule mid-run).
     """
-    path = run_dir / CONFIG_FILE
+    path = run_dir / TRAIN_CONFIG_FILE
     if not path.is_file():
         return None
     values = upgrade_train_values(load_yaml_config(path), source=str(path), warn=False)

@@ -79,7 +79,7 @@ def validation_bleu(
 ) -> dict[str, Any] | None:
     """sacreBLEU of the validation set (`valid_tsv`, or `valid_src` and `valid_tgt`) decoded
     with the paper's beam search (§6.1), or None when `should_stop()` said stop; see
-    `aiayn.decode.evaluation.validation_bleu`."""
+    `aiayn.decode.evaluation.bleu_of_pairs`."""
     from aiayn.decode import evaluation
     from aiayn.decode.translator import Translator
 
@@ -89,7 +89,7 @@ def validation_bleu(
         assert valid_src is not None and valid_tgt is not None
         pairs = list(read_parallel(Path(valid_src), Path(valid_tgt)))
     translator = Translator.from_model(model, tokenizer, max_tokens=max_tokens)
-    return evaluation.validation_bleu(translator, pairs, should_stop=should_stop)
+    return evaluation.bleu_of_pairs(translator, pairs, should_stop=should_stop)
 
 
 def validation_metrics(
