@@ -587,8 +587,13 @@ def test_early_stopping_does_not_change_results(
             random_sources(seed, 4),
             **IDS,
             options=DecodingOptions(
-                beam_size=3, n_best=3, length_penalty=alpha, length_penalty_kind=kind, max_len_b=12
-            ),
+                beam_size=3,
+                n_best=3,
+                length_penalty=alpha,
+                length_penalty_kind=kind,
+                max_len_b=12,
+                stopping="exact",
+            ),  # fmt: skip
         )
         return beams, sum(model.batch_sizes)
 

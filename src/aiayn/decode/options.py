@@ -96,7 +96,8 @@ class DecodingOptions:
     """How to decode: beam search (the default), greedy search or sampling.
 
     The defaults are the paper's (§6.1): beam size 4, GNMT length penalty with α = 0.6,
-    maximum output length = input length + 50. Every value is checked once, here, with a
+    maximum output length = input length + 50; a sentence's search stops by the "heuristic"
+    rule (docs/deviations.md says why). Every value is checked once, here, with a
     message naming the field and the value (a `UserValueError`, hence a ``ValueError``).
     Frozen, hence hashable: requests with equal options can share a batch.
 
@@ -133,7 +134,7 @@ class DecodingOptions:
     max_len_a: float = 1.0
     max_len_b: float = 50
     n_best: int = 1
-    stopping: StoppingRule = "exact"
+    stopping: StoppingRule = "heuristic"
     sampling: bool = False
     temperature: float = 1.0
     top_k: int = 0

@@ -359,16 +359,18 @@ def beam_search(
     length (EOS was forced, nothing is left alive), or when it has ``beam_size`` finished
     hypotheses and
 
-    - ``"exact"`` (the default): no live beam can still beat the worst of them,
+    - ``"exact"``: no live beam can still beat the worst of them,
       ``best_live_log_prob / lp(max_len + 1) <= worst_finished_score``. The bound holds because
       log-probabilities only decrease as tokens are added and, for α ≥ 0, the gnmt and power
       penalties only grow with length, so the best score any descendant can reach is its
       current log-probability divided by the largest penalty. It never changes the result.
     - ``"finished"``: nothing more (fairseq, CTranslate2 and Marian stop here). A live beam
       that would have scored better later is lost, but no step is spent looking for it.
-    - ``"heuristic"``: no live beam could beat the worst of them if it ended at the next step,
-      ``best_live_log_prob / lp(t + 2) <= worst_finished_score`` after t + 1 generated tokens
-      (Hugging Face's ``early_stopping=False``).
+    - ``"heuristic"`` (the default): no live beam could beat the worst of them if it ended at
+      the next step, ``best_live_log_prob / lp(t + 2) <= worst_finished_score`` after t + 1
+      generated tokens (Hugging Face's ``early_stopping=False``). On the Bible validation set
+      (809 sentences, `small`, beam 4) it gave exactly the outputs of ``"exact"`` with 27%
+      fewer decoder rows, where ``"finished"`` changed 7 (BENCHMARKS.md; docs/deviations.md).
 
     Done sentences are dropped from the batch.
 

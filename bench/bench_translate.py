@@ -1,0 +1,322 @@
+"""Decoding as a user runs it: a trained model, a real test set, the whole command timed.
+
+Each system translates the same file in a process of its own, started fresh for every round,
+and is timed from launch to exit (Python start-up, imports, loading, packing, decoding,
+writing), interleaved round by round so that a slow minute of the machine hurts every system
+alike:
+
+- ``aiayn translate -m MODEL -i SRC -o OUT`` as the README shows it, once per variant asked
+  (``--variant NAME='--int8'``, ``--variant finished='--stopping finished'``, ...);
+- CTranslate2's own Python API on ``aiayn export --to ctranslate2`` (fp32 and int8 exports):
+  SentencePiece in, ``translate_batch`` (beam W, batches of 1,024 tokens, the same length limit
+  and banned tokens as aiayn), SentencePiece out — what a CTranslate2 user writes;
+- ``aiayn translate --backend ctranslate2`` on the same export;
+- Hugging Face ``generate`` on ``aiayn export --to hf`` (``--with-hf``; slow).
+
+For each: wall time (median and every round), sentences/s, BLEU and chrF
+(sacreBLEU) of the first round's output, and for aiayn's own search the decoding steps per
+sentence (the rows fed to the decoder, every live beam at every step: counted in a separate,
+untimed pass through the Python API), so that a faster search that scores worse, or a stopping
+rule that saves steps, shows. Outputs that differ from the
+first system's are counted.
+
+    python bench/bench_translate.py -m runs/bible/model --src test.en --ref test.es \\
+        --variant int8=--int8 --variant finished='--stopping finished' --markdown out.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import platform
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+AIAYN = [sys.executable, "-m", "aiayn"]
+
+CT2_SCRIPT = r"""
+import sys, json
+import ctranslate2, sentencepiece as spm
+export, src, out, beam, threads, alpha, max_a, max_b = sys.argv[1:9]
+beam, threads = int(beam), int(threads)
+alpha, max_a, max_b = float(alpha), float(max_a), float(max_b)
+sp = spm.SentencePieceProcessor(model_file=f"{export}/source.spm")
+target = spm.SentencePieceProcessor(model_file=f"{export}/target.spm")
+lines = open(src, encoding="utf-8").read().split("\n")[:-1]
+pieces = [sp.encode(line, out_type=str) for line in lines]
+translator = ctranslate2.Translator(export, device="cpu", intra_threads=threads)
+limit = max(int(max_a * (len(p) + 1) + max_b) for p in pieces) if pieces else 1
+results = translator.translate_batch(
+    pieces, beam_size=beam, length_penalty=alpha, max_batch_size=1024, batch_type="tokens",
+    max_decoding_length=limit, suppress_sequences=[["<pad>"], ["<s>"]],
+)
+with open(out, "w", encoding="utf-8") as f:
+    for r in results:
+        f.write(target.decode(r.hypotheses[0]) + "\n")
+"""
+
+HF_SCRIPT = r"""
+import sys
+import torch
+from transformers import MarianMTModel, MarianTokenizer
+export, src, out, beam, threads = sys.argv[1:6]
+torch.set_num_threads(int(threads))
+tokenizer = MarianTokenizer.from_pretrained(export)
+model = MarianMTModel.from_pretrained(export).eval()
+lines = open(src, encoding="utf-8").read().split("\n")[:-1]
+order = sorted(range(len(lines)), key=lambda i: -len(lines[i]))
+outputs = [""] * len(lines)
+with torch.inference_mode():
+    for start in range(0, len(order), 32):
+        rows = order[start:start + 32]
+        batch = tokenizer([lines[i] for i in rows], return_tensors="pt", padding=True)
+        generated = model.generate(**batch, num_beams=int(beam), max_new_tokens=256)
+        for i, text in zip(rows, tokenizer.batch_decode(generated, skip_special_tokens=True)):
+            outputs[i] = text
+open(out, "w", encoding="utf-8").write("".join(o + "\n" for o in outputs))
+"""
+
+
+@dataclass
+class System:
+    name: str
+    command: list[str]  # {out} is replaced by the output file of the round
+    seconds: list[float] = field(default_factory=list)
+    output: Path | None = None
+    rows_per_sentence: float | None = None
+    note: str = ""
+
+
+def run_timed(system: System, out: Path, env: dict[str, str]) -> float:
+    command = [str(out) if part == "{out}" else part for part in system.command]
+    start = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{system.name} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return seconds
+
+
+def count_rows(model: str, src: Path, options: dict) -> float:
+    """Decoder rows per sentence of aiayn's search with these options: every row fed to the
+    decoder (each live beam of each unfinished sentence, at every step), over the sentences.
+    Counted in a separate process through the Python API, untimed."""
+    code = f"""
+import json
+from aiayn.decode.translator import Translator
+from aiayn.model import Transformer
+rows = []
+real = Transformer.decode_step
+def counted(self, tokens, cache):
+    rows.append(tokens.numel())
+    return real(self, tokens, cache)
+Transformer.decode_step = counted
+lines = open({str(src)!r}, encoding="utf-8").read().split("\\n")[:-1]
+Translator({model!r}).translate(lines, **json.loads({json.dumps(json.dumps(options))}))
+print(sum(rows) / max(1, len(lines)))
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+def scores(hyp: Path, ref: Path) -> tuple[float, float]:
+    import sacrebleu
+
+    hyps = hyp.read_text(encoding="utf-8").split("\n")[:-1]
+    refs = ref.read_text(encoding="utf-8").split("\n")[:-1]
+    return (
+        sacrebleu.corpus_bleu(hyps, [refs]).score,
+        sacrebleu.corpus_chrf(hyps, [refs]).score,
+    )
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def isa() -> str:
+    try:
+        flags = next(
+            line
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("flags")
+        ).split()
+    except (OSError, StopIteration):
+        return "?"
+    if "amx_tile" in flags:
+        return "AVX-512 + AMX"
+    return "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
+
+
+def search_options(extra: list[str]) -> dict:
+    """The DecodingOptions fields a variant's flags set (for the step count)."""
+    options: dict = {}
+    names = {
+        "--stopping": ("stopping", str),
+        "--beam-size": ("beam_size", int),
+        "--length-penalty": ("length_penalty", float),
+        "--length-penalty-kind": ("length_penalty_kind", str),
+    }
+    for flag, value in itertools.pairwise(extra):
+        if flag in names:
+            key, kind = names[flag]
+            options[key] = kind(value)
+    return options
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-m", "--model", required=True, help="aiayn model directory")
+    p.add_argument("--src", type=Path, required=True)
+    p.add_argument("--ref", type=Path, required=True)
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="another aiayn translate run with these extra flags (repeatable)",
+    )
+    p.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
+    p.add_argument("--with-hf", action="store_true", help="also Hugging Face generate (slow)")
+    p.add_argument("--markdown", type=Path, help="write the table here too")
+    p.add_argument("--json", type=Path, help="write every measurement here")
+    args = p.parse_args(argv)
+
+    work = Path(tempfile.mkdtemp(prefix="bench_translate-"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    common = ["--beam-size", str(args.beam), "--threads", str(args.threads), "--no-progress"]
+    translate = [*AIAYN, "translate", "-m", args.model, "-i", str(args.src), "-o", "{out}"]
+    systems = [System("aiayn translate", [*translate, *common])]
+    for spec in args.variant:
+        name, _, flags = spec.partition("=")
+        systems.append(
+            System(
+                f"aiayn translate {flags}", [*translate, *common, *shlex.split(flags)], note=name
+            )
+        )
+    if not args.no_ct2:
+        for quantization in (None, "int8"):
+            export = work / f"ct2-{quantization or 'fp32'}"
+            command = [*AIAYN, "export", args.model, "--to", "ctranslate2", "-o", str(export)]
+            if quantization:
+                command += ["--quantization", quantization]
+            subprocess.run(command, env=env, check=True, capture_output=True)
+            label = "int8" if quantization else "fp32"
+            # Each system ranks as its users get by default: CTranslate2 by log_prob / |Y|^1
+            # (its length_penalty 1), aiayn by the paper's GNMT penalty, α = 0.6.
+            systems.append(
+                System(
+                    f"CTranslate2 {label} (Python API)",
+                    [sys.executable, "-c", CT2_SCRIPT, str(export), str(args.src), "{out}",
+                     str(args.beam), str(args.threads), "1.0", "1.0", "50"],
+                )
+            )  # fmt: skip
+            if not quantization:
+                systems.append(
+                    System(
+                        "aiayn translate --backend ctranslate2",
+                        [*AIAYN, "translate", "-m", str(export), "-i", str(args.src), "-o",
+                         "{out}", *common, "--length-penalty-kind", "power",
+                         "--length-penalty", "1.0"],
+                    )
+                )  # fmt: skip
+    if args.with_hf:
+        export = work / "hf"
+        subprocess.run(
+            [*AIAYN, "export", args.model, "--to", "hf", "-o", str(export)],
+            env=env, check=True, capture_output=True,
+        )  # fmt: skip
+        systems.append(
+            System(
+                "HF generate (Python API)",
+                [sys.executable, "-c", HF_SCRIPT, str(export), str(args.src), "{out}",
+                 str(args.beam), str(args.threads)],
+            )
+        )  # fmt: skip
+
+    for round_ in range(args.rounds):
+        for system in systems:
+            out = work / f"{len(system.seconds)}-{abs(hash(system.name))}.txt"
+            system.seconds.append(run_timed(system, out, env))
+            if system.output is None:
+                system.output = out
+            print(f"round {round_ + 1}: {system.name}: {system.seconds[-1]:.1f} s", flush=True)
+
+    n = len(args.src.read_text(encoding="utf-8").split("\n")) - 1
+    first = systems[0].output.read_text(encoding="utf-8").split("\n")
+    rows = []
+    for system in systems:
+        if system.name.startswith("aiayn translate") and "backend" not in system.name:
+            extra = system.command[len(translate) + len(common) :]
+            if "--int8" not in extra and "--bf16" not in extra:
+                options = {"beam_size": args.beam, **search_options(extra)}
+                system.rows_per_sentence = count_rows(args.model, args.src, options)
+        bleu, chrf = scores(system.output, args.ref)
+        lines = system.output.read_text(encoding="utf-8").split("\n")
+        differ = sum(a != b for a, b in zip(lines, first, strict=False))
+        median = statistics.median(system.seconds)
+        rows.append(
+            {
+                "system": system.name,
+                "seconds": system.seconds,
+                "median_s": median,
+                "sentences_per_s": n / median,
+                "bleu": bleu,
+                "chrf": chrf,
+                "decoder_rows_per_sentence": system.rows_per_sentence,
+                "outputs_differing_from_first": differ,
+            }
+        )
+    ct2 = next((r["median_s"] for r in rows if r["system"].startswith("CTranslate2 fp32")), None)
+    lines = [
+        f"{n} sentences of `{args.src.name}`, model `{args.model}`, beam {args.beam}, "
+        f"{args.threads} threads, {args.rounds} interleaved rounds, each system a process of "
+        f"its own timed from launch to exit; {cpu_name()} ({isa()}), {os.cpu_count()} cores, "
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        "",
+        "| system | wall time (median) | rounds | sentences/s | decoder rows/sentence | BLEU "
+        "| chrF "
+        "| outputs ≠ first | × CTranslate2 fp32 |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        rows_ = r["decoder_rows_per_sentence"]
+        steps = "" if rows_ is None else f"{rows_:.1f}"
+        speed = "" if ct2 is None else f"{ct2 / r['median_s']:.2f}×"
+        lines.append(
+            f"| {r['system']} | {r['median_s']:.1f} s | "
+            + ", ".join(f"{s:.1f}" for s in r["seconds"])
+            + f" | {r['sentences_per_s']:.1f} | {steps} | {r['bleu']:.2f} | {r['chrf']:.2f} | "
+            f"{r['outputs_differing_from_first']} | {speed} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table + "\n", encoding="utf-8")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
