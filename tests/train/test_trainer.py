@@ -1357,3 +1357,19 @@ def test_a_run_directory_of_an_earlier_release_resumes_with_its_precision_and_eq
     assert [r["lr"] for r in records] == [
         learning_rate(step, d_model=16, warmup_steps=4) for step in (1, 2, 3, 4)
     ]
+
+
+def test_a_run_foreseen_to_take_more_than_a_day_says_so(
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After ten measured updates the trainer knows its pace: a run longer than LONG_RUN_S
+    (a day; here 0 s) without a time budget is warned about, with what to change."""
+    monkeypatch.setattr(trainer, "LONG_RUN_S", 0.0)
+    config = make_config(corpus, tmp_path / "run", max_steps=14)
+    with caplog.at_level(logging.WARNING, logger="aiayn.train.trainer"):
+        trainer.train(config)
+    [warning] = [r.getMessage() for r in caplog.records if "updates left take about" in r.message]
+    assert "the 3 updates left" in warning and "--max-steps or --time-budget" in warning

@@ -99,6 +99,12 @@ from aiayn.train.validation import validation_metrics
 logger = logging.getLogger(__name__)
 
 
+RUN_ESTIMATE_AFTER = 10
+"""Measured updates after which `Trainer` estimates the run's length (`_warn_if_long`)."""
+LONG_RUN_S = 86400.0
+"""A run foreseen to take longer than this (a day) without a time budget is said so."""
+
+
 class TrainingError(UserError, RuntimeError):
     """The run cannot start or continue (the message says why and what to do)."""
 
@@ -675,8 +681,29 @@ class Trainer:
         if self.average is not None:
             self.average.update(progress.step)
         self.pace.count_update(time.monotonic() - began, stats.tokens)
+        if self.pace.updates == RUN_ESTIMATE_AFTER and self.distributed.is_main:
+            self._warn_if_long()
         self.display.count(stats.tokens)
         return stats
+
+    def _warn_if_long(self) -> None:
+        """Once the pace is measured: say what the run will take where that is more than a
+        day and no time budget ends it sooner (the paper's `base` for 100k updates, a bare
+        `aiayn train`, takes about a week on a 2-core CPU: docs/settings.md)."""
+        if self.budget is not None:
+            return
+        left = self.fixed_end - self.progress.step
+        seconds = left * self.pace.update_s
+        if seconds > LONG_RUN_S:
+            logger.warning(
+                "at the pace measured, the %d updates left take about %.1f days on %s "
+                "(%s preset); for a shorter run set --max-steps or --time-budget, or a smaller "
+                "--preset (docs/settings.md)",
+                left,
+                seconds / 86400,
+                self.device,
+                self.config.preset,
+            )
 
     def _log_update(self, stats: UpdateStats, *, last: bool) -> None:
         """A metrics record every `log_every` updates (and at the last); the progress bar."""
