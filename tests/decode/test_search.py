@@ -593,7 +593,7 @@ def test_early_stopping_does_not_change_results(
                 length_penalty_kind=kind,
                 max_len_b=12,
                 stopping="exact",
-            ),  # fmt: skip
+            ),
         )
         return beams, sum(model.batch_sizes)
 
