@@ -22,7 +22,7 @@ from aiayn.model_dir import (
     WEIGHTS_FILE,
     CheckpointError,
     __version__,
-    _sha256,
+    sha256_of,
     load_model_dir,
     load_weights,
     read_model_config,
@@ -336,7 +336,7 @@ def test_training_state_never_unpickles_code(
     torch.save({"progress": _Exploit(marker)}, path / ckpt.TRAINING_STATE_FILE)
     # Re-record the checksum, as an attacker who ships a whole checkpoint would.
     checksums = json.loads((path / CHECKSUMS_FILE).read_text())
-    checksums[ckpt.TRAINING_STATE_FILE] = _sha256(path / ckpt.TRAINING_STATE_FILE)
+    checksums[ckpt.TRAINING_STATE_FILE] = sha256_of(path / ckpt.TRAINING_STATE_FILE)
     (path / CHECKSUMS_FILE).write_text(json.dumps(checksums))
     with pytest.raises(CheckpointError, match=r"cannot read .*training_state\.pt"):
         ckpt.load_training_state(path)
