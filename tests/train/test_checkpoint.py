@@ -22,11 +22,11 @@ from aiayn.model_dir import (
     WEIGHTS_FILE,
     CheckpointError,
     __version__,
-    sha256_of,
     load_model_dir,
     load_weights,
     read_model_config,
     save_model_dir,
+    sha256_of,
 )
 from aiayn.train import checkpoint as ckpt
 
