@@ -59,14 +59,32 @@ def ct2_dir(model_dir: Path) -> Path:
     ],
 )
 def test_a_ctranslate2_export_translates_as_pytorch(ct2_dir, model_dir, source, flags) -> None:
-    assert translate(ct2_dir, source, *flags) == translate(model_dir, source, *flags)
+    theirs, ours = translate(ct2_dir, source, *flags), translate(model_dir, source, *flags)
+    if flags == ["--beam-size", "1"]:  # greedy search: identical even at the length limit
+        assert theirs == ours
+    else:
+        assert ended(model_dir, theirs) == ended(model_dir, ours)
 
 
 def test_backend_ctranslate2_converts_a_model_directory(ct2_dir, model_dir, source) -> None:
     # Beam search on CTranslate2 ranks by log_prob / |Y|^α unless told otherwise.
-    pytorch = translate(model_dir, source, "--length-penalty-kind", "power")
-    assert translate(model_dir, source, "--backend", "ctranslate2") == pytorch
-    assert translate(ct2_dir, source, "--compute-type", "float32") == pytorch
+    pytorch = ended(model_dir, translate(model_dir, source, "--length-penalty-kind", "power"))
+    assert ended(model_dir, translate(model_dir, source, "--backend", "ctranslate2")) == pytorch
+    assert ended(model_dir, translate(ct2_dir, source, "--compute-type", "float32")) == pytorch
+
+
+def ended(model_dir: Path, lines: list[str]) -> list[str]:
+    """The translations of `SENTENCES` whose beam-4 output (aiayn's) ends before its length
+    limit: at the limit, beam search on CTranslate2 may pick another output (the backend cuts
+    its hypothesis there afterwards, where aiayn's search forces EOS)."""
+    from aiayn.decode.translator import Translator
+
+    results = Translator(model_dir).translate(SENTENCES, beam_size=4, length_penalty_kind="power")
+    limits = [len(r.src_tokens) + 50 for r in results]  # source with </s>, + 50
+    pairs = zip(lines, results, limits, strict=True)
+    kept = [line for line, r, limit in pairs if len(r.token_ids) < limit]
+    assert len(kept) >= 4
+    return kept
 
 
 def test_backend_ctranslate2_converts_on_one_pytorch_thread(model_dir, monkeypatch) -> None:
@@ -97,13 +115,20 @@ def test_backend_ctranslate2_converts_on_one_pytorch_thread(model_dir, monkeypat
     assert threads_while_converting == [1]
 
 
-def test_ctranslate2_refuses_alignments_and_gnmt(ct2_dir, model_dir, source, capsys) -> None:
+def test_ctranslate2_refuses_alignments_gnmt_and_other_stopping_rules(
+    ct2_dir, model_dir, source, capsys
+) -> None:
     argv = ["translate", "-m", str(ct2_dir), "-i", str(source), *FAST]
     assert main([*argv, "--alignment"]) == 2
     err = capsys.readouterr().err
     assert "--alignment" in err and "CTranslate2" in err and "Traceback" not in err
     assert main([*argv, "--length-penalty-kind", "gnmt"]) == 2
     assert "length_penalty_kind='power'" in capsys.readouterr().err
+    for rule in ("exact", "heuristic"):  # CTranslate2 stops by its own rule, "finished"
+        assert main([*argv, "--stopping", rule]) == 2
+        err = capsys.readouterr().err
+        assert f"--stopping {rule} is aiayn's search's" in err and len(err.splitlines()) == 1
+    assert translate(ct2_dir, source, "--stopping", "finished") == translate(ct2_dir, source)
     assert main([*argv, "--backend", "pytorch"]) == 2
     assert "is a CTranslate2 export" in capsys.readouterr().err
     assert main([*argv, "--int8"]) == 2

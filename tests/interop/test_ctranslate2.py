@@ -1,10 +1,12 @@
 """Tests for aiayn.interop.ctranslate2: an export that `ctranslate2.Translator` loads decodes
-exactly as aiayn does (fp32 greedy and beam outputs identical; int8 close), and
+exactly as aiayn does (fp32 greedy outputs identical, beam outputs where they end before the
+length limit; int8 close), one CTranslate2 call per batch whatever its sentences' limits, and
 `CTranslate2Translator` keeps `Translator`'s API, refusing what CTranslate2 cannot do."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -70,13 +72,25 @@ def test_export_loads_in_ctranslate2_with_the_sentencepiece_models(export: Path,
 def test_float32_outputs_are_identical(export: Path, reference: Translator, options):
     theirs = CTranslate2Translator(export).translate(SENTENCES, **options)
     ours = reference.translate(SENTENCES, **options)
-    # Some outputs end with EOS, not at the length limit (source with </s>, + 50).
-    assert any(len(r.token_ids) < len(r.src_tokens) + 50 for r in ours if r.token_ids)
-    assert ids(theirs) == ids(ours)
-    assert [r.text for r in theirs] == [r.text for r in ours]
-    # The n-best lists agree too, where no hypothesis ran into the limit (there aiayn scores
-    # the EOS it forces, CTranslate2 stops without one, and the runners-up may rank apart).
-    ended = [all(len(h.token_ids) < len(r.src_tokens) + 50 for h in r.hypotheses) for r in ours]
+    limits = [len(r.src_tokens) + 50 for r in ours]  # source with </s>, + 50
+    at_limit = [
+        bool(r.token_ids) and len(r.token_ids) == n for r, n in zip(ours, limits, strict=True)
+    ]
+    # Some outputs end with EOS, some run into the limit.
+    assert any(r.token_ids and not a for r, a in zip(ours, at_limit, strict=True)) and any(at_limit)
+    # There the backend cuts CTranslate2's hypothesis where aiayn forces EOS: the same tokens
+    # for greedy search; beam search may have ranked another one (the backend's docstring).
+    same = [options["beam_size"] == 1 or not a for a in at_limit]
+
+    def kept(values):
+        return [v for v, s in zip(values, same, strict=True) if s]
+
+    assert kept(ids(theirs)) == kept(ids(ours))
+    assert kept([r.text for r in theirs]) == kept([r.text for r in ours])
+    # The n-best lists agree too, where no hypothesis ran into the limit.
+    ended = [
+        all(len(h.token_ids) < n for h in r.hypotheses) for r, n in zip(ours, limits, strict=True)
+    ]
     assert sum(ended) >= 3
 
     def n_best(results):
@@ -84,10 +98,134 @@ def test_float32_outputs_are_identical(export: Path, reference: Translator, opti
         return [[h.token_ids for h in r.hypotheses] for r, e in pairs if e]
 
     assert n_best(theirs) == n_best(ours)
-    # CTranslate2 renormalises after banning <pad> and <s>, and does not count the EOS that
-    # aiayn forces at the length limit: its log-probs can only be higher.
-    for t, o in zip(theirs, ours, strict=True):
-        assert t.log_prob >= o.log_prob - 1e-4
+    # CTranslate2 renormalises after banning <pad> and <s>: its log-probs can only be higher;
+    # a hypothesis cut at the limit is scored as aiayn scores it (its tokens and EOS).
+    for t, o, s, a in zip(theirs, ours, same, at_limit, strict=True):
+        if a and s:
+            assert t.log_prob == pytest.approx(o.log_prob, abs=1e-3)
+        elif s:
+            assert t.log_prob >= o.log_prob - 1e-4
+
+
+class CountingCalls:
+    """A `ctranslate2.Translator` that records the ``max_decoding_length`` of each call."""
+
+    def __init__(self, translator: ctranslate2.Translator) -> None:
+        self.translator = translator
+        self.limits: list[int] = []
+
+    def translate_batch(self, source, **kwargs):
+        self.limits.append(kwargs["max_decoding_length"])
+        return self.translator.translate_batch(source, **kwargs)
+
+    def score_batch(self, source, target, **kwargs):
+        return self.translator.score_batch(source, target, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"beam_size": 1}, id="greedy"),
+        pytest.param(
+            {"beam_size": 4, "length_penalty_kind": "power", "length_penalty": 1.0}, id="beam4"
+        ),
+    ],
+)
+def test_a_batch_of_many_lengths_is_one_ctranslate2_call(export: Path, options):
+    """One call at the batch's largest limit + 1 (EOS), where one call per distinct limit, the
+    earlier way, made a batch into many small calls (BENCHMARKS.md): the same outputs and
+    scores, except where an output hit its limit (greedy: even there)."""
+    translator = CTranslate2Translator(export)
+    counting = CountingCalls(translator.backend.translator)
+    translator.backend.translator = counting
+    results = [r for r in translator.translate(SENTENCES, **options) if r.src_tokens]
+    limits = [len(r.src_tokens) + 50 for r in results]  # source with </s>, + 50
+    assert len(set(limits)) >= 5
+    assert counting.limits == [max(limits) + 1]
+
+    # The earlier way: one call per limit, CTranslate2 stopping each sentence at its own.
+    beam = options["beam_size"]
+    per_limit: dict[int, tuple[list[str], float]] = {}
+    for limit in set(limits):
+        rows = [r for r, n in zip(results, limits, strict=True) if n == limit]
+        outputs = counting.translator.translate_batch(
+            [r.src_tokens[:-1] for r in rows],  # CTranslate2 adds </s>
+            max_decoding_length=limit,
+            beam_size=beam,
+            length_penalty=options.get("length_penalty", 0.0),
+            return_scores=True,
+            suppress_sequences=[["<pad>"], ["<s>"]],
+        )
+        for r, out in zip(rows, outputs, strict=True):
+            per_limit[id(r)] = (out.hypotheses[0], out.scores[0])
+    compared = 0
+    for r, limit in zip(results, limits, strict=True):
+        tokens, score = per_limit[id(r)]
+        if limit in (len(r.tokens), len(tokens)):
+            assert beam > 1 or r.tokens == tokens
+            continue
+        assert r.tokens == tokens
+        assert r.hypotheses[0].score == pytest.approx(score, rel=1e-5)  # batch shapes differ
+        compared += 1
+    assert compared >= 2
+
+
+class HandSetCTranslate2:
+    """Stands in for `ctranslate2.Translator`: the same hand-set hypotheses and scores for
+    every call, whatever its limit; ``score_batch`` gives each target token -1 and EOS -0.5."""
+
+    def __init__(self, hypotheses: list[list[tuple[list[str], float]]]) -> None:
+        self.hypotheses = hypotheses
+        self.calls: list[dict] = []
+        self.scored: list[list[str]] = []
+
+    def translate_batch(self, source, **kwargs):
+        self.calls.append(kwargs)
+        return [
+            SimpleNamespace(hypotheses=[p for p, _ in row], scores=[s for _, s in row])
+            for row in self.hypotheses
+        ]
+
+    def score_batch(self, source, target, **kwargs):
+        self.scored.extend(target)
+        return [SimpleNamespace(log_probs=[-1.0] * len(t) + [-0.5]) for t in target]
+
+
+def test_a_hypothesis_longer_than_its_sentences_limit_is_cut_to_it(export: Path):
+    """Cut to its first `limit` tokens and scored as aiayn scores a hypothesis ended at its
+    limit: those tokens' log-probs and EOS's, over (limit + 1) ** α; then ranked again, and a
+    cut one that repeats a better one's tokens dropped."""
+    from aiayn.decode.options import DecodingOptions
+
+    translator = CTranslate2Translator(export)
+    backend = translator.backend
+    a, b, c, d = backend.tokenizer.pieces([10, 11, 12, 13])
+    fake = HandSetCTranslate2(
+        [
+            # limit 3: a 5-token hypothesis is cut to 3, and now ranks below the short one
+            [([a, a, a, a, a], -0.5), ([b, b], -0.8)],
+            # limit 6: 6 tokens (EOS after them) is within it; two 8-token hypotheses that
+            # share their first 6 tokens are cut to one
+            [([c] * 6, -0.1), ([d] * 6 + [a, b], -0.2), ([d] * 6 + [b, a], -0.3)],
+        ]
+    )
+    backend.translator = fake
+    options = DecodingOptions(
+        beam_size=3, n_best=3, length_penalty_kind="power", length_penalty=1.0, max_len_b=0
+    )
+    # limits = int(1 * source length (with EOS) + 0): 3 and 6
+    nbest = backend.search([[20, 21, 2], [20, 21, 22, 23, 24, 2]], options, None)
+
+    assert [call["max_decoding_length"] for call in fake.calls] == [7]  # the largest + 1
+    assert fake.scored == [[a, a, a], [d] * 6, [d] * 6]
+    short, cut = nbest[0]
+    assert (len(short.tokens), short.score) == (2, -0.8)
+    assert (len(cut.tokens), cut.log_prob, cut.score) == (3, -3.5, -3.5 / 4)
+    assert [len(h.tokens) for h in nbest[1]] == [6, 6]
+    within, cut = nbest[1]
+    assert within.score == -0.1 and within.log_prob == pytest.approx(-0.7)
+    assert (cut.log_prob, cut.score) == (-6.5, -6.5 / 7)
+    assert cut.tokens == [13] * 6 and within.tokens == [12] * 6
 
 
 def test_int8_export_keeps_a_trained_models_outputs(tmp_path: Path):
@@ -113,6 +251,8 @@ def test_backend_refuses_what_ctranslate2_cannot_do(export: Path):
         translator.translate(["hello"], return_attention=True)
     with pytest.raises(ValueError, match="length_penalty_kind='power'"):
         translator.translate(["hello"], beam_size=4)  # aiayn's default: GNMT, α = 0.6
+    with pytest.raises(ValueError, match="stopping='exact'"):
+        translator.translate(["hello"], beam_size=4, length_penalty=0, stopping="exact")
     with pytest.raises(ValueError, match="quantization"):
         export_ctranslate2(export, export.parent / "x", quantization="int4")
 

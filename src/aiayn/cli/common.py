@@ -113,9 +113,13 @@ def add_model_flags(p: argparse.ArgumentParser, *, backend: bool = False) -> Non
         choices=BACKENDS,
         help="run the model with PyTorch or CTranslate2 (pip install -e '.[export]'). "
         "ctranslate2 takes a directory written by 'aiayn export --to ctranslate2', or converts "
-        "an aiayn model directory into a temporary one first; it returns no attention maps "
-        "and ranks beam hypotheses by log_prob / |Y|^alpha (--length-penalty-kind power, its "
-        "default here). (default: ctranslate2 for a CTranslate2 export, else pytorch)",
+        "an aiayn model directory into a temporary one first; it returns no attention maps, "
+        "ranks beam hypotheses by log_prob / |Y|^alpha (--length-penalty-kind power, its "
+        "default here) and stops beam search by its own rule (--stopping finished, the only "
+        "one it takes). One CTranslate2 call per batch: an output longer than its sentence's "
+        "length limit is cut to it afterwards, where pytorch's search ends it there, so at "
+        "the limit beam search can pick another output. (default: ctranslate2 for a "
+        "CTranslate2 export, else pytorch)",
     )
     g.add_argument(
         "--compute-type",
@@ -261,9 +265,18 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
 def search_options(args: argparse.Namespace) -> DecodingOptions:
     """The `DecodingOptions` of the flags given (every field a command has no flag for keeps
     its default). On CTranslate2, beam search ranks by ``log_prob / |Y| ** α`` unless
-    --length-penalty-kind says otherwise (the translator refuses GNMT's)."""
+    --length-penalty-kind says otherwise (the translator refuses GNMT's), and stops by its own
+    rule, --stopping finished: any other --stopping is refused."""
     options = dataclass_from_args(DecodingOptions, args)
-    if getattr(args, "length_penalty_kind", None) is None and backend_of(args) == "ctranslate2":
+    if backend_of(args) != "ctranslate2":
+        return options
+    stopping = getattr(args, "stopping", None)
+    if stopping not in (None, "finished"):
+        raise UserValueError(
+            f"--stopping {stopping} is aiayn's search's: CTranslate2 ends a sentence's beam "
+            "search at beam-size finished hypotheses (--stopping finished)"
+        )
+    if getattr(args, "length_penalty_kind", None) is None:
         return dataclasses.replace(options, length_penalty_kind="power")
     return options
 

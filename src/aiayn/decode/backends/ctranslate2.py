@@ -7,9 +7,18 @@ Sources go in as pieces, without ``</s>`` (the export sets CTranslate2's ``add_s
 hypotheses come back as pieces, mapped to aiayn's ids through the export's vocabulary.
 
 What CTranslate2 cannot do is refused with a clear error, not approximated: per-head attention
-maps, and the GNMT length penalty with beam search (CTranslate2 divides by ``|Y| ** α``: pass
-``length_penalty_kind="power"``). Sampling runs CTranslate2's sampler, so samples differ from
-the PyTorch model's for the same seed.
+maps, the GNMT length penalty with beam search (CTranslate2 divides by ``|Y| ** α``: pass
+``length_penalty_kind="power"``), and ``stopping="exact"``. Beam search stops by CTranslate2's
+own rule, aiayn's ``stopping="finished"`` (a sentence is done at ``beam_size`` finished
+hypotheses), whatever ``stopping`` says: the default, ``"heuristic"``, is not refused, so that
+the default options decode. Sampling runs CTranslate2's sampler, so samples differ from the
+PyTorch model's for the same seed.
+
+Length limit. aiayn's is per sentence, CTranslate2's per call: each batch is one call at the
+batch's largest limit (+ 1 step for EOS), and a hypothesis that runs past its own sentence's
+limit is cut to it afterwards (`CTranslate2Backend.search`). Outputs that end before their
+limit are CTranslate2's; at the limit, beam search can pick another hypothesis than aiayn's
+search, which forces EOS there during the search.
 
 Threads. ``threads`` are CTranslate2's ``intra_threads``, its translator's own. In a process
 where PyTorch has already run on several threads, CTranslate2 decodes 1.15-1.9x slower (both
@@ -117,6 +126,11 @@ class CTranslate2Backend:
                 "(return_attention=True); use Translator on the aiayn model directory"
             )
         beam = not options.sampling and options.beam_size > 1
+        if beam and options.stopping == "exact":
+            raise UserValueError(
+                "CTranslate2 ends a sentence's beam search at beam_size finished hypotheses "
+                "(stopping='finished'); it has no exact stopping rule (stopping='exact')"
+            )
         if beam and options.length_penalty_kind == "gnmt" and options.length_penalty != 0:
             raise UserValueError(
                 "CTranslate2 ranks beam hypotheses by log_prob / |Y| ** α, not GNMT's "
@@ -133,17 +147,20 @@ class CTranslate2Backend:
         options: DecodingOptions,
         generator: torch.Generator | None,
     ) -> list[list[Hypothesis]]:
-        """One CTranslate2 call per output-length limit (it takes one per call)."""
-        nbest: list[list[Hypothesis]] = [[] for _ in sources]
-        limits: dict[int, list[int]] = {}
-        for i, ids in enumerate(sources):
-            limit = max_output_length(len(ids), options.max_len_a, options.max_len_b)
-            limits.setdefault(limit, []).append(i)
-        for limit, rows in limits.items():
-            found = self._translate_batch([sources[i] for i in rows], limit, options)
-            for i, hyps in zip(rows, found, strict=True):
-                nbest[i] = hyps
-        return nbest
+        """Each source's n-best hypotheses, from one CTranslate2 call for the whole batch.
+
+        aiayn's output-length limit is per sentence (`max_output_length` tokens, then EOS);
+        CTranslate2 takes one per call (``max_decoding_length``, in steps, EOS counting as
+        one). The call gets the batch's largest limit + 1 steps, so that any sentence may
+        end with EOS right after its limit's tokens; then a hypothesis longer than its own
+        sentence's limit is cut to it (`_cut_to_limits`). One call per distinct limit would
+        make a batch of sentences of many lengths into many small calls (BENCHMARKS.md: 1.48x
+        the time of CTranslate2's own API on the same export).
+        """
+        limits = [
+            max_output_length(len(ids), options.max_len_a, options.max_len_b) for ids in sources
+        ]
+        return self._translate_batch(sources, limits, options)
 
     def attention(
         self, sources: list[list[int]], outputs: list[list[int]]
@@ -151,11 +168,11 @@ class CTranslate2Backend:
         raise NotImplementedError("CTranslate2 returns no attention maps (see check)")
 
     def _translate_batch(
-        self, sources: list[list[int]], max_len: int, options: DecodingOptions
+        self, sources: list[list[int]], limits: list[int], options: DecodingOptions
     ) -> list[list[Hypothesis]]:
         tokens = [self.tokenizer.pieces(ids[:-1]) for ids in sources]  # CTranslate2 adds </s>
         kwargs: dict[str, Any] = dict(
-            max_decoding_length=max_len,
+            max_decoding_length=max(limits) + 1,  # + EOS
             return_scores=True,
             max_batch_size=0,
             suppress_sequences=[[piece] for piece in self.tokenizer.pieces([PAD_ID, BOS_ID])],
@@ -164,6 +181,7 @@ class CTranslate2Backend:
         if options.sampling:
             n = options.n_best
             tokens = [t for t in tokens for _ in range(n)]
+            limits = [limit for limit in limits for _ in range(n)]
             kwargs |= dict(
                 beam_size=1,
                 sampling_topk=options.top_k,
@@ -178,18 +196,60 @@ class CTranslate2Backend:
                 length_penalty=alpha if options.beam_size > 1 else 0.0,
             )
         outputs = self.translator.translate_batch(tokens, **kwargs)
-        hyps = [
-            [
-                self._hypothesis(pieces, score, kwargs.get("length_penalty", 0.0))
-                for pieces, score in zip(out.hypotheses, out.scores, strict=True)
-            ]
-            for out in outputs
-        ]
+        hyps = self._cut_to_limits(tokens, outputs, limits, kwargs.get("length_penalty", 0.0))
         if n > 1:
             hyps = [
                 sorted((h for hs in hyps[i * n : (i + 1) * n] for h in hs), key=lambda h: -h.score)
                 for i in range(len(sources))
             ]
+        return hyps
+
+    def _cut_to_limits(
+        self, tokens: list[list[str]], outputs: list[Any], limits: list[int], alpha: float
+    ) -> list[list[Hypothesis]]:
+        """Each output row's hypotheses, a hypothesis longer than the row's limit cut to it.
+
+        A cut hypothesis ends as aiayn's search ends one at its limit: its first ``limit``
+        tokens, then EOS, ``log_prob`` counting those tokens and EOS (CTranslate2's
+        ``score_batch``, one call for all the cut ones, without the renormalisation over the
+        banned ``<pad>``/``<s>``, as aiayn's), ``score`` = ``log_prob / (limit + 1) ** α``.
+        Only which hypothesis comes out can differ from aiayn's search, and only for outputs
+        that reach the limit: aiayn forces EOS there during the search, so in beam search the
+        forced ending competes with the other hypotheses, where here CTranslate2 ranked the
+        longer hypothesis that was cut afterwards. Greedy search picks each token alone, so
+        its cut outputs are aiayn's. The hypotheses of a row with a cut one are ranked by
+        score again, and one that repeats a better one's tokens is dropped (an n-best list
+        can come out shorter).
+        """
+        hyps = [
+            [
+                self._hypothesis(pieces, score, alpha)
+                for pieces, score in zip(out.hypotheses, out.scores, strict=True)
+            ]
+            for out in outputs
+        ]
+        cut = [
+            (row, rank)
+            for row, limit in enumerate(limits)
+            for rank, hyp in enumerate(hyps[row])
+            if len(hyp.tokens) > limit
+        ]
+        if not cut:
+            return hyps
+        kept = [hyps[row][rank].tokens[: limits[row]] for row, rank in cut]
+        scored = self.translator.score_batch(
+            [tokens[row] for row, _ in cut],
+            [self.tokenizer.pieces(ids) for ids in kept],
+            max_batch_size=0,
+        )
+        for (row, rank), ids, result in zip(cut, kept, scored, strict=True):
+            log_prob = float(sum(result.log_probs))  # the kept tokens' and EOS's
+            hyps[row][rank] = Hypothesis(ids, log_prob / float(len(ids) + 1) ** alpha, log_prob)
+        for row in sorted({row for row, _ in cut}):
+            distinct: dict[tuple[int, ...], Hypothesis] = {}
+            for hyp in sorted(hyps[row], key=lambda h: -h.score):
+                distinct.setdefault(tuple(hyp.tokens), hyp)
+            hyps[row] = list(distinct.values())
         return hyps
 
     def _hypothesis(self, pieces: list[str], score: float, alpha: float) -> Hypothesis:
