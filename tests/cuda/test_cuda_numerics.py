@@ -17,7 +17,7 @@ import torch
 from cuda_helpers import matmul_precision, relative_error
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from aiayn.attention import scaled_dot_product_attention
+from aiayn.attention import MultiHeadAttention, scaled_dot_product_attention
 from aiayn.config import ModelConfig
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
@@ -185,8 +185,9 @@ def test_each_fused_kernel_equals_explicit_eq1(
     masked: bool,
     causal: bool,
 ) -> None:
-    """aiayn's fused path, forced onto one SDPA kernel at a time, against its explicit path in
-    float64: the kernel computes Eq. 1 with aiayn's mask convention (True = may attend)."""
+    """`MultiHeadAttention`'s default kernel, forced onto one SDPA backend at a time, against
+    Eq. 1 as written in float64: the kernel computes Eq. 1 with aiayn's mask convention
+    (True = may attend)."""
     if device.type != "cuda":
         pytest.skip("SDPA kernels are chosen per backend on CUDA only")
     if backend is None:
@@ -194,7 +195,7 @@ def test_each_fused_kernel_equals_explicit_eq1(
     q, k, v, mask = _attention_inputs(device, dtype, queries=queries, keys=keys, masked=masked)
     try:
         with sdpa_kernel(backend):
-            fused, _ = scaled_dot_product_attention(q, k, v, mask, is_causal=causal)
+            fused = MultiHeadAttention(8, 1, 8, 8).kernel(q, k, v, attn_mask=mask, is_causal=causal)
     except RuntimeError as error:
         if backend != CUDNN:  # flash and memory-efficient attention must run on any recent GPU
             raise
