@@ -1,0 +1,51 @@
+#!/bin/bash
+# The small-data study of docs/small-data.md: `aiayn train` runs on the Bible corpus that each
+# change one setting of a common base, then each model's dev BLEU (beam 4), for
+# bench/plot_study.py to draw.
+#
+#   bash bench/small_data_study.sh DATA STUDY_DIR [RUN ...]
+#
+# DATA holds train.en, train.es, dev.en, dev.es (the corpus of ../shared/data/bible-en-es, or
+# `aiayn prepare bible-en-es` with valid.* copied to dev.*). Without RUN names it trains every run
+# below, one after another (they share the CPU otherwise: run nothing else beside them). A run
+# whose STUDY_DIR/NAME/dev.bleu.json exists is skipped.
+#
+# Every run has a step count and a linear decay to 0 at its last update (`--schedule linear`),
+# so what it learns does not depend on how busy the machine is; its wall time does, so the
+# study's time axis is only meaningful on an idle machine. bf16 (`--precision bf16`, a CPU with
+# AMX or AVX512-BF16) gives the same curve per update as float32 (BENCHMARKS.md) at ~1.3x the
+# speed: 600 updates of 4096 tokens are ~10 minutes on a 2-core Xeon with AMX, about half of
+# what the recipe's 30-minute budget trains in float32 there.
+set -euo pipefail
+DATA=$1
+STUDY=$2
+shift 2
+AIAYN=${AIAYN:-.venv/bin/aiayn}
+COMMON="--precision bf16 --ema-decay 0.999 --schedule linear --valid-every 100 --save-every 0
+  --log-every 25 --no-progress --threads 2"
+
+# A greedy search: the first runs change one setting of the base, the later ones one setting of
+# the best run so far (S2: 2048-token batches, as many tokens as the base in twice the updates).
+declare -A RUNS=(
+  [S1-base]="--max-steps 600 --warmup-steps 200"
+  [S2-tok2048]="--max-steps 1200 --warmup-steps 400 --max-tokens 2048"
+  [S3-lr1]="--max-steps 600 --warmup-steps 200 --lr-scale 1.0"
+  [S5-tok2048-prenorm-lr1]="--max-steps 1200 --warmup-steps 400 --max-tokens 2048 --lr-scale 1.0
+    --model norm_first=true"
+  [S4-tok2048-bpe4k]="--max-steps 1200 --warmup-steps 400 --max-tokens 2048 --vocab-size 4000"
+)
+ORDER=(S1-base S2-tok2048 S3-lr1 S5-tok2048-prenorm-lr1 S4-tok2048-bpe4k)
+[ $# -gt 0 ] && ORDER=("$@")
+
+mkdir -p "$STUDY"
+for name in "${ORDER[@]}"; do
+  out=$STUDY/$name
+  [ -s "$out/dev.bleu.json" ] && { echo "$name: done, skipped"; continue; }
+  echo "$(date -u +%FT%TZ) $name: ${RUNS[$name]}" | tee -a "$STUDY/log.txt"
+  # shellcheck disable=SC2086  # the settings are words
+  "$AIAYN" train -c recipes/bible-en-es-cpu.yaml --src "$DATA/train.en" --tgt "$DATA/train.es" \
+    --valid-src "$DATA/dev.en" --valid-tgt "$DATA/dev.es" --out-dir "$out" \
+    $COMMON ${RUNS[$name]} > "$out.train.log" 2>&1
+  "$AIAYN" evaluate -m "$out/model" --src "$DATA/dev.en" --ref "$DATA/dev.es" -o "$out/dev.hyp" \
+    --json --no-progress --threads 2 > "$out/dev.bleu.json"
+done
