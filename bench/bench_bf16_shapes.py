@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 import aiayn.train.update as update
+from aiayn.acceleration import use_cpu_attention
 from aiayn.config import preset
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
@@ -60,7 +61,7 @@ def measure(dataset, groups, *, vocab: int, bf16: bool, collate_fn, skip: int) -
     update.collate = collate_fn  # what optimizer_update collates its batches with
     torch.manual_seed(0)
     config = preset("small", src_vocab_size=vocab)
-    model = Transformer(config)
+    model = use_cpu_attention(Transformer(config))  # as the trainer on a CPU
     optimizer = build_optimizer(model, betas=(0.9, 0.98), eps=1e-9)
     rates = []
     for step, group in enumerate(groups, 1):

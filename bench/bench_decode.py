@@ -46,7 +46,7 @@ from pathlib import Path
 
 import torch
 
-from aiayn.acceleration import pack_linear_layers
+from aiayn.acceleration import PackedSelfAttention, pack_linear_layers, use_cpu_attention
 from aiayn.cache import DecoderCache
 from aiayn.config import preset
 from aiayn.decode.search import DecodingOptions, beam_search, greedy_search
@@ -119,6 +119,7 @@ def run(
     for name in presets:
         torch.manual_seed(0)
         transformer = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
+        use_cpu_attention(transformer)  # as Translator on a CPU
         if onednn:  # as Translator runs float32 on a CPU
             transformer = pack_linear_layers(transformer)
         model = FixedLength(transformer, out_len)
@@ -159,7 +160,7 @@ def compare_onednn(
     for name in presets:
         torch.manual_seed(0)
         plain = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
-        packed = pack_linear_layers(plain, min_features)
+        packed = pack_linear_layers(use_cpu_attention(plain), min_features)
         models = {"nn.Linear": FixedLength(plain, 16), "oneDNN packed": FixedLength(packed, 16)}
         batches = [torch.randint(4, 8000, shape) for shape in shapes]
         seconds: dict[str, list[float]] = {k: [] for k in models}
@@ -191,7 +192,8 @@ def compare_compiled(
     label = "compiled, frozen" if freeze else "compiled"
     for name in presets:
         torch.manual_seed(0)
-        plain = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
+        plain = use_cpu_attention(Transformer(preset(name, src_vocab_size=8000, dropout=0.0)))
+        plain.eval()
         src = torch.randint(4, 8000, (batch, src_len))
         compiled = copy.deepcopy(plain)
         compiled.decode_step = torch.compile(compiled.decode_step, dynamic=True)
@@ -225,18 +227,19 @@ def compare_fusions(
     import torch.nn.functional as F
 
     from aiayn.acceleration import PackedLinear
-    from aiayn.attention import MultiHeadAttention
     from aiayn.model import PositionwiseFeedForward
 
     for name in presets:
         torch.manual_seed(0)
-        plain = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
+        plain = use_cpu_attention(Transformer(preset(name, src_vocab_size=8000, dropout=0.0)))
+        plain.eval()
         fused, unfused = pack_linear_layers(plain), pack_linear_layers(plain)
-        for original, m in zip(plain.modules(), unfused.modules(), strict=True):
-            if isinstance(m, MultiHeadAttention):
-                m.packed_qkv = None  # three products
+        originals = dict(plain.named_modules())
+        for path, m in unfused.named_modules():
+            if isinstance(m, PackedSelfAttention):
+                m.__class__ = ThreeProducts
             if isinstance(m, PositionwiseFeedForward) and isinstance(m.linear1, PackedLinear):
-                m.linear1, m.activation = PackedLinear(original.linear1), F.relu
+                m.linear1, m.activation = PackedLinear(originals[path].linear1), F.relu
         systems = {"with fusions": fused, "without": unfused}
         src = torch.randint(4, 8000, (batch, src_len))
         for mode in ("beam4", "greedy"):
@@ -260,6 +263,16 @@ def compare_fusions(
                 f"{agree}/{batch} sentences",
                 flush=True,
             )
+
+
+class ThreeProducts(PackedSelfAttention):
+    """A packed copy's self-attention without its stacked product: Q, K and V in three
+    packed products, as before `pack_linear_layers` stacked them."""
+
+    def project_qkv(
+        self, x: torch.Tensor, stacked: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return self.project_query(x), *self.project_key_value(x)
 
 
 class GatheringCache(DecoderCache):
@@ -297,7 +310,7 @@ def compare_reorder(
     for name in presets:
         torch.manual_seed(0)
         packed = pack_linear_layers(
-            Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
+            use_cpu_attention(Transformer(preset(name, src_vocab_size=8000, dropout=0.0))).eval()
         )
         systems = {"moving changed rows": packed, "gathering every row": Gathering(packed)}
         src = torch.randint(4, 8000, (batch, src_len))

@@ -60,6 +60,7 @@ from aiayn.acceleration import (
     onednn_linear_missing,
     pack_linear_layers,
     quantize_int8,
+    use_cpu_attention,
 )
 from aiayn.config import ModelConfig, preset
 from aiayn.decode.search import DecodingOptions, beam_search, greedy_search
@@ -198,6 +199,7 @@ def _aiayn_step(
     `aiayn train --onednn`, its float32 products on oneDNN (`uses_onednn`); `forward` is the
     model or a compiled wrapper of it."""
     compiled = forward is not None
+    use_cpu_attention(model)  # as the trainer on a CPU (a compiled wrapper compiles it lazily)
     forward = model if forward is None else forward
     cpu = torch.device("cpu")
     if uses_onednn(cpu, onednn=onednn, bf16=bf16, compile=compiled):
@@ -405,7 +407,7 @@ def _aiayn_search(
 ) -> Callable[[str], list[list[int]]]:
     """run(mode) of aiayn's own search over `decoder`, every output forced to `out_len`."""
     # out_len - 1 tokens, then EOS (forced): out_len decoding steps, like the peers'.
-    fixed = FixedLength(decoder, out_len - 1)
+    fixed = FixedLength(use_cpu_attention(decoder), out_len - 1)  # as Translator on a CPU
     ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
     options = DecodingOptions(max_len_a=0.0, max_len_b=out_len - 1)  # beam 4, α 0.6
 
@@ -597,7 +599,7 @@ def _profile_decode(settings: DecodeSettings, rows: int) -> str:
     torch.set_num_threads(settings.threads)
     out_len = settings.out_len
     model, src = settings.model_and_source()
-    model = FixedLength(pack_linear_layers(model), out_len - 1)
+    model = FixedLength(use_cpu_attention(pack_linear_layers(model)), out_len - 1)
     ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
     options = DecodingOptions(max_len_a=0.0, max_len_b=out_len - 1)  # beam 4, α 0.6
     with torch.inference_mode():

@@ -56,6 +56,7 @@ from pathlib import Path
 
 import torch
 
+from aiayn.acceleration import use_cpu_attention
 from aiayn.config import preset
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, set_learning_rate
@@ -193,6 +194,8 @@ def measure(point: Point, preset_name: str, args: argparse.Namespace) -> dict[st
     config = preset(preset_name, src_vocab_size=VOCAB_SIZE, pad_id=PAD_ID, dropout=dropout)
     torch.manual_seed(args.seed)
     model = Transformer(config).to(device)
+    if device.type == "cpu":  # as the trainer and Translator on a CPU
+        use_cpu_attention(model)
     result: dict[str, object] = {"rss_model_mib": rss_mib()}
     if device.type == "cuda":
         torch.cuda.synchronize(device)

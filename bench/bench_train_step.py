@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from aiayn.acceleration import use_cpu_attention
 from aiayn.config import ModelConfig, preset
 from aiayn.model import Transformer, sinusoidal_positional_encoding
 from benchmarks_md import BENCHMARKS_MD, replace_section
@@ -182,6 +183,8 @@ def bench_preset(
 
     torch.manual_seed(seed)
     ours = Transformer(config).to(device).train()
+    if device.type == "cpu":  # as the trainer on a CPU
+        use_cpu_attention(ours)
     torch.manual_seed(seed)
     ref = ReferenceTransformer(config).to(device).train()
     runs = [

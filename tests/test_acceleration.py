@@ -1,5 +1,6 @@
 """torch.compile with an eager fallback (the compiled model computes the same function); how
-many threads decoding picks; oneDNN-packed linear layers compute what `nn.Linear` computes."""
+many threads decoding picks; the CPU's attention kernels compute Eq. 1 as the fused kernel does;
+oneDNN-packed linear layers compute what `nn.Linear` computes."""
 
 from __future__ import annotations
 
@@ -10,16 +11,22 @@ import shutil
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from aiayn import acceleration
 from aiayn.acceleration import (
+    FEW_QUERIES,
     MAX_DECODING_THREADS,
     PackedLinear,
+    PackedSelfAttention,
     compiler_missing,
+    cpu_attention,
     decoding_threads,
     maybe_compile,
     onednn_linear_missing,
     pack_linear_layers,
+    use_cpu_attention,
+    using_cpu_attention,
 )
 from aiayn.attention import MultiHeadAttention
 from aiayn.config import preset
@@ -86,6 +93,102 @@ def test_decoding_threads_leave_busy_cores_alone_and_stay_between_1_and_4() -> N
     assert 1 <= decoding_threads() <= MAX_DECODING_THREADS
 
 
+# -- the CPU's attention kernels ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("t", [1, 4])
+@pytest.mark.parametrize("masked", [False, True])
+def test_few_query_path_equals_the_fused_kernel(t: int, masked: bool) -> None:
+    """Decoding steps (1 query per hypothesis, or a sentence's W beams) skip the fused kernel."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, 2, t, 4), torch.randn(3, 2, 7, 4), torch.randn(3, 2, 7, 6)
+    mask = (
+        (torch.arange(7) < torch.tensor([7, 3, 5])[:, None])[:, None, None, :] if masked else None
+    )
+    assert acceleration._few_queries_on_cpu(q, 0.0)
+    out = cpu_attention(q, k, v, mask)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("is_causal", [True, False])
+def test_bf16_training_on_a_cpu_runs_attention_in_float32(is_causal: bool) -> None:
+    """Under `--cpu-bf16` the fused kernel's backward is slow in bf16, so with gradients wanted
+    attention is computed in float32 (more precise too) and returned in bf16: the output is the
+    float32 one rounded, the gradients those of float32. Without gradients it stays bf16."""
+    torch.manual_seed(0)
+    t = FEW_QUERIES + 4  # the fused kernel's path (a few queries take two bmm)
+    q, k, v = (torch.randn(3, 2, t, 16) for _ in range(3))
+    mask = None if is_causal else torch.rand(3, 1, 1, t) > 0.2
+    mask = mask if mask is None else mask.logical_or(torch.arange(t) == 0)
+    low = [t.bfloat16().requires_grad_() for t in (q, k, v)]
+    full = [t.detach().float().requires_grad_() for t in low]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = cpu_attention(*low, mask, is_causal=is_causal)
+    expected = F.scaled_dot_product_attention(*full, attn_mask=mask, is_causal=is_causal)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, expected.bfloat16(), rtol=0, atol=0)
+    out.float().sum().backward()
+    expected.sum().backward()
+    for a, b in zip(low, full, strict=True):
+        torch.testing.assert_close(a.grad.float(), b.grad.bfloat16().float(), rtol=0, atol=0)
+    assert not acceleration._bf16_training_on_cpu(*(t.detach() for t in low))
+    with torch.no_grad():
+        assert not acceleration._bf16_training_on_cpu(*low)
+
+
+def attention_kernels(model: torch.nn.Module) -> set:
+    return {m.kernel for m in model.modules() if isinstance(m, MultiHeadAttention)}
+
+
+def test_a_plain_model_runs_the_fused_kernel_and_the_cpu_kernels_give_its_outputs(
+    make_model,
+) -> None:
+    """Without a hook the model computes Eq. 1 with PyTorch's fused kernel; with
+    `use_cpu_attention` (training and decoding on a CPU) the same outputs, gradients and
+    decoding steps, the short target and the steps taking the few-query path."""
+    torch.manual_seed(0)
+    plain = make_model(dropout=0.0, attention_dropout=0.0)
+    assert attention_kernels(plain) == {F.scaled_dot_product_attention}
+    hooked = use_cpu_attention(copy.deepcopy(plain))
+    assert attention_kernels(hooked) == {cpu_attention}
+    assert attention_kernels(plain) == {F.scaled_dot_product_attention}  # the copy's alone
+    src = torch.randint(4, 23, (3, 12))
+    src[1, 7:] = plain.config.pad_id
+    tgt = torch.randint(4, 23, (3, 6))  # at most FEW_QUERIES: the two-bmm path
+    for model in (plain, hooked):
+        model.train()
+        model(src, tgt).square().mean().backward()
+    for a, b in zip(plain.parameters(), hooked.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-4)
+    with torch.inference_mode():
+        for model in (plain, hooked):
+            model.eval()
+        torch.testing.assert_close(hooked(src, tgt), plain(src, tgt), atol=1e-5, rtol=1e-5)
+        steps = []
+        for model in (plain, hooked):
+            memory, mask = model.encode(src)
+            cache = model.init_cache(memory, mask, 4)
+            steps.append([model.decode_step(torch.full((3,), t), cache) for t in (1, 5, 9)])
+        for a, b in zip(*steps, strict=True):
+            torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
+
+
+def test_cpu_kernels_for_a_block_give_the_models_their_own_back(make_model) -> None:
+    models = [make_model(), make_model()]
+    with pytest.raises(RuntimeError, match="inside"), using_cpu_attention(models):
+        assert all(attention_kernels(m) == {cpu_attention} for m in models)
+        raise RuntimeError("inside")
+    assert all(attention_kernels(m) == {F.scaled_dot_product_attention} for m in models)
+    use_cpu_attention(models[0])
+    with using_cpu_attention(models):
+        pass
+    assert attention_kernels(models[0]) == {cpu_attention}
+    assert attention_kernels(models[1]) == {F.scaled_dot_product_attention}
+
+
+# -- oneDNN-packed linear layers -------------------------------------------------------------
+
 needs_onednn = pytest.mark.skipif(
     onednn_linear_missing() is not None, reason=f"no oneDNN packing: {onednn_linear_missing()}"
 )
@@ -127,15 +230,29 @@ def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alon
         type(m) is torch.nn.Linear for m in model.modules()
     ) + len(layers)  # and one stacked [W^Q; W^K; W^V] per self-attention layer
     assert all(
-        m.self_attn.packed_qkv.out_features == 3 * m.self_attn.q_proj.out_features for m in layers
+        type(m.self_attn) is PackedSelfAttention
+        and m.self_attn.qkv_proj.out_features == 3 * m.self_attn.q_proj.out_features
+        and m.self_attn.stacked_qkv_weights() is None
+        for m in layers
     )
-    assert all(m.cross_attn.packed_qkv is None for m in packed.decoder.layers)
+    assert all(type(m.cross_attn) is MultiHeadAttention for m in packed.decoder.layers)
     ffns = [m for m in packed.modules() if isinstance(m, PositionwiseFeedForward)]
     assert ffns and all(m.linear1.relu and not m.linear2.relu for m in ffns)
     x = torch.randn(5, model.config.d_model)
     assert all(m.activation(x) is x for m in ffns)  # the first product applied the ReLU
     assert model.output_projection.weight is model.tgt_embed.embedding.weight  # still tied
-    assert all(m.packed_qkv is None for m in model.modules() if isinstance(m, MultiHeadAttention))
+    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert attentions and all(type(m) is MultiHeadAttention for m in attentions)
+    assert all(type(m) is torch.nn.Linear for a in attentions for m in a.children())
+
+
+@needs_onednn
+def test_the_packed_copy_keeps_the_models_attention_kernels(make_model) -> None:
+    model = use_cpu_attention(make_model())
+    packed = pack_linear_layers(model, min_features=1)
+    assert packed is not model and attention_kernels(packed) == {cpu_attention}
+    plain = pack_linear_layers(make_model(), min_features=1)
+    assert attention_kernels(plain) == {F.scaled_dot_product_attention}
 
 
 @needs_onednn

@@ -1,5 +1,6 @@
-"""Tests for aiayn.attention: Eq. 1 against a float64 reference, the fused and explicit paths
-against each other, and multi-head attention (§3.2.2) against per-head math and PyTorch."""
+"""Tests for aiayn.attention: Eq. 1 as written against a float64 reference and against the fused
+kernel multi-head attention runs by default, and multi-head attention (§3.2.2) against per-head
+math and PyTorch."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn import attention
 from aiayn.attention import MultiHeadAttention, scaled_dot_product_attention
 
 B, H, T, S, D_K, D_V = 3, 2, 5, 7, 4, 6
@@ -29,47 +30,35 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Ten
     return scores.softmax(-1) @ v
 
 
-@pytest.fixture(autouse=True)
-def fused_kernel_for_every_length(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Short queries normally take the two-matmul path on CPU; here the fused kernel is what the
-    explicit path is compared with, whatever the length."""
-    monkeypatch.setattr(attention, "FEW_QUERIES", 0)
-
-
-@pytest.mark.parametrize("t", [1, 4])
-@pytest.mark.parametrize("masked", [False, True])
-def test_few_query_path_equals_the_fused_kernel(
-    monkeypatch: pytest.MonkeyPatch, t: int, masked: bool
-) -> None:
-    """Decoding steps (1 query per hypothesis, or a sentence's W beams) skip the fused kernel."""
-    monkeypatch.setattr(attention, "FEW_QUERIES", 8)
-    q, k, v = random_qkv(t=t)
-    mask = key_mask(LENGTHS, S)[:, None, None, :] if masked else None
-    assert attention._few_queries_on_cpu(q, 0.0)
-    out, probs = scaled_dot_product_attention(q, k, v, mask)
-    assert probs is None
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
-
-
 def random_qkv(t: int = T, s: int = S) -> tuple[Tensor, Tensor, Tensor]:
     return torch.randn(B, H, t, D_K), torch.randn(B, H, s, D_K), torch.randn(B, H, s, D_V)
 
 
-@pytest.mark.parametrize("need_weights", [False, True])
-def test_eq1_matches_float64_reference_with_padding(need_weights: bool) -> None:
+def fused_attention(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, *, is_causal: bool = False
+) -> Tensor:
+    """Eq. 1 by the kernel `MultiHeadAttention` runs by default."""
+    kernel = MultiHeadAttention(4, 1, 4, 4).kernel
+    assert kernel is F.scaled_dot_product_attention
+    return kernel(q, k, v, attn_mask=mask, is_causal=is_causal)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_eq1_matches_float64_reference_with_padding(fused: bool) -> None:
     q, k, v = random_qkv()
     mask = key_mask(LENGTHS, S)[:, None, None, :]  # (B, 1, 1, S)
-    out, _ = scaled_dot_product_attention(q, k, v, mask, need_weights=need_weights)
+    out = (
+        fused_attention(q, k, v, mask) if fused else scaled_dot_product_attention(q, k, v, mask)[0]
+    )
     expected = reference_attention(q, k, v, mask.expand(B, H, T, S))
     torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("need_weights", [False, True])
-def test_eq1_scales_by_sqrt_d_k_not_d_v(need_weights: bool) -> None:
+@pytest.mark.parametrize("fused", [False, True])
+def test_eq1_scales_by_sqrt_d_k_not_d_v(fused: bool) -> None:
     q, k, v = random_qkv()
     v = torch.randn(B, H, S, 3 * D_K)  # d_v != d_k
-    out, _ = scaled_dot_product_attention(q, k, v, need_weights=need_weights)
+    out = fused_attention(q, k, v) if fused else scaled_dot_product_attention(q, k, v)[0]
     all_allowed = torch.ones(B, H, T, S, dtype=torch.bool)
     torch.testing.assert_close(
         out.double(), reference_attention(q, k, v, all_allowed), atol=1e-5, rtol=0
@@ -79,11 +68,12 @@ def test_eq1_scales_by_sqrt_d_k_not_d_v(need_weights: bool) -> None:
 def test_fused_and_explicit_agree_with_padding_mask() -> None:
     q, k, v = random_qkv()
     mask = key_mask(LENGTHS, S)[:, None, None, :]
-    fused, no_probs = scaled_dot_product_attention(q, k, v, mask)
-    explicit, probs = scaled_dot_product_attention(q, k, v, mask, need_weights=True)
+    fused = fused_attention(q, k, v, mask)
+    explicit, no_probs = scaled_dot_product_attention(q, k, v, mask)
+    _, probs = scaled_dot_product_attention(q, k, v, mask, need_weights=True)
     assert no_probs is None and probs is not None
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
-    unmasked, _ = scaled_dot_product_attention(q, k, v)
+    unmasked = fused_attention(q, k, v)
     assert not torch.allclose(unmasked, fused, atol=1e-3)  # the mask matters here
 
 
@@ -91,7 +81,7 @@ def test_fused_and_explicit_agree_with_full_mask() -> None:
     q, k, v = random_qkv()
     mask = torch.rand(B, H, T, S) < 0.6
     mask[..., 0] = True  # every query may attend somewhere
-    fused, _ = scaled_dot_product_attention(q, k, v, mask)
+    fused = fused_attention(q, k, v, mask)
     explicit, _ = scaled_dot_product_attention(q, k, v, mask, need_weights=True)
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
     torch.testing.assert_close(
@@ -101,7 +91,7 @@ def test_fused_and_explicit_agree_with_full_mask() -> None:
 
 def test_fused_and_explicit_agree_with_causal_mask() -> None:
     q, k, v = random_qkv(t=6, s=6)
-    fused, _ = scaled_dot_product_attention(q, k, v, is_causal=True)
+    fused = fused_attention(q, k, v, is_causal=True)
     explicit, probs = scaled_dot_product_attention(q, k, v, is_causal=True, need_weights=True)
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
     lower = torch.ones(6, 6, dtype=torch.bool).tril().expand(B, H, 6, 6)
@@ -245,29 +235,3 @@ def test_stacked_qkv_projection_passes_gradients_to_the_three_matrices() -> None
     (q.sum() + 2 * k.sum() + 3 * v.sum()).backward()
     for got, m in zip(grads, (mha.q_proj, mha.k_proj, mha.v_proj), strict=True):
         torch.testing.assert_close(got, m.weight.grad)
-
-
-@pytest.mark.parametrize("is_causal", [True, False])
-def test_bf16_training_on_a_cpu_runs_attention_in_float32(is_causal: bool) -> None:
-    """Under `--cpu-bf16` the fused kernel's backward is slow in bf16, so with gradients wanted
-    attention is computed in float32 (more precise too) and returned in bf16: the output is the
-    float32 one rounded, the gradients those of float32. Without gradients it stays bf16."""
-    torch.manual_seed(0)
-    t = attention.FEW_QUERIES + 4  # the fused kernel's path (a few queries take two bmm)
-    q, k, v = (torch.randn(3, 2, t, 16) for _ in range(3))
-    mask = None if is_causal else torch.rand(3, 1, 1, t) > 0.2
-    mask = mask if mask is None else mask.logical_or(torch.arange(t) == 0)
-    low = [t.bfloat16().requires_grad_() for t in (q, k, v)]
-    full = [t.detach().float().requires_grad_() for t in low]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        out, _ = scaled_dot_product_attention(*low, mask, is_causal=is_causal)
-    expected, _ = scaled_dot_product_attention(*full, mask, is_causal=is_causal)
-    assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out, expected.bfloat16(), rtol=0, atol=0)
-    out.float().sum().backward()
-    expected.sum().backward()
-    for a, b in zip(low, full, strict=True):
-        torch.testing.assert_close(a.grad.float(), b.grad.bfloat16().float(), rtol=0, atol=0)
-    assert not attention._bf16_training_on_cpu(*(t.detach() for t in low))
-    with torch.no_grad():
-        assert not attention._bf16_training_on_cpu(*low)

@@ -1,11 +1,15 @@
 """What this machine can speed up: `torch.compile` where it can run (eager PyTorch where it
 cannot), whether the CPU computes in bf16 natively, how many CPU threads decoding should use,
-weights pre-packed for oneDNN's matrix products in CPU decoding (`pack_linear_layers`), oneDNN's
-products in float32 CPU training (`OneDNNLinearProducts`), and int8 weights for decoding on a
-CPU (`quantize_int8`).
+the attention kernels that run fastest on a CPU (`use_cpu_attention`), weights pre-packed for
+oneDNN's matrix products in CPU decoding (`pack_linear_layers`), oneDNN's products in float32
+CPU training (`OneDNNLinearProducts`), and int8 weights for decoding on a CPU
+(`quantize_int8`).
 
 One module for the speed-ups that change how the model runs but not what it computes, so that
-training and translation ask the same questions of the machine in the same place.
+training and translation ask the same questions of the machine in the same place. The model's
+own modules (`aiayn.attention`, `aiayn.model`) compute the paper's formulas and know nothing of
+this one: each speed-up here is a hook that a caller installs on its model, or a copy of the
+model made for decoding, and a test checks that it computes what the plain model computes.
 
 TorchInductor turns the model into generated C++ (CPU) or Triton (CUDA) kernels, fusing the
 element-wise work around the matrix products (dropout, residual adds, ReLU, LayerNorm). It needs
@@ -16,16 +20,20 @@ compiled model computes the same function (tests/test_acceleration.py).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import logging
 import os
 import platform
 import shutil
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from aiayn.attention import MultiHeadAttention, scaled_dot_product_attention
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +85,102 @@ section, measures both). Decoding reuses a few dozen kernels at every step, whic
 16 would compile again and again, so only training in bf16 limits it. The cache belongs to the
 process: `aiayn train` sets it (``runtime.configure(onednn_kernels=...)``) before any oneDNN
 work, where the user has not set ``ONEDNN_PRIMITIVE_CACHE_CAPACITY``."""
+
+
+FEW_QUERIES = 8
+"""`cpu_attention` computes Eq. 1 as written (two batched products) for at most this many
+queries per sequence."""
+
+
+def cpu_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+) -> Tensor:
+    """Eq. 1 (§3.2.1), `F.scaled_dot_product_attention`'s function, by the kernel that runs
+    fastest on a CPU (an `attention.AttentionKernel`; `use_cpu_attention` installs it).
+
+    Two cases differ from the fused kernel, which runs everywhere else:
+
+    - A few queries (`_few_queries_on_cpu`): incremental decoding asks for one query per
+      hypothesis, or a sentence's W beams; two batched matrix products then beat the fused
+      kernel, which is built for long sequences (Eq. 1 as written: a training batch of
+      sentences that short takes them too, without attention dropout).
+    - bf16 with gradients (`_bf16_training_on_cpu`): under ``--precision bf16`` the fused
+      kernel runs in float32, faster there and more precise.
+
+    Tests check each against the fused kernel (tests/test_acceleration.py).
+    """
+    if _few_queries_on_cpu(query, dropout_p):
+        out, _ = scaled_dot_product_attention(query, key, value, attn_mask, is_causal=is_causal)
+        return out
+    if _bf16_training_on_cpu(query, key, value):
+        with torch.autocast("cpu", enabled=False):
+            out = F.scaled_dot_product_attention(
+                query.float(), key.float(), value.float(), attn_mask=attn_mask,
+                dropout_p=dropout_p, is_causal=is_causal,
+            )  # fmt: skip
+        return out.to(query.dtype)
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+    )
+
+
+def _few_queries_on_cpu(q: Tensor, dropout_p: float) -> bool:
+    """Incremental decoding asks for a handful of queries per sequence (one per hypothesis, or
+    the W beams of a sentence). On a CPU, two batched matrix products then beat the fused
+    kernel, which is built for long sequences; the result is the same (a test checks)."""
+    return q.device.type == "cpu" and q.size(-2) <= FEW_QUERIES and dropout_p == 0.0
+
+
+def _bf16_training_on_cpu(q: Tensor, k: Tensor, v: Tensor) -> bool:
+    """bf16 inputs on a CPU with gradients wanted. There the fused kernel is 1.6-1.8x as
+    slow forward + backward in bf16 as in float32 (its backward above all;
+    `bench/bench_train_kernels.py`), so training under `--cpu-bf16` runs it in float32, which
+    is also the more precise. Forward only (decoding), bf16 is as fast or faster and stays."""
+    return (
+        q.device.type == "cpu"
+        and q.dtype in (torch.bfloat16, torch.float16)
+        and torch.is_grad_enabled()
+        and any(t.requires_grad for t in (q, k, v))
+    )
+
+
+def use_cpu_attention(model: nn.Module) -> nn.Module:
+    """`model`, every `MultiHeadAttention` of which now computes Eq. 1 with `cpu_attention`.
+
+    In place. For a model that trains or decodes on a CPU: the trainer installs it there, and
+    decoding on the models it loads (`decode.backends.pytorch.load_model_dirs`). Off the CPU,
+    `cpu_attention` is the fused kernel itself, so a model moved to a GPU later still runs its
+    fastest kernel.
+    """
+    for module in model.modules():
+        if isinstance(module, MultiHeadAttention):
+            module.kernel = cpu_attention
+    return model
+
+
+@contextlib.contextmanager
+def using_cpu_attention(models: Sequence[nn.Module]) -> Iterator[None]:
+    """`use_cpu_attention` on `models` for the block; their own kernels come back after it.
+
+    For models that decoding borrows from its caller (`Translator.from_model`, validation BLEU
+    during training): they decode as the models decoding loads do, and come back as they were.
+    """
+    attentions = [
+        m for model in models for m in model.modules() if isinstance(m, MultiHeadAttention)
+    ]
+    kernels = [m.kernel for m in attentions]
+    for m in attentions:
+        m.kernel = cpu_attention
+    try:
+        yield
+    finally:
+        for m, kernel in zip(attentions, kernels, strict=True):
+            m.kernel = kernel
 
 
 MAX_DECODING_THREADS = 4
@@ -207,6 +311,40 @@ class PackedLinear(nn.Module):
         )
 
 
+class PackedSelfAttention(MultiHeadAttention):
+    """Self-attention in a decoding copy (`pack_linear_layers`): [W^Q; W^K; W^V] as one
+    oneDNN-packed product (`qkv_proj`), which `project_qkv` uses instead of the three.
+
+    The same function as the layer it was made from, up to float32 rounding (the packed
+    weights are a copy: `PackedLinear`). The three projections stay, for `project_query` and
+    `project_key_value` (`pack_linear_layers` packs them apart too: a second copy of those
+    weights, 3·d_model² floats per layer).
+    """
+
+    def __init__(self, attention: MultiHeadAttention) -> None:
+        """`attention` (its projections and kernel shared, not copied) with its stacked
+        product packed; its three projections must be `nn.Linear`."""
+        nn.Module.__init__(self)  # not MultiHeadAttention's: the layers are `attention`'s
+        self.n_heads, self.d_k, self.d_v = attention.n_heads, attention.d_k, attention.d_v
+        self.attention_dropout = attention.attention_dropout
+        self.q_proj, self.k_proj, self.v_proj = attention.q_proj, attention.k_proj, attention.v_proj
+        self.out_proj = attention.out_proj
+        self.kernel = attention.kernel
+        self.qkv_proj = PackedLinear([attention.q_proj, attention.k_proj, attention.v_proj])
+        self.train(attention.training)
+
+    def stacked_qkv_weights(self) -> None:
+        """None: the stacked product is `qkv_proj`, packed, not weights for `F.linear`."""
+        return None
+
+    def project_qkv(
+        self, x: Tensor, stacked: tuple[Tensor, Tensor] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, D) → q, k, v (B, H, T, d) in one packed product (`stacked` is None here:
+        `stacked_qkv_weights`)."""
+        return self.split_qkv(self.qkv_proj(x))
+
+
 def onednn_linear_missing() -> str | None:
     """Why `pack_linear_layers` cannot pack here, or None if it can.
 
@@ -241,12 +379,10 @@ def pack_linear_layers(model: nn.Module, min_features: int | None = None) -> nn.
     large, returns `model` itself. The pre-softmax projection is packed like every other linear
     layer (in the copy it no longer shares storage with the embedding). In the copy, a ReLU
     feed-forward layer's first product applies the ReLU (`PackedLinear(relu=True)`), and
-    each self-attention layer also holds its [W^Q; W^K; W^V] as one packed product
-    (`packed_qkv`), which it uses instead of the three (kept, packed too: a copy of those
-    weights, 3·d_model² floats per layer; encoder-decoder attention projects the query and the
-    memory apart and has none).
+    each self-attention layer is a `PackedSelfAttention`, its [W^Q; W^K; W^V] one packed
+    product (encoder-decoder attention projects the query and the memory apart and stays a
+    `MultiHeadAttention`). Attention kernels are `model`'s (`use_cpu_attention`).
     """
-    from aiayn.attention import MultiHeadAttention
     from aiayn.model import ACTIVATION_FUNCTIONS, PositionwiseFeedForward
 
     smallest = MIN_PACKED_FEATURES if min_features is None else min_features
@@ -259,12 +395,13 @@ def pack_linear_layers(model: nn.Module, min_features: int | None = None) -> nn.
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
         return model
     packed = copy.deepcopy(model)
+    for layer in list(packed.modules()):
+        attention = getattr(layer, "self_attn", None)  # an encoder or decoder layer's
+        if isinstance(attention, MultiHeadAttention) and all(
+            packs(m) for m in (attention.q_proj, attention.k_proj, attention.v_proj)
+        ):
+            layer.self_attn = PackedSelfAttention(attention)
     for module in list(packed.modules()):
-        self_attention = getattr(module, "self_attn", None)  # an encoder or decoder layer's
-        if isinstance(self_attention, MultiHeadAttention):
-            qkv = [self_attention.q_proj, self_attention.k_proj, self_attention.v_proj]
-            if all(packs(m) for m in qkv):
-                self_attention.packed_qkv = PackedLinear(qkv)
         relu_first = (
             isinstance(module, PositionwiseFeedForward)
             and module.activation is ACTIVATION_FUNCTIONS["relu"]
@@ -287,14 +424,14 @@ def _applied_by_the_first_product(x: Tensor) -> Tensor:
 class _OneDNNLinear(torch.autograd.Function):
     """y = x Wᵀ + b with oneDNN's products for y and dL/dx, MKL's for dL/dW.
 
-    Measured at the Bible recipe's batch shapes (2,500–4,096 rows, `small`'s layers, AMD EPYC):
-    oneDNN is faster than MKL's sgemm for the forward product and for dL/dx = dL/dy · W, and
-    slower for dL/dW = dL/dyᵀ · x (whose inner dimension is the rows), which stays with
-    `torch.mm` (`bench/bench_train_kernels.py`). Row counts are not padded as in
-    `PackedLinear`: at these sizes a new one costs oneDNN about a millisecond, and padding to 8
-    sizes per octave cost more than it saved when tried. The weight is used as stored (its
-    transpose a view), so a weight updated by the optimizer is always the current one: nothing
-    is packed or cached.
+    Measured at the batch shapes of the Bible recipe as of commit 0529388 (2,500–4,096 rows,
+    `small`'s layers, AMD EPYC): oneDNN is faster than MKL's sgemm for the forward product and
+    for dL/dx = dL/dy · W, and slower for dL/dW = dL/dyᵀ · x (whose inner dimension is the
+    rows), which stays with `torch.mm` (`bench/bench_train_kernels.py`). Row counts are not
+    padded as in `PackedLinear`: at these sizes a new one costs oneDNN about a millisecond, and
+    padding to 8 sizes per octave cost more than it saved when tried. The weight is used as
+    stored (its transpose a view), so a weight updated by the optimizer is always the current
+    one: nothing is packed or cached.
     """
 
     @staticmethod
@@ -372,9 +509,10 @@ class OneDNNLinearProducts(torch.overrides.TorchFunctionMode):
     sides; others, and anything under autocast (bf16 products already run on oneDNN), pass
     through. The same function up to float32 rounding: tests/test_acceleration.py compares
     losses and gradients with the plain path. The trainer enters it around each update's forward
-    and backward with `--onednn` (`TrainConfig.onednn`), opt-in: on the Bible recipe it gave ~5%
-    more tokens/s but ~2.9x the peak resident memory, because a real run's new batch shape at
-    nearly every step makes oneDNN allocate per shape and the heap fragments (BENCHMARKS.md).
+    and backward with `--onednn` (`TrainConfig.onednn`), opt-in: on the Bible recipe as of commit
+    0529388 (≤ 4096-token batches) it gave ~5% more tokens/s but ~2.9x the peak resident
+    memory, because a real run's new batch shape at nearly every step makes oneDNN allocate per
+    shape and the heap fragments (BENCHMARKS.md).
     `onednn_linear_missing` says where it cannot run.
     """
 

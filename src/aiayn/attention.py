@@ -12,6 +12,7 @@ the fast path: `is_causal=True` lets SDPA pick its fastest kernels.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -28,12 +29,12 @@ def scaled_dot_product_attention(
     dropout_p: float = 0.0,
     need_weights: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
-    """Eq. 1: Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V.
+    """§3.2.1, Eq. 1: Attention(Q, K, V) = softmax(Q Kᵀ / √d_k) V, as written.
 
-    The default path is PyTorch's fused kernel (`F.scaled_dot_product_attention`), which never
-    materialises the (T, S) probability matrix. With `need_weights=True` the same formula is
-    computed explicitly and the probabilities are returned too (for pictures and alignments);
-    a test checks that both paths agree.
+    The formula itself, which materialises the (T, S) probabilities and can return them (for
+    pictures and alignments). `MultiHeadAttention` computes the same function with a fused
+    kernel (`AttentionKernel`) unless the probabilities are asked for; tests check that the
+    two agree.
 
     Args:
         q: Queries (B, H, T, d_k).
@@ -43,23 +44,11 @@ def scaled_dot_product_attention(
         is_causal: Position t may only attend to positions <= t (§3.2.3, decoder
             self-attention). Only for T == S.
         dropout_p: Dropout on the attention probabilities (0 in the paper).
-        need_weights: Also return the probabilities (B, H, T, S).
+        need_weights: Also return the probabilities (B, H, T, S), before dropout.
 
     Returns:
         The attended values (B, H, T, d_v) and the probabilities or None.
     """
-    if not need_weights and not _few_queries_on_cpu(q, dropout_p):
-        if _bf16_training_on_cpu(q, k, v):
-            with torch.autocast("cpu", enabled=False):
-                out = F.scaled_dot_product_attention(
-                    q.float(), k.float(), v.float(), attn_mask=mask, dropout_p=dropout_p,
-                    is_causal=is_causal,
-                )  # fmt: skip
-            return out.to(q.dtype), None
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
-        )
-        return out, None
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, T, S)
     if is_causal:
         t, s = scores.shape[-2:]
@@ -72,27 +61,13 @@ def scaled_dot_product_attention(
     return attended @ v, (probs if need_weights else None)
 
 
-FEW_QUERIES = 8
+AttentionKernel = Callable[..., Tensor]
+"""Eq. 1 over projected heads, called as PyTorch's fused kernel is:
+``kernel(q, k, v, attn_mask=mask, dropout_p=p, is_causal=c)`` → (B, H, T, d_v).
 
-
-def _few_queries_on_cpu(q: Tensor, dropout_p: float) -> bool:
-    """Incremental decoding asks for a handful of queries per sequence (one per hypothesis, or
-    the W beams of a sentence). On a CPU, two batched matrix products then beat the fused
-    kernel, which is built for long sequences; the result is the same (a test checks)."""
-    return q.device.type == "cpu" and q.size(-2) <= FEW_QUERIES and dropout_p == 0.0
-
-
-def _bf16_training_on_cpu(q: Tensor, k: Tensor, v: Tensor) -> bool:
-    """bf16 inputs on a CPU with gradients wanted. There the fused kernel is 1.6-1.8x as
-    slow forward + backward in bf16 as in float32 (its backward above all;
-    `bench/bench_train_kernels.py`), so training under `--cpu-bf16` runs it in float32, which
-    is also the more precise. Forward only (decoding), bf16 is as fast or faster and stays."""
-    return (
-        q.device.type == "cpu"
-        and q.dtype in (torch.bfloat16, torch.float16)
-        and torch.is_grad_enabled()
-        and any(t.requires_grad for t in (q, k, v))
-    )
+`MultiHeadAttention.kernel` is `F.scaled_dot_product_attention` (which never materialises the
+(T, S) probabilities); `aiayn.acceleration` may install another that computes the same
+function faster on some machine, for the callers that opt in."""
 
 
 class MultiHeadAttention(nn.Module):
@@ -102,6 +77,11 @@ class MultiHeadAttention(nn.Module):
     The h per-head projections are stored as one matrix each (`q_proj`: D → h·d_k, and so on),
     which is the same linear map computed in one GEMM. d_k and d_v may differ from D / h, as in
     Table 3 rows (A) and (B).
+
+    Attributes:
+        kernel: Computes Eq. 1 over the projected heads (`AttentionKernel`): PyTorch's fused
+            `F.scaled_dot_product_attention`. `aiayn.acceleration.use_cpu_attention` installs
+            one that runs faster on a CPU, for training and decoding there.
     """
 
     def __init__(
@@ -114,10 +94,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, n_heads * d_k)
         self.v_proj = nn.Linear(d_model, n_heads * d_v)
         self.out_proj = nn.Linear(n_heads * d_v, d_model)
-        # [W^Q; W^K; W^V] as one oneDNN-packed product, for self-attention in a decoding copy
-        # made by `acceleration.pack_linear_layers` (which packs the three apart as well);
-        # else None.
-        self.packed_qkv: nn.Module | None = None
+        self.kernel: AttentionKernel = F.scaled_dot_product_attention
 
     def split_heads(self, x: Tensor, head_size: int) -> Tensor:
         """(B, T, H·d) → (B, H, T, d)."""
@@ -130,8 +107,9 @@ class MultiHeadAttention(nn.Module):
         The same linear map as the three projections apart, in one GEMM of thrice the width,
         which runs faster, most of all for the few rows of a decoding step. Built anew on each
         call, so it is always the current weights (nothing is kept on the module); a decoding
-        search builds it once and keeps it in its `DecoderCache`. None for int8 layers, which
-        keep three products, and for packed ones, which have `packed_qkv` instead.
+        search builds it once and keeps it in its `DecoderCache`. None for layers that are not
+        `nn.Linear` (int8 layers keep three products; `acceleration.PackedSelfAttention` holds
+        its own stacked product).
         """
         linears = (self.q_proj, self.k_proj, self.v_proj)
         if not all(isinstance(m, nn.Linear) for m in linears):
@@ -149,12 +127,12 @@ class MultiHeadAttention(nn.Module):
                 search passes the ones its cache holds); None builds them here.
         """
         stacked = stacked if stacked is not None else self.stacked_qkv_weights()
-        if stacked is not None:
-            qkv = F.linear(x, *stacked)
-        elif self.packed_qkv is not None:
-            qkv = self.packed_qkv(x)
-        else:
+        if stacked is None:
             return self.project_query(x), *self.project_key_value(x)
+        return self.split_qkv(F.linear(x, *stacked))
+
+    def split_qkv(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The stacked projections' output (B, T, H·(2·d_k + d_v)) → q, k, v (B, H, T, d)."""
         q, k, v = qkv.split(
             [self.n_heads * self.d_k, self.n_heads * self.d_k, self.n_heads * self.d_v], dim=-1
         )
@@ -187,11 +165,19 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         need_weights: bool = False,
     ) -> tuple[Tensor, Tensor | None]:
-        """Attention over already projected heads, then Concat(...) W^O: (B, T, D)."""
+        """Eq. 1 over already projected heads, then Concat(...) W^O: (B, T, D).
+
+        Eq. 1 is computed by `kernel`, or, when the probabilities are asked for, by
+        `scaled_dot_product_attention` (the formula as written), which returns them too.
+        """
         dropout_p = self.attention_dropout if self.training else 0.0
-        out, probs = scaled_dot_product_attention(
-            q, k, v, mask, is_causal=is_causal, dropout_p=dropout_p, need_weights=need_weights
-        )
+        if need_weights:
+            out, probs = scaled_dot_product_attention(
+                q, k, v, mask, is_causal=is_causal, dropout_p=dropout_p, need_weights=True
+            )
+        else:
+            out = self.kernel(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+            probs = None
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_v)  # (B, T, H·d_v)
         return self.out_proj(out), probs

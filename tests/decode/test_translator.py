@@ -17,6 +17,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from aiayn import acceleration
+from aiayn.attention import MultiHeadAttention
 from aiayn.decode import search
 from aiayn.decode.search import DecodingOptions, gnmt_length_penalty
 from aiayn.decode.translator import Translator, one_line, read_lines
@@ -369,6 +371,27 @@ def test_translate_restores_the_training_mode(model: Transformer, tokenizer: Tok
         assert model.training
     finally:
         model.eval()
+
+
+def test_a_search_on_a_cpu_runs_the_cpu_attention_kernels_and_leaves_the_model_its_own(
+    model: Transformer, tokenizer: Tokenizer, model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Decoding opts in to `acceleration.cpu_attention` (a decoding step's few queries take two
+    bmm): for the models it loads for good, for a model it is given during each search only."""
+    queries: list[int] = []
+    real = acceleration.cpu_attention
+
+    def counted(q: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        queries.append(q.size(-2))
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(acceleration, "cpu_attention", counted)
+    Translator.from_model(model, tokenizer).translate(["the cat"], beam_size=2, max_len_b=2)
+    assert 1 in queries  # decoder self-attention at a step: one query per hypothesis
+    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+    assert {m.kernel for m in attentions} == {F.scaled_dot_product_attention}
+    loaded = Translator(model_dir).model
+    assert {m.kernel for m in loaded.modules() if isinstance(m, MultiHeadAttention)} == {counted}
 
 
 def test_a_model_directory_loads_and_translates_like_the_model(

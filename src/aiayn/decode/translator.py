@@ -195,7 +195,9 @@ class Translator:
         The model stays where it is (device, dtype). DDP and ``torch.compile`` wrappers are
         looked through. ``translate`` switches the model to evaluation mode and restores its
         previous mode afterwards, so a training loop can call it between updates; for the same
-        reason its linear layers are used as they are, not packed for oneDNN.
+        reason its linear layers are used as they are, not packed for oneDNN. On a CPU a search
+        runs the attention kernels of `acceleration.use_cpu_attention`, and the model's own
+        come back after it.
         """
         return cls.from_backend(PyTorchBackend([unwrap(model)]), tokenizer, max_tokens=max_tokens)
 

@@ -80,7 +80,9 @@ class _Encoder(nn.Module):
         m = self.model
         src_key_mask = src_tokens != m.config.pad_id  # (N, S)
         x = m.src_embed(src_tokens) + self.table[: src_tokens.size(1)]
-        memory, _ = m.encoder(x, src_key_mask)
+        # With the probabilities asked for, the layers compute Eq. 1 as written (the maps are
+        # left unused), like the step's `_attention`, not PyTorch's fused kernel.
+        memory, _ = m.encoder(x, src_key_mask, need_weights=True)
         kv = [layer.cross_attn.project_key_value(memory) for layer in m.decoder.layers]
         return torch.stack([k for k, _ in kv]), torch.stack([v for _, v in kv])
 

@@ -46,6 +46,7 @@ from aiayn.acceleration import (
     maybe_compile,
     native_bf16_cpu,
     onednn_products_wrong,
+    use_cpu_attention,
 )
 from aiayn.config import TrainConfig
 from aiayn.errors import UserError, UserValueError
@@ -288,6 +289,8 @@ class Trainer:
             self.model_config = self.config.model_config(self.tokenizer.vocab_size, pad_id=PAD_ID)
         torch.manual_seed(self.config.seed)
         self.model = Transformer(self.model_config).to(self.device)
+        if self.device.type == "cpu":  # the CPU's fastest attention (bf16: in float32)
+            use_cpu_attention(self.model)
         if self.onednn:
             wrong = onednn_products_wrong(self.model)
             if wrong is not None:

@@ -5,9 +5,10 @@ teacher-forced pass over each batch's best outputs (an ensemble has no maps of i
 model attends differently).
 
 A model keeps its device and dtype; `load_model_dirs` loads model directories and prepares
-them for inference (int8, bf16 or pre-packed oneDNN weights). During a search or an attention
-pass the models are in evaluation mode; their previous mode comes back after each, so that
-a training loop can decode between updates (validation BLEU).
+them for inference (int8, bf16 or pre-packed oneDNN weights; on a CPU, the attention kernels
+of `acceleration.use_cpu_attention`). During a search or an attention pass the models are in
+evaluation mode, and a search on a CPU runs those kernels; the previous mode and kernels come
+back after each, so that a training loop can decode between updates (validation BLEU).
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from aiayn.acceleration import native_bf16_cpu, pack_linear_layers, quantize_int8
+from aiayn.acceleration import (
+    native_bf16_cpu,
+    pack_linear_layers,
+    quantize_int8,
+    use_cpu_attention,
+    using_cpu_attention,
+)
 from aiayn.decode import search
 from aiayn.decode.backends import pad, search_with
 from aiayn.decode.ensemble import Ensemble, check_same_vocabulary
@@ -84,7 +91,9 @@ class PyTorchBackend:
         options: DecodingOptions,
         generator: torch.Generator | None,
     ) -> list[list[Hypothesis]]:
-        with _evaluating(self.models):
+        on_cpu = self.device.type == "cpu"
+        kernels = using_cpu_attention(self.models) if on_cpu else contextlib.nullcontext()
+        with _evaluating(self.models), kernels:
             return search_with(self._decoder, sources, options, generator, self.device)
 
     def attention(
@@ -147,4 +156,6 @@ def load_model_dirs(
         models = [model.to(torch.bfloat16) for model in models]
     elif onednn and torch.device(device).type == "cpu":
         models = [pack_linear_layers(model) for model in models]
+    if torch.device(device).type == "cpu":
+        models = [use_cpu_attention(model) for model in models]
     return PyTorchBackend(models), tokenizer, loaded
