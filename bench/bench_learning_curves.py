@@ -9,6 +9,10 @@ recipe, data and validation set into `RUNS_DIR/NAME`:
         --variant fp32= --variant bf16="--precision bf16" \\
         --variant "bf16-seed2=--precision bf16 --seed 2"
 
+The recipe's own settings apply to every run, its `time_budget` too: under a budget (the Bible
+recipe's 30 minutes) a decaying schedule follows each run's own pace, so two runs no longer get
+the same learning rate at the same update.
+
 The first variant is the reference. A variant whose directory already holds a finished run
 (a model and a validation at its last update) is read, not trained again, and the table says
 so; a run stopped before its end is continued (`--resume`). The script records each variant's

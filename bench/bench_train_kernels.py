@@ -1,7 +1,8 @@
 """The three CPU training speed-ups, each against what it replaced, alone and in a whole step.
 
-Part 1, the kernels alone, at the Bible recipe's batch shape (`small`: d_model 256, d_ff 1024,
-4 heads; about 3,400 target tokens a batch), medians of interleaved repeats:
+Part 1, the kernels alone, at the batch shape of the Bible recipe as of commit 0529388 (`small`:
+d_model 256, d_ff 1024, 4 heads; ≤ 4096 tokens a side, about 3,400 target tokens a batch; the
+recipe's limit is 2048 since), medians of interleaved repeats:
 
 - the linear layers' products: PyTorch's float32 `F.linear` and its backward (MKL's sgemm in
   the CPU wheels) against `acceleration.OneDNNLinearProducts` (oneDNN for y = x Wᵀ and
@@ -34,8 +35,8 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-import aiayn.attention
-from aiayn.acceleration import OneDNNLinearProducts, onednn_linear_missing
+from aiayn.acceleration import OneDNNLinearProducts, cpu_attention, onednn_linear_missing
+from aiayn.attention import MultiHeadAttention
 from aiayn.config import preset
 from aiayn.model import Dropout, Transformer
 from benchmarks_md import BENCHMARKS_MD, replace_section
@@ -79,16 +80,12 @@ def kernels(repeats: int) -> list[str]:
     b, t = 110, 31
     qkv = [torch.randn(b, HEADS, t, D // HEADS, dtype=torch.bfloat16) for _ in range(3)]
     qkv = [q.requires_grad_() for q in qkv]
-    fp32_attention = aiayn.attention._bf16_training_on_cpu
 
     def attention(in_fp32: bool) -> None:
-        aiayn.attention._bf16_training_on_cpu = fp32_attention if in_fp32 else lambda *_: False
-        try:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                out, _ = aiayn.attention.scaled_dot_product_attention(*qkv, is_causal=True)
-            out.float().sum().backward()
-        finally:
-            aiayn.attention._bf16_training_on_cpu = fp32_attention
+        kernel = cpu_attention if in_fp32 else F.scaled_dot_product_attention
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = kernel(*qkv, is_causal=True)
+        out.float().sum().backward()
 
     rows = [
         ("linear layers of one step, fwd + bwd", f"{len(STEP_LAYERS)} layers × {ROWS} rows",
@@ -121,11 +118,13 @@ def steps(n_steps: int) -> list[str]:
     torch.manual_seed(0)
     model = Transformer(preset("small", src_vocab_size=V, dropout=0.1)).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-    new_dropout, fp32_attention = Dropout.forward, aiayn.attention._bf16_training_on_cpu
+    new_dropout = Dropout.forward
+    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
 
     def step(batch: tuple[torch.Tensor, ...], bf16: bool, new: bool) -> float:
         Dropout.forward = new_dropout if new else torch.nn.Dropout.forward
-        aiayn.attention._bf16_training_on_cpu = fp32_attention if new else lambda *_: False
+        for m in attentions:  # the trainer's on a CPU, or PyTorch's fused kernel
+            m.kernel = cpu_attention if new else F.scaled_dot_product_attention
         products = OneDNNLinearProducts() if new and not bf16 else contextlib.nullcontext()
         bf16_autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
         start = time.perf_counter()
@@ -160,7 +159,6 @@ def steps(n_steps: int) -> list[str]:
             print(lines[-1], flush=True)
     finally:
         Dropout.forward = new_dropout
-        aiayn.attention._bf16_training_on_cpu = fp32_attention
     return lines
 
 

@@ -25,7 +25,7 @@ hold a run's checkpoints: the trainer refuses). Arguments after `--` go to `aiay
 
     .venv/bin/python bench/bench_train_run.py --src DATA/train.en --tgt DATA/train.es
     .venv/bin/python bench/bench_train_run.py --src DATA/train.en --tgt DATA/train.es \\
-        --max-steps 100 --update-benchmarks               # ~10 min with the CPU recipe, 2 cores
+        --max-steps 100 --update-benchmarks          # a few minutes with the CPU recipe, 2 cores
     .venv/bin/python bench/bench_train_run.py --src ... --tgt ... -- --threads 1
 """
 

@@ -32,9 +32,10 @@ The same work on both sides, by construction:
   --joined-dictionary --srcdict`, the 4 special pieces being fairseq's own): same pairs, same
   pieces, same vocabulary size (both printed).
 - **Model.** The recipe's `ModelConfig` (here `small`: d_model 256, d_ff 1024, 4 heads, 3+3
-  layers, post-norm, ReLU, sinusoidal positions, one matrix for both embeddings and the
+  layers, pre-norm, ReLU, sinusoidal positions, one matrix for both embeddings and the
   pre-softmax projection) as fairseq's `transformer` architecture flags (`--share-all-embeddings`
-  for `share_embeddings: all`); both parameter counts are printed (fairseq's includes copies of
+  for `share_embeddings: all`, `--encoder-normalize-before` and `--decoder-normalize-before` for
+  `norm_first`); both parameter counts are printed (fairseq's includes copies of
   the encoder weights for its inference-only BetterTransformer path, which get no gradient:
   `fairseq_inference_copies`). fairseq's LayerNorm epsilon is 1e-5 (aiayn's 1e-6): no effect
   on speed.
@@ -44,12 +45,15 @@ The same work on both sides, by construction:
   label_smoothed_cross_entropy`), Adam β and ε, dropout, no gradient clipping, the same seed;
   Eq. 3 as fairseq's `inverse_sqrt` with the same warm-up and peak rate: peak = lr_scale ·
   d_model^-0.5 · warmup^-0.5, `--warmup-init-lr 0` (fairseq's first update runs at lr 0, aiayn's
-  at peak/warmup: no effect on speed). No validation (no validation set for aiayn,
-  `--disable-validation`; fairseq still loads a valid split: the dev set if given, else the
-  first training pairs), no checkpoint within the window (aiayn `--save-every` beyond the run,
-  fairseq `--no-save`), the CPU, the same threads (`OMP_NUM_THREADS`/`MKL_NUM_THREADS` for both,
-  and aiayn's `--threads`). fairseq keeps its default of one data-loader worker process
-  (`--fairseq-workers`); aiayn collates in the training process.
+  at peak/warmup: no effect on speed). A recipe with a `time_budget` (the Bible recipe's 30
+  minutes) gives aiayn its linear schedule instead (`schedule: auto`), while fairseq keeps
+  `inverse_sqrt`: the rates differ, the work of an update does not. No validation (no
+  validation set for aiayn, `--disable-validation`; fairseq still loads a valid split: the dev
+  set if given, else the first training pairs), no checkpoint within the window (aiayn
+  `--save-every` beyond the run, fairseq `--no-save`), the CPU, the same threads
+  (`OMP_NUM_THREADS`/`MKL_NUM_THREADS` for both, and aiayn's `--threads`). fairseq keeps its
+  default of one data-loader worker process (`--fairseq-workers`); aiayn collates in the
+  training process.
 
 A run is stopped at the end of its window with SIGTERM to its process group (aiayn then saves
 a checkpoint and exits, outside the window), or ends by itself at `--max-updates`.

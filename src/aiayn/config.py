@@ -305,17 +305,19 @@ class TrainConfig:
             "bf16": bf16 autocast on any device. Weights, Adam and the loss stay float32. On a
             CPU, bf16 changes the numerics and is fast only where the CPU computes in bf16
             natively (AVX512-BF16, AMX; elsewhere training warns): in the real loop on the
-            Bible recipe ~1.5x the target tokens/s of float32 (BENCHMARKS.md). With bf16 on a
-            CPU `aiayn train` also has oneDNN keep few compiled kernels (peak memory:
+            Bible recipe as of commit 0529388 (≤ 4096-token batches) ~1.3x the target tokens/s
+            of float32 on an Intel Xeon with AMX (BENCHMARKS.md). With bf16 on a CPU `aiayn
+            train` also has oneDNN keep few compiled kernels (peak memory:
             `acceleration.ONEDNN_KERNELS_FOR_BF16_TRAINING`), a setting of the process that it
             makes through `aiayn.runtime.configure`. Replaces bf16 and cpu_bf16 (and
             --no-bf16, --cpu-bf16) of earlier releases, which are still read: bf16 false is
             fp32, cpu_bf16 true is bf16.
         onednn: On an x86-64 CPU in float32, run the linear layers' products (and the chunked
             loss's) on oneDNN instead of MKL's sgemm (`aiayn.acceleration.OneDNNLinearProducts`):
-            the same function up to float32 rounding, ~5% more tokens/s on the Bible recipe,
-            but ~2.9x the peak memory (new batch shapes every step fragment the heap;
-            BENCHMARKS.md), hence opt-in. Ignored under bf16 and with `compile`.
+            the same function up to float32 rounding, ~5% more tokens/s on the Bible recipe
+            as of commit 0529388 (≤ 4096-token batches), but ~2.9x the peak memory (new batch
+            shapes every step fragment the heap; BENCHMARKS.md), hence opt-in. Ignored under
+            bf16 and with `compile`.
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
             compile: aiayn.acceleration). Where compilation fails at the first update,
             `aiayn train` goes on eagerly (``runtime.configure(compile_errors_fall_back=True)``,
