@@ -13,9 +13,9 @@
 # Every run has a step count and a linear decay to 0 at its last update (`--schedule linear`),
 # so what it learns does not depend on how busy the machine is; its wall time does, so the
 # study's time axis is only meaningful on an idle machine. bf16 (`--precision bf16`, a CPU with
-# AMX or AVX512-BF16) gives the same curve per update as float32 (BENCHMARKS.md) at ~1.3x the
-# speed: 600 updates of 4096 tokens are ~10 minutes on a 2-core Xeon with AMX, about half of
-# what the recipe's 30-minute budget trains in float32 there.
+# AMX or AVX512-BF16) learns the same per update as float32 (BENCHMARKS.md): 600 updates of 4096
+# tokens, or 1200 of 2048, take 10 to 15 minutes on a 2-core Xeon with AMX, about half of what
+# the recipe's 30-minute budget trains there.
 set -euo pipefail
 DATA=$1
 STUDY=$2
