@@ -9,19 +9,24 @@ recipe, data and validation set into `RUNS_DIR/NAME`:
         --variant fp32= --variant bf16="--precision bf16" \\
         --variant "bf16-seed2=--precision bf16 --seed 2"
 
-The recipe's own settings apply to every run, its `time_budget` too: under a budget (the Bible
-recipe's 30 minutes) a decaying schedule follows each run's own pace, so two runs no longer get
-the same learning rate at the same update.
+Every run trains for the same number of updates with no time budget, whatever the recipe says
+(`--time-budget none --max-steps N --schedule S`, given before the variant's own arguments,
+which may override them): under a budget (the Bible recipe's 30 minutes) a run's length and its
+decaying schedule would follow its own pace, and two variants would no longer get the same
+learning rate at the same update. The defaults, 1200 updates of Eq. 3 (`--max-steps 1200
+--schedule inverse_sqrt`), are the length and schedule of the recipe the earlier tables were
+made with; the other settings (model, batch size, `lr_scale`) are the recipe's as it is now.
 
 The first variant is the reference. A variant whose directory already holds a finished run
 (a model and a validation at its last update) is read, not trained again, and the table says
-so; a run stopped before its end is continued (`--resume`). The script records each variant's
-arguments in its run directory (`variant.json`) and refuses a reused run trained with other
-ones; for a run trained without the script (no `variant.json`) the table shows, as for every
-run, the settings of its `train_config.yaml` that differ from the reference's (data files
-compared by name), so a reused run cannot pass for another. A pair of variants that differ only
-in the seed measures run-to-run noise: a difference between precisions means something only
-where it is larger.
+so; a run stopped before its end is continued (`--resume`). A run directory trained for another
+length or schedule, or with a time budget, is refused (unless the variant's arguments set
+these themselves). The script records each variant's arguments in its run directory
+(`variant.json`) and refuses a reused run trained with other ones; for a run trained without
+the script (no `variant.json`) the table shows, as for every run, the settings of its
+`train_config.yaml` that differ from the reference's (data files compared by name), so a reused
+run cannot pass for another. A pair of variants that differ only in the seed measures
+run-to-run noise: a difference between precisions means something only where it is larger.
 
 Reported per validation step: each run's dev perplexity (– where a run has no validation at
 that step) and its relative difference to the reference; per run: the settings that differ
@@ -44,6 +49,7 @@ from typing import Any
 
 import torch
 
+from aiayn.optim import SCHEDULES
 from aiayn.train.rundir import read_config
 from aiayn.train.runlog import read_metrics
 from bench_train_run import aiayn_command, run_training
@@ -92,11 +98,31 @@ def check_variant(run_dir: Path, extra: list[str]) -> None:
             )
 
 
+def _sets(extra: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in extra)
+
+
+def check_length(args: argparse.Namespace, run_dir: Path, extra: list[str]) -> None:
+    """Refuse a run directory trained for another length or schedule, or with a time budget,
+    than the script gives (where the variant's own arguments do not set these)."""
+    config = read_config(run_dir)
+    if config is None:
+        return
+    wanted = {"max_steps": args.max_steps, "schedule": args.schedule, "time_budget": None}
+    for key, value in wanted.items():
+        if not _sets(extra, "--" + key.replace("_", "-")) and config.get(key) != value:
+            raise SystemExit(
+                f"{run_dir} was trained with {key} {config.get(key)!r}, not {value!r}: choose "
+                "another --runs-dir, or the --max-steps and --schedule that made it"
+            )
+
+
 def train(args: argparse.Namespace, run_dir: Path, extra: list[str]) -> None:
     """Run `aiayn train` into `run_dir`, continuing a run stopped before its end."""
     command = [*aiayn_command(), "train", "-c", args.config, "--src", args.src, "--tgt", args.tgt]
     command += ["--valid-src", args.valid_src, "--valid-tgt", args.valid_tgt]
-    command += ["--out-dir", str(run_dir), "--no-progress", *extra]
+    command += ["--time-budget", "none", "--max-steps", str(args.max_steps)]
+    command += ["--schedule", args.schedule, "--out-dir", str(run_dir), "--no-progress", *extra]
     if (run_dir / "checkpoints").is_dir():
         command.append("--resume")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -184,6 +210,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--valid-src", required=True)
     parser.add_argument("--valid-tgt", required=True)
     parser.add_argument("-c", "--config", default="recipes/bible-en-es-cpu.yaml")
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        default=1200,
+        help="updates of every run, with no time budget (default %(default)s)",
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="inverse_sqrt",
+        help="learning-rate schedule of every run (default %(default)s: Eq. 3)",
+    )
     parser.add_argument("--runs-dir", type=Path, required=True, help="one run directory a variant")
     parser.add_argument(
         "--variant",
@@ -205,6 +243,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--variant names must differ")
     if len({tuple(extra) for _, extra in args.variant}) != len(args.variant):
         parser.error("two --variant with the same arguments would be the same run")
+    if args.max_steps < 1:
+        parser.error("--max-steps must be >= 1")
     return args
 
 
@@ -216,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, extra in args.variant:
         run_dir = args.runs_dir / name
         check_variant(run_dir, extra)
+        check_length(args, run_dir, extra)
         reused = finished(run_dir)
         if reused:
             print(f"{name}: reading the finished run in {run_dir}", flush=True)
@@ -234,8 +275,9 @@ def main(argv: list[str] | None = None) -> None:
             [
                 table,
                 "",
-                f"- Recipe `{args.config}`, validation on `{Path(args.valid_src).name}`; "
-                f"variants: {variants}.",
+                f"- Recipe `{args.config}`, {args.max_steps} updates of the `{args.schedule}` "
+                "schedule and no time budget for every run, validation on "
+                f"`{Path(args.valid_src).name}`; variants: {variants}.",
                 f"- Machine: {info['cpu']}, {info['cores']} cores; torch {info['torch']}, "
                 f"Python {info['python']}; 1-minute load average {load_before} before the "
                 f"script, {_load_average()} after (reused runs were trained earlier: their "

@@ -45,15 +45,16 @@ The same work on both sides, by construction:
   label_smoothed_cross_entropy`), Adam β and ε, dropout, no gradient clipping, the same seed;
   Eq. 3 as fairseq's `inverse_sqrt` with the same warm-up and peak rate: peak = lr_scale ·
   d_model^-0.5 · warmup^-0.5, `--warmup-init-lr 0` (fairseq's first update runs at lr 0, aiayn's
-  at peak/warmup: no effect on speed). A recipe with a `time_budget` (the Bible recipe's 30
-  minutes) gives aiayn its linear schedule instead (`schedule: auto`), while fairseq keeps
-  `inverse_sqrt`: the rates differ, the work of an update does not. No validation (no
-  validation set for aiayn, `--disable-validation`; fairseq still loads a valid split: the dev
-  set if given, else the first training pairs), no checkpoint within the window (aiayn
-  `--save-every` beyond the run, fairseq `--no-save`), the CPU, the same threads
-  (`OMP_NUM_THREADS`/`MKL_NUM_THREADS` for both, and aiayn's `--threads`). fairseq keeps its
-  default of one data-loader worker process (`--fairseq-workers`); aiayn collates in the
-  training process.
+  at peak/warmup: no effect on speed). The recipe's `time_budget` and `schedule` are set aside:
+  aiayn is given `--time-budget none --schedule inverse_sqrt` (the Bible recipe's 30 minutes
+  would otherwise give it a linear decay, `schedule: auto`), and both stop at `--max-updates`,
+  else at the recipe's `max_steps`, if the window has not ended first (Eq. 3 does not depend on
+  the run's length). No validation (no validation set for aiayn, `--disable-validation`;
+  fairseq still loads a valid split: the dev set if given, else the first training pairs), no
+  checkpoint within the window (aiayn `--save-every` beyond the run, fairseq `--no-save`), the
+  CPU, the same threads (`OMP_NUM_THREADS`/`MKL_NUM_THREADS` for both, and aiayn's
+  `--threads`). fairseq keeps its default of one data-loader worker process
+  (`--fairseq-workers`); aiayn collates in the training process.
 
 A run is stopped at the end of its window with SIGTERM to its process group (aiayn then saves
 a checkpoint and exits, outside the window), or ends by itself at `--max-updates`.
@@ -165,7 +166,8 @@ class Trainer:
 
 
 def train_config(args: argparse.Namespace) -> TrainConfig:
-    """The recipe with the benchmark's data (absolute paths: the cache key holds them)."""
+    """The recipe with the benchmark's data (absolute paths: the cache key holds them), Eq. 3
+    and no time budget (`run_aiayn` passes the same as flags; fairseq has only Eq. 3)."""
     values = load_yaml_config(args.config)
     for key in ("valid_src", "valid_tgt", "valid_tsv", "tsv", "tokenizer"):
         if values.get(key):
@@ -173,6 +175,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
     if values.get("tokens_per_update"):  # sets accumulate from the world size at run time
         raise SystemExit(f"{args.config}: sets tokens_per_update; give accumulate instead")
     values.update(src=str(Path(args.src).resolve()), tgt=str(Path(args.tgt).resolve()))
+    values.update(time_budget=None, schedule="inverse_sqrt")
     return TrainConfig.from_dict(values, source=args.config)
 
 
@@ -426,6 +429,7 @@ def run_aiayn(
     shutil.copytree(prepared.cache_root, run_dir / "data")
     command = [*aiayn_command(), "train", "-c", args.config, "--src", c.src, "--tgt", c.tgt]
     command += ["--tokenizer", str(prepared.tokenizer.model_file), "--out-dir", str(run_dir)]
+    command += ["--time-budget", "none", "--schedule", c.schedule]
     command += ["--max-steps", str(args.max_updates or c.max_steps), "--log-every"]
     command += [str(args.log_every), "--save-every", str(10**9), "--save-every-minutes", "0"]
     command += ["--valid-every", "0", "--device", "cpu", "--threads", str(args.threads)]
@@ -641,7 +645,8 @@ def notes(
         f"dropout {m.dropout}); parameters: {_params_note(trainers, m)}.",
         f"- Training: ≤ {c.max_tokens} tokens a side per batch, accumulate {c.accumulate}, "
         f"label smoothing {c.label_smoothing}, Adam β ({c.adam_beta1}, {c.adam_beta2}), "
-        f"inverse-sqrt schedule, warm-up {c.warmup_steps}, peak lr "
+        f"Eq. 3's inverse-sqrt schedule on both sides (aiayn `--time-budget none --schedule "
+        f"inverse_sqrt`, whatever the recipe's), warm-up {c.warmup_steps}, peak lr "
         f"{peak_lr(c, m.d_model):.6g} (Eq. 3 × {c.lr_scale}); no validation, no checkpoint "
         f"in the window; {args.threads} threads each; fairseq with {args.fairseq_workers} "
         "data-loader worker(s).",

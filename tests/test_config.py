@@ -262,6 +262,15 @@ def test_a_time_budget_without_a_unit_or_of_nothing_is_refused() -> None:
     assert TrainConfig(src="a", tgt="b").budget_seconds is None
 
 
+@pytest.mark.parametrize("text", ["none", "None", " NONE "])
+def test_a_time_budget_of_none_is_no_budget(text: str) -> None:
+    """How `--time-budget none` (or YAML's `none`, a string there) drops a recipe's budget."""
+    config = TrainConfig(src="a", tgt="b", time_budget=text)
+    assert (config.time_budget, config.budget_seconds) == (None, None)
+    assert config.resolved_schedule == "inverse_sqrt"
+    assert TrainConfig.from_dict({"src": "a", "tgt": "b", "time_budget": None}).time_budget is None
+
+
 def test_schedule_auto_is_eq3_without_a_time_budget_and_linear_with_one() -> None:
     """The paper's recipes set no budget: their schedule stays Eq. 3."""
     assert TrainConfig(src="a", tgt="b").schedule == "auto"

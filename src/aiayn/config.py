@@ -268,16 +268,17 @@ class TrainConfig:
         max_steps: Number of optimizer updates (§5.2: 100k for base). With `time_budget`,
             whichever comes first ends the run.
         max_epochs: Stop after this many epochs as well (0 = no limit).
-        time_budget: Wall time the run may take, e.g. 90s, 30m, 8h, 1d or 1h30m (not set = no
-            limit). The run ends by itself inside it, start-up, validations and the final
-            save included, and saves its model/. `aiayn train` counts from the start of its
-            process as the OS records it (/proc; under torchrun, the launcher's start; where
-            there is no /proc, from when the command began); `train()` from when it is
-            called. The budget is the run's, not the process's: a resumed run has what is
-            left of it, its processes' wall time up to the checkpoint it resumes from being
-            saved with that checkpoint (time after the last checkpoint of a killed process is
-            not counted). Under torchrun, rank 0's clock decides, and every rank stops after
-            the same update. docs/training.md says how the end is foreseen.
+        time_budget: Wall time the run may take, e.g. 90s, 30m, 8h, 1d or 1h30m; none (or not
+            set) = no budget (--time-budget none drops a recipe's). The run ends by itself
+            inside it, start-up, validations and the final save included, and saves its
+            model/. `aiayn train` counts from the start of its process as the OS records it
+            (/proc; under torchrun, the launcher's start; where there is no /proc, from when
+            the command began); `train()` from when it is called. The budget is the run's, not
+            the process's: a resumed run has what is left of it, its processes' wall time up
+            to the checkpoint it resumes from being saved with that checkpoint (time after the
+            last checkpoint of a killed process is not counted). Under torchrun, rank 0's
+            clock decides, and every rank stops after the same update. docs/training.md says
+            how the end is foreseen.
         warmup_steps: Eq. 3 warm-up (4000 in the paper); every schedule warms up the same way.
         lr_scale: Factor on Eq. 3's learning rate (1.0 = the paper).
         schedule: The learning-rate schedule (aiayn.optim.scheduled_rate): "inverse_sqrt" is
@@ -390,6 +391,10 @@ class TrainConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        # "none" is how a flag (or YAML, where `none` is a string) says "no budget": stored as
+        # None, as an unset budget is, so that nothing downstream needs to know the spelling.
+        if isinstance(self.time_budget, str) and self.time_budget.strip().lower() == "none":
+            object.__setattr__(self, "time_budget", None)
         if isinstance(self.time_budget, (int, float)) and not isinstance(self.time_budget, bool):
             raise ConfigError(
                 f"time_budget ({self.time_budget!r}) needs a unit: {self.time_budget}s, or "

@@ -180,6 +180,9 @@ def test_train_reads_a_time_budget_schedule_average_and_precision_from_flags_or_
     flags = ["train", "--src", "a", "--tgt", "b", "--time-budget", "90s", "--precision", "fp32"]
     resolved = train_config_from_args(parse(*flags))
     assert (resolved.budget_seconds, resolved.precision, resolved.schedule) == (90, "fp32", "auto")
+    # A recipe's budget dropped from the command line: Eq. 3 again.
+    resolved = train_config_from_args(parse("train", "-c", str(config), "--time-budget", "none"))
+    assert (resolved.time_budget, resolved.budget_seconds) == (None, None)
     with pytest.raises(SystemExit):
         parse("train", "--src", "a", "--tgt", "b", "--precision", "fp16")
 
