@@ -48,6 +48,22 @@ def _process_settings() -> Iterator[None]:
     torch._dynamo.config.suppress_errors = suppress_errors
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _no_user_ct2_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Never the user's ~/.cache for the CTranslate2 exports of ``--backend ctranslate2``, not
+    even in module- or session-scoped fixtures."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AIAYN_CT2_CACHE", str(tmp_path_factory.mktemp("ct2-cache-session")))
+    yield
+    mp.undo()
+
+
+@pytest.fixture(autouse=True)
+def _ct2_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test its own empty cache of CTranslate2 exports."""
+    monkeypatch.setenv("AIAYN_CT2_CACHE", str(tmp_path_factory.mktemp("ct2-cache")))
+
+
 @pytest.fixture
 def make_model() -> Callable[..., Transformer]:
     """`make_model(**overrides)`: a 2+2-layer, d_model=32 Transformer in eval mode.

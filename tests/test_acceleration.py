@@ -16,12 +16,10 @@ import torch.nn.functional as F
 from aiayn import acceleration
 from aiayn.acceleration import (
     FEW_QUERIES,
-    MAX_DECODING_THREADS,
     PackedLinear,
     PackedSelfAttention,
     compiler_missing,
     cpu_attention,
-    decoding_threads,
     maybe_compile,
     onednn_linear_missing,
     pack_linear_layers,
@@ -82,15 +80,6 @@ def test_compiled_training_step_equals_eager() -> None:
     torch.testing.assert_close(out, eager_out, atol=1e-5, rtol=1e-5)
     for p, g in zip(model.parameters(), eager_grads, strict=True):
         torch.testing.assert_close(p.grad, g, atol=1e-5, rtol=1e-4)
-
-
-def test_decoding_threads_leave_busy_cores_alone_and_stay_between_1_and_4() -> None:
-    assert decoding_threads(cores=2, load=2.9) == 1  # a training run on a 2-core machine
-    assert decoding_threads(cores=2, load=0.1) == 2
-    assert decoding_threads(cores=8, load=5.2) == 3
-    assert decoding_threads(cores=64, load=0.0) == MAX_DECODING_THREADS
-    assert decoding_threads(cores=4, load=40.0) == 1
-    assert 1 <= decoding_threads() <= MAX_DECODING_THREADS
 
 
 # -- the CPU's attention kernels ----------------------------------------------------------------

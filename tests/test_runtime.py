@@ -17,7 +17,7 @@ import torch._dynamo
 
 from aiayn import runtime
 from aiayn.decode.translator import Translator
-from aiayn.runtime import ONEDNN_CACHE_VARIABLES
+from aiayn.runtime import MAX_DECODING_THREADS, ONEDNN_CACHE_VARIABLES, decoding_threads
 from aiayn.train import trainer
 from interop_models import tiny_model_dir
 from train.test_trainer import make_config, write_copy_corpus
@@ -146,3 +146,12 @@ def test_configure_raises_the_open_files_limit_and_never_lowers_it() -> None:
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (soft, hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_decoding_threads_leave_busy_cores_alone_and_stay_between_1_and_4() -> None:
+    assert decoding_threads(cores=2, load=2.9) == 1  # a training run on a 2-core machine
+    assert decoding_threads(cores=2, load=0.1) == 2
+    assert decoding_threads(cores=8, load=5.2) == 3
+    assert decoding_threads(cores=64, load=0.0) == MAX_DECODING_THREADS
+    assert decoding_threads(cores=4, load=40.0) == 1
+    assert 1 <= decoding_threads() <= MAX_DECODING_THREADS

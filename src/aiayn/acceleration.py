@@ -1,9 +1,9 @@
 """What this machine can speed up: `torch.compile` where it can run (eager PyTorch where it
-cannot), whether the CPU computes in bf16 natively, how many CPU threads decoding should use,
-the attention kernels that run fastest on a CPU (`use_cpu_attention`), weights pre-packed for
-oneDNN's matrix products in CPU decoding (`pack_linear_layers`), oneDNN's products in float32
-CPU training (`OneDNNLinearProducts`), and int8 weights for decoding on a CPU
-(`quantize_int8`).
+cannot), whether the CPU computes in bf16 natively, the attention kernels that run fastest on a
+CPU (`use_cpu_attention`), weights pre-packed for oneDNN's matrix products in CPU decoding
+(`pack_linear_layers`), oneDNN's products in float32 CPU training (`OneDNNLinearProducts`), and
+int8 weights for decoding on a CPU (`quantize_int8`). (How many threads decoding takes is
+`aiayn.runtime.decoding_threads`.)
 
 One module for the speed-ups that change how the model runs but not what it computes, so that
 training and translation ask the same questions of the machine in the same place. The model's
@@ -181,35 +181,6 @@ def using_cpu_attention(models: Sequence[nn.Module]) -> Iterator[None]:
     finally:
         for m, kernel in zip(attentions, kernels, strict=True):
             m.kernel = kernel
-
-
-MAX_DECODING_THREADS = 4
-"""Most CPU threads :func:`decoding_threads` picks; CTranslate2's default is 4 as well."""
-
-
-def decoding_threads(cores: int | None = None, load: float | None = None) -> int:
-    """CPU threads for a decoding command: the cores not already busy, from 1 to 4.
-
-    PyTorch's default is one thread per core. When other processes keep the cores busy (a
-    training run, a test suite), its OpenMP threads spin-wait for each other at every matrix
-    product, and decoding gets many times slower: with beam search on a 2-core machine loaded
-    by a training run (load average 3–6), 2 threads took 4–40x longer than 1 (tiny model,
-    4 sentences: 0.2 s vs 4–9.5 s; base model, 32 sentences: 7 s vs 25–36 s). So count the
-    cores busy by the 1-minute load average out. Decoding's matrix products are small, so
-    past a few threads little is gained; hence the cap of 4.
-
-    Args:
-        cores: Cores to share; default ``torch.get_num_threads()`` (PyTorch's default, when
-            nothing has set it yet).
-        load: Busy cores; default the 1-minute load average (0 where there is none).
-    """
-    cores = torch.get_num_threads() if cores is None else cores
-    if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):  # not on Windows
-            load = 0.0
-    return max(1, min(MAX_DECODING_THREADS, cores - round(load)))
 
 
 def quantize_int8(model: nn.Module) -> nn.Module:

@@ -14,14 +14,21 @@ The classes of the family keep the built-in base their callers catch (``ValueErr
 ``FileNotFoundError``, ``ImportError``, ``RuntimeError``), so ``except ValueError`` around
 ``DecodingOptions(beam_size=0)`` and ``pytest.raises(ValueError)`` keep working. A module's own
 error class (``aiayn.config.ConfigError``, ``aiayn.text.corpus.DataError``,
-``aiayn.model_dir.CheckpointError``, ``aiayn.extras.MissingExtra``, ...) derives from
-``UserError`` and that base; a one-off check raises :class:`UserValueError` or
+``aiayn.extras.MissingExtra``, ...) derives from ``UserError`` and that base (so does
+:class:`CheckpointError`, defined here rather than in `aiayn.model_dir`, which imports torch,
+so that decoding an export needs none); a one-off check raises :class:`UserValueError` or
 :class:`UserFileNotFoundError`.
 """
 
 from __future__ import annotations
 
-__all__ = ["UserError", "UserFileNotFoundError", "UserValueError"]
+__all__ = [
+    "CheckpointError",
+    "CorruptCheckpointError",
+    "UserError",
+    "UserFileNotFoundError",
+    "UserValueError",
+]
 
 
 class UserError(Exception):
@@ -41,3 +48,13 @@ class UserValueError(UserError, ValueError):
 class UserFileNotFoundError(UserError, FileNotFoundError):
     """A file or directory the user named does not exist; the message names it. Also a
     ``FileNotFoundError``, as it was before the family existed."""
+
+
+class CheckpointError(UserError, RuntimeError):
+    """A model directory, an export or a checkpoint is missing, incomplete, corrupt or
+    incompatible. (Also importable from `aiayn.model_dir`, which reads them.)"""
+
+
+class CorruptCheckpointError(CheckpointError):
+    """A file of a model directory or checkpoint is missing, truncated or does not match its
+    checksum (as opposed to a sound directory that does not fit, e.g. another architecture)."""

@@ -42,7 +42,7 @@ from torch import nn
 
 from aiayn import __version__
 from aiayn.config import ConfigError, ModelConfig
-from aiayn.errors import UserError
+from aiayn.errors import CheckpointError, CorruptCheckpointError
 from aiayn.model import Transformer
 from aiayn.text.tokenizer import SPLIT_TOKENIZER_FILES, VOCAB_FILE, tokenizer_files
 
@@ -54,15 +54,6 @@ TOKENIZER_FILE = "tokenizer.model"
 METADATA_FILE = "metadata.json"
 CHECKSUMS_FILE = "checksums.json"
 MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, METADATA_FILE)
-
-
-class CheckpointError(UserError, RuntimeError):
-    """A model directory or checkpoint is missing, incomplete, corrupt or incompatible."""
-
-
-class CorruptCheckpointError(CheckpointError):
-    """A file of a model directory or checkpoint is missing, truncated or does not match its
-    checksum (as opposed to a sound directory that does not fit, e.g. another architecture)."""
 
 
 class DiskFullError(CheckpointError):

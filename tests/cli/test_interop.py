@@ -115,6 +115,112 @@ def test_backend_ctranslate2_converts_on_one_pytorch_thread(model_dir, monkeypat
     assert threads_while_converting == [1]
 
 
+def test_backend_ctranslate2_converts_a_model_directory_once(
+    model_dir, source, tmp_path, monkeypatch
+) -> None:
+    """The export is kept in the cache and used again; a changed model is converted again."""
+    pytest.importorskip("ctranslate2", reason="optional: pip install -e '.[export]'")
+    import os
+    import shutil
+
+    from aiayn.interop import ctranslate2
+
+    converted = []
+
+    def export(model, out, *args, **kwargs):
+        converted.append(Path(model))
+        return real_export(model, out, *args, **kwargs)
+
+    real_export = ctranslate2.export_ctranslate2
+    monkeypatch.setattr(ctranslate2, "export_ctranslate2", export)
+    first = translate(model_dir, source, "--backend", "ctranslate2")
+    assert converted == [model_dir] and len(list(ctranslate2.cache_dir().iterdir())) == 1
+    assert translate(model_dir, source, "--backend", "ctranslate2") == first
+    assert converted == [model_dir]  # from the cache
+    copy = shutil.copytree(model_dir, tmp_path / "copy")
+    weights = copy / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))
+    assert translate(copy, source, "--backend", "ctranslate2") == first
+    assert converted == [model_dir, copy]  # the same bytes, touched: converted again
+    assert len(list(ctranslate2.cache_dir().iterdir())) == 2
+
+
+def test_the_ctranslate2_cache_keeps_the_most_recently_used(model_dir, tmp_path) -> None:
+    pytest.importorskip("ctranslate2", reason="optional: pip install -e '.[export]'")
+    import os
+    import shutil
+
+    from aiayn.interop import ctranslate2
+
+    root = ctranslate2.cache_dir()
+    (root / "my-models").mkdir(parents=True)  # AIAYN_CT2_CACHE set to a directory in use
+    copies = []
+    for i in range(ctranslate2.CACHE_ENTRIES + 1):
+        copy = shutil.copytree(model_dir, tmp_path / f"m{i}")
+        os.utime(copy / "config.json", ns=(0, 10**9 * (i + 1)))  # another key for each copy
+        copies.append(copy)
+    first = ctranslate2.cached_export(copies[0])
+    for copy in copies[1:]:
+        assert ctranslate2.find_cached_export(copy) is None
+        ctranslate2.cached_export(copy)
+        assert ctranslate2.find_cached_export(copies[0]) == first  # used again each time
+    kept = {p.name for p in root.iterdir()}
+    assert len(kept) == ctranslate2.CACHE_ENTRIES + 1 and {first.name, "my-models"} <= kept
+    assert ctranslate2.find_cached_export(copies[1]) is None  # the least recently used went
+
+
+def test_a_broken_cache_entry_is_converted_again(model_dir, source) -> None:
+    pytest.importorskip("ctranslate2", reason="optional: pip install -e '.[export]'")
+    from aiayn.interop import ctranslate2
+
+    entry = ctranslate2.cached_export(model_dir)
+    (entry / "model.bin").unlink()  # as a removal killed half-way leaves it
+    assert ctranslate2.find_cached_export(model_dir) is None
+    assert ctranslate2.cached_export(model_dir) == entry and (entry / "model.bin").is_file()
+    assert translate(model_dir, source, "--backend", "ctranslate2")
+
+
+NO_TORCH = """
+import sys
+from aiayn.cli import main
+rc = main(sys.argv[1:])
+print("torch" in sys.modules, file=sys.stderr)
+sys.exit(rc)
+"""
+
+
+def test_backend_ctranslate2_translates_without_importing_torch(
+    ct2_dir, model_dir, source, tmp_path
+) -> None:
+    """An export, or a model directory once cached, decodes with no torch in the process: what
+    makes one line start in the time CTranslate2's own API takes (BENCHMARKS.md)."""
+    import os
+    import subprocess
+
+    imports = "import sys, ctranslate2; print('torch' in sys.modules)"
+    alone = subprocess.run([sys.executable, "-c", imports], capture_output=True, text=True)
+    if alone.stdout.strip() != "False":
+        pytest.skip("this CTranslate2 imports torch itself (before OpenNMT/CTranslate2#2080)")
+
+    def run(command: str, *argv: str) -> str:
+        io = ["-i", str(source), "-o", str(tmp_path / "out.txt")] if command == "translate" else []
+        done = subprocess.run(
+            [sys.executable, "-c", NO_TORCH, command, *argv, *io, *FAST],
+            capture_output=True,
+            text=True,
+            env=os.environ | {"AIAYN_CT2_CACHE": str(tmp_path / "cache")},
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stderr.splitlines()[-1]  # whether torch was imported
+
+    assert run("translate", "-m", str(ct2_dir)) == "False"
+    assert run("translate", "-m", str(model_dir), "--backend", "ctranslate2") == "True"  # converts
+    assert run("translate", "-m", str(model_dir), "--backend", "ctranslate2") == "False"
+    text = ["--src", str(source), "--ref", str(source), "-o", str(tmp_path / "hyp.txt")]
+    assert run("evaluate", "-m", str(ct2_dir), *text) == "False"
+
+
 def test_ctranslate2_refuses_alignments_gnmt_and_other_stopping_rules(
     ct2_dir, model_dir, source, capsys
 ) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from aiayn import runtime
 from aiayn.cli import main
 from aiayn.decode.evaluation import score
 from aiayn.decode.translator import Translator, one_line
@@ -287,9 +288,7 @@ def test_translate_no_onednn_flag_gives_the_same_output(
 def test_threads_default_to_the_idle_cores_and_0_leaves_pytorchs_default(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiayn import acceleration
-
-    monkeypatch.setattr(acceleration, "decoding_threads", lambda: 1)
+    monkeypatch.setattr(runtime, "decoding_threads", lambda: 1)
     src, out = write_lines(tmp_path / "in.txt", ["the cat"]), tmp_path / "out.txt"
     args = ["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out)]
     args += ["--beam-size", "2", "--max-len-b", "3"]

@@ -113,9 +113,10 @@ def add_model_flags(p: argparse.ArgumentParser, *, backend: bool = False) -> Non
         choices=BACKENDS,
         help="run the model with PyTorch or CTranslate2 (pip install -e '.[export]'). "
         "ctranslate2 takes a directory written by 'aiayn export --to ctranslate2', or converts "
-        "an aiayn model directory into a temporary one first; it returns no attention maps, "
-        "ranks beam hypotheses by log_prob / |Y|^alpha (--length-penalty-kind power, its "
-        "default here) and stops beam search by its own rule (--stopping finished, the only "
+        "an aiayn model directory the first time and keeps the export in a cache "
+        "(~/.cache/aiayn/ctranslate2; AIAYN_CT2_CACHE=DIR to move it); it returns no attention "
+        "maps, ranks beam hypotheses by log_prob / |Y|^alpha (--length-penalty-kind power, "
+        "its default here) and stops beam search by its own rule (--stopping finished, the only "
         "one it takes). One CTranslate2 call per batch: an output longer than its sentence's "
         "length limit is cut to it afterwards, where pytorch's search ends it there, so at "
         "the limit beam search can pick another output. (default: ctranslate2 for a "
@@ -164,10 +165,10 @@ def load_translator(args: argparse.Namespace) -> Translator:
     for the search's small operators (with both on every core, PyTorch's spin-waiting OpenMP
     threads take the cores from onnxruntime's and slow it down).
     """
-    import torch
-
     if backend_of(args) == "ctranslate2":
         return _load_ct2_translator(args)
+    import torch
+
     from aiayn import runtime
     from aiayn.decode.backends.onnx import is_onnx_export
     from aiayn.decode.translator import Translator
@@ -193,30 +194,34 @@ def load_translator(args: argparse.Namespace) -> Translator:
 
 
 def _default_threads(on_cpu: bool) -> int:
-    from aiayn.acceleration import decoding_threads
+    from aiayn import runtime
 
-    threads = decoding_threads()
+    threads = runtime.decoding_threads()
     if on_cpu:
         logger.info("decoding with %d CPU thread(s); --threads to change", threads)
     return threads
 
 
 def _load_ct2_translator(args: argparse.Namespace) -> Translator:
-    """`CTranslate2Translator` over -m: an export, or an aiayn model directory converted into
-    a temporary directory (removed once CTranslate2 has loaded it).
+    """`CTranslate2Translator` over -m: an export, or an aiayn model directory's export from the
+    cache (`aiayn.interop.ctranslate2.cached_export`: converted the first time only).
 
-    PyTorch gets one thread first, so that it never starts its OpenMP threads here: once they
-    exist beside CTranslate2's, the process has more OpenMP threads than cores and CTranslate2
-    decodes slower for as long as it runs (BENCHMARKS.md, "CTranslate2 in a process where
-    PyTorch ran"). Converting a model directory needs no more.
+    Nothing here imports torch once the export exists, so the command starts in the time
+    CTranslate2's own API does. Converting does import it; PyTorch then gets one thread first,
+    so that it never starts its OpenMP threads: once they exist beside CTranslate2's, the
+    process has more OpenMP threads than cores and CTranslate2 decodes slower for as long as it
+    runs (BENCHMARKS.md, "CTranslate2 in a process where PyTorch ran").
     """
     from aiayn import runtime
     from aiayn.extras import require
 
-    runtime.configure(threads=1)
-
     [ctranslate2] = require("export", "ctranslate2", needed_by="--backend ctranslate2")
-    from aiayn.interop.ctranslate2 import CTranslate2Translator, export_ctranslate2
+    from aiayn.interop.ctranslate2 import (
+        CTranslate2Translator,
+        cached_export,
+        export_ctranslate2,
+        find_cached_export,
+    )
 
     dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]
     if len(dirs) > 1:
@@ -245,19 +250,26 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
     model_dir = Path(dirs[0])
     if is_ct2_export(model_dir):
         return CTranslate2Translator(model_dir, **options)
-    tmp = Path(tempfile.mkdtemp(prefix="aiayn-ct2-"))
-    try:
-        logger.info(
-            "converting %s to CTranslate2 (to skip this, run once: aiayn export %s --to "
-            "ctranslate2 -o DIR, and pass -m DIR)",
-            model_dir,
-            model_dir,
-        )
-        export_ctranslate2(model_dir, tmp / "model")
-        translator = CTranslate2Translator(tmp / "model", **options)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    translator.model_dirs = [model_dir]  # what the user named, not the temporary copy
+    export = find_cached_export(model_dir)
+    if export is None:
+        runtime.configure(threads=1)  # before the conversion's PyTorch work
+        export = cached_export(model_dir)
+    if export is not None:
+        translator = CTranslate2Translator(export, **options)
+    else:  # nothing to key a cache by, or no cache to write: a temporary export
+        tmp = Path(tempfile.mkdtemp(prefix="aiayn-ct2-"))
+        try:
+            logger.info(
+                "converting %s to CTranslate2 (to skip this, run once: aiayn export %s --to "
+                "ctranslate2 -o DIR, and pass -m DIR)",
+                model_dir,
+                model_dir,
+            )
+            export_ctranslate2(model_dir, tmp / "model")
+            translator = CTranslate2Translator(tmp / "model", **options)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    translator.model_dirs = [model_dir]  # what the user named, not the export
     translator.model_dir = model_dir
     return translator
 

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from torch import Tensor
-
 from aiayn.errors import UserValueError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch too: `aiayn translate` formats its lines here without it
+    from torch import Tensor
+
     from aiayn.decode.results import SentenceAttention, TranslationResult
 
 __all__ = [

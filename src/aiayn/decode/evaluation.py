@@ -24,7 +24,7 @@ from typing import Any
 from sacrebleu.metrics import BLEU, CHRF
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
-from aiayn.decode.search import DecodingOptions
+from aiayn.decode.options import DecodingOptions
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserFileNotFoundError, UserValueError
 from aiayn.text.corpus import count_lines

@@ -1,9 +1,11 @@
 """What a translation returns: :class:`TranslationResult` per input sentence, its n-best
-:class:`TranslationHypothesis` list and, on request, its :class:`SentenceAttention` maps.
+:class:`TranslationHypothesis` list and, on request, its :class:`SentenceAttention` maps; and
+the :class:`Hypothesis` (token ids) that a search returns before they are made into text.
 
 Plain frozen dataclasses, shared by every backend of :class:`aiayn.decode.translator.Translator`
 (PyTorch, an ensemble, ONNX Runtime, CTranslate2: :mod:`aiayn.decode.backends`) and read by the
-CLI, the server's response schemas, the attention pictures and the alignments.
+CLI, the server's response schemas, the attention pictures and the alignments. No torch is
+imported here: the CTranslate2 backend decodes without it.
 
 Shapes: S source length (EOS included), T output length (EOS included), L layers, H heads.
 """
@@ -14,22 +16,39 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from torch import Tensor
-
 from aiayn.text.tokenizer import EOS_ID
 
 if TYPE_CHECKING:
-    from aiayn.decode.search import Hypothesis
+    from torch import Tensor
+
     from aiayn.model import AttentionMaps
     from aiayn.text.tokenizer import SplitTokenizer, Tokenizer
 
 __all__ = [
+    "Hypothesis",
     "SentenceAttention",
     "TranslationHypothesis",
     "TranslationResult",
     "empty_result",
     "translation_result",
 ]
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One finished output sequence, as a search (`aiayn.decode.search`) or a backend
+    (`aiayn.decode.backends`) returns it, before detokenizing.
+
+    Attributes:
+        tokens: Generated token ids, without BOS and EOS.
+        score: The ranking score, ``log_prob / length_penalty(len(tokens) + 1)``. Greedy search
+            and sampling apply no penalty, so there it equals ``log_prob``.
+        log_prob: Sum of the model's log-probabilities of the tokens and of the final EOS.
+    """
+
+    tokens: list[int]
+    score: float
+    log_prob: float
 
 
 @dataclass(frozen=True)

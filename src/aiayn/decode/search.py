@@ -13,9 +13,12 @@ sampling keeps its sentences in input order, so that a seeded generator draws th
 
 Options. :class:`DecodingOptions` holds every search option with the paper's defaults and
 validates them once; the strategies, :class:`aiayn.decode.translator.Translator`, ``aiayn
-translate``'s
-flags and validation BLEU during training all take their defaults from it. It is defined in
-:mod:`aiayn.decode.options`, which imports no torch, so that the CLI builds its flags fast.
+translate``'s flags and validation BLEU during training all take their defaults from it. It is
+defined in :mod:`aiayn.decode.options`, which imports no torch, so that the CLI builds its flags
+fast; so is :class:`Hypothesis`, what a search returns (:mod:`aiayn.decode.results`).
+
+Entry point. :func:`search_with` runs the strategy the options ask for over lists of source ids
+(right-padded by :func:`pad`): what the PyTorch and ONNX backends call.
 
 Lengths. The length of a hypothesis counts its generated tokens including EOS (BOS is not
 generated). A sentence with ``src_len`` non-pad source tokens may generate
@@ -50,6 +53,8 @@ from aiayn.decode.options import (
     no_length_penalty,
     power_length_penalty,
 )
+from aiayn.decode.results import Hypothesis
+from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = [
     "LENGTH_PENALTIES",
@@ -63,8 +68,10 @@ __all__ = [
     "greedy_search",
     "length_penalty_fn",
     "no_length_penalty",
+    "pad",
     "power_length_penalty",
     "sample",
+    "search_with",
 ]
 
 
@@ -107,22 +114,6 @@ class IncrementalModel(Protocol):
         """Feed (B,) tokens at position ``cache.length`` (updating the cache in place) and
         return (B, V) float32 log-probabilities of the next token."""
         ...
-
-
-@dataclass(frozen=True)
-class Hypothesis:
-    """One finished output sequence.
-
-    Attributes:
-        tokens: Generated token ids, without BOS and EOS.
-        score: The ranking score, ``log_prob / length_penalty(len(tokens) + 1)``. Greedy search
-            and sampling apply no penalty, so there it equals ``log_prob``.
-        log_prob: Sum of the model's log-probabilities of the tokens and of the final EOS.
-    """
-
-    tokens: list[int]
-    score: float
-    log_prob: float
 
 
 # --------------------------------------------------------------------------------------------
@@ -618,3 +609,46 @@ def sample(
         options=options or DecodingOptions(),
         in_input_order=True,  # the rows `torch.multinomial` draws for stay those of a seed
     )
+
+
+# --------------------------------------------------------------------------------------------
+# The search the options ask for, over lists of ids (what `aiayn.decode.backends` use)
+# --------------------------------------------------------------------------------------------
+
+
+def pad(rows: list[list[int]], device: torch.device) -> Tensor:
+    """Right-pads id lists into a (B, longest) long tensor."""
+    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
+    return out.to(device)
+
+
+def search_with(
+    model: IncrementalModel,
+    sources: list[list[int]],
+    options: DecodingOptions,
+    generator: torch.Generator | None,
+    device: torch.device,
+) -> list[list[Hypothesis]]:
+    """aiayn's own search over any `IncrementalModel` (a model, an ensemble, ONNX
+    sessions): ``n_best`` samples per sentence sorted by log-probability with ``sampling``,
+    else greedy search for beam size 1, else beam search."""
+    src = pad(sources, device)  # (B, S)
+    ids: dict[str, Any] = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
+    if options.sampling:
+        n = options.n_best
+        samples = sample(
+            model,
+            src.repeat_interleave(n, dim=0),
+            options=options,
+            generator=generator,
+            **ids,
+        )
+        return [
+            sorted(samples[i * n : (i + 1) * n], key=lambda h: -h.score)
+            for i in range(len(sources))
+        ]
+    if options.beam_size == 1:
+        return [[h] for h in greedy_search(model, src, options=options, **ids)]
+    return beam_search(model, src, options=options, **ids)

@@ -25,6 +25,10 @@ similar length and little padding, grouped into batches of at most ``max_tokens`
 source tokens × rows per sentence (the beam size), decoded by the backend, and returned in
 input order.
 
+Imports. The PyTorch and ONNX backends (and torch) are imported where a translator is built
+on them, so that one over CTranslate2 (``aiayn translate --backend ctranslate2``) starts without
+importing torch.
+
 Process-wide settings are the caller's: a translator never sets PyTorch's thread count
 (``aiayn.runtime.configure`` does, for the programs that own their process).
 
@@ -39,13 +43,8 @@ import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from aiayn.decode.backends import Backend
-from aiayn.decode.backends.onnx import OnnxBackend, is_onnx_export, load_onnx_export
-from aiayn.decode.backends.pytorch import PyTorchBackend, load_model_dirs
 from aiayn.decode.options import DecodingOptions, max_output_length
 from aiayn.decode.results import (
     SentenceAttention,
@@ -54,11 +53,15 @@ from aiayn.decode.results import (
     empty_result,
     translation_result,
 )
-from aiayn.decode.scoring import PairScore, score_pairs
-from aiayn.errors import UserValueError
-from aiayn.model_dir import CheckpointError, unwrap
+from aiayn.errors import CheckpointError, UserValueError
 from aiayn.text.lines import one_line, read_lines
 from aiayn.text.tokenizer import EOS_ID, PAD_ID, SplitTokenizer, Tokenizer
+
+if TYPE_CHECKING:
+    import torch
+
+    from aiayn.decode.backends import Backend
+    from aiayn.decode.scoring import PairScore
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +105,8 @@ class Translator:
             for an export, a stand-in holding its `ModelConfig`.
         models: Every model: ``[model]``, or an ensemble's models.
         tokenizer: The shared source/target SentencePiece model.
-        device: Where the model runs.
+        device: Where the model runs: a `torch.device`, or for CTranslate2 its device name
+            ("cpu", "cuda").
         max_tokens: Batch budget: padded source tokens × rows per sentence (beam size).
         metadata: The model directory's ``metadata.json`` (languages, step, ...), or {}; the
             first directory's for an ensemble.
@@ -160,6 +164,11 @@ class Translator:
         dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
         if not dirs:
             raise ValueError("no model directory given")
+        import torch
+
+        from aiayn.decode.backends.onnx import OnnxBackend, is_onnx_export, load_onnx_export
+        from aiayn.decode.backends.pytorch import load_model_dirs
+
         if len(dirs) == 1 and is_onnx_export(dirs[0]):  # written by aiayn.interop.export_onnx
             if int8 or bf16 or torch.device(device).type != "cpu":
                 raise UserValueError("an ONNX export runs in float32 on the CPU (onnxruntime)")
@@ -199,6 +208,9 @@ class Translator:
         runs the attention kernels of `acceleration.use_cpu_attention`, and the model's own
         come back after it.
         """
+        from aiayn.decode.backends.pytorch import PyTorchBackend
+        from aiayn.model_dir import unwrap
+
         return cls.from_backend(PyTorchBackend([unwrap(model)]), tokenizer, max_tokens=max_tokens)
 
     @classmethod
@@ -464,6 +476,9 @@ class Translator:
             raise TypeError("score() takes lists of sentences, not single strings")
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+        from aiayn.decode.backends.pytorch import PyTorchBackend
+        from aiayn.decode.scoring import score_pairs
+
         if not isinstance(self.backend, PyTorchBackend):
             raise UserValueError("scoring needs the PyTorch model: load the aiayn model directory")
         pairs = zip(sources, targets, strict=True)

@@ -19,26 +19,38 @@ directory, on the CTranslate2 backend (`aiayn.decode.backends.ctranslate2`): the
 `translate` options and results, CTranslate2's search underneath. What CTranslate2 cannot do
 is refused with a clear error: per-head attention maps, and the GNMT length penalty (it
 divides by ``|Y| ** α``: pass ``length_penalty_kind="power"``).
+
+`cached_export` converts a model directory once and keeps the export in a cache
+(``$XDG_CACHE_HOME/aiayn/ctranslate2``, ``~/.cache`` by default; ``AIAYN_CT2_CACHE`` to move
+it), keyed by the directory's ``checksums.json`` and its files' sizes and modification times:
+what ``aiayn translate --backend ctranslate2 -m MODEL_DIR`` decodes. Translating with an export
+imports no torch (only exporting does), so such a command starts as fast as CTranslate2's own
+API.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import logging
+import os
+import re
 import shutil
+import tempfile
+import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+import numpy as np
 
+from aiayn import __version__
 from aiayn.decode.backends import AIAYN_FILE
 from aiayn.decode.backends.ctranslate2 import CTranslate2Backend, vocabulary
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserValueError
 from aiayn.extras import require
 from aiayn.interop import EXTRA_POSITIONS
-from aiayn.model import Transformer, sinusoidal_positional_encoding
-from aiayn.model_dir import load_model_dir
 from aiayn.text.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -48,6 +60,11 @@ from aiayn.text.tokenizer import (
     load_tokenizer,
     tokenizer_files,
 )
+
+if TYPE_CHECKING:  # the exporters import torch where they run: translating needs none
+    import torch
+
+    from aiayn.model import Transformer
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +97,8 @@ def export_ctranslate2(
         )
     require("export", "ctranslate2", needed_by="exporting to CTranslate2")
     from ctranslate2.converters.converter import Converter
+
+    from aiayn.model_dir import load_model_dir
 
     loaded = load_model_dir(model_dir)
     tokenizer = load_tokenizer(loaded.tokenizer_file)
@@ -116,9 +135,9 @@ def _array(tensor: torch.Tensor):
 
 def _linear(spec: Any, *linears: torch.nn.Linear) -> None:
     """Set a CTranslate2 LinearSpec from one or several (fused, row-stacked) nn.Linear."""
-    spec.weight = _array(torch.cat([m.weight for m in linears]))
+    spec.weight = np.concatenate([_array(m.weight) for m in linears])
     if linears[0].bias is not None:
-        spec.bias = _array(torch.cat([m.bias for m in linears]))
+        spec.bias = np.concatenate([_array(m.bias) for m in linears])
 
 
 def _layer_norm(spec: Any, norm: torch.nn.LayerNorm) -> None:
@@ -136,6 +155,8 @@ def ct2_spec(model: Transformer, tokens: list[str], *, add_source_eos: bool = Tr
             CTranslate2 Transformer cannot hold.
     """
     from ctranslate2.specs import common_spec, transformer_spec
+
+    from aiayn.model import sinusoidal_positional_encoding
 
     c = model.config
     if c.positional_encoding != "sinusoidal":
@@ -221,6 +242,166 @@ def id_tokens(size: int) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
+# Converted once: the cache of exports
+# --------------------------------------------------------------------------------------------
+
+CACHE_ENTRIES = 4
+"""Exports `cached_export` keeps; the least recently used beyond them are removed."""
+
+EXPORT_FORMAT = 1
+"""Part of every cache key: raise it when `export_ctranslate2` changes what it writes, so that
+exports made by earlier code are converted again."""
+
+CHECKSUMS_FILE = "checksums.json"  # aiayn.model_dir's, named here so that no torch is imported
+_KEY = re.compile(r"[0-9a-f]{32}")  # an entry's name; nothing else in the cache is ever removed
+_STALE_SECONDS = 24 * 3600  # a conversion's temporary directory this old was killed
+
+
+def cache_dir() -> Path:
+    """Where `cached_export` keeps its exports: ``$AIAYN_CT2_CACHE``, else
+    ``$XDG_CACHE_HOME/aiayn/ctranslate2``, else ``~/.cache/aiayn/ctranslate2``."""
+    if os.environ.get("AIAYN_CT2_CACHE"):
+        return Path(os.environ["AIAYN_CT2_CACHE"])
+    root = os.environ.get("XDG_CACHE_HOME")
+    if not root:
+        try:
+            root = Path.home() / ".cache"
+        except RuntimeError:  # no home directory
+            root = Path(tempfile.gettempdir())
+    return Path(root) / "aiayn" / "ctranslate2"
+
+
+def _cache_key(model_dir: Path) -> str | None:
+    """What identifies a model directory's export: its ``checksums.json`` (SHA-256 of every
+    file), each file's size and modification time (so a file changed in place, which a load
+    would find corrupt, is converted again rather than served stale), `EXPORT_FORMAT` and the
+    aiayn and CTranslate2 versions. None for a directory without a readable ``checksums.json``
+    or with a file it lists missing."""
+    for directory in (model_dir, model_dir / "model"):  # a model or a run directory
+        try:
+            checksums = json.loads((directory / CHECKSUMS_FILE).read_text())
+            stats = {name: (directory / name).stat() for name in sorted(checksums)}
+        except (OSError, ValueError, TypeError):
+            continue
+        [ctranslate2] = require("export", "ctranslate2", needed_by="--backend ctranslate2")
+        identity = {
+            "checksums": checksums,
+            "files": {name: [st.st_size, st.st_mtime_ns] for name, st in stats.items()},
+            "format": EXPORT_FORMAT,
+            "aiayn": __version__,
+            "ctranslate2": ctranslate2.__version__,
+        }
+        return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+    return None
+
+
+def _is_export(directory: Path) -> bool:
+    try:
+        return all((directory / name).is_file() for name in (AIAYN_FILE, "model.bin"))
+    except OSError:  # an unreadable cache: nothing in it
+        return False
+
+
+def find_cached_export(model_dir: str | Path) -> Path | None:
+    """The cached export of a model (or run) directory (`cached_export`), if there is one."""
+    key = _cache_key(Path(model_dir))
+    if key is None or not _is_export(entry := cache_dir() / key):
+        return None
+    with contextlib.suppress(OSError):
+        os.utime(entry)  # recently used
+    logger.debug("CTranslate2 export of %s from the cache: %s", model_dir, entry)
+    return entry
+
+
+def cached_export(model_dir: str | Path) -> Path | None:
+    """The float32 CTranslate2 export of a model (or run) directory, converted on first use and
+    then read from the cache (`cache_dir`; `find_cached_export` only looks).
+
+    Returns None where there is nothing to key a cache by (no ``checksums.json``), the cache
+    directory cannot be made, or the model changed while it was converted: the caller converts
+    into a temporary directory instead. The most recently used `CACHE_ENTRIES` exports are
+    kept. Two processes converting the same model at once both convert; the first to finish
+    is kept.
+
+    Raises:
+        OSError: Writing the export failed (e.g. a full disk).
+    """
+    require("export", "ctranslate2", needed_by="--backend ctranslate2")
+    model_dir = Path(model_dir)
+    found = find_cached_export(model_dir)
+    if found is not None:
+        return found
+    key = _cache_key(model_dir)
+    if key is None:
+        return None
+    root = cache_dir()
+    entry = root / key
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+    except OSError as error:
+        logger.warning("cannot write the CTranslate2 cache %s (%s): not kept", root, error)
+        return None
+    logger.info(
+        "converting %s to CTranslate2, once: kept in %s (AIAYN_CT2_CACHE to move it)",
+        model_dir,
+        root,
+    )
+    try:
+        export_ctranslate2(model_dir, tmp / "model")
+        if _cache_key(model_dir) != key:  # e.g. a training run saved a newer model meanwhile
+            logger.warning("%s changed while it was converted: not kept", model_dir)
+            return None
+        _put(tmp / "model", entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _evict(root, keep=entry)
+    return entry
+
+
+def _put(export: Path, entry: Path) -> None:
+    """Rename a finished export into the cache: one step, so a reader sees all or nothing."""
+    try:
+        export.rename(entry)
+    except OSError:
+        if _is_export(entry):  # another process's export of the same model came first
+            return
+        if not entry.exists():
+            raise
+        _remove(entry)  # what a killed removal left: replaced
+        export.rename(entry)
+
+
+def _remove(path: Path) -> None:
+    """Out of the cache's view in one step (renamed to a dot name), then deleted."""
+    gone = path.with_name(f".gone-{path.name}-{os.getpid()}")
+    try:
+        path.rename(gone)
+    except OSError:  # already gone (another process), or not ours to move
+        return
+    shutil.rmtree(gone, ignore_errors=True)
+
+
+def _evict(root: Path, keep: Path) -> None:
+    """Remove the least recently used exports beyond `CACHE_ENTRIES` (never `keep`, never a
+    name that is not a cache key), and temporary directories of conversions killed long ago."""
+    entries = []
+    for path in root.iterdir():
+        try:
+            if path.name.startswith("."):
+                if time.time() - path.stat().st_mtime > _STALE_SECONDS:
+                    shutil.rmtree(path, ignore_errors=True)
+            elif _KEY.fullmatch(path.name) and _is_export(path):
+                entries.append((path.stat().st_mtime, path))
+        except OSError:  # removed meanwhile by another process
+            continue
+    entries.sort(reverse=True)
+    for _, old in entries[CACHE_ENTRIES:]:
+        if old != keep:
+            _remove(old)
+
+
+# --------------------------------------------------------------------------------------------
 # Translating with an export
 # --------------------------------------------------------------------------------------------
 
@@ -255,4 +436,11 @@ def CTranslate2Translator(
     )
 
 
-__all__ = ["QUANTIZATIONS", "CTranslate2Translator", "export_ctranslate2"]
+__all__ = [
+    "QUANTIZATIONS",
+    "CTranslate2Translator",
+    "cache_dir",
+    "cached_export",
+    "export_ctranslate2",
+    "find_cached_export",
+]

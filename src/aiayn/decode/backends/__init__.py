@@ -18,19 +18,16 @@ when a backend is built, through `aiayn.extras.require`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import torch
-from torch import Tensor
+if TYPE_CHECKING:  # no torch is imported here: the CTranslate2 backend decodes without it
+    import torch
 
-from aiayn.config import ModelConfig
-from aiayn.decode import search
-from aiayn.decode.options import DecodingOptions
-from aiayn.decode.results import SentenceAttention
-from aiayn.decode.search import Hypothesis
-from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+    from aiayn.config import ModelConfig
+    from aiayn.decode.options import DecodingOptions
+    from aiayn.decode.results import Hypothesis, SentenceAttention
 
-__all__ = ["AIAYN_FILE", "Backend", "ExportedModel", "HasConfig", "pad", "search_with"]
+__all__ = ["AIAYN_FILE", "Backend", "ExportedModel", "HasConfig"]
 
 AIAYN_FILE = "aiayn.json"  # what an export adds for aiayn: the ModelConfig and metadata
 
@@ -50,13 +47,15 @@ class Backend(Protocol):
         models: The model (or an ensemble's models), each with the ``config`` from which
             `Translator` reads the source-length limit and the positional encoding; what
             ``Translator.models`` shows.
-        device: Where the model runs (a sampling generator is made there).
+        device: Where the model runs (a sampling generator is made there): a `torch.device`,
+            or for CTranslate2 its own device name ("cpu", "cuda"), since that backend
+            decodes without importing torch.
         returns_attention: Whether `attention` gives maps: one PyTorch model does; an
             ensemble or an exported model does not.
     """
 
     models: Sequence[HasConfig]
-    device: torch.device
+    device: torch.device | str
 
     @property
     def returns_attention(self) -> bool: ...
@@ -93,44 +92,6 @@ class ExportedModel:
     """A model that runs outside PyTorch, as `Translator` shows it (``translator.model``): its
     `ModelConfig` (source-length limit, positions) and the device its inputs go to."""
 
-    def __init__(self, config: ModelConfig, device: torch.device) -> None:
+    def __init__(self, config: ModelConfig, device: torch.device | str) -> None:
         self.config = config
         self.device = device
-
-
-def pad(rows: list[list[int]], device: torch.device) -> Tensor:
-    """Right-pads id lists into a (B, longest) long tensor."""
-    out = torch.full((len(rows), max(len(r) for r in rows)), PAD_ID, dtype=torch.long)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.long)
-    return out.to(device)
-
-
-def search_with(
-    model: search.IncrementalModel,
-    sources: list[list[int]],
-    options: DecodingOptions,
-    generator: torch.Generator | None,
-    device: torch.device,
-) -> list[list[Hypothesis]]:
-    """aiayn's own search over any `search.IncrementalModel` (a model, an ensemble, ONNX
-    sessions): ``n_best`` samples per sentence sorted by log-probability with ``sampling``,
-    else greedy search for beam size 1, else beam search."""
-    src = pad(sources, device)  # (B, S)
-    ids: dict[str, Any] = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
-    if options.sampling:
-        n = options.n_best
-        samples = search.sample(
-            model,
-            src.repeat_interleave(n, dim=0),
-            options=options,
-            generator=generator,
-            **ids,
-        )
-        return [
-            sorted(samples[i * n : (i + 1) * n], key=lambda h: -h.score)
-            for i in range(len(sources))
-        ]
-    if options.beam_size == 1:
-        return [[h] for h in search.greedy_search(model, src, options=options, **ids)]
-    return search.beam_search(model, src, options=options, **ids)

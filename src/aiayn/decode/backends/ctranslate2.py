@@ -24,25 +24,23 @@ Threads. ``threads`` are CTranslate2's ``intra_threads``, its translator's own. 
 where PyTorch has already run on several threads, CTranslate2 decodes 1.15-1.9x slower (both
 run OpenMP threads, more of them than cores; docs/interop.md): give PyTorch one thread before
 any PyTorch work (``aiayn.runtime.configure(threads=1)``, as ``aiayn translate --backend
-ctranslate2`` does), or translate in a process of its own.
+ctranslate2`` does before it converts a model directory), or translate in a process of its own.
+This module, and `Translator` over it, import no torch: with an export, or a model directory
+whose export is cached, the command never loads PyTorch.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from aiayn.config import ModelConfig
 from aiayn.decode.backends import AIAYN_FILE, ExportedModel
 from aiayn.decode.options import DecodingOptions, max_output_length
-from aiayn.decode.results import SentenceAttention
-from aiayn.decode.search import Hypothesis
-from aiayn.errors import UserValueError
+from aiayn.decode.results import Hypothesis, SentenceAttention
+from aiayn.errors import CheckpointError, UserValueError
 from aiayn.extras import require
-from aiayn.model_dir import CheckpointError
 from aiayn.text.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -52,6 +50,9 @@ from aiayn.text.tokenizer import (
     SplitTokenizer,
     Tokenizer,
 )
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["CTranslate2Backend", "vocabulary"]
 
@@ -71,6 +72,7 @@ class CTranslate2Backend:
         tokenizer: The export's tokenizer (``source.spm``, or a split tokenizer's files).
         metadata: The exported model directory's metadata.
         models: One stand-in (`ExportedModel`) holding the exported `ModelConfig`.
+        device: CTranslate2's device name ("cpu", "cuda"), a string: no torch here.
     """
 
     returns_attention = False
@@ -116,7 +118,7 @@ class CTranslate2Backend:
         self._token_ids: dict[str, int] = {}
         for i, piece in enumerate(vocabulary(self.tokenizer, config.tgt_vocab_size)):
             self._token_ids.setdefault(piece, i)
-        self.device = torch.device(device)
+        self.device = device  # CTranslate2's name for it: no torch is imported on this path
         self.models = [ExportedModel(config, self.device)]
 
     def check(self, options: DecodingOptions, *, return_attention: bool) -> None:

@@ -24,10 +24,10 @@ import torch
 from torch import Tensor
 
 from aiayn.config import ModelConfig
-from aiayn.decode.backends import AIAYN_FILE, ExportedModel, search_with
+from aiayn.decode.backends import AIAYN_FILE, ExportedModel
 from aiayn.decode.options import DecodingOptions
-from aiayn.decode.results import SentenceAttention
-from aiayn.decode.search import Hypothesis
+from aiayn.decode.results import Hypothesis, SentenceAttention
+from aiayn.decode.search import search_with
 from aiayn.errors import UserValueError
 from aiayn.extras import require
 from aiayn.model_dir import TOKENIZER_FILE, CheckpointError

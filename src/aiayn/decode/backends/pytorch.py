@@ -29,11 +29,10 @@ from aiayn.acceleration import (
     using_cpu_attention,
 )
 from aiayn.decode import search
-from aiayn.decode.backends import pad, search_with
 from aiayn.decode.ensemble import Ensemble, check_same_vocabulary
 from aiayn.decode.options import DecodingOptions
-from aiayn.decode.results import SentenceAttention, cut_attention
-from aiayn.decode.search import Hypothesis
+from aiayn.decode.results import Hypothesis, SentenceAttention, cut_attention
+from aiayn.decode.search import pad, search_with
 from aiayn.errors import UserValueError
 from aiayn.model import Transformer
 from aiayn.model_dir import LoadedModel, load_model_dir
