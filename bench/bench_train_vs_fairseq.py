@@ -214,6 +214,21 @@ def fairseq_model_flags(m: ModelConfig) -> list[str]:
 # --------------------------------------------------------------------------------------------
 
 
+def fairseq_training_flags(c: TrainConfig, m: ModelConfig) -> list[str]:
+    """The recipe's loss, optimizer, Eq. 3 and batching as fairseq-train flags (see the module
+    docstring: the same settings on both sides)."""
+    return [
+        *["--criterion", "label_smoothed_cross_entropy"],
+        *["--label-smoothing", str(c.label_smoothing)],
+        *["--optimizer", "adam", "--adam-betas", f"({c.adam_beta1}, {c.adam_beta2})"],
+        *["--adam-eps", str(c.adam_eps), "--weight-decay", "0.0"],
+        *["--clip-norm", str(c.clip_norm), "--lr", repr(peak_lr(c, m.d_model))],
+        *["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(c.warmup_steps)],
+        *["--warmup-init-lr", "0", "--max-tokens", str(c.max_tokens)],
+        *["--required-batch-size-multiple", "1", "--update-freq", str(c.accumulate)],
+    ]
+
+
 @dataclass
 class Prepared:
     """What both trainers train on, made once before the first run."""
@@ -459,14 +474,7 @@ def run_fairseq(
     command = [str(args.fairseq_bin / "fairseq-train"), str(prepared.fairseq_data)]
     command += ["--task", "translation", "--source-lang", c.src_lang, "--target-lang", c.tgt_lang]
     command += fairseq_model_flags(m)
-    command += ["--criterion", "label_smoothed_cross_entropy"]
-    command += ["--label-smoothing", str(c.label_smoothing)]
-    command += ["--optimizer", "adam", "--adam-betas", f"({c.adam_beta1}, {c.adam_beta2})"]
-    command += ["--adam-eps", str(c.adam_eps), "--weight-decay", "0.0"]
-    command += ["--clip-norm", str(c.clip_norm), "--lr", repr(peak_lr(c, m.d_model))]
-    command += ["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(c.warmup_steps)]
-    command += ["--warmup-init-lr", "0", "--max-tokens", str(c.max_tokens)]
-    command += ["--required-batch-size-multiple", "1", "--update-freq", str(c.accumulate)]
+    command += fairseq_training_flags(c, m)
     command += ["--max-update", str(args.max_updates or c.max_steps), "--seed", str(c.seed)]
     command += ["--max-epoch", str(c.max_epochs)]  # 0: no limit, on both sides
     command += ["--cpu", "--num-workers", str(args.fairseq_workers), "--disable-validation"]
