@@ -21,20 +21,24 @@ DATA=$1
 STUDY=$2
 shift 2
 AIAYN=${AIAYN:-.venv/bin/aiayn}
-COMMON="--precision bf16 --ema-decay 0.999 --schedule linear --valid-every 100 --save-every 0
-  --log-every 25 --no-progress --threads 2"
+COMMON="--precision bf16 --ema-decay 0.999 --schedule linear --time-budget none --valid-every 100
+  --save-every 0 --log-every 25 --no-progress --threads 2"
+# Every setting that differs from the recipe as it is now is given: the recipe took S5's.
+BASE="--max-tokens 4096 --lr-scale 0.5 --model norm_first=false"  # the recipe before the study
+S5="--max-steps 1200 --warmup-steps 400 --max-tokens 2048 --lr-scale 1.0 --model norm_first=true"
 
 # A greedy search: the first runs change one setting of the base, the later ones one setting of
-# the best run so far (S2: 2048-token batches, as many tokens as the base in twice the updates).
+# the best run so far (S2: 2048-token batches, as many tokens as the base in twice the updates;
+# then S5: S2 with pre-norm and twice the peak rate).
 declare -A RUNS=(
-  [S1-base]="--max-steps 600 --warmup-steps 200"
-  [S2-tok2048]="--max-steps 1200 --warmup-steps 400 --max-tokens 2048"
-  [S3-lr1]="--max-steps 600 --warmup-steps 200 --lr-scale 1.0"
-  [S5-tok2048-prenorm-lr1]="--max-steps 1200 --warmup-steps 400 --max-tokens 2048 --lr-scale 1.0
-    --model norm_first=true"
-  [S4-tok2048-bpe4k]="--max-steps 1200 --warmup-steps 400 --max-tokens 2048 --vocab-size 4000"
+  [S1-base]="--max-steps 600 --warmup-steps 200 $BASE"
+  [S2-tok2048]="--max-steps 1200 --warmup-steps 400 $BASE --max-tokens 2048"
+  [S3-lr1]="--max-steps 600 --warmup-steps 200 $BASE --lr-scale 1.0"
+  [S5-tok2048-prenorm-lr1]="$S5"
+  [S4-bpe4k]="$S5 --vocab-size 4000"
+  [S6-lr2]="$S5 --lr-scale 2.0"
 )
-ORDER=(S1-base S2-tok2048 S3-lr1 S5-tok2048-prenorm-lr1 S4-tok2048-bpe4k)
+ORDER=(S1-base S2-tok2048 S3-lr1 S5-tok2048-prenorm-lr1 S4-bpe4k S6-lr2)
 [ $# -gt 0 ] && ORDER=("$@")
 
 mkdir -p "$STUDY"
