@@ -87,6 +87,29 @@ def ended(model_dir: Path, lines: list[str]) -> list[str]:
     return kept
 
 
+def test_backend_ctranslate2_takes_the_decoding_threads_by_default(ct2_dir, monkeypatch) -> None:
+    """Without --threads, CTranslate2 gets `runtime.decoding_threads()` (the idle cores, 1 to
+    4), as PyTorch does; --threads N gives it N."""
+    import ctranslate2
+
+    from aiayn import runtime
+    from aiayn.cli import build_parser
+    from aiayn.cli.common import load_translator
+
+    asked = []
+
+    def translator(*args, **kwargs):
+        asked.append(kwargs["intra_threads"])
+        return real(*args, **kwargs)
+
+    real = ctranslate2.Translator
+    monkeypatch.setattr(ctranslate2, "Translator", translator)
+    monkeypatch.setattr(runtime, "decoding_threads", lambda: 3)
+    for flags in ([], ["--threads", "2"]):
+        load_translator(build_parser().parse_args(["translate", "-m", str(ct2_dir), *flags]))
+    assert asked == [3, 2]
+
+
 def test_backend_ctranslate2_converts_on_one_pytorch_thread(model_dir, monkeypatch) -> None:
     """Converting a model directory must not start PyTorch's OpenMP threads: once they exist,
     the process's libgomp has more threads than cores and CTranslate2 decodes far slower."""
