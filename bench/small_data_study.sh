@@ -37,8 +37,9 @@ declare -A RUNS=(
   [S5-tok2048-prenorm-lr1]="$S5"
   [S4-bpe4k]="$S5 --vocab-size 4000"
   [S6-lr2]="$S5 --lr-scale 2.0"
+  [S7-dropout03]="$S5 --model dropout=0.3"
 )
-ORDER=(S1-base S2-tok2048 S3-lr1 S5-tok2048-prenorm-lr1 S4-bpe4k S6-lr2)
+ORDER=(S1-base S2-tok2048 S3-lr1 S5-tok2048-prenorm-lr1 S4-bpe4k S6-lr2 S7-dropout03)
 [ $# -gt 0 ] && ORDER=("$@")
 
 mkdir -p "$STUDY"
