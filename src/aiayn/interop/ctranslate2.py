@@ -307,9 +307,14 @@ def find_cached_export(model_dir: str | Path) -> Path | None:
     key = _cache_key(Path(model_dir))
     if key is None or not _is_export(entry := cache_dir() / key):
         return None
-    with contextlib.suppress(OSError):
-        os.utime(entry)  # recently used
     logger.debug("CTranslate2 export of %s from the cache: %s", model_dir, entry)
+    return _used(entry)
+
+
+def _used(entry: Path) -> Path:
+    """Mark a cache entry as recently used (what `_evict` keeps)."""
+    with contextlib.suppress(OSError):
+        os.utime(entry)
     return entry
 
 
@@ -328,14 +333,13 @@ def cached_export(model_dir: str | Path) -> Path | None:
     """
     require("export", "ctranslate2", needed_by="--backend ctranslate2")
     model_dir = Path(model_dir)
-    found = find_cached_export(model_dir)
-    if found is not None:
-        return found
     key = _cache_key(model_dir)
     if key is None:
         return None
     root = cache_dir()
     entry = root / key
+    if _is_export(entry):
+        return _used(entry)
     try:
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
