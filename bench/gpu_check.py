@@ -77,7 +77,7 @@ try:  # what is missing is named by main(), in one line, rather than raised here
     from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
     from aiayn.text.batching import accumulation, collate, epoch_updates
     from aiayn.text.tokenizer import EOS_ID, PAD_ID
-    from aiayn.train import distributed, trainer
+    from aiayn.train import distributed, setup
     from aiayn.train.runlog import read_metrics
     from aiayn.train.update import autocast, optimizer_update
     from bench_peers import _aiayn_search, _same, forward_flops
@@ -572,12 +572,12 @@ def ddp_worker(train_args: list[str]) -> int:
     backend, wrapped = dist.get_backend(), []
     distributed.Distributed.enabled = property(lambda self: dist.is_initialized())
 
-    class CountedDDP(trainer.DistributedDataParallel):
+    class CountedDDP(setup.DistributedDataParallel):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             wrapped.append(backend)
 
-    trainer.DistributedDataParallel = CountedDDP
+    setup.DistributedDataParallel = CountedDDP  # where set-up wraps the model
     code = aiayn_main(train_args)
     print(f"gpu_check ddp-worker: DistributedDataParallel x{len(wrapped)} over {backend}")
     return code

@@ -1,8 +1,9 @@
 """Tests for aiayn.train.trainer: the run directory, updates, checkpoints, resume and user errors.
 
-Every run here is a 1+1-layer, d_model=16 model on a few dozen copy pairs, so that a whole
-`train()` takes a fraction of a second; learning, resume after SIGKILL and data-parallel runs
-are tested end to end in tests/integration/test_train_e2e.py.
+Set-up (aiayn.train.setup: the run directory, vocabulary, data, resume) is tested here too,
+through `train()`. Every run here is a 1+1-layer, d_model=16 model on a few dozen copy pairs,
+so that a whole `train()` takes a fraction of a second; learning, resume after SIGKILL and
+data-parallel runs are tested end to end in tests/integration/test_train_e2e.py.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from aiayn.optim import DECAYING, learning_rate, scheduled_rate
 from aiayn.text.corpus import load_or_build
 from aiayn.text.tokenizer import Tokenizer
 from aiayn.train import checkpoint as ckpt
-from aiayn.train import runlog, trainer, update, validation
+from aiayn.train import runlog, setup, trainer, update, validation
 from aiayn.train.runlog import read_metrics
 
 LETTERS = "abcdefgh"
@@ -1275,7 +1276,7 @@ def test_training_refuses_onednn_where_its_products_are_wrong(
     """Where `acceleration.onednn_products_wrong` finds oneDNN's products off at the model's
     shapes, `--onednn` stops the run before its first update, saying why."""
     monkeypatch.setattr(trainer, "uses_onednn", lambda *args, **kwargs: True)
-    monkeypatch.setattr(trainer, "onednn_products_wrong", lambda model: "off by 0.03")
+    monkeypatch.setattr(setup, "onednn_products_wrong", lambda model: "off by 0.03")
     config = make_config(corpus, tmp_path / "run", onednn=True)
     with pytest.raises(ValueError, match="--onednn cannot train correctly on this CPU: off by"):
         trainer.train(config)

@@ -2,10 +2,11 @@
 
 `train` runs a whole job from a `TrainConfig` with a `Trainer`, whose parts follow the job:
 
-1. `Trainer.setup`: the run directory (aiayn.train.rundir: locked against a second trainer, its
-   settings kept on `--resume`), a joint SentencePiece vocabulary made once (§5.1), the
-   binarised data, the model and Adam, restored from the last checkpoint on resume; with
-   `init_from`, the model and its vocabulary come from a model directory (aiayn.train.finetune);
+1. `Trainer.setup`, in its own module (aiayn.train.setup): the run directory (aiayn.train.rundir:
+   locked against a second trainer, its settings kept on `--resume`), a joint SentencePiece
+   vocabulary made once (§5.1), the binarised data, the model and Adam, restored from the last
+   checkpoint on resume; with `init_from`, the model and its vocabulary come from a model
+   directory (aiayn.train.finetune);
 2. `Trainer.update`: one optimizer update (aiayn.train.update) over batches of about `max_tokens`
    tokens, grouped by length and shuffled per epoch from the seed, normalised by the true
    number of target tokens, so one process with `accumulate=k` and k data-parallel processes
@@ -29,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
-import shutil
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -38,39 +38,12 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
-from aiayn.acceleration import (
-    ONEDNN_KERNELS_FOR_BF16_TRAINING,
-    maybe_compile,
-    native_bf16_cpu,
-    onednn_products_wrong,
-    use_cpu_attention,
-)
+from aiayn.acceleration import ONEDNN_KERNELS_FOR_BF16_TRAINING
 from aiayn.config import TrainConfig
-from aiayn.errors import UserError, UserValueError
-from aiayn.extras import require
 from aiayn.loss import perplexity
-from aiayn.model import Transformer
-from aiayn.model_dir import (
-    TOKENIZER_FILE,
-    WEIGHTS_FILE,
-    CorruptCheckpointError,
-    DiskFullError,
-    load_weights,
-    save_model_dir,
-)
-from aiayn.optim import DECAYING, build_optimizer
+from aiayn.model_dir import DiskFullError, save_model_dir
 from aiayn.text.batching import accumulation, epoch_updates
-from aiayn.text.corpus import ParallelDataset, check_corpus_files, load_or_build
-from aiayn.text.tokenizer import (
-    PAD_ID,
-    SplitTokenizer,
-    Tokenizer,
-    check_given_tokenizer,
-    load_tokenizer,
-)
 from aiayn.train import checkpoint as ckpt
 from aiayn.train import finetune, rundir
 from aiayn.train.budget import MARGIN_S, MARGIN_S_DISTRIBUTED, Pace, RunClock, TimeBudget
@@ -78,23 +51,15 @@ from aiayn.train.distributed import Distributed, device_type, init_distributed
 from aiayn.train.ema import WEIGHTS_NAMES, WeightAverage, averaged_fields, better_weights
 from aiayn.train.runlog import (
     METRICS_FILE,
-    TENSORBOARD_DIR,
     MetricsLog,
     ModelRecord,
-    TensorBoardLog,
     TrainingDisplay,
     TrainRecord,
     ValidRecord,
-    truncate_metrics,
 )
+from aiayn.train.setup import TrainingError, set_up
 from aiayn.train.stopping import EarlyStopping, StopFlag
-from aiayn.train.update import (
-    UpdateStats,
-    cuda_computes_bf16,
-    optimizer_update,
-    uses_bf16,
-    uses_onednn,
-)
+from aiayn.train.update import UpdateStats, optimizer_update, uses_bf16, uses_onednn
 from aiayn.train.validation import validation_metrics
 
 logger = logging.getLogger(__name__)
@@ -104,10 +69,6 @@ RUN_ESTIMATE_AFTER = 10
 """Measured updates after which `Trainer` estimates the run's length (`_warn_if_long`)."""
 LONG_RUN_S = 86400.0
 """A run foreseen to take longer than this (a day) without a time budget is said so."""
-
-
-class TrainingError(UserError, RuntimeError):
-    """The run cannot start or continue (the message says why and what to do)."""
 
 
 @dataclass
@@ -200,8 +161,9 @@ class Trainer:
     """One training job: the state the loop shares, and the steps of the loop as methods.
 
     Built in two steps, as torchtune's recipes are: `__init__` only keeps the settings;
-    `setup` writes (the run directory, vocabulary, data cache) and builds (model, optimizer,
-    resumed progress). `run` is then the loop; every other method is one part of it.
+    `setup` (aiayn.train.setup) writes (the run directory, vocabulary, data cache) and builds
+    (model, optimizer, resumed progress). `run` is then the loop; every other method is one
+    part of it.
 
     Attributes:
         config: The job's settings.
@@ -220,7 +182,8 @@ class Trainer:
         clock: The run's wall time; `pace` what its updates, validations and saves cost;
             `budget` the time budget (None without one).
         average: The moving average of the weights (rank 0, with `ema_decay`; else None).
-        schedule_end: The last update the learning-rate schedule heads for.
+        schedule_end: The last update the learning-rate schedule heads for; `fixed_end` the
+            one it heads for without a time budget (`max_steps`, or the last of `max_epochs`).
     """
 
     def __init__(
@@ -268,7 +231,6 @@ class Trainer:
                 exit_s=MARGIN_S_DISTRIBUTED if distributed.enabled else MARGIN_S,
             )
         self.average: WeightAverage | None = None
-        self._saved_average: dict[str, torch.Tensor] | None = None
         self.schedule_end = config.max_steps
         self.out_of_time = False  # the budget ended the run (agreed on by every rank)
         self._validation_out_of_time = False  # rank 0 gave up a validation for the final save
@@ -277,285 +239,14 @@ class Trainer:
     # -- setup ----------------------------------------------------------------------------
 
     def setup(self, held: contextlib.ExitStack) -> None:
-        """Everything before the first update; `held` keeps the run directory's lock."""
-        self._check_inputs()
-        self._open_run_dir(held)
-        held.callback(self.log.close)
-        self.tokenizer = self._prepare_tokenizer()
-        self.train_data, self.valid_data = self._load_data()
-        if self.init is not None:
-            self.model_config = self.init.model_config
-        else:
-            self.model_config = self.config.model_config(self.tokenizer.vocab_size, pad_id=PAD_ID)
-        torch.manual_seed(self.config.seed)
-        self.model = Transformer(self.model_config).to(self.device)
-        if self.device.type == "cpu":  # the CPU's fastest attention (bf16: in float32)
-            use_cpu_attention(self.model)
-        if self.onednn:
-            wrong = onednn_products_wrong(self.model)
-            if wrong is not None:
-                raise UserValueError(
-                    f"--onednn cannot train correctly on this CPU: {wrong}; train without --onednn"
-                )
-        if self.distributed.rank > 0:
-            # Independent dropout masks on every rank; rank 0 keeps the single-process stream.
-            torch.manual_seed(self.config.seed + self.distributed.rank)
-        betas = (self.config.adam_beta1, self.config.adam_beta2)
-        self.optimizer = build_optimizer(self.model, betas=betas, eps=self.config.adam_eps)
-        self._resume_or_start()
-        self._start_average()
-        self._plan_the_end()
-        self.train_model = self._wrap_model()
-        self._log_setup()
-
-    def _check_inputs(self) -> None:
-        """What can be checked of the inputs without reading them whole, before the run
-        directory is touched: the corpus files (missing, directories, UTF-16), a given
-        tokenizer, the model directory to start from."""
-        c = self.config
-        files = (c.src, c.tgt, c.tsv, c.valid_src, c.valid_tgt, c.valid_tsv)
-        check_corpus_files(*(Path(name) for name in files if name))
-        if c.tensorboard:
-            require("tensorboard", "tensorboard", needed_by="tensorboard: true (--tensorboard)")
-        if c.init_from:
-            # A resumed run continues from its own checkpoint and never reads init_from again.
-            resumed = ckpt.list_checkpoints(self.run_dir)[-1:] if self.resume_requested else []
-            if resumed:
-                self.init = finetune.resumed_model(resumed[0])
-            else:
-                self.init = finetune.read_init_model(c, c.init_from)
-            # The run's vocabulary is the model's: train_config.yaml records its true size.
-            self.config = replace(c, vocab_size=self.init.vocab_size)
-        elif c.tokenizer:
-            check_given_tokenizer(Path(c.tokenizer), c.vocab_size)
-
-    def _open_run_dir(self, held: contextlib.ExitStack) -> None:
-        """Create and lock the run directory (rank 0 alone: the ranks of one run share it).
-
-        The lock comes before anything is written and before the checkpoint check, so that a
-        second trainer is told who is in the way and changes nothing.
-        """
-        if self.distributed.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            held.enter_context(rundir.hold_run_lock(self.run_dir, self._check_run_dir))
-            rundir.remove_debris(self.run_dir)  # before anything in the run directory is read
-        self.distributed.barrier()
-
-    def _check_run_dir(self) -> None:
-        """A fresh run must not overwrite another; a resumed one keeps its settings, but for
-        those it may change (logged)."""
-        rundir.refuse_existing_run(self.run_dir, self.resume_requested)
-        if self.resume_requested and ckpt.list_checkpoints(self.run_dir):
-            for name, (before, after) in rundir.resume_overrides(self.run_dir, self.config).items():
-                logger.info("resume: %s changed from %r to %r", name, before, after)
-
-    def _prepare_tokenizer(self) -> Tokenizer | SplitTokenizer:
-        """The joint vocabulary (§5.1), made by rank 0, or the init model's, copied; a resumed
-        run keeps its own."""
-        keep = self.resume_requested and bool(ckpt.list_checkpoints(self.run_dir))
-        if self.init is not None:
-            if self.distributed.is_main:
-                finetune.copy_tokenizer(self.init, self.run_dir, keep=keep)
-            self.distributed.barrier()
-            return load_tokenizer(self.run_dir / self.init.tokenizer_file.name)
-        model_file = self.run_dir / TOKENIZER_FILE
-        if self.distributed.is_main:
-            c = self.config
-            Tokenizer.train_or_reuse(
-                model_file,
-                src=Path(c.src) if c.src else None,
-                tgt=Path(c.tgt) if c.tgt else None,
-                tsv=Path(c.tsv) if c.tsv else None,
-                copy_from=Path(c.tokenizer) if c.tokenizer else None,
-                vocab_size=c.vocab_size,
-                seed=c.seed,
-                keep=keep,
-            )
-        self.distributed.barrier()
-        return Tokenizer.load(model_file)
-
-    def _load_data(self) -> tuple[ParallelDataset, ParallelDataset | None]:
-        """Binarise once on rank 0 (cached by content), then every rank opens the memmaps."""
-        c = self.config
-
-        def build(src: str | None, tgt: str | None, tsv: str | None, name: str) -> Any:
-            dataset, stats = load_or_build(
-                *(Path(f) if f else None for f in (src, tgt, tsv)),
-                self.tokenizer,
-                self.run_dir / "data" / name,
-                max_len=c.max_len,
-                max_ratio=c.max_ratio or None,
-            )
-            if self.distributed.is_main:
-                logger.info("%s data: %s", name, stats)
-            return dataset
-
-        if not self.distributed.is_main:
-            self.distributed.barrier()  # rank 0 builds the cache first
-        train_data = build(c.src, c.tgt, c.tsv, "train")
-        valid_data = None
-        if c.valid_tsv or c.valid_src:
-            valid_data = build(c.valid_src, c.valid_tgt, c.valid_tsv, "valid")
-        if self.distributed.is_main:
-            self.distributed.barrier()
-        return train_data, valid_data
-
-    def _resume_or_start(self) -> None:
-        """Restore the latest checkpoint on `--resume` (if there is one), else start afresh;
-        then record the settings."""
-        latest = ckpt.latest_checkpoint(self.run_dir) if self.resume_requested else None
-        metrics_path = self.run_dir / METRICS_FILE
-        if latest is not None:
-            try:
-                self.resume(latest)
-            except CorruptCheckpointError as error:
-                hint = rundir.earlier_checkpoint_hint(self.run_dir, latest)
-                raise TrainingError(f"{error}; {hint}") from None
-            if self.distributed.is_main:
-                truncate_metrics(metrics_path, self.progress.step)
-                logger.info("resumed from %s at step %d", latest, self.progress.step)
-        elif self.resume_requested and self.distributed.is_main:
-            logger.info("no checkpoint in %s yet: starting from scratch", self.run_dir)
-        if latest is None and self.init is not None:
-            self._start_from_init(self.init)
-        if self.distributed.is_main:
-            if latest is None:
-                metrics_path.unlink(missing_ok=True)
-                shutil.rmtree(self.run_dir / TENSORBOARD_DIR, ignore_errors=True)
-            if self.config.tensorboard:
-                purge_step = self.progress.step + 1 if latest is not None else None
-                self.log.tensorboard = TensorBoardLog(
-                    self.run_dir / TENSORBOARD_DIR, purge_step=purge_step
-                )
-            rundir.write_config(self.run_dir, self.config.to_dict())
-        self.distributed.barrier()
-
-    def resume(self, checkpoint: Path) -> None:
-        """Weights, optimizer state, progress and this rank's RNG from `checkpoint`."""
-        state = ckpt.load_training_state(checkpoint)  # verifies every file: corrupt comes first
-        ckpt.check_same_architecture(checkpoint, self.model_config)
-        load_weights(self.model, checkpoint / WEIGHTS_FILE)
-        self.optimizer.load_state_dict(state.optimizer)
-        world_size = self.distributed.world_size
-        if state.world_size * state.accumulate != world_size * self.accumulate:
-            # `position` counts updates, so it now points at different batches of the epoch.
-            logger.warning(
-                "%s was saved with %d process(es) × %d batch(es) per update, this run uses "
-                "%d × %d: the rest of this epoch's batches will not be exactly those the run "
-                "would have seen",
-                checkpoint,
-                state.world_size,
-                state.accumulate,
-                world_size,
-                self.accumulate,
-            )
-        if self.distributed.rank < len(state.rng):
-            ckpt.restore_rng(state.rng[self.distributed.rank])
-        # else: a rank the checkpoint did not have keeps the stream `setup` seeded for it
-        # (seed + rank), rather than drawing rank 0's dropout masks
-        self.progress = state.progress
-        self.clock.spent_before = state.progress.elapsed_s  # the budget is the run's
-        self._saved_average = state.ema
-        self.model.to(self.device)
-
-    def _start_from_init(self, init: finetune.InitModel) -> None:
-        """Fine-tuning: the weights of `init`; Adam and the schedule stay fresh (step 0)."""
-        load_weights(self.model, init.weights_file)
-        if self.distributed.is_main:
-            logger.info(
-                "fine-tuning from %s: its weights and vocabulary; the optimizer and the "
-                "learning-rate schedule (warm-up included) start afresh at step 0",
-                init.directory,
-            )
-
-    def _start_average(self) -> None:
-        """The moving average of the weights (rank 0, which validates and saves): the saved
-        one on resume, else the weights the run starts from."""
-        c = self.config
-        if not c.ema_decay or not self.distributed.is_main:
-            return
-        self.average = WeightAverage(self.model, c.ema_decay)
-        if self._saved_average is not None:
-            try:
-                self.average.load_state_dict(self._saved_average)
-            except ValueError as error:
-                raise CorruptCheckpointError(f"cannot resume the average: {error}") from None
-        elif self.progress.step > 0:
-            logger.warning(
-                "the checkpoint holds no average of the weights: it starts from the weights "
-                "of step %d",
-                self.progress.step,
-            )
-        elif self.valid_data is None:
-            self.progress.weights = "ema"  # no validation will choose: the average asked for
-        self._saved_average = None
-
-    def _plan_the_end(self) -> None:
-        """The last update the schedule heads for: `max_steps`, or the last of `max_epochs`
-        if that comes first; with a time budget, the end a resumed run was heading for, until
-        this process has measured its own pace."""
-        c = self.config
-        self.fixed_end = c.max_steps
-        if c.max_epochs and c.schedule in DECAYING:
-            lengths = (len(self._epoch_updates(epoch)) for epoch in range(1, c.max_epochs + 1))
-            self.fixed_end = min(c.max_steps, sum(lengths))
-        self.schedule_end = self.fixed_end
-        if self.budget is not None and self.progress.schedule_end > 0:
-            self.schedule_end = min(self.fixed_end, self.progress.schedule_end)
-        if self.valid_data is not None:
-            self.pace.valid_tokens = int(self.valid_data.tgt_lengths.sum()) + len(self.valid_data)
-        weights = sum(p.numel() for p in self.model.parameters()) * 4  # float32
-        self.pace.save_bytes = weights * (4 + (1 if c.ema_decay else 0))  # 2 copies, Adam's 2
-
-    def _wrap_model(self) -> nn.Module:
-        """The model that updates run through: compiled and/or under DDP when asked."""
-        if self.bf16 and self.device.type == "cpu" and not native_bf16_cpu():
-            logger.warning(
-                "precision bf16: this CPU has no native bf16 arithmetic; steps will be slower"
-            )
-        if self.bf16 and self.device.type == "cuda" and not cuda_computes_bf16(self.device):
-            logger.warning(
-                "precision bf16: this GPU only emulates bf16 (slower than float32); "
-                "precision auto trains it in float32"
-            )
-        train_model: nn.Module = self.model
-        if self.config.compile:
-            train_model = maybe_compile(train_model, self.device)
-        if self.distributed.enabled:
-            device_ids = [self.device.index] if self.device.type == "cuda" else None
-            train_model = DistributedDataParallel(train_model, device_ids=device_ids)
-        return train_model
+        """Everything before the first update (aiayn.train.setup); `held` keeps the run
+        directory's lock."""
+        set_up(self, held)
 
     def release_model_wrapper(self) -> None:
         """Drop the DDP / compile wrapper (and with it DDP's reducer); `model` stays."""
         if hasattr(self, "train_model"):
             self.train_model = self.model
-
-    def _log_setup(self) -> None:
-        if not self.distributed.is_main:
-            return
-        c = self.config
-        logger.info(
-            "model: %s parameters, %d train pairs, %d device(s) × %d batch(es) of ≤ %d "
-            "tokens per update, on %s%s",
-            f"{sum(p.numel() for p in self.model.parameters()):,}",
-            len(self.train_data),
-            self.distributed.world_size,
-            self.accumulate,
-            c.max_tokens,
-            self.device,
-            " in bf16" if self.bf16 else "",
-        )
-        end = f", to 0 at update {self.fixed_end}" if c.schedule in DECAYING else ""
-        if self.budget is not None and c.schedule in DECAYING:
-            end = f", to 0 at the update the time budget foresees (≤ {self.fixed_end})"
-        logger.info("learning-rate schedule: %s%s", c.schedule, end)
-        if self.budget is not None:
-            logger.info(
-                "time budget %s: %.1f s spent by the run so far",
-                c.time_budget,
-                self.clock.elapsed(),
-            )
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -612,8 +303,9 @@ class Trainer:
             progress.weights,
         )
 
-    def _epoch_updates(self, epoch: int) -> list[list[np.ndarray]]:
-        """This rank's updates of `epoch` (aiayn.text.batching.epoch_updates)."""
+    def updates_in(self, epoch: int) -> list[list[np.ndarray]]:
+        """This rank's updates of `epoch` (aiayn.text.batching.epoch_updates); set-up counts
+        them to find the last update of `max_epochs`."""
         c = self.config
         return epoch_updates(
             self.train_data.src_lengths,
@@ -629,7 +321,7 @@ class Trainer:
     def _run_epoch(self) -> bool:
         """The rest of the current epoch; True if a stop request ended it."""
         c, progress = self.config, self.progress
-        updates = self._epoch_updates(progress.epoch)
+        updates = self.updates_in(progress.epoch)
         if not updates:
             raise TrainingError(
                 f"an epoch has no batches for {self.distributed.world_size} process(es): the "
