@@ -12,7 +12,13 @@ alike:
   and banned tokens as aiayn), SentencePiece out — what a CTranslate2 user writes;
 - ``aiayn translate --backend ctranslate2`` on the same export, and on the model directory
   (its export converted once, before the rounds, into the cache the command reads);
-- Hugging Face ``generate`` on ``aiayn export --to hf`` (``--with-hf``; slow).
+- Hugging Face ``generate`` on ``aiayn export --to hf`` (``--with-hf``; slow; post-norm models
+  only, as MarianMTModel is);
+- ``fairseq-interactive`` (``--fairseq-checkpoint``, with fairseq in a venv of its own:
+  ``../shared/tools/install-fairseq.sh``) on a fairseq model of the same shape trained on the
+  same data and vocabulary, e.g. by ``bench/bench_budget_vs_fairseq.py``: fairseq cannot load
+  aiayn's weights, so its BLEU is its own model's; raw text in (its SentencePiece), beam W,
+  its defaults otherwise (length penalty 1, batches of up to 1,024 tokens).
 
 For each: wall time (median and every round), sentences/s, BLEU and chrF
 (sacreBLEU) of the first round's output, and for aiayn's own search the decoding steps per
@@ -86,6 +92,31 @@ with torch.inference_mode():
 open(out, "w", encoding="utf-8").write("".join(o + "\n" for o in outputs))
 """
 
+# fairseq-interactive with fairseq 0.12.2's inference-only encoder fast path off: with torch 2.13
+# it fails on post-norm layers ("Mask Type should be defined"); decoding then runs the layer code
+# training ran. Its "D-i" lines (detokenised hypotheses) are written in input order.
+FAIRSEQ_SCRIPT = r"""
+import contextlib, io, sys
+from fairseq.modules import transformer_layer as tl
+from fairseq_cli.interactive import cli_main
+load = tl.TransformerEncoderLayerBase._load_from_state_dict
+def load_without_fast_path(self, *args, **kwargs):
+    load(self, *args, **kwargs)
+    self.load_to_BT = False
+tl.TransformerEncoderLayerBase._load_from_state_dict = load_without_fast_path
+out = sys.argv.pop(1)
+printed = io.StringIO()
+with contextlib.redirect_stdout(printed):
+    cli_main()
+hypotheses = {}
+for line in printed.getvalue().splitlines():
+    if line.startswith("D-"):
+        index, _, text = line[2:].split("\t", 2)
+        hypotheses[int(index)] = text
+with open(out, "w", encoding="utf-8") as f:
+    f.write("".join(hypotheses[i] + "\n" for i in range(len(hypotheses))))
+"""
+
 
 @dataclass
 class System:
@@ -95,12 +126,13 @@ class System:
     output: Path | None = None
     rows_per_sentence: float | None = None
     note: str = ""
+    env: dict[str, str] = field(default_factory=dict)  # on top of the benchmark's
 
 
 def run_timed(system: System, out: Path, env: dict[str, str]) -> float:
     command = [str(out) if part == "{out}" else part for part in system.command]
     start = time.perf_counter()
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, env={**env, **system.env}, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{system.name} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -200,9 +232,19 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
     p.add_argument("--with-hf", action="store_true", help="also Hugging Face generate (slow)")
+    p.add_argument(
+        "--fairseq-checkpoint", type=Path, help="also fairseq-interactive on this checkpoint"
+    )
+    p.add_argument("--fairseq-venv", type=Path, help="fairseq's venv (install-fairseq.sh)")
+    p.add_argument("--fairseq-data", type=Path, help="the checkpoint's dict.{src,tgt}.txt dir")
+    p.add_argument("--fairseq-spm", type=Path, help="the checkpoint's SentencePiece model")
+    p.add_argument("--langs", default="en-es", help="source-target, for fairseq (en-es)")
     p.add_argument("--markdown", type=Path, help="write the table here too")
     p.add_argument("--json", type=Path, help="write every measurement here")
     args = p.parse_args(argv)
+    fairseq = (args.fairseq_venv, args.fairseq_data, args.fairseq_spm)
+    if args.fairseq_checkpoint and not all(fairseq):
+        p.error("--fairseq-checkpoint needs --fairseq-venv, --fairseq-data and --fairseq-spm")
 
     work = Path(tempfile.mkdtemp(prefix="bench_translate-"))
     # --backend ctranslate2 on a model directory converts it once, into this cache
@@ -260,6 +302,21 @@ def main(argv: list[str] | None = None) -> None:
                 "HF generate (Python API)",
                 [sys.executable, "-c", HF_SCRIPT, str(export), str(args.src), "{out}",
                  str(args.beam), str(args.threads)],
+            )
+        )  # fmt: skip
+    if args.fairseq_checkpoint:
+        source, target = args.langs.split("-")
+        systems.append(
+            System(
+                "fairseq-interactive (its own model)",
+                [str(args.fairseq_venv / "bin" / "python"), "-c", FAIRSEQ_SCRIPT, "{out}",
+                 str(args.fairseq_data), "--path", str(args.fairseq_checkpoint),
+                 "--source-lang", source, "--target-lang", target, "--task", "translation",
+                 "--bpe", "sentencepiece", "--sentencepiece-model", str(args.fairseq_spm),
+                 "--beam", str(args.beam), "--max-tokens", "1024", "--buffer-size", "100000",
+                 "--input", str(args.src), "--cpu"],
+                # loading a fairseq 0.12 checkpoint needs this on torch >= 2.6
+                env={"OMP_NUM_THREADS": str(args.threads), "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"},
             )
         )  # fmt: skip
 
