@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.attention import MultiHeadAttention
-from aiayn.config import preset
+from aiayn.config import ModelConfig, preset
 from aiayn.model import (
     PositionwiseFeedForward,
     SinusoidalPositionalEncoding,
@@ -384,6 +384,50 @@ def test_embeddings_are_scaled_by_sqrt_d_model_and_pad_is_zero(make_model: MakeM
     torch.testing.assert_close(model.src_embed(tokens), weight[tokens] * math.sqrt(32))
     assert (weight[PAD] == 0).all()
     assert weight[1:].std().item() == pytest.approx(32**-0.5, rel=0.1)
+
+
+def _bounds(linear: nn.Linear) -> tuple[float, float, float]:
+    """(largest |weight|, largest |bias|, Xavier-uniform's bound) of a linear layer."""
+    fan_out, fan_in = linear.weight.shape
+    xavier = math.sqrt(6 / (fan_in + fan_out))
+    return linear.weight.abs().max().item(), linear.bias.abs().max().item(), xavier
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_init_schemes_draw_what_they_say(make_model: MakeModel, norm_first: bool) -> None:
+    torch.manual_seed(0)
+    xavier = make_model(d_model=64, d_ff=256, norm_first=norm_first)
+    torch.manual_seed(0)
+    fairseq = make_model(d_model=64, d_ff=256, norm_first=norm_first, init="fairseq")
+    for model, attention_gain in ((xavier, 1.0), (fairseq, 2**-0.5)):
+        for module in model.modules():
+            if isinstance(module, MultiHeadAttention):
+                for linear in (module.q_proj, module.k_proj, module.v_proj):
+                    weight, bias, bound = _bounds(linear)
+                    # uniform on ±gain·bound: its largest draw is close to the bound
+                    assert 0.9 * attention_gain * bound < weight <= attention_gain * bound
+                    assert (bias > 0) == (model is fairseq)
+                weight, bias, bound = _bounds(module.out_proj)
+                assert 0.9 * bound < weight <= bound and bias == 0
+            if isinstance(module, PositionwiseFeedForward):
+                for linear in (module.linear1, module.linear2):
+                    weight, bias, bound = _bounds(linear)
+                    if model is fairseq:
+                        bound = linear.weight.shape[1] ** -0.5  # nn.Linear's U(±1/√fan_in)
+                        assert 0.9 * bound < bias <= bound
+                    else:
+                        assert bias == 0
+                    assert 0.9 * bound < weight <= bound
+    # the rest is drawn alike: embeddings N(0, d^-½) with a zero padding row
+    for model in (xavier, fairseq):
+        weight = model.src_embed.embedding.weight
+        assert (weight[PAD] == 0).all()
+        assert weight[1:].std().item() == pytest.approx(64**-0.5, rel=0.1)
+
+
+def test_an_unknown_init_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"init \('kaiming'\) must be one of xavier, fairseq"):
+        ModelConfig(src_vocab_size=10, tgt_vocab_size=10, init="kaiming")
 
 
 def test_dropout_is_active_only_in_training(make_model: MakeModel) -> None:

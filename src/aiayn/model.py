@@ -349,7 +349,11 @@ class Transformer(nn.Module):
 
     def reset_parameters(self) -> None:
         """Xavier-uniform for projections, N(0, d_model^-½) for embeddings (as tensor2tensor),
-        so that embeddings ×√d_model have unit scale; zero biases and a zero padding row."""
+        so that embeddings ×√d_model have unit scale; zero biases and a zero padding row.
+
+        With `init` "fairseq", then as fairseq's Transformer: W^Q, W^K, W^V Xavier-uniform
+        with gain 1/√2 and the feed-forward layers `nn.Linear`'s default, U(±1/√fan_in) for
+        weights and biases alike (their biases, and W^Q, W^K, W^V's, are not zero)."""
         embeddings = [self.src_embed.embedding.weight, self.tgt_embed.embedding.weight]
         if isinstance(self.positions, LearnedPositionalEmbedding):
             embeddings.append(self.positions.embedding.weight)
@@ -365,6 +369,15 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear) and module.bias is not None:
                 nn.init.zeros_(module.bias)
+        if self.config.init == "fairseq":
+            for module in self.modules():
+                if isinstance(module, MultiHeadAttention):
+                    for linear in (module.q_proj, module.k_proj, module.v_proj):
+                        linear.reset_parameters()
+                        nn.init.xavier_uniform_(linear.weight, gain=2**-0.5)
+                elif isinstance(module, PositionwiseFeedForward):
+                    module.linear1.reset_parameters()
+                    module.linear2.reset_parameters()
 
     # -- the two halves of Figure 1 -------------------------------------------------------
 

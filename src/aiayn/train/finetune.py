@@ -8,7 +8,8 @@ directory, whose `model/` is used). What the run may and may not change follows 
   `model:` field that builds another architecture is refused naming the field, so the config
   that trained the model fine-tunes it unchanged. Only the regularisation, `model.dropout` and
   `model.attention_dropout`, may differ (unset, they are the directory's own): they change how
-  the weights are trained, not their shapes or meaning;
+  the weights are trained, not their shapes or meaning. `model.init` (how new weights are drawn)
+  is not read: the directory's weights are loaded instead;
 - the vocabulary is the directory's tokenizer (`tokenizer.model`, or a split tokenizer's
   `source.spm` + `target.spm` + `vocab.json`), copied into the run directory so that its
   checkpoints, `model/` and `best/` carry it; a `tokenizer` or `vocab_size` that disagrees is
@@ -49,6 +50,7 @@ from aiayn.text.tokenizer import (
 
 # Fields of `ModelConfig` a fine-tuning run may change: regularisation, not architecture.
 REGULARISATION = ("dropout", "attention_dropout")
+NOT_READ = ("init",)  # how new weights are drawn: loaded weights make it moot
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,7 @@ def _check_architecture(config: TrainConfig, architecture: ModelConfig, director
     built = config.model_config(architecture.src_vocab_size, pad_id=architecture.pad_id)
     for name, field in given.items():
         ours, theirs = getattr(built, name), getattr(architecture, name)
-        if name not in REGULARISATION and ours != theirs:
+        if name not in REGULARISATION + NOT_READ and ours != theirs:
             shown = f"preset ({config.preset!r}) has {name}" if field == "preset" else field
             raise ConfigError(
                 f"{shown} ({ours!r}) differs from init_from's model {directory} ({theirs!r}): "
