@@ -23,9 +23,15 @@ shift 2
 AIAYN=${AIAYN:-.venv/bin/aiayn}
 COMMON="--precision bf16 --ema-decay 0.999 --schedule linear --time-budget none --valid-every 100
   --save-every 0 --log-every 25 --no-progress --threads 2"
-# Every setting that differs from the recipe as it is now is given: the recipe took S5's.
-BASE="--max-tokens 4096 --lr-scale 0.5 --model norm_first=false"  # the recipe before the study
-S5="--max-steps 1200 --warmup-steps 400 --max-tokens 2048 --lr-scale 1.0 --model norm_first=true"
+# Every setting that differs from the recipe as it is now is given: the recipe took S5's, and
+# later fairseq's initialisation (the S runs drew tensor2tensor's: init=xavier).
+# BASE: the recipe before the study.
+BASE="--max-tokens 4096 --lr-scale 0.5 --model norm_first=false --model init=xavier"
+S5="--max-steps 1200 --warmup-steps 400 --max-tokens 2048 --lr-scale 1.0 --model norm_first=true
+  --model init=xavier"
+# The initialisation runs (docs/small-data.md, "Initialisation"): S5's model and batches, 500
+# updates of Eq. 3 in float32 without an average, as fairseq-train ran beside the recipe.
+INIT="$S5 --max-steps 500 --schedule inverse_sqrt --precision fp32 --ema-decay 0"
 
 # A greedy search: the first runs change one setting of the base, the later ones one setting of
 # the best run so far (S2: 2048-token batches, as many tokens as the base in twice the updates;
@@ -38,8 +44,11 @@ declare -A RUNS=(
   [S4-bpe4k]="$S5 --vocab-size 4000"
   [S6-lr2]="$S5 --lr-scale 2.0"
   [S7-dropout03]="$S5 --model dropout=0.3"
+  [I0-xavier]="$INIT"
+  [I1-fairseq]="$INIT --model init=fairseq"
 )
-ORDER=(S1-base S2-tok2048 S3-lr1 S5-tok2048-prenorm-lr1 S4-bpe4k S6-lr2 S7-dropout03)
+ORDER=(S1-base S2-tok2048 S3-lr1 S5-tok2048-prenorm-lr1 S4-bpe4k S6-lr2 S7-dropout03 I0-xavier
+  I1-fairseq)
 [ $# -gt 0 ] && ORDER=("$@")
 
 mkdir -p "$STUDY"
