@@ -311,12 +311,20 @@ def fairseq_preprocess(
                 tgt_out.write(" ".join(names[t] for t in tgt_ids) + "\n")
     command += ["--validpref", str(text / "valid")]
     command += ["--joined-dictionary", "--srcdict", str(text / "dict.txt"), "--workers", "1"]
-    print("running: " + shlex.join(command), flush=True)
-    done = subprocess.run(command, capture_output=True, text=True, env=child_env(args.threads))
-    (work / "fairseq-preprocess.log").write_text(done.stdout + done.stderr, encoding="utf-8")
-    if done.returncode != 0:
-        raise SystemExit(f"fairseq-preprocess failed:\n{(done.stdout + done.stderr)[-3000:]}")
-    output = done.stdout + done.stderr
+    log = work / "fairseq-preprocess.log"
+    reuse = getattr(args, "skip_train", False)  # bench_budget_vs_fairseq.py --skip-train
+    if reuse and (prepared.fairseq_data / f"dict.{sl}.txt").is_file() and log.is_file():
+        # the finished run's binarised data, which its checkpoint was trained on (and which
+        # fairseq-preprocess will not overwrite)
+        print(f"reusing {prepared.fairseq_data} and {log.name}", flush=True)
+        output = log.read_text(encoding="utf-8")
+    else:
+        print("running: " + shlex.join(command), flush=True)
+        done = subprocess.run(command, capture_output=True, text=True, env=child_env(args.threads))
+        log.write_text(done.stdout + done.stderr, encoding="utf-8")
+        if done.returncode != 0:
+            raise SystemExit(f"fairseq-preprocess failed:\n{(done.stdout + done.stderr)[-3000:]}")
+        output = done.stdout + done.stderr
     prepared.fairseq_dict = {lang: int(n) for lang, n in FAIRSEQ_DICT.findall(output)}
     # The check that both sides train on the same tokens: fairseq's counts of the train files
     # (EOS included) against aiayn's cache.
