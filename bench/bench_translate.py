@@ -25,7 +25,8 @@ For each: wall time (median and every round), sentences/s, BLEU and chrF
 sentence (the rows fed to the decoder, every live beam at every step: counted in a separate,
 untimed pass through the Python API), so that a faster search that scores worse, or a stopping
 rule that saves steps, shows. Outputs that differ from the
-first system's are counted.
+first system's are counted. ``--only`` keeps some of the systems and ``--alternate`` reverses
+their order every other round: an A/B of two, each going first as often as the other.
 
     python bench/bench_translate.py -m runs/bible/model --src test.en --ref test.es \\
         --variant int8=--int8 --variant finished='--stopping finished' --markdown out.md
@@ -231,6 +232,18 @@ def main(argv: list[str] | None = None) -> None:
         help="another aiayn translate run with these extra flags (repeatable)",
     )
     p.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="time only the systems whose name holds TEXT (repeatable), e.g. two of them A/B",
+    )
+    p.add_argument(
+        "--alternate",
+        action="store_true",
+        help="run the systems in reverse order in every other round (for an A/B of two)",
+    )
     p.add_argument("--with-hf", action="store_true", help="also Hugging Face generate (slow)")
     p.add_argument(
         "--fairseq-checkpoint", type=Path, help="also fairseq-interactive on this checkpoint"
@@ -320,8 +333,12 @@ def main(argv: list[str] | None = None) -> None:
             )
         )  # fmt: skip
 
+    if args.only:
+        systems = [x for x in systems if any(text in x.name for text in args.only)]
+        if not systems:
+            p.error(f"--only {args.only}: no system's name holds it")
     for round_ in range(args.rounds):
-        for system in systems:
+        for system in systems[::-1] if args.alternate and round_ % 2 else systems:
             out = work / f"{len(system.seconds)}-{abs(hash(system.name))}.txt"
             system.seconds.append(run_timed(system, out, env))
             if system.output is None:
