@@ -44,11 +44,12 @@ declare -A RUNS=(
   [S4-bpe4k]="$S5 --vocab-size 4000"
   [S6-lr2]="$S5 --lr-scale 2.0"
   [S7-dropout03]="$S5 --model dropout=0.3"
+  [S8-fairseq-init]="$S5 --model init=fairseq"
   [I0-xavier]="$INIT"
   [I1-fairseq]="$INIT --model init=fairseq"
 )
 ORDER=(S1-base S2-tok2048 S3-lr1 S5-tok2048-prenorm-lr1 S4-bpe4k S6-lr2 S7-dropout03 I0-xavier
-  I1-fairseq)
+  I1-fairseq S8-fairseq-init)
 [ $# -gt 0 ] && ORDER=("$@")
 
 mkdir -p "$STUDY"
