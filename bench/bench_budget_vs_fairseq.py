@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args.skip_train and checkpoint.exists():  # fairseq-train would resume from it
         raise SystemExit(f"{run_dir} holds a fairseq run: give --skip-train, or another work dir")
     work.mkdir(parents=True, exist_ok=True)
-    prepared = prepare(args, c, work, fairseq_bin)
+    prepared = prepare(args, c, work, fairseq_bin, reuse_fairseq_data=args.skip_train)
     checks = same_data_checks(args, c, prepared)
     print("  " + "; ".join(checks), flush=True)
 

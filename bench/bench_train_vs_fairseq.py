@@ -242,9 +242,15 @@ class Prepared:
 
 
 def prepare(
-    args: argparse.Namespace, c: TrainConfig, work: Path, fairseq_bin: Path | None
+    args: argparse.Namespace,
+    c: TrainConfig,
+    work: Path,
+    fairseq_bin: Path | None,
+    *,
+    reuse_fairseq_data: bool = False,
 ) -> Prepared:
-    """The vocabulary, aiayn's data cache and (with fairseq) fairseq's binarised data."""
+    """The vocabulary, aiayn's data cache and (with fairseq) fairseq's binarised data;
+    `reuse_fairseq_data` keeps binarised data already in `work` (a finished run's)."""
     src, tgt = Path(c.src), Path(c.tgt)
     print(f"vocabulary: joint BPE, {c.vocab_size} pieces requested, seed {c.seed}", flush=True)
     tokenizer = Tokenizer.train_or_reuse(
@@ -259,7 +265,9 @@ def prepare(
     prepared = Prepared(tokenizer, cache_root, len(dataset))
     if fairseq_bin is not None:
         prepared.fairseq_data = work / "fairseq-data"
-        fairseq_preprocess(args, c, tokenizer, dataset, work, fairseq_bin, prepared)
+        fairseq_preprocess(
+            args, c, tokenizer, dataset, work, fairseq_bin, prepared, reuse=reuse_fairseq_data
+        )
     return prepared
 
 
@@ -271,6 +279,8 @@ def fairseq_preprocess(
     work: Path,
     fairseq_bin: Path,
     prepared: Prepared,
+    *,
+    reuse: bool = False,
 ) -> None:
     """The cached pairs as piece strings, aiayn's pieces as the joint dictionary, binarised."""
     names = tokenizer.pieces(range(tokenizer.vocab_size))
@@ -312,7 +322,6 @@ def fairseq_preprocess(
     command += ["--validpref", str(text / "valid")]
     command += ["--joined-dictionary", "--srcdict", str(text / "dict.txt"), "--workers", "1"]
     log = work / "fairseq-preprocess.log"
-    reuse = getattr(args, "skip_train", False)  # bench_budget_vs_fairseq.py --skip-train
     if reuse and (prepared.fairseq_data / f"dict.{sl}.txt").is_file() and log.is_file():
         # the finished run's binarised data, which its checkpoint was trained on (and which
         # fairseq-preprocess will not overwrite)
@@ -321,10 +330,10 @@ def fairseq_preprocess(
     else:
         print("running: " + shlex.join(command), flush=True)
         done = subprocess.run(command, capture_output=True, text=True, env=child_env(args.threads))
-        log.write_text(done.stdout + done.stderr, encoding="utf-8")
-        if done.returncode != 0:
-            raise SystemExit(f"fairseq-preprocess failed:\n{(done.stdout + done.stderr)[-3000:]}")
         output = done.stdout + done.stderr
+        log.write_text(output, encoding="utf-8")
+        if done.returncode != 0:
+            raise SystemExit(f"fairseq-preprocess failed:\n{output[-3000:]}")
     prepared.fairseq_dict = {lang: int(n) for lang, n in FAIRSEQ_DICT.findall(output)}
     # The check that both sides train on the same tokens: fairseq's counts of the train files
     # (EOS included) against aiayn's cache.
