@@ -721,3 +721,59 @@ def test_sampling_frequencies(kwargs: dict, expected: dict[int, float]) -> None:
         assert freq == pytest.approx(p, abs=0.03)
     # log_prob is the model's, before temperature and filtering.
     assert {round(h.log_prob, 4) for h in hyps} <= {round(math.log(p), 4) for p in (0.5, 0.3, 0.2)}
+
+
+# --------------------------------------------------------------------------------------------
+# Candidate selection: top-k over chunk maxima, then over the best chunks
+# --------------------------------------------------------------------------------------------
+
+
+def test_chunk_size_divides_the_vocabulary_or_is_none() -> None:
+    assert search._chunk_size(8000) == 64
+    assert search._chunk_size(32000) == 64
+    assert search._chunk_size(58101) == 107  # 3 · 107 · 181
+    assert search._chunk_size(7) is None
+    assert search._chunk_size(8009) is None  # a prime
+
+
+@pytest.mark.parametrize(
+    ("n", "k", "v", "beam_size"),
+    [(5, 4, 8000, 4), (3, 2, 2048, 5), (7, 3, 640, 3), (2, 4, 58101, 4)],
+)
+def test_chunked_candidates_are_one_top_k_over_every_sum(
+    n: int, k: int, v: int, beam_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same candidates, values and order as one top-k over the K·V sums of each sentence,
+    with -inf where search puts it: banned tokens, a row forced to EOS, a beam that is -inf."""
+    gen = torch.Generator().manual_seed(n * v + k)
+    log_probs = torch.randn(n * k, v, generator=gen).log_softmax(dim=1)
+    beam_log_prob = -torch.rand(n, k, generator=gen) * 5
+    beam_log_prob[0, -1] = -math.inf  # an empty beam slot
+    force_eos = torch.zeros(n * k, dtype=torch.bool)
+    force_eos[k] = True  # the first beam of the second sentence is at its maximum length
+    search._restrict_(log_probs, search._never_output(BOS, EOS, PAD, "cpu"), EOS, force_eos)
+
+    plain = search._select_candidates_plain(beam_log_prob, log_probs, beam_size)
+    monkeypatch.setattr(search, "_select_candidates_plain", None)  # the chunked path or fail
+    chunked = search._select_candidates(beam_log_prob, log_probs, beam_size)
+    assert torch.equal(chunked.log_prob, plain.log_prob)  # bit for bit, sorted alike
+    finite = plain.log_prob.isfinite()
+    assert torch.equal(chunked.parent[finite], plain.parent[finite])
+    assert torch.equal(chunked.token[finite], plain.token[finite])
+    assert chunked.token[~finite].lt(v).all() and chunked.parent[~finite].lt(k).all()
+
+
+@pytest.mark.parametrize("beam_size", [1, 4, 5])
+def test_beam_search_is_the_same_with_and_without_chunked_candidates(
+    beam_size: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def run(seed: int) -> tuple[list[list[Hypothesis]], list[int]]:
+        model = random_model(seed, vocab_size=1024, eos_weight=0.3)
+        options = DecodingOptions(beam_size=beam_size, n_best=beam_size, max_len_b=8)
+        beams = beam_search(model, random_sources(seed, 3, vocab_size=1024), **IDS, options=options)
+        return beams, model.batch_sizes
+
+    chunked = [run(seed) for seed in range(3)]
+    monkeypatch.setattr(search, "_chunk_size", lambda v: None)
+    plain = [run(seed) for seed in range(3)]
+    assert chunked == plain
