@@ -31,11 +31,14 @@ S5="--max-steps 1200 --warmup-steps 400 --max-tokens 2048 --lr-scale 1.0 --model
   --model init=xavier"
 # The initialisation runs (docs/small-data.md, "Initialisation"): S5's model and batches, 500
 # updates of Eq. 3 in float32 without an average, as fairseq-train ran beside the recipe.
+# S8: S5 with fairseq's initialisation, the recipe as it is now at 1200 updates; the base of
+# the runs after it (S9-S12 each change one of its settings).
+S8="$S5 --model init=fairseq"
 INIT="$S5 --max-steps 500 --schedule inverse_sqrt --precision fp32 --ema-decay 0"
 
 # A greedy search: the first runs change one setting of the base, the later ones one setting of
 # the best run so far (S2: 2048-token batches, as many tokens as the base in twice the updates;
-# then S5: S2 with pre-norm and twice the peak rate).
+# then S5: S2 with pre-norm and twice the peak rate; then S8: S5 with fairseq's initialisation).
 declare -A RUNS=(
   [S1-base]="--max-steps 600 --warmup-steps 200 $BASE"
   [S2-tok2048]="--max-steps 1200 --warmup-steps 400 $BASE --max-tokens 2048"
@@ -44,12 +47,16 @@ declare -A RUNS=(
   [S4-bpe4k]="$S5 --vocab-size 4000"
   [S6-lr2]="$S5 --lr-scale 2.0"
   [S7-dropout03]="$S5 --model dropout=0.3"
-  [S8-fairseq-init]="$S5 --model init=fairseq"
+  [S8-fairseq-init]="$S8"
+  [S9-warmup200]="$S8 --warmup-steps 200"
+  [S10-ls02]="$S8 --label-smoothing 0.2"
+  [S11-bpe2k]="$S8 --vocab-size 2000"
+  [S12-layers2]="$S8 --model n_encoder_layers=2 --model n_decoder_layers=2"
   [I0-xavier]="$INIT"
   [I1-fairseq]="$INIT --model init=fairseq"
 )
 ORDER=(S1-base S2-tok2048 S3-lr1 S5-tok2048-prenorm-lr1 S4-bpe4k S6-lr2 S7-dropout03 I0-xavier
-  I1-fairseq S8-fairseq-init)
+  I1-fairseq S8-fairseq-init S9-warmup200 S10-ls02 S11-bpe2k S12-layers2)
 [ $# -gt 0 ] && ORDER=("$@")
 
 mkdir -p "$STUDY"
