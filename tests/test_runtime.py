@@ -17,7 +17,12 @@ import torch._dynamo
 
 from aiayn import runtime
 from aiayn.decode.translator import Translator
-from aiayn.runtime import MAX_DECODING_THREADS, ONEDNN_CACHE_VARIABLES, decoding_threads
+from aiayn.runtime import (
+    MAX_DECODING_THREADS,
+    ONEDNN_CACHE_VARIABLES,
+    busy_cores,
+    decoding_threads,
+)
 from aiayn.train import trainer
 from interop_models import tiny_model_dir
 from train.test_trainer import make_config, write_copy_corpus
@@ -155,3 +160,18 @@ def test_decoding_threads_leave_busy_cores_alone_and_stay_between_1_and_4() -> N
     assert decoding_threads(cores=64, load=0.0) == MAX_DECODING_THREADS
     assert decoding_threads(cores=4, load=40.0) == 1
     assert 1 <= decoding_threads() <= MAX_DECODING_THREADS
+
+
+def test_busy_cores_forget_a_run_that_has_just_ended(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Just after a training run on 2 cores: the average still counts it, nothing else runs.
+    assert busy_cores(average=1.8, runnable=1) == 0.0
+    assert decoding_threads(cores=2, load=busy_cores(average=1.8, runnable=1)) == 2
+    # While it runs: its two threads and this process are runnable.
+    assert busy_cores(average=2.4, runnable=3) == 2.0
+    assert decoding_threads(cores=2, load=busy_cores(average=2.4, runnable=3)) == 1
+    # A moment's burst of tasks on an idle machine does not count beyond the average.
+    assert busy_cores(average=0.1, runnable=9) == 0.1
+    assert busy_cores() >= 0.0
+    # No /proc/loadavg (macOS): the average alone.
+    monkeypatch.setattr(runtime, "_runnable_tasks", lambda: None)
+    assert busy_cores(average=1.5) == 1.5

@@ -76,23 +76,56 @@ def decoding_threads(cores: int | None = None, load: float | None = None) -> int
     product, and decoding gets many times slower: with beam search on a 2-core machine loaded
     by a training run (load average 3–6), 2 threads took 4–40x longer than 1 (tiny model,
     4 sentences: 0.2 s vs 4–9.5 s; base model, 32 sentences: 7 s vs 25–36 s). So count the
-    cores busy by the 1-minute load average out. Decoding's matrix products are small, so
-    past a few threads little is gained; hence the cap of 4.
+    busy cores out (`busy_cores`). Decoding's matrix products are small, so past a few
+    threads little is gained; hence the cap of 4.
 
     Args:
         cores: Cores to share; default ``torch.get_num_threads()`` (PyTorch's default, when
             nothing has set it yet) where torch is imported, else the CPUs this process may
             run on (the CTranslate2 backend imports no torch).
-        load: Busy cores; default the 1-minute load average (0 where there is none).
+        load: Busy cores; default `busy_cores()`.
     """
     if cores is None:
         cores = _available_cores()
     if load is None:
-        try:
-            load = os.getloadavg()[0]
-        except (AttributeError, OSError):  # not on Windows
-            load = 0.0
+        load = busy_cores()
     return max(1, min(MAX_DECODING_THREADS, cores - round(load)))
+
+
+def busy_cores(average: float | None = None, runnable: int | None = None) -> float:
+    """Cores that other processes keep busy: the 1-minute load average, but no more than the
+    tasks runnable right now besides this one.
+
+    The average alone remembers a run that has just ended for a minute or more: `aiayn
+    evaluate` right after a 30-minute training run counted one of two cores busy and decoded
+    on one thread. The runnable tasks (Linux's ``/proc/loadavg``) forget it at once, and
+    count a training run's threads while it runs (its OpenMP threads spin, and stay
+    runnable, between products); the average keeps a moment's burst of tasks from counting.
+
+    Args:
+        average: Default ``os.getloadavg()[0]`` (0 where there is none: Windows).
+        runnable: Tasks runnable now, this process included; default from ``/proc/loadavg``
+            (None where there is none: the average alone).
+    """
+    if average is None:
+        try:
+            average = os.getloadavg()[0]
+        except (AttributeError, OSError):  # not on Windows
+            average = 0.0
+    if runnable is None:
+        runnable = _runnable_tasks()
+    if runnable is None:
+        return average
+    return min(average, float(max(0, runnable - 1)))
+
+
+def _runnable_tasks() -> int | None:
+    """The fourth field of ``/proc/loadavg`` ("3/412": 3 runnable of 412), or None."""
+    try:
+        with open("/proc/loadavg", encoding="ascii") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _available_cores() -> int:

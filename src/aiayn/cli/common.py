@@ -83,9 +83,10 @@ def add_model_flags(p: argparse.ArgumentParser, *, backend: bool = False) -> Non
     g.add_argument(
         "--threads",
         type=int,
-        help="CPU threads; 0 = PyTorch's default, one per core (default: the cores that the "
-        "1-minute load average leaves idle, 1 to 4: on cores busy with other work, PyTorch's "
-        "threads wait for each other and decoding gets many times slower)",
+        help="CPU threads; 0 = PyTorch's default, one per core (default: the cores other work "
+        "leaves idle, 1 to 4: the 1-minute load average, at most the tasks runnable now; on "
+        "cores busy with other work, PyTorch's threads wait for each other and decoding gets "
+        "many times slower)",
     )
     g.add_argument(
         "--int8",
