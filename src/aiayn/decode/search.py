@@ -34,6 +34,7 @@ generated so far.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -201,8 +202,8 @@ def _select_candidates(beam_log_prob: Tensor, log_probs: Tensor, beam_size: int)
     if chunk is None or k * (v // chunk) < 4 * want:
         return _select_candidates_plain(beam_log_prob, log_probs, beam_size)
     m = v // chunk  # chunks per beam
-    chunk_max = log_probs.view(n * k, m, chunk).amax(dim=2).view(n, k * m)  # (N, K·M)
-    bound = (beam_log_prob.unsqueeze(2) + chunk_max.view(n, k, m)).view(n, k * m)
+    chunk_max = log_probs.view(n, k, m, chunk).amax(dim=3)  # (N, K, M)
+    bound = (beam_log_prob.unsqueeze(2) + chunk_max).view(n, k * m)
     chunks = bound.topk(want, dim=1).indices  # (N, C): beam · M + chunk, over K·M
     rows = torch.arange(n, device=log_probs.device).unsqueeze(1) * (k * m)  # (N, 1)
     values = log_probs.view(n * k * m, chunk).index_select(0, (rows + chunks).view(-1))
@@ -223,8 +224,10 @@ def _select_candidates_plain(
     return _Candidates(log_prob=top, parent=flat // v, token=flat % v)
 
 
+@functools.cache
 def _chunk_size(vocab_size: int) -> int | None:
-    """The divisor of V nearest 64 within 16..256 (chunks for `_select_candidates`), or None."""
+    """The divisor of V nearest 64 within 16..256 (chunks for `_select_candidates`), or None.
+    Cached: every beam-search step asks it."""
     divisors = [c for c in range(16, 257) if vocab_size % c == 0]
     return min(divisors, key=lambda c: abs(c - 64)) if divisors else None
 
