@@ -68,7 +68,9 @@ def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
     if device_name == "auto":
         device_name = device_type(device_name)
     if device_name == "cuda":
-        device_name = f"cuda:{local_rank}" if world_size > 1 else "cuda"
+        # Process k of a torchrun trains on GPU k; a single process on GPU 0 (of those that
+        # CUDA_VISIBLE_DEVICES shows). torch.cuda.set_device takes no device without an index.
+        device_name = f"cuda:{local_rank}"
     device = torch.device(device_name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
