@@ -26,7 +26,7 @@ from aiayn.acceleration import (
     use_cpu_attention,
     using_cpu_attention,
 )
-from aiayn.attention import MultiHeadAttention
+from aiayn.attention import MultiHeadAttention, fused_attention
 from aiayn.config import preset
 from aiayn.decode.options import DecodingOptions
 from aiayn.decode.search import beam_search, greedy_search
@@ -138,10 +138,10 @@ def test_a_plain_model_runs_the_fused_kernel_and_the_cpu_kernels_give_its_output
     decoding steps, the short target and the steps taking the few-query path."""
     torch.manual_seed(0)
     plain = make_model(dropout=0.0, attention_dropout=0.0)
-    assert attention_kernels(plain) == {F.scaled_dot_product_attention}
+    assert attention_kernels(plain) == {fused_attention}
     hooked = use_cpu_attention(copy.deepcopy(plain))
     assert attention_kernels(hooked) == {cpu_attention}
-    assert attention_kernels(plain) == {F.scaled_dot_product_attention}  # the copy's alone
+    assert attention_kernels(plain) == {fused_attention}  # the copy's alone
     src = torch.randint(4, 23, (3, 12))
     src[1, 7:] = plain.config.pad_id
     tgt = torch.randint(4, 23, (3, 6))  # at most FEW_QUERIES: the two-bmm path
@@ -168,12 +168,12 @@ def test_cpu_kernels_for_a_block_give_the_models_their_own_back(make_model) -> N
     with pytest.raises(RuntimeError, match="inside"), using_cpu_attention(models):
         assert all(attention_kernels(m) == {cpu_attention} for m in models)
         raise RuntimeError("inside")
-    assert all(attention_kernels(m) == {F.scaled_dot_product_attention} for m in models)
+    assert all(attention_kernels(m) == {fused_attention} for m in models)
     use_cpu_attention(models[0])
     with using_cpu_attention(models):
         pass
     assert attention_kernels(models[0]) == {cpu_attention}
-    assert attention_kernels(models[1]) == {F.scaled_dot_product_attention}
+    assert attention_kernels(models[1]) == {fused_attention}
 
 
 # -- oneDNN-packed linear layers -------------------------------------------------------------
@@ -241,7 +241,7 @@ def test_the_packed_copy_keeps_the_models_attention_kernels(make_model) -> None:
     packed = pack_linear_layers(model, min_features=1)
     assert packed is not model and attention_kernels(packed) == {cpu_attention}
     plain = pack_linear_layers(make_model(), min_features=1)
-    assert attention_kernels(plain) == {F.scaled_dot_product_attention}
+    assert attention_kernels(plain) == {fused_attention}
 
 
 @needs_onednn

@@ -61,13 +61,48 @@ def scaled_dot_product_attention(
     return attended @ v, (probs if need_weights else None)
 
 
+def fused_attention(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+) -> Tensor:
+    """Eq. 1 by PyTorch's fused `F.scaled_dot_product_attention` (the default
+    `AttentionKernel`); on a GPU by any of the kernels the caller allows but cuDNN's.
+
+    cuDNN's attention, which PyTorch prefers for bf16 on Hopper GPUs, builds a graph for every
+    new shape: ~10 ms of CPU per call on an H100 (torch 2.11). A training run, each batch of
+    its own length, and a beam search, a key longer by one at every step, then spend most of
+    their time building graphs: `aiayn translate --bf16` ran 5x slower than float32, and bf16
+    training 9x slower than TF32 (BENCHMARKS.md, GPU). The other fused kernels compile nothing
+    per shape. (Under `torch.compile` the compiler chooses, and nothing is switched here.)
+    """
+    if (
+        query.is_cuda
+        and torch.backends.cuda.cudnn_sdp_enabled()
+        and not torch.compiler.is_compiling()
+    ):
+        torch.backends.cuda.enable_cudnn_sdp(False)
+        try:
+            return F.scaled_dot_product_attention(
+                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+            )
+        finally:
+            torch.backends.cuda.enable_cudnn_sdp(True)
+    return F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+    )
+
+
 AttentionKernel = Callable[..., Tensor]
 """Eq. 1 over projected heads, called as PyTorch's fused kernel is:
 ``kernel(q, k, v, attn_mask=mask, dropout_p=p, is_causal=c)`` → (B, H, T, d_v).
 
-`MultiHeadAttention.kernel` is `F.scaled_dot_product_attention` (which never materialises the
-(T, S) probabilities); `aiayn.acceleration` may install another that computes the same
-function faster on some machine, for the callers that opt in."""
+`MultiHeadAttention.kernel` is `fused_attention`, PyTorch's `F.scaled_dot_product_attention`
+(which never materialises the (T, S) probabilities); `aiayn.acceleration` may install another
+that computes the same function faster on some machine, for the callers that opt in."""
 
 
 class MultiHeadAttention(nn.Module):
@@ -80,8 +115,9 @@ class MultiHeadAttention(nn.Module):
 
     Attributes:
         kernel: Computes Eq. 1 over the projected heads (`AttentionKernel`): PyTorch's fused
-            `F.scaled_dot_product_attention`. `aiayn.acceleration.use_cpu_attention` installs
-            one that runs faster on a CPU, for training and decoding there.
+            `F.scaled_dot_product_attention` (`fused_attention`).
+            `aiayn.acceleration.use_cpu_attention` installs one that runs faster on a CPU, for
+            training and decoding there.
     """
 
     def __init__(
@@ -94,7 +130,7 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, n_heads * d_k)
         self.v_proj = nn.Linear(d_model, n_heads * d_v)
         self.out_proj = nn.Linear(n_heads * d_v, d_model)
-        self.kernel: AttentionKernel = F.scaled_dot_product_attention
+        self.kernel: AttentionKernel = fused_attention
 
     def split_heads(self, x: Tensor, head_size: int) -> Tensor:
         """(B, T, H·d) → (B, H, T, d)."""

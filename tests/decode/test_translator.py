@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from aiayn import acceleration
-from aiayn.attention import MultiHeadAttention
+from aiayn.attention import MultiHeadAttention, fused_attention
 from aiayn.decode import search
 from aiayn.decode.search import DecodingOptions, gnmt_length_penalty
 from aiayn.decode.translator import Translator, one_line, read_lines
@@ -389,7 +389,7 @@ def test_a_search_on_a_cpu_runs_the_cpu_attention_kernels_and_leaves_the_model_i
     Translator.from_model(model, tokenizer).translate(["the cat"], beam_size=2, max_len_b=2)
     assert 1 in queries  # decoder self-attention at a step: one query per hypothesis
     attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    assert {m.kernel for m in attentions} == {F.scaled_dot_product_attention}
+    assert {m.kernel for m in attentions} == {fused_attention}
     loaded = Translator(model_dir).model
     assert {m.kernel for m in loaded.modules() if isinstance(m, MultiHeadAttention)} == {counted}
 
