@@ -200,6 +200,19 @@ def isa() -> str:
     return "AVX-512" if "avx512f" in flags else ("AVX2" if "avx2" in flags else "no AVX2")
 
 
+def gpu_names() -> str:
+    """The machine's NVIDIA GPUs by nvidia-smi, or "" (aiayn translate's --device auto takes
+    the first one, so the rows of such a machine are GPU rows unless a variant says cpu)."""
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return ", ".join(line.strip() for line in done.stdout.splitlines() if line.strip())
+
+
 def search_options(extra: list[str]) -> dict:
     """The DecodingOptions fields a variant's flags set (for the step count)."""
     options: dict = {}
@@ -371,11 +384,13 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
     ct2 = next((r["median_s"] for r in rows if r["system"].startswith("CTranslate2 fp32")), None)
+    gpu = gpu_names()
     lines = [
         f"{n} sentences of `{args.src.name}`, model `{args.model}`, beam {args.beam}, "
         f"{args.threads} threads, {args.rounds} interleaved rounds, each system a process of "
         f"its own timed from launch to exit; {cpu_name()} ({isa()}), {os.cpu_count()} cores, "
-        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
+        + (f"GPU: {gpu} (aiayn's default device there), " if gpu else "")
+        + f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         "| system | wall time (median) | rounds | sentences/s | decoder rows/sentence | BLEU "
         "| chrF "
