@@ -32,7 +32,7 @@ S5="--max-steps 1200 --warmup-steps 400 --max-tokens 2048 --lr-scale 1.0 --model
 # The initialisation runs (docs/small-data.md, "Initialisation"): S5's model and batches, 500
 # updates of Eq. 3 in float32 without an average, as fairseq-train ran beside the recipe.
 # S8: S5 with fairseq's initialisation, the recipe as it is now at 1200 updates; the base of
-# the runs after it (S9-S12 each change one of its settings).
+# the runs after it (S9-S13 each change one of its settings).
 S8="$S5 --model init=fairseq"
 INIT="$S5 --max-steps 500 --schedule inverse_sqrt --precision fp32 --ema-decay 0"
 
@@ -52,11 +52,12 @@ declare -A RUNS=(
   [S10-ls02]="$S8 --label-smoothing 0.2"
   [S11-bpe2k]="$S8 --vocab-size 2000"
   [S12-layers2]="$S8 --model n_encoder_layers=2 --model n_decoder_layers=2"
+  [S13-width384]="$S8 --model d_model=384 --model d_ff=1536"
   [I0-xavier]="$INIT"
   [I1-fairseq]="$INIT --model init=fairseq"
 )
 ORDER=(S1-base S2-tok2048 S3-lr1 S5-tok2048-prenorm-lr1 S4-bpe4k S6-lr2 S7-dropout03 I0-xavier
-  I1-fairseq S8-fairseq-init S9-warmup200 S10-ls02 S11-bpe2k S12-layers2)
+  I1-fairseq S8-fairseq-init S9-warmup200 S10-ls02 S11-bpe2k S12-layers2 S13-width384)
 [ $# -gt 0 ] && ORDER=("$@")
 
 mkdir -p "$STUDY"
