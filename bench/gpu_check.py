@@ -28,14 +28,22 @@ left:
 5. **decode**: beam 4 and greedy for `base` (random weights, every output forced to
    `--decode-len` tokens as in bench_peers.py) on a batch of sentences of real lengths, aiayn
    float32 and bf16, and CTranslate2 on the same GPU where `import ctranslate2` works.
+6. **job**: the user's job on this GPU, each a whole command timed from launch to exit:
+   `aiayn demo` (the README's `make demo`: corpus, vocabulary, 1,200 updates in the default
+   precision, evaluation), then `aiayn translate` of the demo's 500 held-out numbers with the
+   model it trained, float32 and `--bf16`, twice each in turn: wall time and exact match. The
+   decode stage's one batch, repeated, hid a cost that every new shape paid (BENCHMARKS.md, GPU);
+   commands on real data, one after another, do not. `aiayn demo` needs `num2words` (carry its
+   wheel; without it the stage says so and is skipped).
 
 It writes DIR/gpu-check.md (the tables; `--update-benchmarks` also puts them into
 BENCHMARKS.md's GPU section) and DIR/gpu-check.json (every number), and the logs pytest.log,
-torchrun.log and torchrun-ddp.log. The exit status is 0 when every stage ran and passed.
+torchrun.log, torchrun-ddp.log, demo.log and translate-{fp32,bf16}.log (8 files: what a lent
+machine gives back). The exit status is 0 when every stage ran and passed.
 
 Without CUDA it says so in one line and exits 0, after a smoke run of every stage's code at the
-smallest sizes on the CPU (pytest aside; ~20 s on 2 cores), so that CI proves the script still
-runs (tests/test_gpu_check.py):
+smallest sizes on the CPU (pytest and the job aside; ~20 s on 2 cores), so that CI proves the
+script still runs (tests/test_gpu_check.py):
 
     PYTHONPATH=src python3 bench/gpu_check.py --out /tmp/gpu-check
 """
@@ -89,7 +97,7 @@ else:
     IMPORT_ERROR = None
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("tests", "peak", "train", "torchrun", "decode")
+STAGES = ("tests", "peak", "train", "torchrun", "decode", "job")
 REQUIRED = {  # module → where it comes from
     "aiayn": "this tree's src/: run with PYTHONPATH=src, as `make gpu-check` does",
     "torch": "pip: torch, a CUDA build",
@@ -105,6 +113,7 @@ PAPER_HOURS = 12.0  # ... or 12 hours, on 8 P100 GPUs
 # bf16 autocast (aiayn's default on CUDA), float32 products on TF32 tensor cores, IEEE float32
 MATMUL_PRECISION = {"bf16": "highest", "tf32": "high", "fp32": "highest"}
 START, END = "<!-- gpu_check:start -->", "<!-- gpu_check:end -->"
+DEMO_EXACT_MATCH = re.compile(r"exact match ([\d.]+)%")  # in `aiayn demo`'s report
 PYTEST_SUMMARY = re.compile(r"\d+ (passed|failed|skipped|errors?|deselected)\b.* in [\d.]+s")
 
 
@@ -124,6 +133,9 @@ class Sizes:
     decode_len: int = 28
     decode_repeats: int = 5
     torchrun_steps: int = 6
+    demo_steps: int | None = None  # `aiayn demo`'s own 1,200 updates
+    job_rounds: int = 2
+    job_precisions: tuple[str, ...] = ("fp32", "bf16")
 
 
 SMOKE = Sizes(
@@ -347,7 +359,7 @@ def stage_tests(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
         }
     if ctx.smoke:
         return {"status": "skipped", "summary": "not run in the CPU smoke"}
-    timeout = max(30.0, min(300.0, ctx.left() - 150))  # what the measurements need after it
+    timeout = max(30.0, min(300.0, ctx.left() - 250))  # what the measurements need after it
     command = [sys.executable, "-m", "pytest", "tests/cuda", "-q", "-p", "no:cacheprovider"]
     code, output = ctx.run_logged(command, "pytest.log", timeout)
     summaries = [line.strip("= ") for line in output.splitlines() if PYTEST_SUMMARY.search(line)]
@@ -497,7 +509,7 @@ def measure_updates(
     with matmul_precision(MATMUL_PRECISION[precision]):
         run = build(config, data, ctx.device, precision == "bf16")
         for step, group in enumerate(updates, start=1):
-            if seconds and ctx.left() < 120:
+            if seconds and ctx.left() < 220:
                 break
             took, n = timed(ctx.device, lambda group=group, step=step: run(group, step))
             if step > ctx.sizes.warmup:
@@ -532,7 +544,7 @@ def stage_train(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
     for precision in sizes.precisions:
         for name, build in (("aiayn", aiayn_update), ("nn.Transformer", reference_update)):
             row: dict[str, Any] = {"model": name, "precision": precision}
-            if ctx.left() < 150:
+            if ctx.left() < 250:
                 row["error"] = "not measured: out of time"
             else:
                 try:
@@ -765,6 +777,68 @@ def stage_decode(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
+# Stage 6: the user's job, whole commands
+# --------------------------------------------------------------------------------------------
+
+
+def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
+    if ctx.smoke:  # an untrained demo model decodes every test number to its length limit
+        return {"status": "skipped", "summary": "not run in the CPU smoke (minutes on a CPU)"}
+    if importlib.util.find_spec("num2words") is None:
+        return {
+            "status": "skipped",
+            "summary": "not run: aiayn demo needs num2words (carry its wheel)",
+        }
+    demo_dir, sizes = ctx.work / "demo", ctx.sizes
+    steps = [] if sizes.demo_steps is None else ["--max-steps", str(sizes.demo_steps)]
+    began = time.perf_counter()
+    code, output = ctx.run_logged(
+        [sys.executable, "-m", "aiayn", "demo", "-o", str(demo_dir), *steps],
+        "demo.log",
+        timeout=max(30.0, min(300.0, ctx.left() - 60)),
+    )
+    result: dict[str, Any] = {"status": "ok", "demo_s": time.perf_counter() - began}
+    if code != 0:
+        return {"status": "failed", "error": f"aiayn demo: exit {code} (see demo.log)"}
+    if match := DEMO_EXACT_MATCH.search(output):
+        result["demo_exact_match"] = float(match.group(1)) / 100
+    ctx.say(f"  aiayn demo: {result['demo_s']:.0f} s, held-out exact match "
+            f"{result.get('demo_exact_match', float('nan')):.1%}")  # fmt: skip
+    model, source = demo_dir / "run" / "model", demo_dir / "corpus" / "test.en"
+    references = (demo_dir / "corpus" / "test.de").read_text(encoding="utf-8").splitlines()
+    rows = result["translate"] = []
+    for precision in sizes.job_precisions:
+        rows.append({"precision": precision, "seconds": []})
+    for round_ in range(sizes.job_rounds):
+        for row in rows:
+            if ctx.left() < 30 and row["seconds"]:
+                continue
+            out = ctx.work / f"demo-{row['precision']}-{round_}.txt"
+            command = [sys.executable, "-m", "aiayn", "translate", "-m", str(model), "-i",
+                       str(source), "-o", str(out), "--no-progress"]  # fmt: skip
+            command += ["--bf16"] if row["precision"] == "bf16" else []
+            if not ctx.smoke:
+                command += ["--device", ctx.args.device]
+            began = time.perf_counter()
+            code, _ = ctx.run_logged(command, f"translate-{row['precision']}.log", timeout=120)
+            if code != 0:
+                log = f"translate-{row['precision']}.log"
+                error = f"aiayn translate: exit {code} (see {log})"
+                return result | {"status": "failed", "error": error}
+            row["seconds"].append(time.perf_counter() - began)
+            hypotheses = out.read_text(encoding="utf-8").splitlines()
+            row["exact_match"] = sum(
+                h == r for h, r in zip(hypotheses, references, strict=True)
+            ) / len(references)
+    for row in rows:
+        row["median_s"] = statistics.median(row["seconds"])
+        ctx.say(f"  aiayn translate {row['precision']}: {row['median_s']:.1f} s "
+                f"({len(references)} sentences), exact match {row['exact_match']:.1%}")  # fmt: skip
+    result["sentences"] = len(references)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
 # The report
 # --------------------------------------------------------------------------------------------
 
@@ -848,6 +922,27 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {r['system']} | {r['mode']} | {r['sentences_per_s']:.1f} "
                 f"| {r['tokens_per_s']:.0f} | {same} |"
             )
+    job = stages.get("job", {})
+    if job.get("translate"):
+        exact = job.get("demo_exact_match")
+        lines += [
+            "",
+            f"The user's job, whole commands: `aiayn demo` {job['demo_s']:.0f} s (held-out "
+            f"exact match {'?' if exact is None else f'{100 * exact:.1f}%'}); `aiayn translate` "
+            f"of its {job['sentences']} held-out numbers with the model it trained:",
+            "",
+            "| precision | wall time (median) | runs | exact match |",
+            "| --- | ---: | --- | ---: |",
+        ]
+        for r in job["translate"]:
+            runs = ", ".join(f"{x:.1f}" for x in r["seconds"])
+            lines.append(
+                f"| {r['precision']} | {r['median_s']:.1f} s | {runs} "
+                f"| {100 * r['exact_match']:.1f}% |"
+            )
+    elif job:
+        detail = job.get("summary") or job.get("error")
+        lines.append(f"- the user's job: **{job['status']}**, {detail}")
     return "\n".join(lines)
 
 
@@ -857,6 +952,7 @@ STAGE_FUNCTIONS = {
     "train": stage_train,
     "torchrun": stage_torchrun,
     "decode": stage_decode,
+    "job": stage_job,
 }
 
 

@@ -51,6 +51,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0_after_a_cpu_smoke(
         "train": "ok",
         "torchrun": "ok",
         "decode": "ok",
+        "job": "skipped",
     }
     rows = stages["train"]["rows"]
     assert [(r["model"], r["precision"]) for r in rows] == [
@@ -106,3 +107,50 @@ def test_a_missing_module_is_named_in_one_line(
     assert line.startswith("gpu_check: missing Python module(s): no_such_module_here (pip: ")
     assert "--no-index" in line
     assert not (tmp_path / "report").exists()
+
+
+def test_the_job_stage_reports_whole_commands_in_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job stage (`aiayn demo`, then `aiayn translate` per precision) runs on a GPU only;
+    its report is checked here."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import gpu_check
+
+    job = {
+        "status": "ok",
+        "demo_s": 61.2,
+        "demo_exact_match": 1.0,
+        "sentences": 500,
+        "translate": [
+            {"precision": "fp32", "seconds": [5.0, 4.0], "median_s": 4.5, "exact_match": 1.0},
+            {"precision": "bf16", "seconds": [5.5], "median_s": 5.5, "exact_match": 0.998},
+        ],
+    }
+    machine = {"cpu": "x", "torch": "2", "cuda": "13.0", "python": "3.12"}
+    text = gpu_check.markdown(
+        {"smoke": False, "machine": machine, "seconds": 1.0, "stages": {"job": job}}
+    )
+    assert "`aiayn demo` 61 s (held-out exact match 100.0%)" in text
+    assert "| fp32 | 4.5 s | 5.0, 4.0 | 100.0% |" in text
+    assert "| bf16 | 5.5 s | 5.5 | 99.8% |" in text
+    skipped = {"status": "skipped", "summary": "not run: aiayn demo needs num2words"}
+    text = gpu_check.markdown(
+        {"smoke": False, "machine": machine, "seconds": 1.0, "stages": {"job": skipped}}
+    )
+    assert "- the user's job: **skipped**, not run: aiayn demo needs num2words" in text
+
+
+def test_the_job_stage_reads_exact_match_from_the_demo_report(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import gpu_check
+    from aiayn.demo import DemoResult, format_report
+
+    report = format_report(
+        DemoResult(
+            model_dir=tmp_path, exact_match=0.998, chrf=99.9, chrf_signature="chrF2",
+            small_wrong=[], small_total=101, small_weight=8, minutes=1.0, examples=[],
+        )
+    )  # fmt: skip
+    match = gpu_check.DEMO_EXACT_MATCH.search(report)
+    assert match is not None and float(match.group(1)) == 99.8
