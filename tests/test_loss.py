@@ -143,3 +143,24 @@ def test_projected_loss_without_gradients_keeps_none() -> None:
         hidden @ weight.t(), torch.tensor([[1, 2, 0]]), epsilon=0.1, pad_id=0
     )
     torch.testing.assert_close(sums.loss, plain.loss)
+
+
+def test_projected_loss_under_no_grad_computes_no_gradients_for_parameters(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Validation runs under no_grad on the model's parameters, which require gradients: one
+    product per chunk (the projection), none for gradients, and the same sums."""
+    hidden = torch.randn(1, 3, 4, requires_grad=True)
+    weight = torch.randn(5, 4, requires_grad=True)
+    target = torch.tensor([[1, 2, 3]])
+    expected = projected_label_smoothed_loss(hidden, weight, target, epsilon=0.1, pad_id=0)
+    products = []
+    linear = F.linear
+    monkeypatch.setattr(F, "linear", lambda *args: products.append(1) or linear(*args))
+    with torch.no_grad():
+        sums = projected_label_smoothed_loss(
+            hidden, weight, target, epsilon=0.1, pad_id=0, chunk_tokens=2
+        )
+    assert len(products) == 2  # two chunks of rows, one projection each
+    torch.testing.assert_close(sums.loss, expected.loss.detach())
+    torch.testing.assert_close(sums.nll, expected.nll)

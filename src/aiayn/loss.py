@@ -85,6 +85,10 @@ def projected_label_smoothed_loss(
     """
     keep = target != pad_id
     n_tokens = int(keep.sum())
+    if not torch.is_grad_enabled():
+        # An autograd.Function sees needs_input_grad from requires_grad alone, not from grad
+        # mode: under no_grad (validation) it would compute and keep gradients for nothing.
+        hidden, weight = hidden.detach(), weight.detach()
     loss, nll = _ProjectedLoss.apply(
         hidden.reshape(-1, hidden.size(-1)), weight, target.reshape(-1), epsilon, pad_id,
         chunk_tokens,
