@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from aiayn.attention import MultiHeadAttention, scaled_dot_product_attention
+from aiayn.attention import MultiHeadAttention, fused_attention, scaled_dot_product_attention
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,8 @@ def cpu_attention(
     """Eq. 1 (§3.2.1), `F.scaled_dot_product_attention`'s function, by the kernel that runs
     fastest on a CPU (an `attention.AttentionKernel`; `use_cpu_attention` installs it).
 
-    Two cases differ from the fused kernel, which runs everywhere else:
+    Two cases differ from the fused kernel (`attention.fused_attention`), which runs everywhere
+    else:
 
     - A few queries (`_few_queries_on_cpu`): incremental decoding asks for one query per
       hypothesis, or a sentence's W beams; two batched matrix products then beat the fused
@@ -124,7 +125,7 @@ def cpu_attention(
                 dropout_p=dropout_p, is_causal=is_causal,
             )  # fmt: skip
         return out.to(query.dtype)
-    return F.scaled_dot_product_attention(
+    return fused_attention(
         query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
     )
 
@@ -154,8 +155,8 @@ def use_cpu_attention(model: nn.Module) -> nn.Module:
 
     In place. For a model that trains or decodes on a CPU: the trainer installs it there, and
     decoding on the models it loads (`decode.backends.pytorch.load_model_dirs`). Off the CPU,
-    `cpu_attention` is the fused kernel itself, so a model moved to a GPU later still runs its
-    fastest kernel.
+    `cpu_attention` is the default fused kernel itself (`attention.fused_attention`), so a model
+    moved to a GPU later runs what a model made there runs.
     """
     for module in model.modules():
         if isinstance(module, MultiHeadAttention):

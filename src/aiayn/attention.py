@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 def scaled_dot_product_attention(
@@ -61,6 +63,10 @@ def scaled_dot_product_attention(
     return attended @ v, (probs if need_weights else None)
 
 
+_SHAPE_FREE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""The fused kernels that build nothing per shape: every SDPA backend but cuDNN's."""
+
+
 def fused_attention(
     query: Tensor,
     key: Tensor,
@@ -77,23 +83,26 @@ def fused_attention(
     its own length, and a beam search, a key longer by one at every step, then spend most of
     their time building graphs: `aiayn translate --bf16` ran 5x slower than float32, and bf16
     training 9x slower than TF32 (BENCHMARKS.md, GPU). The other fused kernels compile nothing
-    per shape. (Under `torch.compile` the compiler chooses, and nothing is switched here.)
+    per shape. The switch is PyTorch's process-wide one, turned off for the call and back on
+    after it: a thread decoding beside it at that moment may get cuDNN's kernel once, at worst
+    slower, never wrong. Under `torch.compile`, the compiler traces `sdpa_kernel` instead.
     """
-    if (
-        query.is_cuda
-        and torch.backends.cuda.cudnn_sdp_enabled()
-        and not torch.compiler.is_compiling()
-    ):
-        torch.backends.cuda.enable_cudnn_sdp(False)
-        try:
-            return F.scaled_dot_product_attention(
-                query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
-            )
-        finally:
-            torch.backends.cuda.enable_cudnn_sdp(True)
-    return F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
-    )
+    attend = partial(
+        F.scaled_dot_product_attention,
+        query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+    )  # fmt: skip
+    if not query.is_cuda:
+        return attend()
+    if torch.compiler.is_compiling():  # the compiler traces this context, not a switch
+        with sdpa_kernel(_SHAPE_FREE_BACKENDS):
+            return attend()
+    if not torch.backends.cuda.cudnn_sdp_enabled():
+        return attend()
+    torch.backends.cuda.enable_cudnn_sdp(False)  # for this call; back on below
+    try:
+        return attend()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(True)
 
 
 AttentionKernel = Callable[..., Tensor]

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch.cuda._utils import _get_device_index
 
+from aiayn.errors import UserValueError
 from aiayn.train.distributed import init_distributed
 
 
@@ -56,4 +57,16 @@ def test_an_explicit_gpu_is_kept(selected: list[int]) -> None:
 def test_the_cpu_selects_no_gpu(selected: list[int]) -> None:
     _, device = init_distributed("cpu")
     assert device == torch.device("cpu")
+    assert selected == []
+
+
+def test_torchrun_with_one_gpu_for_every_process_is_refused(
+    selected: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes on cuda:1 would both take GPU 1, and NCCL stops at the first collective
+    ("Duplicate GPU detected"): refused in one line before any process group starts."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(UserValueError, match="--device cuda:1: under torchrun each process"):
+        init_distributed("cuda:1")
     assert selected == []

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from aiayn.errors import UserValueError
+
 
 @dataclass
 class Distributed:
@@ -67,6 +69,12 @@ def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_name == "auto":
         device_name = device_type(device_name)
+    if world_size > 1 and device_name.startswith("cuda:"):
+        raise UserValueError(
+            f"--device {device_name}: under torchrun each process trains on GPU LOCAL_RANK, so "
+            "one GPU for all would fail; pass --device cuda (or auto), and choose the GPUs "
+            "with CUDA_VISIBLE_DEVICES"
+        )
     if device_name == "cuda":
         # Process k of a torchrun trains on GPU k; a single process on GPU 0 (of those that
         # CUDA_VISIBLE_DEVICES shows). torch.cuda.set_device takes no device without an index.
