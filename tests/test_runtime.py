@@ -17,6 +17,7 @@ import torch._dynamo
 
 from aiayn import runtime
 from aiayn.decode.translator import Translator
+from aiayn.errors import UserValueError
 from aiayn.runtime import (
     MAX_DECODING_THREADS,
     ONEDNN_CACHE_VARIABLES,
@@ -175,3 +176,21 @@ def test_busy_cores_forget_a_run_that_has_just_ended(monkeypatch: pytest.MonkeyP
     # No /proc/loadavg (macOS): the average alone.
     monkeypatch.setattr(runtime, "_runnable_tasks", lambda: None)
     assert busy_cores(average=1.5) == 1.5
+
+
+def test_checked_device_resolves_auto_and_keeps_the_cpu() -> None:
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert runtime.checked_device("auto").type == expected
+    assert runtime.checked_device("cpu") == torch.device("cpu")
+    assert runtime.checked_device(torch.device("cpu")) == torch.device("cpu")
+
+
+def test_checked_device_refuses_a_gpu_index_past_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a 1-GPU machine: cuda and cuda:0 exist, cuda:1 does not (torch would say
+    "invalid device ordinal" deep inside the first CUDA call)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert runtime.checked_device("cuda") == torch.device("cuda")
+    assert runtime.checked_device("cuda:0") == torch.device("cuda:0")
+    with pytest.raises(UserValueError, match=r"--device cuda:1: this machine shows 1 CUDA GPU"):
+        runtime.checked_device("cuda:1")

@@ -1,5 +1,6 @@
-"""Process-wide settings, made by the entry points and by no library object, and how many CPU
-threads a decoding command should take (`decoding_threads`).
+"""Process-wide settings, made by the entry points and by no library object, how many CPU
+threads a decoding command should take (`decoding_threads`), and whether this machine has the
+device asked for (`checked_device`).
 
 PyTorch's thread count, oneDNN's kernel cache, TorchInductor's error handling and the limit on
 open files belong to the whole process: a `Translator`, a `Trainer` or a server app that set
@@ -21,8 +22,12 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from aiayn.errors import UserValueError
+
+if TYPE_CHECKING:
+    import torch
 
 ONEDNN_CACHE_VARIABLES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY")
 
@@ -150,3 +155,37 @@ def _raise_open_files_limit(needed: int) -> None:
     # Where it cannot, the caller's cap fits what is left (serve.connections.connection_cap).
     with contextlib.suppress(ValueError, OSError):
         resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+
+
+def checked_device(name: str | torch.device) -> torch.device:
+    """`--device` as a `torch.device` this machine has: "auto" is the first CUDA GPU where
+    there is one, else the CPU. Anything else (a typo, CUDA on a CPU-only machine or PyTorch, a
+    GPU index past the last) is refused in one line that says what there is.
+
+    Raises:
+        UserValueError: The device does not exist here.
+    """
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise UserValueError(f"--device {name}: give cpu, cuda, cuda:N or auto") from None
+    if device.type == "cpu":
+        return device
+    if device.type != "cuda":
+        raise UserValueError(f"--device {name}: aiayn runs on cpu or cuda (cuda:N)")
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else "no CUDA GPU visible"
+        raise UserValueError(
+            f"--device {name}: this machine has no CUDA GPU for PyTorch "
+            f"{torch.__version__} ({build}): use --device cpu"
+        )
+    count = torch.cuda.device_count()
+    if device.index is not None and device.index >= count:
+        raise UserValueError(
+            f"--device {name}: this machine shows {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}"
+        )
+    return device

@@ -224,6 +224,29 @@ def test_missing_input_and_bad_options_are_clear_errors(
     assert "n_best (3) must be <= beam_size (2)" in run_error(args, capsys)
 
 
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [
+        ("gpu", "--device gpu: give cpu, cuda, cuda:N or auto"),
+        ("mps", "--device mps: aiayn runs on cpu or cuda"),
+    ],
+)
+def test_a_device_this_machine_lacks_is_a_one_line_error(
+    model_dir: Path, device: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = run_error(["translate", "-m", str(model_dir), "--device", device, *FAST], capsys)
+    assert message in err and "Traceback" not in err and "bug in aiayn" not in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a machine without CUDA")
+def test_cuda_without_a_gpu_is_a_one_line_error(
+    model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    err = run_error(["translate", "-m", str(model_dir), "--device", "cuda", *FAST], capsys)
+    assert "--device cuda: this machine has no CUDA GPU for PyTorch" in err
+    assert "use --device cpu" in err and "Traceback" not in err
+
+
 # -- evaluate ---------------------------------------------------------------------------------
 
 

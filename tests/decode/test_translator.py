@@ -478,7 +478,9 @@ def test_a_cpu_translator_packs_its_linear_layers_for_onednn_unless_told_not_to(
     assert with_maps.attention is not None
 
 
-def test_int8_is_refused_off_the_cpu(model_dir: Path) -> None:
+def test_int8_is_refused_off_the_cpu(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on a GPU machine
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ValueError, match="CPU only"):
         Translator(model_dir, device="cuda", int8=True)
 

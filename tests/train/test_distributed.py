@@ -14,9 +14,12 @@ from aiayn.train.distributed import init_distributed
 
 @pytest.fixture
 def selected(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The GPU index each torch.cuda.set_device call selected, checked as torch checks it."""
+    """The GPU index each torch.cuda.set_device call selected, checked as torch checks it, on
+    a machine with two GPUs."""
     calls: list[int] = []
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(_get_device_index(d)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
     return calls
@@ -29,10 +32,7 @@ def test_a_single_process_on_cuda_trains_on_gpu_0(selected: list[int]) -> None:
     assert not context.enabled
 
 
-def test_auto_on_a_gpu_machine_trains_on_gpu_0(
-    selected: list[int], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+def test_auto_on_a_gpu_machine_trains_on_gpu_0(selected: list[int]) -> None:
     _, device = init_distributed("auto")
     assert device == torch.device("cuda:0")
     assert selected == [0]
@@ -69,4 +69,14 @@ def test_torchrun_with_one_gpu_for_every_process_is_refused(
     monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(UserValueError, match="--device cuda:1: under torchrun each process"):
         init_distributed("cuda:1")
+    assert selected == []
+
+
+def test_more_processes_than_gpus_is_refused_in_one_line(
+    selected: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_RANK", "2")
+    with pytest.raises(UserValueError, match=r"--device cuda:2: this machine shows 2 CUDA GPU"):
+        init_distributed("cuda")
     assert selected == []

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from aiayn.errors import UserValueError
+from aiayn.runtime import checked_device
 
 
 @dataclass
@@ -79,7 +80,7 @@ def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
         # Process k of a torchrun trains on GPU k; a single process on GPU 0 (of those that
         # CUDA_VISIBLE_DEVICES shows). torch.cuda.set_device takes no device without an index.
         device_name = f"cuda:{local_rank}"
-    device = torch.device(device_name)
+    device = checked_device(device_name)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     context = Distributed(rank=rank, world_size=world_size, local_rank=local_rank)

@@ -36,6 +36,7 @@ from aiayn.decode.search import pad, search_with
 from aiayn.errors import UserValueError
 from aiayn.model import Transformer
 from aiayn.model_dir import LoadedModel, load_model_dir
+from aiayn.runtime import checked_device
 from aiayn.text.tokenizer import BOS_ID, SplitTokenizer, Tokenizer, load_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -139,11 +140,12 @@ def load_model_dirs(
         CheckpointError: A directory is missing, incomplete or corrupt, or an ensemble's
             models do not share their tokenizer and target vocabulary.
     """
-    if int8 and torch.device(device).type != "cpu":
+    device = checked_device(device)
+    if int8 and device.type != "cpu":
         raise UserValueError(f"int8 dynamic quantization runs on the CPU only, not on {device}")
     if int8 and bf16:
         raise UserValueError("choose one of int8 and bf16")
-    if bf16 and torch.device(device).type == "cpu" and not native_bf16_cpu():
+    if bf16 and device.type == "cpu" and not native_bf16_cpu():
         logger.warning("this CPU has no native bf16 arithmetic: bf16 will be slower")
     loaded = [load_model_dir(d, device=device) for d in dirs]
     check_same_vocabulary(loaded)
@@ -153,8 +155,8 @@ def load_model_dirs(
         models = [quantize_int8(model) for model in models]
     elif bf16:
         models = [model.to(torch.bfloat16) for model in models]
-    elif onednn and torch.device(device).type == "cpu":
+    elif onednn and device.type == "cpu":
         models = [pack_linear_layers(model) for model in models]
-    if torch.device(device).type == "cpu":
+    if device.type == "cpu":
         models = [use_cpu_attention(model) for model in models]
     return PyTorchBackend(models), tokenizer, loaded
