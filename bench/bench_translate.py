@@ -202,13 +202,16 @@ def isa() -> str:
 
 def gpu_names() -> str:
     """The machine's NVIDIA GPUs by nvidia-smi, or "" (aiayn translate's --device auto takes
-    the first one, so the rows of such a machine are GPU rows unless a variant says cpu)."""
+    the first one where PyTorch has CUDA, so the rows of such a machine are GPU rows unless a
+    variant says cpu)."""
     try:
         done = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
+        return ""
+    if done.returncode != 0:  # no driver: nvidia-smi says so on stdout
         return ""
     return ", ".join(line.strip() for line in done.stdout.splitlines() if line.strip())
 
@@ -389,7 +392,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{n} sentences of `{args.src.name}`, model `{args.model}`, beam {args.beam}, "
         f"{args.threads} threads, {args.rounds} interleaved rounds, each system a process of "
         f"its own timed from launch to exit; {cpu_name()} ({isa()}), {os.cpu_count()} cores, "
-        + (f"GPU: {gpu} (aiayn's default device there), " if gpu else "")
+        + (f"GPU: {gpu} (`--device auto` picks it where PyTorch has CUDA), " if gpu else "")
         + f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         "| system | wall time (median) | rounds | sentences/s | decoder rows/sentence | BLEU "

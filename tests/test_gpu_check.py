@@ -132,6 +132,11 @@ def test_the_job_stage_reports_whole_commands_in_a_table(monkeypatch: pytest.Mon
     assert "`aiayn demo` 61 s (held-out exact match 100.0%)" in text
     assert "| fp32 | 4.5 s | 5.0, 4.0 | 100.0% |" in text
     assert "| bf16 | 5.5 s | 5.5 | 99.8% |" in text
+    failed = {"status": "failed", "demo_s": 61.2, "error": "aiayn translate: exit 1 (x.log)"}
+    text = gpu_check.markdown(
+        {"smoke": False, "machine": machine, "seconds": 1.0, "stages": {"job": failed}}
+    )
+    assert "- the user's job: **failed**, aiayn translate: exit 1 (x.log)" in text
     skipped = {"status": "skipped", "summary": "not run: aiayn demo needs num2words"}
     text = gpu_check.markdown(
         {"smoke": False, "machine": machine, "seconds": 1.0, "stages": {"job": skipped}}

@@ -85,7 +85,8 @@ def fused_attention(
     training 9x slower than TF32 (BENCHMARKS.md, GPU). The other fused kernels compile nothing
     per shape. The switch is PyTorch's process-wide one, turned off for the call and back on
     after it: a thread decoding beside it at that moment may get cuDNN's kernel once, at worst
-    slower, never wrong. Under `torch.compile`, the compiler traces `sdpa_kernel` instead.
+    slower, never wrong. Under `torch.compile`, the compiler traces `sdpa_kernel` with every
+    backend but cuDNN's instead, which also allows those the caller had turned off.
     """
     attend = partial(
         F.scaled_dot_product_attention,

@@ -158,9 +158,10 @@ def _raise_open_files_limit(needed: int) -> None:
 
 
 def checked_device(name: str | torch.device) -> torch.device:
-    """`--device` as a `torch.device` this machine has: "auto" is the first CUDA GPU where
-    there is one, else the CPU. Anything else (a typo, CUDA on a CPU-only machine or PyTorch, a
-    GPU index past the last) is refused in one line that says what there is.
+    """`--device` as a `torch.device`: "auto" is the first CUDA GPU where there is one, else
+    the CPU. A name PyTorch does not know (a typo), and a CUDA device this machine lacks (CUDA
+    on a CPU-only machine or PyTorch, a GPU index past the last), are refused in one line that
+    says what there is.
 
     Raises:
         UserValueError: The device does not exist here.
@@ -173,10 +174,8 @@ def checked_device(name: str | torch.device) -> torch.device:
         device = torch.device(name)
     except RuntimeError:
         raise UserValueError(f"--device {name}: give cpu, cuda, cuda:N or auto") from None
-    if device.type == "cpu":
+    if device.type != "cuda":  # the CPU, or another of PyTorch's devices (mps, xpu), as it is
         return device
-    if device.type != "cuda":
-        raise UserValueError(f"--device {name}: aiayn runs on cpu or cuda (cuda:N)")
     if not torch.cuda.is_available():
         build = "a CPU-only build" if torch.version.cuda is None else "no CUDA GPU visible"
         raise UserValueError(

@@ -228,7 +228,7 @@ def test_missing_input_and_bad_options_are_clear_errors(
     ("device", "message"),
     [
         ("gpu", "--device gpu: give cpu, cuda, cuda:N or auto"),
-        ("mps", "--device mps: aiayn runs on cpu or cuda"),
+        ("cuda:x", "--device cuda:x: give cpu, cuda, cuda:N or auto"),
     ],
 )
 def test_a_device_this_machine_lacks_is_a_one_line_error(

@@ -76,6 +76,12 @@ def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
             "one GPU for all would fail; pass --device cuda (or auto), and choose the GPUs "
             "with CUDA_VISIBLE_DEVICES"
         )
+    cuda_ranks = device_name == "cuda" and world_size > 1 and torch.cuda.is_available()
+    if cuda_ranks and local_rank >= (count := torch.cuda.device_count()):
+        raise UserValueError(
+            f"torchrun process {local_rank} (LOCAL_RANK) has no GPU: this machine shows "
+            f"{count}; start at most --nproc_per_node={count}"
+        )
     if device_name == "cuda":
         # Process k of a torchrun trains on GPU k; a single process on GPU 0 (of those that
         # CUDA_VISIBLE_DEVICES shows). torch.cuda.set_device takes no device without an index.
