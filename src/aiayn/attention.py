@@ -88,12 +88,14 @@ def fused_attention(
     slower, never wrong. Under `torch.compile`, the compiler traces `sdpa_kernel` with every
     backend but cuDNN's instead, which also allows those the caller had turned off.
     """
+    if not query.is_cuda:  # the CPU's hot path: the call alone
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal
+        )
     attend = partial(
         F.scaled_dot_product_attention,
         query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
     )  # fmt: skip
-    if not query.is_cuda:
-        return attend()
     if torch.compiler.is_compiling():  # the compiler traces this context, not a switch
         with sdpa_kernel(_SHAPE_FREE_BACKENDS):
             return attend()

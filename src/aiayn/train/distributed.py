@@ -60,7 +60,7 @@ def device_type(device_name: str) -> str:
     """The type of the device that `device_name` (``--device``) trains on: "auto" is CUDA
     where there is one, else the CPU."""
     if device_name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return checked_device("auto").type
     return torch.device(device_name).type
 
 
