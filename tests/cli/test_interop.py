@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.cli import main
+from aiayn.errors import UserError
 from interop_models import SENTENCES, tiny_model_dir
 
 FAST = ["--threads", "1", "--no-progress"]
@@ -108,6 +109,41 @@ def test_backend_ctranslate2_takes_the_decoding_threads_by_default(ct2_dir, monk
     for flags in ([], ["--threads", "2"]):
         load_translator(build_parser().parse_args(["translate", "-m", str(ct2_dir), *flags]))
     assert asked == [3, 2]
+
+
+def test_backend_ctranslate2_device_auto_falls_back_to_the_cpu(ct2_dir, monkeypatch) -> None:
+    """--device auto on a machine where CTranslate2 counts a GPU it cannot open (its wheel
+    built for another CUDA) decodes on the CPU, with a warning; --device cuda there is one line
+    naming the device; cuda:N reaches CTranslate2 as its device_index."""
+    import ctranslate2
+
+    from aiayn.cli import build_parser
+    from aiayn.cli.common import load_translator
+
+    opened = []
+
+    def translator(*args, **kwargs):
+        opened.append((kwargs["device"], kwargs["device_index"]))
+        if kwargs["device"] == "cuda":
+            raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
+        return real(*args, **kwargs)
+
+    real = ctranslate2.Translator
+    monkeypatch.setattr(ctranslate2, "Translator", translator)
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+
+    def load(*flags: str):
+        return load_translator(build_parser().parse_args(["translate", "-m", str(ct2_dir), *flags]))
+
+    assert load("--device", "auto").device == "cpu"
+    assert opened == [("cuda", 0), ("cpu", 0)]
+    opened.clear()
+    for device, index in (("cuda", 0), ("cuda:1", 1)):
+        with pytest.raises(UserError, match=rf"--device {device}: .*libcublas\.so\.12"):
+            load("--device", device)
+        assert opened.pop() == ("cuda", index)
+    with pytest.raises(UserError, match="runs on cpu, cuda, cuda:N or auto"):
+        load("--device", "gpu")
 
 
 def test_backend_ctranslate2_converts_on_one_pytorch_thread(model_dir, monkeypatch) -> None:

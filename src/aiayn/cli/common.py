@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import dataclasses
 import logging
+import re
 import shutil
 import sys
 import tempfile
@@ -234,29 +235,50 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
     if not getattr(args, "onednn", True):
         raise UserValueError("--no-onednn is PyTorch's: CTranslate2 picks its own CPU kernels")
     device = args.device
-    if device == "auto":
+    auto = device == "auto"
+    if auto:
         device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
-    if device not in ("cpu", "cuda", "cuda:0"):
-        raise UserValueError(f"--device {device}: the CTranslate2 backend runs on cpu or cuda")
-    device = device.split(":")[0]
-    threads = args.threads
-    if threads is None:
-        threads = _default_threads(device == "cpu")
-    options = dict(
-        device=device,
-        compute_type=args.compute_type or "default",
-        max_tokens=args.max_tokens,
-        threads=threads,
-    )
+    if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        raise UserValueError(
+            f"--device {device}: the CTranslate2 backend runs on cpu, cuda, cuda:N or auto"
+        )
+
+    def options(device: str) -> dict:
+        threads = args.threads
+        if threads is None:
+            threads = _default_threads(device == "cpu")
+        return dict(
+            device=device,
+            compute_type=args.compute_type or "default",
+            max_tokens=args.max_tokens,
+            threads=threads,
+        )
+
+    def load(export: Path) -> CTranslate2Translator:
+        """The translator on `device`; with --device auto, on the CPU where CTranslate2 counts
+        a GPU it cannot use (its wheel built for another CUDA than the machine's)."""
+        try:
+            return CTranslate2Translator(export, **options(device))
+        except RuntimeError as error:  # what CTranslate2 raises for a device it cannot open
+            if device == "cpu":
+                raise
+            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            if not auto:
+                raise UserValueError(
+                    f"--device {device}: CTranslate2 cannot decode there ({reason})"
+                ) from None
+            logger.warning("CTranslate2 cannot use the GPU (%s): decoding on the CPU", reason)
+            return CTranslate2Translator(export, **options("cpu"))
+
     model_dir = Path(dirs[0])
     if is_ct2_export(model_dir):
-        return CTranslate2Translator(model_dir, **options)
+        return load(model_dir)
     export = find_cached_export(model_dir)
     if export is None:
         runtime.configure(threads=1)  # before the conversion's PyTorch work
         export = cached_export(model_dir)
     if export is not None:
-        translator = CTranslate2Translator(export, **options)
+        translator = load(export)
     else:  # nothing to key a cache by, or no cache to write: a temporary export
         tmp = Path(tempfile.mkdtemp(prefix="aiayn-ct2-"))
         try:
@@ -267,7 +289,7 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
                 model_dir,
             )
             export_ctranslate2(model_dir, tmp / "model")
-            translator = CTranslate2Translator(tmp / "model", **options)
+            translator = load(tmp / "model")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     translator.model_dirs = [model_dir]  # what the user named, not the export

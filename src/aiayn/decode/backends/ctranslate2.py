@@ -72,7 +72,7 @@ class CTranslate2Backend:
         tokenizer: The export's tokenizer (``source.spm``, or a split tokenizer's files).
         metadata: The exported model directory's metadata.
         models: One stand-in (`ExportedModel`) holding the exported `ModelConfig`.
-        device: CTranslate2's device name ("cpu", "cuda"), a string: no torch here.
+        device: The device it runs on ("cpu", "cuda", "cuda:N"), a string: no torch here.
     """
 
     returns_attention = False
@@ -89,7 +89,7 @@ class CTranslate2Backend:
 
         Args:
             ct2_dir: Written by `aiayn.interop.export_ctranslate2`.
-            device: "cpu", "cuda" (CTranslate2's devices).
+            device: "cpu", "cuda" or "cuda:N" (CTranslate2's device and ``device_index``).
             compute_type: CTranslate2's compute type ("default" = as stored, "int8",
                 "float32", ...).
             threads: CPU threads (``intra_threads``); 0 = CTranslate2's default.
@@ -112,8 +112,13 @@ class CTranslate2Backend:
         else:
             self.tokenizer = Tokenizer.load(directory / SOURCE_SPM_FILE)
         self.metadata: dict[str, Any] = aiayn.get("metadata", {})
+        kind, _, index = device.partition(":")
         self.translator = self._ctranslate2.Translator(
-            str(directory), device=device, compute_type=compute_type, intra_threads=threads
+            str(directory),
+            device=kind,
+            device_index=int(index or 0),
+            compute_type=compute_type,
+            intra_threads=threads,
         )
         self._token_ids: dict[str, int] = {}
         for i, piece in enumerate(vocabulary(self.tokenizer, config.tgt_vocab_size)):
