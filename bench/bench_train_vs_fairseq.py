@@ -31,8 +31,8 @@ The same work on both sides, by construction:
   holds, written as piece strings, and aiayn's vocabulary as its dictionary (`fairseq-preprocess
   --joined-dictionary --srcdict`, the 4 special pieces being fairseq's own): same pairs, same
   pieces, same vocabulary size (both printed).
-- **Model.** The recipe's `ModelConfig` (here `small`: d_model 256, d_ff 1024, 4 heads, 3+3
-  layers, pre-norm, ReLU, sinusoidal positions, one matrix for both embeddings and the
+- **Model.** The recipe's `ModelConfig` (here `small`'s width, d_model 256, d_ff 1024, 4 heads,
+  at 2+2 layers, pre-norm, ReLU, sinusoidal positions, one matrix for both embeddings and the
   pre-softmax projection) as fairseq's `transformer` architecture flags (`--share-all-embeddings`
   for `share_embeddings: all`, `--encoder-normalize-before` and `--decoder-normalize-before` for
   `norm_first`); both parameter counts are printed (fairseq's includes copies of

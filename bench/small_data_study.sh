@@ -23,16 +23,19 @@ shift 2
 AIAYN=${AIAYN:-.venv/bin/aiayn}
 COMMON="--precision bf16 --ema-decay 0.999 --schedule linear --time-budget none --valid-every 100
   --save-every 0 --log-every 25 --no-progress --threads 2"
-# Every setting that differs from the recipe as it is now is given: the recipe took S5's, and
-# later fairseq's initialisation (the S runs drew tensor2tensor's: init=xavier).
+# Every setting that differs from the recipe as it is now is given: the recipe took S5's, then
+# fairseq's initialisation (the S runs drew tensor2tensor's: init=xavier), then S12's 2+2 layers
+# (the S runs have the `small` preset's 3+3 unless they say otherwise).
+LAYERS3="--model n_encoder_layers=3 --model n_decoder_layers=3"
 # BASE: the recipe before the study.
-BASE="--max-tokens 4096 --lr-scale 0.5 --model norm_first=false --model init=xavier"
+BASE="--max-tokens 4096 --lr-scale 0.5 --model norm_first=false --model init=xavier $LAYERS3"
 S5="--max-steps 1200 --warmup-steps 400 --max-tokens 2048 --lr-scale 1.0 --model norm_first=true
-  --model init=xavier"
+  --model init=xavier $LAYERS3"
 # The initialisation runs (docs/small-data.md, "Initialisation"): S5's model and batches, 500
 # updates of Eq. 3 in float32 without an average, as fairseq-train ran beside the recipe.
-# S8: S5 with fairseq's initialisation, the recipe as it is now at 1200 updates; the base of
-# the runs after it (S9-S13 each change one of its settings).
+# S8: S5 with fairseq's initialisation, the recipe (then, with 3+3 layers) at 1200 updates; the
+# base of the runs after it (S9-S13 each change one of its settings; S12's 2+2 layers became the
+# recipe's).
 S8="$S5 --model init=fairseq"
 INIT="$S5 --max-steps 500 --schedule inverse_sqrt --precision fp32 --ema-decay 0"
 
