@@ -112,21 +112,25 @@ def test_backend_ctranslate2_takes_the_decoding_threads_by_default(ct2_dir, monk
 
 
 def test_backend_ctranslate2_device_auto_falls_back_to_the_cpu(ct2_dir, monkeypatch) -> None:
-    """--device auto on a machine where CTranslate2 counts a GPU it cannot open (its wheel
-    built for another CUDA) decodes on the CPU, with a warning; --device cuda there is one line
-    naming the device; cuda:N reaches CTranslate2 as its device_index."""
+    """--device auto on a machine where CTranslate2 counts a GPU it cannot compute on (its
+    wheel built for another CUDA: the model loads, the first matrix product fails) decodes on
+    the CPU, with a warning; --device cuda there is one line naming the device; cuda:N reaches
+    CTranslate2 as its device_index; an error that is not the device's is not hidden."""
     import ctranslate2
 
     from aiayn.cli import build_parser
     from aiayn.cli.common import load_translator
 
     opened = []
+    failure = "Library libcublas.so.12 is not found or cannot be loaded"
+
+    class GpuWithoutCublas:  # what CTranslate2 4.8 does there: loads, then fails to compute
+        def translate_batch(self, *args, **kwargs):
+            raise RuntimeError(failure)
 
     def translator(*args, **kwargs):
         opened.append((kwargs["device"], kwargs["device_index"]))
-        if kwargs["device"] == "cuda":
-            raise RuntimeError("Library libcublas.so.12 is not found or cannot be loaded")
-        return real(*args, **kwargs)
+        return GpuWithoutCublas() if kwargs["device"] == "cuda" else real(*args, **kwargs)
 
     real = ctranslate2.Translator
     monkeypatch.setattr(ctranslate2, "Translator", translator)
@@ -144,6 +148,12 @@ def test_backend_ctranslate2_device_auto_falls_back_to_the_cpu(ct2_dir, monkeypa
         assert opened.pop() == ("cuda", index)
     with pytest.raises(UserError, match="runs on cpu, cuda, cuda:N or auto"):
         load("--device", "gpu")
+    failure = "Unable to open file 'model.bin'"  # not the GPU's fault: no CPU retry
+    with pytest.raises(RuntimeError, match=r"model\.bin"):
+        load("--device", "auto")
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 0)
+    with pytest.raises(UserError, match="--device cuda: CTranslate2 sees no CUDA GPU"):
+        load("--device", "cuda")
 
 
 def test_backend_ctranslate2_converts_on_one_pytorch_thread(model_dir, monkeypatch) -> None:

@@ -236,12 +236,15 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
         raise UserValueError("--no-onednn is PyTorch's: CTranslate2 picks its own CPU kernels")
     device = args.device
     auto = device == "auto"
+    gpus = ctranslate2.get_cuda_device_count()
     if auto:
-        device = "cuda" if ctranslate2.get_cuda_device_count() > 0 else "cpu"
+        device = "cuda" if gpus > 0 else "cpu"
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         raise UserValueError(
             f"--device {device}: the CTranslate2 backend runs on cpu, cuda, cuda:N or auto"
         )
+    if device != "cpu" and gpus == 0:
+        raise UserValueError(f"--device {device}: CTranslate2 sees no CUDA GPU on this machine")
 
     def options(device: str) -> dict:
         threads = args.threads
@@ -259,10 +262,10 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
         a GPU it cannot use (its wheel built for another CUDA than the machine's)."""
         try:
             return CTranslate2Translator(export, **options(device))
-        except RuntimeError as error:  # what CTranslate2 raises for a device it cannot open
-            if device == "cpu":
-                raise
+        except RuntimeError as error:  # what CTranslate2 raises for a GPU it cannot compute on
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            if device == "cpu" or not re.search(r"CUDA|cuBLAS|cublas|cuDNN|cudnn", reason):
+                raise  # not the device's: a broken export is the same error on any device
             if not auto:
                 raise UserValueError(
                     f"--device {device}: CTranslate2 cannot decode there ({reason})"

@@ -424,7 +424,7 @@ def CTranslate2Translator(
 
     Args:
         ct2_dir: Written by `export_ctranslate2`.
-        device: "cpu", "cuda" (CTranslate2's devices).
+        device: "cpu", "cuda" or "cuda:N".
         compute_type: CTranslate2's compute type ("default" = as stored, "int8",
             "float32", ...).
         max_tokens: Batch budget, as `Translator`'s.

@@ -89,7 +89,9 @@ class CTranslate2Backend:
 
         Args:
             ct2_dir: Written by `aiayn.interop.export_ctranslate2`.
-            device: "cpu", "cuda" or "cuda:N" (CTranslate2's device and ``device_index``).
+            device: "cpu", "cuda" or "cuda:N" (CTranslate2's device and ``device_index``). On
+                a GPU, one step on one token is decoded at once, so that a GPU CTranslate2
+                cannot compute on raises here (a ``RuntimeError``, CTranslate2's).
             compute_type: CTranslate2's compute type ("default" = as stored, "int8",
                 "float32", ...).
             threads: CPU threads (``intra_threads``); 0 = CTranslate2's default.
@@ -125,6 +127,16 @@ class CTranslate2Backend:
             self._token_ids.setdefault(piece, i)
         self.device = device  # CTranslate2's name for it: no torch is imported on this path
         self.models = [ExportedModel(config, self.device)]
+        if kind != "cpu":
+            self._first_product()
+
+    def _first_product(self) -> None:
+        """One decoding step on one token, so that a GPU CTranslate2 cannot compute on fails
+        here rather than at the first sentence: CTranslate2 opens cuBLAS at its first matrix
+        product, not when it loads the model (a wheel built for CUDA 12 on a CUDA 13 machine
+        loads, then raises "libcublas.so.12 is not found")."""
+        piece = next(iter(self._token_ids))
+        self.translator.translate_batch([[piece]], beam_size=1, max_decoding_length=1)
 
     def check(self, options: DecodingOptions, *, return_attention: bool) -> None:
         if return_attention:
