@@ -392,7 +392,13 @@ def main(argv: list[str] | None = None) -> None:
         f"{n} sentences of `{args.src.name}`, model `{args.model}`, beam {args.beam}, "
         f"{args.threads} threads, {args.rounds} interleaved rounds, each system a process of "
         f"its own timed from launch to exit; {cpu_name()} ({isa()}), {os.cpu_count()} cores, "
-        + (f"GPU: {gpu} (`--device auto` picks it where PyTorch has CUDA), " if gpu else "")
+        + (
+            f"GPU: {gpu} (aiayn's `--device auto` picks it where PyTorch has CUDA, and for "
+            "`--backend ctranslate2` where CTranslate2 can compute on it; CTranslate2's own "
+            "API rows run on the CPU), "
+            if gpu
+            else ""
+        )
         + f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
         "",
         "| system | wall time (median) | rounds | sentences/s | decoder rows/sentence | BLEU "
