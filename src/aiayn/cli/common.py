@@ -236,7 +236,7 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
         raise UserValueError("--no-onednn is PyTorch's: CTranslate2 picks its own CPU kernels")
     device = args.device
     auto = device == "auto"
-    gpus = ctranslate2.get_cuda_device_count()
+    gpus = ctranslate2.get_cuda_device_count() if device != "cpu" else 0  # a probe: skip it
     if auto:
         device = "cuda" if gpus > 0 else "cpu"
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
@@ -264,7 +264,7 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
             return CTranslate2Translator(export, **options(device))
         except RuntimeError as error:  # what CTranslate2 raises for a GPU it cannot compute on
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            if device == "cpu" or not re.search(r"CUDA|cuBLAS|cublas|cuDNN|cudnn", reason):
+            if device == "cpu" or not re.search(r"cuda|cublas|cudnn", reason, re.IGNORECASE):
                 raise  # not the device's: a broken export is the same error on any device
             if not auto:
                 raise UserValueError(
