@@ -9,7 +9,9 @@ alike:
   (``--variant NAME='--int8'``, ``--variant finished='--stopping finished'``, ...);
 - CTranslate2's own Python API on ``aiayn export --to ctranslate2`` (fp32 and int8 exports):
   SentencePiece in, ``translate_batch`` (beam W, batches of 1,024 tokens, the same length limit
-  and banned tokens as aiayn), SentencePiece out — what a CTranslate2 user writes;
+  and banned tokens as aiayn), SentencePiece out — what a CTranslate2 user writes; once with
+  the threads inside one batch (``intra_threads``, its default way), once with as many batches
+  side by side, one thread each (``inter_threads``: what aiayn's decoding workers do);
 - ``aiayn translate --backend ctranslate2`` on the same export, and on the model directory
   (its export converted once, before the rounds, into the cache the command reads);
 - Hugging Face ``generate`` on ``aiayn export --to hf`` (``--with-hf``; slow; post-norm models
@@ -54,14 +56,16 @@ AIAYN = [sys.executable, "-m", "aiayn"]
 CT2_SCRIPT = r"""
 import sys, json
 import ctranslate2, sentencepiece as spm
-export, src, out, beam, threads, alpha, max_a, max_b = sys.argv[1:9]
-beam, threads = int(beam), int(threads)
+export, src, out, beam, threads, alpha, max_a, max_b, inter = sys.argv[1:10]
+beam, threads, inter = int(beam), int(threads), int(inter)
 alpha, max_a, max_b = float(alpha), float(max_a), float(max_b)
 sp = spm.SentencePieceProcessor(model_file=f"{export}/source.spm")
 target = spm.SentencePieceProcessor(model_file=f"{export}/target.spm")
 lines = open(src, encoding="utf-8").read().split("\n")[:-1]
 pieces = [sp.encode(line, out_type=str) for line in lines]
-translator = ctranslate2.Translator(export, device="cpu", intra_threads=threads)
+translator = ctranslate2.Translator(
+    export, device="cpu", intra_threads=max(1, threads // inter), inter_threads=inter
+)
 limit = max(int(max_a * (len(p) + 1) + max_b) for p in pieces) if pieces else 1
 results = translator.translate_batch(
     pieces, beam_size=beam, length_penalty=alpha, max_batch_size=1024, batch_type="tokens",
@@ -302,9 +306,18 @@ def main(argv: list[str] | None = None) -> None:
                 System(
                     f"CTranslate2 {label} (Python API)",
                     [sys.executable, "-c", CT2_SCRIPT, str(export), str(args.src), "{out}",
-                     str(args.beam), str(args.threads), "1.0", "1.0", "50"],
+                     str(args.beam), str(args.threads), "1.0", "1.0", "50", "1"],
                 )
             )  # fmt: skip
+            if args.threads > 1:  # its batches side by side, one thread each (as aiayn's workers)
+                systems.append(
+                    System(
+                        f"CTranslate2 {label} (Python API, inter_threads {args.threads})",
+                        [sys.executable, "-c", CT2_SCRIPT, str(export), str(args.src), "{out}",
+                         str(args.beam), str(args.threads), "1.0", "1.0", "50",
+                         str(args.threads)],
+                    )
+                )  # fmt: skip
             if not quantization:
                 systems.append(
                     System(
@@ -387,6 +400,10 @@ def main(argv: list[str] | None = None) -> None:
             }
         )
     ct2 = next((r["median_s"] for r in rows if r["system"].startswith("CTranslate2 fp32")), None)
+    ct2_inter = next(
+        (r["median_s"] for r in rows if r["system"].startswith("CTranslate2 fp32 (Python API, i")),
+        None,
+    )
     gpu = gpu_names()
     lines = [
         f"{n} sentences of `{args.src.name}`, model `{args.model}`, beam {args.beam}, "
@@ -403,8 +420,10 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "| system | wall time (median) | rounds | sentences/s | decoder rows/sentence | BLEU "
         "| chrF "
-        "| outputs ≠ first | × CTranslate2 fp32 |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| outputs ≠ first | × CTranslate2 fp32 |"
+        + (" × CTranslate2 fp32 inter_threads |" if ct2_inter else ""),
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+        + (" ---: |" if ct2_inter else ""),
     ]
     for r in rows:
         rows_ = r["decoder_rows_per_sentence"]
@@ -415,6 +434,7 @@ def main(argv: list[str] | None = None) -> None:
             + ", ".join(f"{s:.1f}" for s in r["seconds"])
             + f" | {r['sentences_per_s']:.1f} | {steps} | {r['bleu']:.2f} | {r['chrf']:.2f} | "
             f"{r['outputs_differing_from_first']} | {speed} |"
+            + (f" {ct2_inter / r['median_s']:.2f}× |" if ct2_inter else "")
         )
     table = "\n".join(lines)
     print(table)

@@ -41,15 +41,19 @@ CT2_MARKERS = ("model.bin", "aiayn.json")  # what `export_ctranslate2` writes, a
 
 
 def add_search_options(
-    p: argparse.ArgumentParser, *, ensemble: bool = False, backend: bool = False
+    p: argparse.ArgumentParser,
+    *,
+    ensemble: bool = False,
+    backend: bool = False,
+    workers: bool = False,
 ) -> None:
     """Model loading and beam search flags shared by `translate`, `evaluate`, `serve` and
     `attention`; with ``ensemble``, -m may be repeated; with ``backend``, the model may run on
-    CTranslate2."""
+    CTranslate2; with ``workers``, batches may be decoded in parallel processes."""
     add_model_dir_flag(p, ensemble=ensemble)
     g = p.add_argument_group("search (defaults are the paper's, §6.1)")
     add_dataclass_flags(g, DecodingOptions, only=SEARCH_FIELDS)
-    add_model_flags(p, backend=backend)
+    add_model_flags(p, backend=backend, workers=workers)
 
 
 def add_model_dir_flag(p: argparse.ArgumentParser, *, ensemble: bool) -> None:
@@ -69,9 +73,12 @@ def add_model_dir_flag(p: argparse.ArgumentParser, *, ensemble: bool) -> None:
         )
 
 
-def add_model_flags(p: argparse.ArgumentParser, *, backend: bool = False) -> None:
+def add_model_flags(
+    p: argparse.ArgumentParser, *, backend: bool = False, workers: bool = False
+) -> None:
     """How `load_translator` loads and runs the model: batch budget, device, threads, int8,
-    and with ``backend`` the runtime (PyTorch or CTranslate2)."""
+    with ``backend`` the runtime (PyTorch or CTranslate2), with ``workers`` how many batches
+    are decoded at once."""
     g = p.add_argument_group("model")
     g.add_argument(
         "--max-tokens",
@@ -89,6 +96,15 @@ def add_model_flags(p: argparse.ArgumentParser, *, backend: bool = False) -> Non
         "cores busy with other work, PyTorch's threads wait for each other and decoding gets "
         "many times slower)",
     )
+    if workers:
+        g.add_argument(
+            "--workers",
+            type=int,
+            help="CPU, PyTorch backend (Linux): decode this many batches at once, each in a "
+            "process of its own, sharing --threads among them; the outputs are those of one "
+            "process (default: one worker per thread, so each runs one thread, when the input "
+            "makes more than one batch; 1 on a GPU, for an ONNX export, and for sampling)",
+        )
     g.add_argument(
         "--int8",
         action="store_true",
@@ -178,11 +194,29 @@ def load_translator(args: argparse.Namespace) -> Translator:
     device, int8 = args.device, getattr(args, "int8", False)
     if device == "auto":
         device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
-    threads = args.threads
-    if threads is None:
-        threads = _default_threads(torch.device(device).type == "cpu")
+    on_cpu = runtime.checked_device(device).type == "cpu"  # a name it lacks: one line
     dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]
     onnx = len(dirs) == 1 and is_onnx_export(dirs[0])
+    threads = args.threads
+    if threads is None:
+        threads = runtime.decoding_threads()
+    workers = getattr(args, "workers", 1)  # 1 for the commands without --workers (serve)
+    if workers is None:  # one worker per thread where workers can run
+        from aiayn.decode.workers import fork_missing
+
+        can_fork = fork_missing() is None
+        workers = (threads or torch.get_num_threads()) if on_cpu and not onnx and can_fork else 1
+    worker_threads = max(1, (threads or torch.get_num_threads()) // max(workers, 1))
+    if on_cpu and args.threads is None:
+        if workers > 1:
+            logger.info(
+                "decoding in up to %d worker processes of %d CPU thread(s) each; --workers, "
+                "--threads to change",
+                workers,
+                worker_threads,
+            )
+        else:
+            logger.info("decoding with %d CPU thread(s); --threads to change", threads)
     runtime.configure(threads=min(threads, 1) if onnx else threads)
     return Translator(
         args.model_dir,
@@ -192,6 +226,8 @@ def load_translator(args: argparse.Namespace) -> Translator:
         int8=int8,
         bf16=getattr(args, "bf16", False),
         onednn=getattr(args, "onednn", True),
+        workers=workers,
+        worker_threads=worker_threads,
     )
 
 
@@ -232,6 +268,11 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
         flag = "--int8" if args.int8 else "--bf16"
         kind = "int8" if args.int8 else "bfloat16"
         raise UserValueError(f"{flag} is PyTorch's; with CTranslate2 use --compute-type {kind}")
+    if (getattr(args, "workers", None) or 1) > 1:
+        raise UserValueError(
+            "--workers is the PyTorch backend's: CTranslate2 decodes here one batch at a time, "
+            "on --threads threads"
+        )
     if not getattr(args, "onednn", True):
         raise UserValueError("--no-onednn is PyTorch's: CTranslate2 picks its own CPU kernels")
     device = args.device

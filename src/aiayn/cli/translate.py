@@ -78,7 +78,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         help="decoder layer whose attention gives the alignments; 0-based, negative counts "
         "from the end (default -1, the last)",
     )
-    add_search_options(p, ensemble=True, backend=True)
+    add_search_options(p, ensemble=True, backend=True, workers=True)
     g = p.add_argument_group("sampling (instead of beam search)")
     add_dataclass_flags(g, DecodingOptions, only=SAMPLING_FIELDS)
     g.add_argument("--seed", type=int, help="seed for reproducible samples")
@@ -183,7 +183,7 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the scores as one JSON object")
     add_progress_flag(p)
-    add_search_options(p, ensemble=True, backend=True)
+    add_search_options(p, ensemble=True, backend=True, workers=True)
     p.set_defaults(run=_run_evaluate)
 
 

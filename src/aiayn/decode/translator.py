@@ -125,6 +125,8 @@ class Translator:
         int8: bool = False,
         bf16: bool = False,
         onednn: bool = True,
+        workers: int = 1,
+        worker_threads: int = 1,
     ) -> None:
         """Loads a model directory (or a run directory's ``model/``), checksums verified.
 
@@ -152,6 +154,12 @@ class Translator:
                 float32 rounding; 1.2-1.4x faster decoding of the base model (beam 4 and
                 greedy) on an AMD CPU, where PyTorch's default (MKL) products are slow
                 (BENCHMARKS.md). False keeps PyTorch's own.
+            workers: On a CPU, decode this many batches at once, each in a process of its
+                own forked from this one for the call (Linux; :mod:`aiayn.decode.workers`),
+                with ``worker_threads`` PyTorch threads each: Marian's and CTranslate2's way
+                of using several cores (``inter_threads``), faster than threads inside one
+                search (BENCHMARKS.md). The outputs are those of one process. Sampling
+                always decodes in this process (its seeded draws follow the batch order).
 
         Raises:
             CheckpointError: The directory is missing or incomplete (e.g. no model.safetensors),
@@ -161,6 +169,9 @@ class Translator:
         """
         if threads < 0:
             raise UserValueError(f"threads ({threads}) must be >= 0 (0 = the runtime's default)")
+        for name, value in (("workers", workers), ("worker_threads", worker_threads)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UserValueError(f"{name} ({value!r}) must be a positive integer")
         dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
         if not dirs:
             raise ValueError("no model directory given")
@@ -172,6 +183,8 @@ class Translator:
         if len(dirs) == 1 and is_onnx_export(dirs[0]):  # written by aiayn.interop.export_onnx
             if int8 or bf16 or torch.device(device).type != "cpu":
                 raise UserValueError("an ONNX export runs in float32 on the CPU (onnxruntime)")
+            if workers > 1:
+                raise UserValueError("an ONNX export decodes in one process: workers must be 1")
             onnx_model, tokenizer = load_onnx_export(dirs[0], threads=threads)
             backend = OnnxBackend(onnx_model)
             self._setup(backend, tokenizer, max_tokens, onnx_model.metadata, [Path(dirs[0])])
@@ -188,12 +201,21 @@ class Translator:
                     f"{directory} is a CTranslate2 export: load it with "
                     "aiayn.interop.CTranslate2Translator"
                 )
+        if workers > 1:
+            from aiayn.decode.workers import fork_missing
+            from aiayn.runtime import checked_device
+
+            if checked_device(device).type != "cpu":
+                raise UserValueError(f"workers decode on the CPU, not on {device}: use 1")
+            if (reason := fork_missing()) is not None:
+                raise UserValueError(f"workers={workers}: {reason}; use 1")
         pytorch, tokenizer, loaded = load_model_dirs(
             dirs, device=device, int8=int8, bf16=bf16, onednn=onednn
         )
         self._setup(
             pytorch, tokenizer, max_tokens, loaded[0].metadata, [one.directory for one in loaded]
         )
+        self.workers, self.worker_threads = workers, worker_threads
 
     @classmethod
     def from_model(
@@ -268,6 +290,7 @@ class Translator:
         self.model_dirs = list(model_dirs)
         self.model_dir = self.model_dirs[0] if self.model_dirs else None
         self.device = backend.device
+        self.workers, self.worker_threads = 1, 1  # the constructor's may differ
 
     @property
     def returns_attention(self) -> bool:
@@ -513,8 +536,10 @@ class Translator:
         generator = None
         if options.sampling and seed is not None:
             generator = self.backend.seed(seed)
-        for batch in self._batches(sources, options):
-            run = self._run(batch, options, return_attention, generator)
+        batches = list(self._batches(sources, options))
+        for batch, run in zip(
+            batches, self._decode(batches, options, return_attention, generator), strict=True
+        ):
             for source, result in zip(batch, run, strict=True):
                 results[source.index] = result
             if progress is not None:
@@ -584,6 +609,25 @@ class Translator:
             batch.append(source)
         if batch:
             yield batch
+
+    def _decode(
+        self,
+        batches: list[list[_Source]],
+        options: DecodingOptions,
+        return_attention: bool,
+        generator: torch.Generator | None,
+    ) -> Iterator[list[TranslationResult]]:
+        """:meth:`_run` on each batch, in order: in this process, or in ``workers`` forked
+        ones when there is more than one batch (not for sampling, whose seeded draws follow
+        the order of the batches in one process)."""
+        if self.workers > 1 and len(batches) > 1 and not options.sampling:
+            from aiayn.decode.workers import map_in_workers
+
+            def run(batch: list[_Source]) -> list[TranslationResult]:
+                return self._run(batch, options, return_attention, None)
+
+            return map_in_workers(run, batches, workers=self.workers, threads=self.worker_threads)
+        return (self._run(batch, options, return_attention, generator) for batch in batches)
 
     def _run(
         self,

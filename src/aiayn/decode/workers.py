@@ -1,0 +1,128 @@
+"""Decoding on several CPU cores at once: worker processes that each decode whole batches.
+
+A decoding step on a CPU is many small operations: the matrix products of a `small` model
+over a few hundred rows, then the search's selections and copies. A second PyTorch thread
+helps only the products; everything else runs on one core while the other waits. So, as Marian
+does (``--cpu-threads N``: N workers of one thread each) and CTranslate2 offers
+(``inter_threads``), a translator can decode W batches at once instead, each in a process of
+its own with one thread (BENCHMARKS.md measures both ways on a trained model and a real test
+set).
+
+How. For a call with more than one batch, :func:`map_in_workers` forks W processes from the
+calling one (POSIX ``fork``): they start with the model already loaded, sharing its memory
+copy-on-write, so nothing is loaded again and only batches and results are pickled. Each worker
+sets its own thread count (the worker process is the library's own, so that is its to set;
+the caller's process keeps its settings) and decodes the batches handed to it; results come
+back in the order of the batches, so the output is exactly what one process decodes (the same
+search on the same batches, a test checks). The workers live for one call: a later call forks
+again and sees the model as it is then.
+
+Processes, not threads: the search's Python holds the interpreter lock, and two threads of one
+process decoding side by side measured barely faster than one (1.17x against 1.3x for two
+processes, BENCHMARKS.md).
+
+A worker that dies (killed for memory, say) fails the call with an error naming it rather than
+leaving the caller waiting; an error in a worker is raised in the caller; on any of these,
+and on Ctrl-C, the workers are stopped at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from typing import Any, TypeVar
+
+logger = logging.getLogger(__name__)
+
+Item = TypeVar("Item")
+Result = TypeVar("Result")
+
+__all__ = ["fork_missing", "map_in_workers"]
+
+
+def fork_missing() -> str | None:
+    """Why worker processes cannot be forked here, or None if they can (Linux).
+
+    Only Linux: macOS allows ``fork`` but its system libraries (Accelerate, Objective-C) are not
+    safe to use in a forked child, and Windows has none.
+    """
+    if not sys.platform.startswith("linux"):
+        return f"forking worker processes is supported on Linux only, not {sys.platform}"
+    if "fork" not in multiprocessing.get_all_start_methods():
+        return "this Python cannot fork processes"
+    return None
+
+
+_run: Callable[[Any], Any] | None = None
+"""In a worker: what it runs for each item (inherited through the fork, never pickled)."""
+
+
+def _start_worker(run: Callable[[Any], Any], threads: int) -> None:
+    """A worker's start: its own PyTorch threads; Ctrl-C is the caller's to handle (it stops
+    the workers), so that a worker waiting for its next batch prints no traceback."""
+    global _run
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    import torch
+
+    torch.set_num_threads(threads)
+    _run = run
+
+
+def _run_in_worker(item: Any) -> Any:
+    assert _run is not None, "not in a worker started by map_in_workers"
+    return _run(item)
+
+
+def map_in_workers(
+    run: Callable[[Item], Result], items: Sequence[Item], *, workers: int, threads: int = 1
+) -> Iterator[Result]:
+    """``run(item)`` for every item, in ``workers`` processes forked from this one, each with
+    ``threads`` PyTorch threads; yields the results in the order of ``items``.
+
+    ``run`` and what it refers to (a loaded model) reach the workers through the fork, as they
+    are at this call; items and results are pickled. Stop iterating early and the workers are
+    stopped.
+
+    Raises:
+        RuntimeError: A worker died (killed for memory, say).
+        Whatever ``run`` raised in a worker.
+    """
+    reason = fork_missing()
+    if reason is not None:
+        raise RuntimeError(reason)
+    pool = ProcessPoolExecutor(
+        max_workers=max(1, min(workers, len(items))),
+        mp_context=multiprocessing.get_context("fork"),
+        initializer=_start_worker,
+        initargs=(run, threads),
+    )
+    finished = False
+    try:
+        try:
+            yield from pool.map(_run_in_worker, items)
+        except BrokenProcessPool:
+            raise RuntimeError(
+                "a decoding worker process died (killed for memory? try a smaller "
+                "--max-tokens, or --workers 1)"
+            ) from None
+        finished = True
+    finally:
+        if not finished:  # an error, Ctrl-C or an early stop: no batch is worth waiting for
+            _stop(pool)
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Kill the pool's processes (the executor has no public way before Python 3.14)."""
+    processes = getattr(pool, "_processes", None) or {}
+    for process in list(processes.values()):
+        if process.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(process.pid, signal.SIGKILL)
