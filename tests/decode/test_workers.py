@@ -16,7 +16,7 @@ import torch
 
 from aiayn.cli import main
 from aiayn.decode.translator import Translator
-from aiayn.decode.workers import fork_missing, map_in_workers
+from aiayn.decode.workers import Workers, fork_missing
 from aiayn.errors import UserValueError
 from aiayn.model_dir import save_model_dir
 from aiayn.text.tokenizer import Tokenizer
@@ -52,6 +52,11 @@ def test_workers_translate_exactly_as_one_process(model_dir: Path) -> None:
         ]
         with_maps = [r for r in actual if r.token_ids]
         assert with_maps and all(r.attention is not None for r in with_maps)
+    # a stream, chunk by chunk, through one pool
+    streamed = two.translate_iterable(iter(SENTENCES), chunk_size=5, max_len_b=8, beam_size=3)
+    assert [r.text for r in streamed] == [
+        r.text for r in one.translate_iterable(SENTENCES, chunk_size=5, max_len_b=8, beam_size=3)
+    ]
     # a second call forks again and gives the same
     again = two.translate(SENTENCES, max_len_b=8, beam_size=3)
     assert [r.text for r in again] == [
@@ -74,7 +79,10 @@ def test_workers_set_their_own_threads_and_leave_the_callers(model_dir: Path) ->
     def threads(_: int) -> int:
         return torch.get_num_threads()
 
-    assert list(map_in_workers(threads, [0, 1, 2], workers=2, threads=1)) == [1, 1, 1]
+    with Workers(threads, workers=2, threads=1) as pool:
+        assert list(pool.map([0])) == [2]  # a single item: no worker forked, this process
+        assert list(pool.map([0, 1, 2])) == [1, 1, 1]
+        assert list(pool.map([0])) == [1]  # the workers, once they exist
     assert torch.get_num_threads() == 2
 
 
@@ -86,7 +94,15 @@ def test_results_come_in_input_order() -> None:
             time.sleep(0.3)
         return i * i
 
-    assert list(map_in_workers(slow_first, list(range(6)), workers=3)) == [0, 1, 4, 9, 16, 25]
+    with Workers(slow_first, workers=3) as pool:
+        assert list(pool.map(list(range(6)))) == [0, 1, 4, 9, 16, 25]
+
+
+def test_the_workers_serve_every_map_of_the_pool_until_it_closes() -> None:
+    with Workers(lambda _: os.getpid(), workers=2) as pool:
+        first = set(pool.map(list(range(8))))
+        second = set(pool.map(list(range(8))))
+    assert os.getpid() not in first and second <= first  # the same processes, forked once
 
 
 class Boom(ValueError):
@@ -99,8 +115,10 @@ def test_an_error_in_a_worker_is_raised_in_the_caller() -> None:
             raise Boom(f"item {i}")
         return i
 
-    with pytest.raises(Boom, match="item 2"):
-        list(map_in_workers(fails_on_2, list(range(5)), workers=2))
+    with Workers(fails_on_2, workers=2) as pool:
+        with pytest.raises(Boom, match="item 2"):
+            list(pool.map(list(range(5))))
+        assert list(pool.map([0, 1])) == [0, 1]  # new workers for the next map
 
 
 def test_a_worker_that_dies_fails_the_call_instead_of_hanging() -> None:
@@ -109,8 +127,8 @@ def test_a_worker_that_dies_fails_the_call_instead_of_hanging() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return i
 
-    with pytest.raises(RuntimeError, match="worker process died"):
-        list(map_in_workers(killed_on_1, list(range(4)), workers=2))
+    with Workers(killed_on_1, workers=2) as pool, pytest.raises(RuntimeError, match="died"):
+        list(pool.map(list(range(4))))
 
 
 def test_stopping_early_stops_the_workers() -> None:
@@ -120,7 +138,8 @@ def test_stopping_early_stops_the_workers() -> None:
         time.sleep(0.05)
         return os.getpid()
 
-    results = map_in_workers(pid, list(range(50)), workers=2)
+    pool = Workers(pid, workers=2)
+    results = pool.map(list(range(50)))
     worker = next(results)
     results.close()  # the caller stops reading
     with pytest.raises(ProcessLookupError):

@@ -37,6 +37,7 @@ Shapes: S source length (EOS included), T output length (EOS included), L layers
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import warnings
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 
     from aiayn.decode.backends import Backend
     from aiayn.decode.scoring import PairScore
+    from aiayn.decode.workers import Workers
 
 logger = logging.getLogger(__name__)
 
@@ -424,14 +426,16 @@ class Translator:
             TypeError: A keyword is not a field of ``DecodingOptions``.
         """
         options = replace(options or DecodingOptions(), **overrides)
-        return self._translate(
-            sentences,
-            options,
-            return_attention=return_attention,
-            seed=seed,
-            first_number=1,
-            progress=progress,
-        )
+        with self._workers(options, return_attention) as workers:
+            return self._translate(
+                sentences,
+                options,
+                return_attention=return_attention,
+                seed=seed,
+                first_number=1,
+                progress=progress,
+                workers=workers,
+            )
 
     def translate_iterable(
         self,
@@ -463,19 +467,21 @@ class Translator:
         options = replace(options or DecodingOptions(), **overrides)
         stream = iter(sentences)
         number = 1
-        for k in itertools.count():
-            chunk = list(itertools.islice(stream, chunk_size))
-            if not chunk:
-                return
-            yield from self._translate(
-                chunk,
-                options,
-                return_attention=return_attention,
-                seed=None if seed is None else seed + k,
-                first_number=number,
-                progress=progress,
-            )
-            number += len(chunk)
+        with self._workers(options, return_attention) as workers:  # one pool for the stream
+            for k in itertools.count():
+                chunk = list(itertools.islice(stream, chunk_size))
+                if not chunk:
+                    return
+                yield from self._translate(
+                    chunk,
+                    options,
+                    return_attention=return_attention,
+                    seed=None if seed is None else seed + k,
+                    first_number=number,
+                    progress=progress,
+                    workers=workers,
+                )
+                number += len(chunk)
 
     def score(
         self,
@@ -522,6 +528,7 @@ class Translator:
         seed: int | None,
         first_number: int,
         progress: Callable[[int], None] | None = None,
+        workers: Workers | None = None,
     ) -> list[TranslationResult]:
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
@@ -537,9 +544,11 @@ class Translator:
         if options.sampling and seed is not None:
             generator = self.backend.seed(seed)
         batches = list(self._batches(sources, options))
-        for batch, run in zip(
-            batches, self._decode(batches, options, return_attention, generator), strict=True
-        ):
+        if workers is not None:
+            runs = workers.map(batches)
+        else:
+            runs = (self._run(batch, options, return_attention, generator) for batch in batches)
+        for batch, run in zip(batches, runs, strict=True):
             for source, result in zip(batch, run, strict=True):
                 results[source.index] = result
             if progress is not None:
@@ -610,24 +619,19 @@ class Translator:
         if batch:
             yield batch
 
-    def _decode(
-        self,
-        batches: list[list[_Source]],
-        options: DecodingOptions,
-        return_attention: bool,
-        generator: torch.Generator | None,
-    ) -> Iterator[list[TranslationResult]]:
-        """:meth:`_run` on each batch, in order: in this process, or in ``workers`` forked
-        ones when there is more than one batch (not for sampling, whose seeded draws follow
-        the order of the batches in one process)."""
-        if self.workers > 1 and len(batches) > 1 and not options.sampling:
-            from aiayn.decode.workers import map_in_workers
+    def _workers(
+        self, options: DecodingOptions, return_attention: bool
+    ) -> contextlib.AbstractContextManager[Workers | None]:
+        """The worker processes a call decodes in (forked at its first batch but one), or
+        None: one process, as for sampling, whose seeded draws follow the batch order."""
+        if self.workers < 2 or options.sampling:
+            return contextlib.nullcontext()
+        from aiayn.decode.workers import Workers
 
-            def run(batch: list[_Source]) -> list[TranslationResult]:
-                return self._run(batch, options, return_attention, None)
+        def run(batch: list[_Source]) -> list[TranslationResult]:
+            return self._run(batch, options, return_attention, None)
 
-            return map_in_workers(run, batches, workers=self.workers, threads=self.worker_threads)
-        return (self._run(batch, options, return_attention, generator) for batch in batches)
+        return Workers(run, workers=self.workers, threads=self.worker_threads)
 
     def _run(
         self,

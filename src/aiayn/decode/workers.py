@@ -8,14 +8,15 @@ does (``--cpu-threads N``: N workers of one thread each) and CTranslate2 offers
 its own with one thread (BENCHMARKS.md measures both ways on a trained model and a real test
 set).
 
-How. For a call with more than one batch, :func:`map_in_workers` forks W processes from the
+How. For a call with more than one batch, :class:`Workers` forks W processes from the
 calling one (POSIX ``fork``): they start with the model already loaded, sharing its memory
 copy-on-write, so nothing is loaded again and only batches and results are pickled. Each worker
 sets its own thread count (the worker process is the library's own, so that is its to set;
 the caller's process keeps its settings) and decodes the batches handed to it; results come
 back in the order of the batches, so the output is exactly what one process decodes (the same
-search on the same batches, a test checks). The workers live for one call: a later call forks
-again and sees the model as it is then.
+search on the same batches, a test checks). The workers live for one call (``translate``, or
+the whole stream of ``translate_iterable``): a later call forks again and sees the model as it
+is then.
 
 Processes, not threads: the search's Python holds the interpreter lock, and two threads of one
 process decoding side by side measured barely faster than one (1.17x against 1.3x for two
@@ -44,7 +45,7 @@ logger = logging.getLogger(__name__)
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
-__all__ = ["fork_missing", "map_in_workers"]
+__all__ = ["Workers", "fork_missing"]
 
 
 def fork_missing() -> str | None:
@@ -76,50 +77,76 @@ def _start_worker(run: Callable[[Any], Any], threads: int) -> None:
 
 
 def _run_in_worker(item: Any) -> Any:
-    assert _run is not None, "not in a worker started by map_in_workers"
+    assert _run is not None, "not in a worker started by Workers"
     return _run(item)
 
 
-def map_in_workers(
-    run: Callable[[Item], Result], items: Sequence[Item], *, workers: int, threads: int = 1
-) -> Iterator[Result]:
-    """``run(item)`` for every item, in ``workers`` processes forked from this one, each with
-    ``threads`` PyTorch threads; yields the results in the order of ``items``.
+class Workers:
+    """``run(item)`` in ``workers`` processes forked from this one, each with ``threads``
+    PyTorch threads, for as long as the object is open (``with Workers(...) as pool``).
 
-    ``run`` and what it refers to (a loaded model) reach the workers through the fork, as they
-    are at this call; items and results are pickled. Stop iterating early and the workers are
-    stopped.
-
-    Raises:
-        RuntimeError: A worker died (killed for memory, say).
-        Whatever ``run`` raised in a worker.
+    The processes are forked at the first :meth:`map` that has more than one item (until then
+    nothing runs), so that ``run`` and what it refers to (a loaded model) reach them as they
+    are then; items and results are pickled. After an error, Ctrl-C or a :meth:`map` stopped
+    early, the workers are killed and a later :meth:`map` forks new ones.
     """
-    reason = fork_missing()
-    if reason is not None:
-        raise RuntimeError(reason)
-    pool = ProcessPoolExecutor(
-        max_workers=max(1, min(workers, len(items))),
-        mp_context=multiprocessing.get_context("fork"),
-        initializer=_start_worker,
-        initargs=(run, threads),
-    )
-    finished = False
-    try:
+
+    def __init__(self, run: Callable[[Item], Result], *, workers: int, threads: int = 1) -> None:
+        reason = fork_missing()
+        if reason is not None:
+            raise RuntimeError(reason)
+        self.run, self.workers, self.threads = run, workers, threads
+        self._pool: ProcessPoolExecutor | None = None
+
+    def map(self, items: Sequence[Item]) -> Iterator[Result]:
+        """The results of ``run`` on ``items``, in their order (in this process for a single
+        item, there being nothing to share out).
+
+        Raises:
+            RuntimeError: A worker died (killed for memory, say).
+            Whatever ``run`` raised in a worker.
+        """
+        if len(items) < 2 and self._pool is None:
+            yield from map(self.run, items)
+            return
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=self.workers,
+                mp_context=multiprocessing.get_context("fork"),
+                initializer=_start_worker,
+                initargs=(self.run, self.threads),
+            )
+        finished = False
         try:
-            yield from pool.map(_run_in_worker, items)
-        except BrokenProcessPool:
-            raise RuntimeError(
-                "a decoding worker process died (killed for memory? try a smaller "
-                "--max-tokens, or --workers 1)"
-            ) from None
-        finished = True
-    finally:
-        if not finished:  # an error, Ctrl-C or an early stop: no batch is worth waiting for
-            _stop(pool)
+            try:
+                yield from self._pool.map(_run_in_worker, items)
+            except BrokenProcessPool:
+                raise RuntimeError(
+                    "a decoding worker process died (killed for memory? try a smaller "
+                    "--max-tokens, or --workers 1)"
+                ) from None
+            finished = True
+        finally:
+            if not finished:  # an error, Ctrl-C or an early stop: no result is worth waiting for
+                self.close(kill=True)
+
+    def close(self, kill: bool = False) -> None:
+        """Stop the workers: after their current items, or at once with ``kill``."""
+        pool, self._pool = self._pool, None
+        if pool is None:
+            return
+        if kill:
+            _kill(pool)
         pool.shutdown(wait=True, cancel_futures=True)
 
+    def __enter__(self) -> Workers:
+        return self
 
-def _stop(pool: ProcessPoolExecutor) -> None:
+    def __exit__(self, *exc: object) -> None:
+        self.close(kill=exc[0] is not None)
+
+
+def _kill(pool: ProcessPoolExecutor) -> None:
     """Kill the pool's processes (the executor has no public way before Python 3.14)."""
     processes = getattr(pool, "_processes", None) or {}
     for process in list(processes.values()):
