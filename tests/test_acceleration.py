@@ -449,3 +449,14 @@ def test_the_chunked_loss_runs_both_its_products_on_onednn() -> None:
     torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=0)
     for got, expected in zip(grads, plain_grads, strict=True):  # float32 rounding of sums
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * expected.abs().max())
+
+
+def test_packing_is_the_default_on_x86_cpus_but_intels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: None)
+    monkeypatch.setattr(acceleration, "cpu_vendor", lambda: "GenuineIntel")
+    assert not acceleration.packing_pays()  # MKL, PyTorch's own, is the faster there
+    for vendor in ("AuthenticAMD", None):
+        monkeypatch.setattr(acceleration, "cpu_vendor", lambda v=vendor: v)
+        assert acceleration.packing_pays()
+    monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: "not an x86-64 CPU")
+    assert not acceleration.packing_pays()

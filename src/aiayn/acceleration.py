@@ -332,6 +332,35 @@ def onednn_linear_missing() -> str | None:
     return None
 
 
+def cpu_vendor() -> str | None:
+    """The CPU's vendor as Linux reports it ("GenuineIntel", "AuthenticAMD", ...), or None."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return None
+
+
+def packing_pays() -> bool:
+    """Whether float32 decoding should run on oneDNN-packed weights here when nobody says
+    (`pack_linear_layers`): on x86-64 CPUs other than Intel's.
+
+    PyTorch's own float32 products are MKL's, and MKL runs its fastest kernels on Intel CPUs.
+    Measured, the Bible recipe's 2+2 model decoding the 809-sentence Bible dev set with beam 4
+    on one thread (what each decoding worker runs), batches alternated between the two in one
+    process: on the Intel Xeon (AMX) MKL took 0.94-0.95x the time of the packed products, with
+    the same outputs (BENCHMARKS.md); on the AMD EPYC the packed products decoded `base`
+    1.2-1.4x faster than MKL (beam 4 and greedy; an older measurement). Where the vendor is
+    unknown, or packing cannot run (`onednn_linear_missing`), the answer follows that.
+    """
+    if onednn_linear_missing() is not None:
+        return False
+    return cpu_vendor() != "GenuineIntel"
+
+
 MIN_PACKED_FEATURES = 256
 """`pack_linear_layers` packs a layer only when both its sides have at least this many features.
 

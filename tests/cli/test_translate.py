@@ -300,7 +300,7 @@ def test_translate_no_onednn_flag_gives_the_same_output(
     monkeypatch.setattr(acceleration, "MIN_PACKED_FEATURES", 1)  # pack the tiny model's layers
     source = write_lines(tmp_path / "in.txt", ["hello world", "", "the cat"])
     outputs = []
-    for flags in ([], ["--no-onednn"]):
+    for flags in (["--onednn"], ["--no-onednn"]):
         out = tmp_path / f"out{len(flags)}.txt"
         args = ["translate", "-m", str(model_dir), "-i", str(source), "-o", str(out)]
         assert main([*args, "--beam-size", "2", "--max-len-b", "4", *flags]) == 0

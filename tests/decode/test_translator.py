@@ -466,10 +466,12 @@ def test_a_cpu_translator_packs_its_linear_layers_for_onednn_unless_told_not_to(
         pytest.skip(onednn_linear_missing())
     assert not any(type(m) is PackedLinear for m in Translator(model_dir).model.modules())
     monkeypatch.setattr(acceleration, "MIN_PACKED_FEATURES", 1)  # the tiny model's layers too
-    packed = Translator(model_dir)
+    packed = Translator(model_dir, onednn=True)
     plain = Translator(model_dir, onednn=False)
     assert any(type(m) is PackedLinear for m in packed.model.modules())
     assert not any(type(m) is PackedLinear for m in plain.model.modules())
+    by_default = Translator(model_dir).model.modules()  # where packing pays: not on Intel's
+    assert any(type(m) is PackedLinear for m in by_default) == acceleration.packing_pays()
     for beam_size in (4, 1):
         expected = plain.translate(SENTENCES, beam_size=beam_size, **FAST)
         assert_same_results(packed.translate(SENTENCES, beam_size=beam_size, **FAST), expected)

@@ -117,12 +117,22 @@ def add_model_flags(
         help="run the model in bfloat16 (GPUs; on CPUs with native bf16 it pays only for wide "
         "models: 0.93x float32 on `small`; see BENCHMARKS.md for speed and BLEU)",
     )
-    g.add_argument(
+    onednn = g.add_mutually_exclusive_group()
+    onednn.add_argument(
+        "--onednn",
+        dest="onednn",
+        action="store_true",
+        default=None,
+        help="float32 on an x86-64 CPU: run the linear layers on oneDNN's pre-packed weights "
+        "(same function; faster on AMD CPUs, see BENCHMARKS.md; default: on x86-64 CPUs other "
+        "than Intel's, where PyTorch's own MKL products are the faster)",
+    )
+    onednn.add_argument(
         "--no-onednn",
         dest="onednn",
         action="store_false",
-        help="float32 on a CPU: use PyTorch's own matrix products instead of oneDNN's on "
-        "pre-packed weights (the default; same function, faster on AMD CPUs, see BENCHMARKS.md)",
+        default=None,
+        help="float32 on a CPU: PyTorch's own matrix products, not oneDNN's packed ones",
     )
     if not backend:
         return
@@ -225,7 +235,7 @@ def load_translator(args: argparse.Namespace) -> Translator:
         threads=threads if onnx else 0,
         int8=int8,
         bf16=getattr(args, "bf16", False),
-        onednn=getattr(args, "onednn", True),
+        onednn=getattr(args, "onednn", None),
         workers=workers,
         worker_threads=worker_threads,
     )
@@ -273,8 +283,9 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
             "--workers is the PyTorch backend's: CTranslate2 decodes here one batch at a time, "
             "on --threads threads"
         )
-    if not getattr(args, "onednn", True):
-        raise UserValueError("--no-onednn is PyTorch's: CTranslate2 picks its own CPU kernels")
+    if getattr(args, "onednn", None) is not None:
+        flag = "--onednn" if args.onednn else "--no-onednn"
+        raise UserValueError(f"{flag} is PyTorch's: CTranslate2 picks its own CPU kernels")
     device = args.device
     auto = device == "auto"
     gpus = ctranslate2.get_cuda_device_count() if device != "cpu" else 0  # a probe: skip it

@@ -126,7 +126,7 @@ class Translator:
         threads: int = 0,
         int8: bool = False,
         bf16: bool = False,
-        onednn: bool = True,
+        onednn: bool | None = None,
         workers: int = 1,
         worker_threads: int = 1,
     ) -> None:
@@ -154,8 +154,10 @@ class Translator:
             onednn: In float32 on an x86-64 CPU, run the linear layers on weights pre-packed
                 for oneDNN (`acceleration.pack_linear_layers`): the same function up to
                 float32 rounding; 1.2-1.4x faster decoding of the base model (beam 4 and
-                greedy) on an AMD CPU, where PyTorch's default (MKL) products are slow
-                (BENCHMARKS.md). False keeps PyTorch's own.
+                greedy) on an AMD CPU, where PyTorch's default (MKL) products are slow, and
+                slower than MKL on an Intel one (BENCHMARKS.md). False keeps PyTorch's own;
+                None (the default) packs where that pays, on x86-64 CPUs other than Intel's
+                (`acceleration.packing_pays`).
             workers: On a CPU, decode this many batches at once, each in a process of its
                 own forked from this one for the call (Linux; :mod:`aiayn.decode.workers`),
                 with ``worker_threads`` PyTorch threads each: Marian's and CTranslate2's way

@@ -24,6 +24,7 @@ from torch import nn
 from aiayn.acceleration import (
     native_bf16_cpu,
     pack_linear_layers,
+    packing_pays,
     quantize_int8,
     use_cpu_attention,
     using_cpu_attention,
@@ -131,7 +132,7 @@ def load_model_dirs(
     device: str | torch.device,
     int8: bool = False,
     bf16: bool = False,
-    onednn: bool = True,
+    onednn: bool | None = None,
 ) -> tuple[PyTorchBackend, Tokenizer | SplitTokenizer, list[LoadedModel]]:
     """The backend over model directories (checksums verified), their shared tokenizer, and
     what was loaded (metadata, directories); `Translator`'s arguments say the rest.
@@ -155,7 +156,7 @@ def load_model_dirs(
         models = [quantize_int8(model) for model in models]
     elif bf16:
         models = [model.to(torch.bfloat16) for model in models]
-    elif onednn and device.type == "cpu":
+    elif device.type == "cpu" and (packing_pays() if onednn is None else onednn):
         models = [pack_linear_layers(model) for model in models]
     if device.type == "cpu":
         models = [use_cpu_attention(model) for model in models]
