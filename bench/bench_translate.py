@@ -169,6 +169,88 @@ print(sum(rows) / max(1, len(lines)))
     return float(done.stdout.strip().splitlines()[-1])
 
 
+PROFILE_SCRIPT = r"""
+import json, sys, time
+import torch
+from torch.profiler import ProfilerActivity, profile
+from aiayn.decode.translator import Translator
+from aiayn.model import Transformer
+model, src, beam = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.set_num_threads(1)  # as each decoding worker runs
+translator = Translator(model)
+lines = open(src, encoding="utf-8").read().split("\n")[:-1]
+translator.translate(lines[:64], beam_size=beam)  # warm-up: oneDNN / MKL first calls
+spent = {"encode": 0.0, "decoder step": 0.0}  # from here on
+steps = [0]
+def timed(name, real):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[name] += time.perf_counter() - start
+            steps[0] += name == "decoder step"
+    return wrapper
+Transformer.encode = timed("encode", Transformer.encode)
+Transformer.decode_step = timed("decoder step", Transformer.decode_step)
+start = time.perf_counter()
+translator.translate(lines, beam_size=beam)  # the wall-clock split: no profiler
+total = time.perf_counter() - start
+wall = dict(spent, steps=steps[0])
+with profile(activities=[ProfilerActivity.CPU]) as prof:  # the operators' shares
+    translator.translate(lines, beam_size=beam)
+ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
+groups = {
+    "matrix products of the linear layers": (
+        "aten::addmm", "aten::mm", "mkldnn::_linear_pointwise"
+    ),
+    "attention's batched products (Q Kᵀ, P V)": ("aten::bmm",),
+    "log_softmax over the vocabulary": ("aten::_log_softmax",),
+}
+out = {"total_s": total, "steps": wall["steps"], "encode_s": wall["encode"],
+       "decoder_step_s": wall["decoder step"], "ops_s": sum(ops.values()),
+       "groups": {g: sum(ops.get(k, 0.0) for k in keys) for g, keys in groups.items()}}
+print(json.dumps(out))
+"""
+
+
+def profile_translation(model: str, src: Path, beam: int) -> str:
+    """Where the time of aiayn's search goes, on one thread as each worker runs it: a markdown
+    table from one untimed in-process pass under torch.profiler (which slows it down)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    done = subprocess.run(
+        [sys.executable, "-c", PROFILE_SCRIPT, model, str(src), str(beam)],
+        capture_output=True, text=True, check=True, env=env,
+    )  # fmt: skip
+    p = json.loads(done.stdout.strip().splitlines()[-1])
+    total, ops = p["total_s"], p["ops_s"]
+    search = total - p["encode_s"] - p["decoder_step_s"]
+    lines = [
+        f"Profile: aiayn's search on one thread (as each worker runs it), in one process, "
+        f"{p['steps']} decoder steps. Wall clock (no profiler), {total:.1f} s:",
+        "",
+        "| where | seconds | share |",
+        "| --- | ---: | ---: |",
+        f"| encoder | {p['encode_s']:.2f} | {p['encode_s'] / total:.0%} |",
+        f"| decoder steps | {p['decoder_step_s']:.2f} | {p['decoder_step_s'] / total:.0%} |",
+        f"| search between steps (selection, finishing, cache reorder), results | {search:.2f} "
+        f"| {search / total:.0%} |",
+        "",
+        "The operators' own time, under torch.profiler (a second pass), by share of all "
+        "operators' time:",
+        "",
+        "| operators | share |",
+        "| --- | ---: |",
+    ]
+    for group, seconds in p["groups"].items():
+        lines.append(f"| {group} | {seconds / ops:.0%} |")
+    rest = ops - sum(p["groups"].values())
+    lines.append(
+        f"| every other operator (element-wise, selections, copies, norms) | {rest / ops:.0%} |"
+    )
+    return "\n".join(lines)
+
+
 def scores(hyp: Path, ref: Path) -> tuple[float, float]:
     import sacrebleu
 
@@ -272,6 +354,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fairseq-data", type=Path, help="the checkpoint's dict.{src,tgt}.txt dir")
     p.add_argument("--fairseq-spm", type=Path, help="the checkpoint's SentencePiece model")
     p.add_argument("--langs", default="en-es", help="source-target, for fairseq (en-es)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile aiayn's search on one thread (a separate, untimed pass)",
+    )
     p.add_argument("--markdown", type=Path, help="write the table here too")
     p.add_argument("--json", type=Path, help="write every measurement here")
     args = p.parse_args(argv)
@@ -437,6 +524,8 @@ def main(argv: list[str] | None = None) -> None:
             + (f" {ct2_inter / r['median_s']:.2f}× |" if ct2_inter else "")
         )
     table = "\n".join(lines)
+    if args.profile:
+        table += "\n\n" + profile_translation(args.model, args.src, args.beam)
     print(table)
     if args.markdown:
         args.markdown.write_text(table + "\n", encoding="utf-8")
