@@ -16,7 +16,7 @@ import torch
 
 from aiayn.cli import main
 from aiayn.decode.translator import Translator
-from aiayn.decode.workers import Workers, fork_missing
+from aiayn.decode.workers import WorkerDiedError, Workers, fork_missing
 from aiayn.errors import UserValueError
 from aiayn.model_dir import save_model_dir
 from aiayn.text.tokenizer import Tokenizer
@@ -127,7 +127,7 @@ def test_a_worker_that_dies_fails_the_call_instead_of_hanging() -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return i
 
-    with Workers(killed_on_1, workers=2) as pool, pytest.raises(RuntimeError, match="died"):
+    with Workers(killed_on_1, workers=2) as pool, pytest.raises(WorkerDiedError, match="died"):
         list(pool.map(list(range(4))))
 
 

@@ -40,12 +40,19 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
+from aiayn.errors import UserError
+
 logger = logging.getLogger(__name__)
 
 Item = TypeVar("Item")
 Result = TypeVar("Result")
 
-__all__ = ["Workers", "fork_missing"]
+__all__ = ["WorkerDiedError", "Workers", "fork_missing"]
+
+
+class WorkerDiedError(UserError, RuntimeError):
+    """A decoding worker process died, killed from outside (for memory, most often): the
+    machine's limit, which a smaller batch or fewer workers respects."""
 
 
 def fork_missing() -> str | None:
@@ -103,7 +110,7 @@ class Workers:
         item, there being nothing to share out).
 
         Raises:
-            RuntimeError: A worker died (killed for memory, say).
+            WorkerDiedError: A worker died (killed for memory, say).
             Whatever ``run`` raised in a worker.
         """
         if len(items) < 2 and self._pool is None:
@@ -121,7 +128,7 @@ class Workers:
             try:
                 yield from self._pool.map(_run_in_worker, items)
             except BrokenProcessPool:
-                raise RuntimeError(
+                raise WorkerDiedError(
                     "a decoding worker process died (killed for memory? try a smaller "
                     "--max-tokens, or --workers 1)"
                 ) from None
