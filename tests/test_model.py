@@ -675,3 +675,18 @@ def test_feed_forward_activation_for_imported_models(activation, function):
     ffn = PositionwiseFeedForward(8, 16, activation)
     x = torch.randn(2, 3, 8)
     assert torch.equal(ffn(x), ffn.linear2(function(ffn.linear1(x))))
+
+
+def test_a_model_about_to_be_loaded_skips_drawing_its_weights(
+    make_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = make_model().config
+
+    def no_draw(self: Transformer) -> None:
+        raise AssertionError("reset_parameters ran")
+
+    monkeypatch.setattr(Transformer, "reset_parameters", no_draw)
+    model = Transformer(config, initialize=False)  # what load_model_dir builds
+    assert model.output_projection.weight is model.tgt_embed.embedding.weight  # still tied
+    with pytest.raises(AssertionError, match="reset_parameters ran"):
+        Transformer(config)

@@ -348,7 +348,7 @@ def load_model_dir(directory: str | Path, *, device: str | torch.device = "cpu")
     directory = resolve_model_dir(directory)
     verify(directory)
     config = read_model_config(directory)
-    model = Transformer(config)
+    model = Transformer(config, initialize=False)  # every weight is loaded (strictly) next
     load_weights(model, directory / WEIGHTS_FILE)
     metadata = read_metadata(directory)
     return LoadedModel(
