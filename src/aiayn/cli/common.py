@@ -210,13 +210,13 @@ def load_translator(args: argparse.Namespace) -> Translator:
     threads = args.threads
     if threads is None:
         threads = runtime.decoding_threads()
+    total = threads or torch.get_num_threads()  # 0: PyTorch's default
     workers = getattr(args, "workers", 1)  # 1 for the commands without --workers (serve)
     if workers is None:  # one worker per thread where workers can run
         from aiayn.decode.workers import fork_missing
 
-        can_fork = fork_missing() is None
-        workers = (threads or torch.get_num_threads()) if on_cpu and not onnx and can_fork else 1
-    worker_threads = max(1, (threads or torch.get_num_threads()) // max(workers, 1))
+        workers = total if on_cpu and not onnx and fork_missing() is None else 1
+    worker_threads = max(1, total // max(workers, 1))
     if on_cpu and args.threads is None:
         if workers > 1:
             logger.info(
