@@ -80,16 +80,32 @@ def test_jobs_with_different_options_get_separate_calls_in_arrival_order() -> No
 
 
 def test_a_call_stops_at_the_budget_and_takes_texts_round_robin() -> None:
+    """The jobs queue while the worker is held in a first call, so all four wait when it
+    collects the next (submitted one by one, the worker could wake on the first two: their
+    three texts already fill the budget)."""
     model = FakeModel()
     batcher = make_batcher(model, max_wait_ms=200, max_batch_cost=3)
     jobs = [(["a", "b"], 0), (["c"], 0), (["d"], 0), (["e", "f", "g", "h"], 0)]
+
+    async def scenario() -> list:
+        model.gate.clear()
+        first = asyncio.ensure_future(batcher.submit(["z"], 0))
+        while not model.entered.is_set():  # the worker is now inside the first call
+            await asyncio.sleep(0.001)
+        tasks = [asyncio.ensure_future(batcher.submit(texts, options)) for texts, options in jobs]
+        while batcher.stats()["queued"] < len(jobs):
+            await asyncio.sleep(0.001)
+        model.gate.set()
+        await first
+        return await asyncio.gather(*tasks)
+
     try:
-        results = run(submit_all(batcher, jobs))
+        results = run(scenario())
     finally:
         batcher.close()
     # the first text of every job comes before the second of any; 3 texts fill the budget
     calls = [texts for texts, _ in model.calls]
-    assert calls == [["a", "c", "d"], ["e", "b", "f"], ["g", "h"]]  # then "e" waited longest
+    assert calls == [["z"], ["a", "c", "d"], ["e", "b", "f"], ["g", "h"]]  # "e" waited longest
     assert results == [["A/0", "B/0"], ["C/0"], ["D/0"], ["E/0", "F/0", "G/0", "H/0"]]
 
 
