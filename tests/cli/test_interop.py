@@ -90,7 +90,8 @@ def ended(model_dir: Path, lines: list[str]) -> list[str]:
 
 def test_backend_ctranslate2_takes_the_decoding_threads_by_default(ct2_dir, monkeypatch) -> None:
     """Without --threads, CTranslate2 gets `runtime.decoding_threads()` (the idle cores, 1 to
-    4), as PyTorch does; --threads N gives it N."""
+    4), as PyTorch does, one translator per thread (inter_threads) unless --workers says
+    otherwise; --threads N gives it N."""
     import ctranslate2
 
     from aiayn import runtime
@@ -100,15 +101,17 @@ def test_backend_ctranslate2_takes_the_decoding_threads_by_default(ct2_dir, monk
     asked = []
 
     def translator(*args, **kwargs):
-        asked.append(kwargs["intra_threads"])
+        asked.append((kwargs["inter_threads"], kwargs["intra_threads"]))
         return real(*args, **kwargs)
 
     real = ctranslate2.Translator
     monkeypatch.setattr(ctranslate2, "Translator", translator)
     monkeypatch.setattr(runtime, "decoding_threads", lambda: 3)
-    for flags in ([], ["--threads", "2"]):
+    for flags in ([], ["--threads", "2"], ["--workers", "1"], ["--threads", "4", "--workers", "2"]):
         load_translator(build_parser().parse_args(["translate", "-m", str(ct2_dir), *flags]))
-    assert asked == [3, 2]
+    assert asked == [(3, 1), (2, 1), (1, 3), (2, 2)]
+    load_translator(build_parser().parse_args(["serve", "-m", str(ct2_dir)]))
+    assert asked[-1] == (1, 3)  # a server decodes one call at a time: one translator
 
 
 def test_backend_ctranslate2_device_auto_falls_back_to_the_cpu(ct2_dir, monkeypatch) -> None:

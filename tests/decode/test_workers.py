@@ -1,6 +1,7 @@
 """Tests for aiayn.decode.workers: batches decoded in forked worker processes give exactly what
 one process gives, in input order; errors and dead workers reach the caller; an early stop
-leaves no process behind; the translator and the CLI refuse workers where they cannot run.
+leaves no process behind; the translator and the CLI refuse workers where they cannot run
+(and, on CTranslate2, give the output of one translator).
 
 Forking needs Linux (`fork_missing`); elsewhere these tests skip.
 """
@@ -182,13 +183,27 @@ def test_cli_workers_give_the_output_of_one_process(model_dir: Path, tmp_path: P
     assert len(outputs[0].split("\n")) == len(SENTENCES) + 1
 
 
-def test_cli_refuses_workers_for_ctranslate2(
-    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_cli_workers_on_ctranslate2_give_the_output_of_one(model_dir: Path, tmp_path: Path) -> None:
+    """--workers with --backend ctranslate2: that many CTranslate2 translators, one output."""
     pytest.importorskip("ctranslate2")
     src = tmp_path / "in.txt"
-    src.write_text("hello\n", encoding="utf-8")
-    args = ["translate", "-m", str(model_dir), "-i", str(src), "--backend", "ctranslate2"]
-    assert main([*args, "--workers", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "--workers is the PyTorch backend's" in err and len(err.strip().splitlines()) == 1
+    src.write_text("\n".join(SENTENCES) + "\n", encoding="utf-8")
+    outputs = []
+    for workers in ("1", "2"):
+        out = tmp_path / f"out{workers}.txt"
+        args = ["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out)]
+        args += ["--backend", "ctranslate2", "--max-tokens", "40", "--workers", workers]
+        assert main([*args, "--no-progress"]) == 0
+        outputs.append(out.read_text(encoding="utf-8"))
+    assert outputs[0] == outputs[1]
+    assert len(outputs[0].split("\n")) == len(SENTENCES) + 1
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_cli_workers_must_be_a_positive_integer(
+    model_dir: Path, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["translate", "-m", str(model_dir), "--workers", value])
+    assert exit_info.value.code == 2
+    assert "argument --workers" in capsys.readouterr().err

@@ -5,6 +5,7 @@ length limit; int8 close), one CTranslate2 call per batch whatever its sentences
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -181,10 +182,13 @@ class HandSetCTranslate2:
 
     def translate_batch(self, source, **kwargs):
         self.calls.append(kwargs)
-        return [
+        outputs = [
             SimpleNamespace(hypotheses=[p for p, _ in row], scores=[s for _, s in row])
             for row in self.hypotheses
         ]
+        if kwargs.get("asynchronous"):
+            return [SimpleNamespace(result=lambda output=output: output) for output in outputs]
+        return outputs
 
     def score_batch(self, source, target, **kwargs):
         self.scored.extend(target)
@@ -276,3 +280,79 @@ def test_ctranslate2_translator_is_a_translator_on_the_ctranslate2_backend(expor
     assert isinstance(translator.backend, CTranslate2Backend)
     assert not translator.returns_attention and translator.model_dirs == [export]
     assert translator.model.config.max_positions == 64
+
+
+class RecordingAsync:
+    """Wraps `ctranslate2.Translator`: records, in order, each ``translate_batch`` call and each
+    wait for one of its results."""
+
+    def __init__(self, translator: ctranslate2.Translator) -> None:
+        self.translator = translator
+        self.events: list[str] = []
+
+    def translate_batch(self, source, **kwargs):
+        self.events.append("call")
+        pending = self.translator.translate_batch(source, **kwargs)
+        return [SimpleNamespace(result=self._waited(p)) for p in pending]
+
+    def score_batch(self, source, target, **kwargs):
+        return self.translator.score_batch(source, target, **kwargs)
+
+    def _waited(self, pending):
+        def result():
+            self.events.append("wait")
+            return pending.result()
+
+        return result
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        pytest.param({"beam_size": 1}, id="greedy"),
+        pytest.param({"beam_size": 4, "length_penalty_kind": "power", "n_best": 2}, id="beam4"),
+    ],
+)
+def test_workers_decode_batches_side_by_side_with_the_outputs_of_one(export: Path, options):
+    """With workers, every batch of a call is submitted before the first is waited for (so
+    CTranslate2's translators decode them side by side), and the results are those of one
+    translator, in input order, also through a stream."""
+    one = CTranslate2Translator(export, max_tokens=40, threads=1)
+    two = CTranslate2Translator(export, max_tokens=40, threads=2, workers=2)
+    assert two.backend.concurrency == 2
+    recording = RecordingAsync(two.backend.translator)
+    two.backend.translator = recording
+    expected = one.translate(SENTENCES, **options)
+    got = two.translate(SENTENCES, **options)
+    calls = recording.events.count("call")
+    assert calls >= 3 and recording.events[:calls] == ["call"] * calls
+    assert ids(got) == ids(expected)
+    assert [[h.token_ids for h in r.hypotheses] for r in got] == [
+        [h.token_ids for h in r.hypotheses] for r in expected
+    ]
+    assert [r.hypotheses[0].score for r in got] == pytest.approx(
+        [r.hypotheses[0].score for r in expected], rel=1e-5
+    )
+    streamed = list(two.translate_iterable(SENTENCES, chunk_size=4, **options))
+    assert ids(streamed) == ids(expected)
+
+
+def test_with_workers_sampling_submits_one_batch_at_a_time(export: Path):
+    """Sampling waits for each batch before it submits the next, as one translator does (the
+    order in which batches draw from CTranslate2's sampler is then the batch order)."""
+    two = CTranslate2Translator(export, max_tokens=40, threads=2, workers=2)
+    recording = RecordingAsync(two.backend.translator)
+    two.backend.translator = recording
+    results = two.translate(SENTENCES, sampling=True, n_best=2, seed=3, top_k=20)
+    events = recording.events
+    assert events.count("call") >= 3
+    # each call, then the waits for its sentences' results, before the next call
+    assert events[0] == "call" and events[-1] == "wait"
+    assert all(a != "call" or b == "wait" for a, b in itertools.pairwise(events))
+    assert all(len(r.hypotheses) == 2 for r in results if r.src_tokens)
+
+
+@pytest.mark.parametrize("workers", [0, -1, True])
+def test_workers_must_be_a_positive_integer(export: Path, workers):
+    with pytest.raises(ValueError, match=r"workers \(.*\) must be a positive integer"):
+        CTranslate2Translator(export, workers=workers)

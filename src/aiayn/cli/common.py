@@ -73,6 +73,13 @@ def add_model_dir_flag(p: argparse.ArgumentParser, *, ensemble: bool) -> None:
         )
 
 
+def _positive_int(text: str) -> int:
+    value = int(text)  # not a number: argparse's "invalid _positive_int value" names the flag
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
 def add_model_flags(
     p: argparse.ArgumentParser, *, backend: bool = False, workers: bool = False
 ) -> None:
@@ -99,11 +106,12 @@ def add_model_flags(
     if workers:
         g.add_argument(
             "--workers",
-            type=int,
-            help="CPU, PyTorch backend (Linux): decode this many batches at once, each in a "
-            "process of its own, sharing --threads among them; the outputs are those of one "
-            "process (default: one worker per thread, so each runs one thread, when the input "
-            "makes more than one batch; 1 on a GPU, for an ONNX export, and for sampling)",
+            type=_positive_int,
+            help="CPU: decode this many batches at once, sharing --threads among them, with "
+            "the outputs of one: PyTorch (Linux) in processes forked from this one, "
+            "CTranslate2 on as many translators of its own (inter_threads) (default: one per "
+            "thread, so each runs one thread; PyTorch forks only when the input makes more "
+            "than one batch; 1 on a GPU, for an ONNX export, and for sampling)",
         )
     g.add_argument(
         "--int8",
@@ -241,15 +249,6 @@ def load_translator(args: argparse.Namespace) -> Translator:
     )
 
 
-def _default_threads(on_cpu: bool) -> int:
-    from aiayn import runtime
-
-    threads = runtime.decoding_threads()
-    if on_cpu:
-        logger.info("decoding with %d CPU thread(s); --threads to change", threads)
-    return threads
-
-
 def _load_ct2_translator(args: argparse.Namespace) -> Translator:
     """`CTranslate2Translator` over -m: an export, or an aiayn model directory's export from the
     cache (`aiayn.interop.ctranslate2.cached_export`: converted the first time only).
@@ -278,11 +277,6 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
         flag = "--int8" if args.int8 else "--bf16"
         kind = "int8" if args.int8 else "bfloat16"
         raise UserValueError(f"{flag} is PyTorch's; with CTranslate2 use --compute-type {kind}")
-    if (getattr(args, "workers", None) or 1) > 1:
-        raise UserValueError(
-            "--workers is the PyTorch backend's: CTranslate2 decodes here one batch at a time, "
-            "on --threads threads"
-        )
     if getattr(args, "onednn", None) is not None:
         flag = "--onednn" if args.onednn else "--no-onednn"
         raise UserValueError(f"{flag} is PyTorch's: CTranslate2 picks its own CPU kernels")
@@ -299,14 +293,29 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
         raise UserValueError(f"--device {device}: CTranslate2 sees no CUDA GPU on this machine")
 
     def options(device: str) -> dict:
+        on_cpu = device == "cpu"
         threads = args.threads
         if threads is None:
-            threads = _default_threads(device == "cpu")
+            threads = runtime.decoding_threads()
+        workers = getattr(args, "workers", 1)  # 1 for the commands without --workers (serve)
+        if workers is None:  # on a CPU one translator per thread, as PyTorch's workers
+            workers = max(threads, 1) if on_cpu else 1
+        if on_cpu and args.threads is None:
+            if workers > 1:
+                logger.info(
+                    "decoding up to %d batches at once (CTranslate2's inter_threads), %d CPU "
+                    "thread(s) each; --workers, --threads to change",
+                    workers,
+                    max(1, threads // workers),
+                )
+            else:
+                logger.info("decoding with %d CPU thread(s); --threads to change", threads)
         return dict(
             device=device,
             compute_type=args.compute_type or "default",
             max_tokens=args.max_tokens,
             threads=threads,
+            workers=workers,
         )
 
     def load(export: Path) -> CTranslate2Translator:

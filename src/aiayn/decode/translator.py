@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from aiayn.decode.options import DecodingOptions, max_output_length
 from aiayn.decode.results import (
+    Hypothesis,
     SentenceAttention,
     TranslationHypothesis,
     TranslationResult,
@@ -546,8 +547,11 @@ class Translator:
         if options.sampling and seed is not None:
             generator = self.backend.seed(seed)
         batches = list(self._batches(sources, options))
+        runs: Iterable[list[TranslationResult]]
         if workers is not None:
             runs = workers.map(batches)
+        elif getattr(self.backend, "concurrency", 1) > 1 and not options.sampling:
+            runs = self._side_by_side(batches, options)
         else:
             runs = (self._run(batch, options, return_attention, generator) for batch in batches)
         for batch, run in zip(batches, runs, strict=True):
@@ -635,6 +639,35 @@ class Translator:
 
         return Workers(run, workers=self.workers, threads=self.worker_threads)
 
+    def _side_by_side(
+        self, batches: list[list[_Source]], options: DecodingOptions
+    ) -> Iterator[list[TranslationResult]]:
+        """Every batch submitted at once to a backend that decodes several side by side
+        (CTranslate2 with ``workers``: `CTranslate2Backend.submit`); results in batch order."""
+        waits = [
+            self.backend.submit([s.ids for s in batch], self._batch_options(batch, options))
+            for batch in batches
+        ]
+        for batch, wait in zip(batches, waits, strict=True):
+            yield self._results(batch, wait(), None)
+
+    def _batch_options(self, batch: list[_Source], options: DecodingOptions) -> DecodingOptions:
+        """`options` with the batch's length limit (one per batch: see `_batches`)."""
+        return replace(options, max_len_a=batch[0].max_len_a, max_len_b=batch[0].max_len_b)
+
+    def _results(
+        self,
+        batch: list[_Source],
+        nbest: list[list[Hypothesis]],
+        maps: Sequence[SentenceAttention | None] | None,
+    ) -> list[TranslationResult]:
+        """The batch's results, in batch order, from its hypotheses (and attention maps)."""
+        maps = maps if maps is not None else [None] * len(batch)
+        return [
+            translation_result(self.tokenizer, s.ids, hyps, m, truncated=s.truncated)
+            for s, hyps, m in zip(batch, nbest, maps, strict=True)
+        ]
+
     def _run(
         self,
         batch: list[_Source],
@@ -645,15 +678,11 @@ class Translator:
         """Decodes one batch on the backend and turns the hypotheses into results, in batch
         order."""
         sources = [s.ids for s in batch]
-        options = replace(options, max_len_a=batch[0].max_len_a, max_len_b=batch[0].max_len_b)
-        nbest = self.backend.search(sources, options, generator)
-        maps: Sequence[SentenceAttention | None] = [None] * len(batch)
+        nbest = self.backend.search(sources, self._batch_options(batch, options), generator)
+        maps = None
         if return_attention:
             maps = self.backend.attention(sources, [hyps[0].tokens for hyps in nbest])
-        return [
-            translation_result(self.tokenizer, s.ids, hyps, m, truncated=s.truncated)
-            for s, hyps, m in zip(batch, nbest, maps, strict=True)
-        ]
+        return self._results(batch, nbest, maps)
 
     def __repr__(self) -> str:
         where: Any = [str(d) for d in self.model_dirs] or ["in-memory model"]

@@ -417,6 +417,7 @@ def CTranslate2Translator(
     compute_type: str = "default",
     max_tokens: int = 4096,
     threads: int = 0,
+    workers: int = 1,
 ) -> Translator:
     """A `Translator` over a directory written by `export_ctranslate2`: the same `translate`
     options and `TranslationResult`s, decoded by CTranslate2
@@ -428,9 +429,13 @@ def CTranslate2Translator(
         compute_type: CTranslate2's compute type ("default" = as stored, "int8",
             "float32", ...).
         max_tokens: Batch budget, as `Translator`'s.
-        threads: CPU threads (``intra_threads``); 0 = CTranslate2's default.
+        threads: CPU threads in all; 0 = CTranslate2's default.
+        workers: Batches decoded at once (CTranslate2's ``inter_threads``), sharing
+            ``threads``; the outputs are the same.
     """
-    backend = CTranslate2Backend(ct2_dir, device=device, compute_type=compute_type, threads=threads)
+    backend = CTranslate2Backend(
+        ct2_dir, device=device, compute_type=compute_type, threads=threads, workers=workers
+    )
     return Translator.from_backend(
         backend,
         backend.tokenizer,

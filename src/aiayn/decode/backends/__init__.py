@@ -52,6 +52,11 @@ class Backend(Protocol):
             decodes without importing torch.
         returns_attention: Whether `attention` gives maps: one PyTorch model does; an
             ensemble or an exported model does not.
+
+    A backend that decodes several batches side by side (CTranslate2 with ``workers``) also
+    has ``concurrency`` (how many) and ``submit(sources, options)``, which starts a batch and
+    returns a function that waits for its hypotheses: `Translator` then submits every batch
+    of a call at once, unless it samples.
     """
 
     models: Sequence[HasConfig]

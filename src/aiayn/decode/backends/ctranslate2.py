@@ -20,7 +20,14 @@ limit is cut to it afterwards (`CTranslate2Backend.search`). Outputs that end be
 limit are CTranslate2's; at the limit, beam search can pick another hypothesis than aiayn's
 search, which forces EOS there during the search.
 
-Threads. ``threads`` are CTranslate2's ``intra_threads``, its translator's own. In a process
+Threads. ``threads`` are the CPU threads of the whole translator. With ``workers`` > 1 they are
+shared among that many translators of CTranslate2's (``inter_threads``, ``intra_threads`` =
+threads / workers): `Translator` then submits every batch of a call at once
+(`CTranslate2Backend.submit`) and CTranslate2 decodes as many side by side as it has
+translators, which is what its own API does with ``inter_threads`` (BENCHMARKS.md: 1.49x the
+speed of one translator on two threads). The outputs are those of one translator: each batch
+is still one call. Sampling submits one batch at a time, so that a seed draws the same
+samples. In a process
 where PyTorch has already run on several threads, CTranslate2 decodes 1.15-1.9x slower (both
 run OpenMP threads, more of them than cores; docs/interop.md): give PyTorch one thread before
 any PyTorch work (``aiayn.runtime.configure(threads=1)``, as ``aiayn translate --backend
@@ -32,6 +39,7 @@ whose export is cached, the command never loads PyTorch.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +92,7 @@ class CTranslate2Backend:
         device: str = "cpu",
         compute_type: str = "default",
         threads: int = 0,
+        workers: int = 1,
     ) -> None:
         """Loads an export.
 
@@ -94,11 +103,17 @@ class CTranslate2Backend:
                 cannot compute on raises here (a ``RuntimeError``, CTranslate2's).
             compute_type: CTranslate2's compute type ("default" = as stored, "int8",
                 "float32", ...).
-            threads: CPU threads (``intra_threads``); 0 = CTranslate2's default.
+            threads: CPU threads in all; 0 = CTranslate2's default (``intra_threads`` 0) with
+                one worker, one thread per worker with more.
+            workers: CTranslate2's ``inter_threads``: how many batches it decodes at once,
+                each on ``threads / workers`` threads of its own (`submit`).
 
         Raises:
             CheckpointError: The directory has no readable ``aiayn.json``.
+            UserValueError: ``workers`` is not a positive integer.
         """
+        if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+            raise UserValueError(f"workers ({workers!r}) must be a positive integer")
         [self._ctranslate2] = require("export", "ctranslate2", needed_by="CTranslate2Translator")
         directory = Path(ct2_dir)
         try:
@@ -120,8 +135,10 @@ class CTranslate2Backend:
             device=kind,
             device_index=int(index or 0),
             compute_type=compute_type,
-            intra_threads=threads,
+            intra_threads=threads if workers == 1 else max(1, threads // workers),
+            inter_threads=workers,
         )
+        self.concurrency = workers  # batches decoded at once (see `submit`)
         self._token_ids: dict[str, int] = {}
         for i, piece in enumerate(vocabulary(self.tokenizer, config.tgt_vocab_size)):
             self._token_ids.setdefault(piece, i)
@@ -176,6 +193,14 @@ class CTranslate2Backend:
         make a batch of sentences of many lengths into many small calls (BENCHMARKS.md: 1.48x
         the time of CTranslate2's own API on the same export).
         """
+        return self.submit(sources, options)()
+
+    def submit(
+        self, sources: list[list[int]], options: DecodingOptions
+    ) -> Callable[[], list[list[Hypothesis]]]:
+        """Starts decoding a batch (as `search` does) and returns at once a function that
+        waits for its hypotheses. Batches submitted one after another are decoded side by
+        side, as many at a time as the backend has ``workers``."""
         limits = [
             max_output_length(len(ids), options.max_len_a, options.max_len_b) for ids in sources
         ]
@@ -188,7 +213,7 @@ class CTranslate2Backend:
 
     def _translate_batch(
         self, sources: list[list[int]], limits: list[int], options: DecodingOptions
-    ) -> list[list[Hypothesis]]:
+    ) -> Callable[[], list[list[Hypothesis]]]:
         tokens = [self.tokenizer.pieces(ids[:-1]) for ids in sources]  # CTranslate2 adds </s>
         kwargs: dict[str, Any] = dict(
             max_decoding_length=max(limits) + 1,  # + EOS
@@ -214,14 +239,22 @@ class CTranslate2Backend:
                 num_hypotheses=options.n_best,
                 length_penalty=alpha if options.beam_size > 1 else 0.0,
             )
-        outputs = self.translator.translate_batch(tokens, **kwargs)
-        hyps = self._cut_to_limits(tokens, outputs, limits, kwargs.get("length_penalty", 0.0))
-        if n > 1:
-            hyps = [
-                sorted((h for hs in hyps[i * n : (i + 1) * n] for h in hs), key=lambda h: -h.score)
-                for i in range(len(sources))
-            ]
-        return hyps
+        pending = self.translator.translate_batch(tokens, asynchronous=True, **kwargs)
+
+        def hypotheses() -> list[list[Hypothesis]]:
+            outputs = [output.result() for output in pending]
+            alpha = kwargs.get("length_penalty", 0.0)
+            hyps = self._cut_to_limits(tokens, outputs, limits, alpha)
+            if n > 1:
+                hyps = [
+                    sorted(
+                        (h for hs in hyps[i * n : (i + 1) * n] for h in hs), key=lambda h: -h.score
+                    )
+                    for i in range(len(sources))
+                ]
+            return hyps
+
+        return hypotheses
 
     def _cut_to_limits(
         self, tokens: list[list[str]], outputs: list[Any], limits: list[int], alpha: float
