@@ -242,12 +242,24 @@ def test_sigkill_then_resume_is_exact(
 ) -> None:
     run_dir = tmp_path / "run"
     process = start(aiayn_train(resume_corpus, run_dir, *RESUME_FLAGS), tmp_path / "log1")
+
     # Kill between two checkpoints, a few updates after the last one (that logged metrics must
     # then be forgotten on resume), once the run has saved at least twice.
-    wait_for(
-        process,
-        lambda: last_checkpoint(run_dir) >= 40 and 5 <= last_logged_step(run_dir) % 20 <= 15,
-    )
+    def between_checkpoints() -> bool:
+        return last_checkpoint(run_dir) >= 40 and 5 <= last_logged_step(run_dir) % 20 <= 15
+
+    def stopped_between_checkpoints() -> bool:
+        """Freezes the run where it is between checkpoints (checked again once it is frozen,
+        so that a test descheduled after the first check cannot kill it past a save)."""
+        if not between_checkpoints():
+            return False
+        process.send_signal(signal.SIGSTOP)
+        if between_checkpoints():
+            return True
+        process.send_signal(signal.SIGCONT)
+        return False
+
+    wait_for(process, stopped_between_checkpoints)
     process.send_signal(signal.SIGKILL)
     assert process.wait() == -signal.SIGKILL
     killed_at = last_logged_step(run_dir)

@@ -52,9 +52,28 @@ def run(coroutine):
     return asyncio.run(coroutine)
 
 
+async def submit_while_held(
+    model: FakeModel, batcher: Batcher[str], jobs: list[tuple[list[str], object]]
+) -> list:
+    """Submits the jobs while the worker is held inside a first call (of the text "z"), so
+    that all of them wait when it collects the next call; gathers their results or
+    exceptions. (Submitted one by one to a free worker, it could wake between them.)"""
+    model.gate.clear()
+    first = asyncio.ensure_future(batcher.submit(["z"], 0))
+    while not model.entered.is_set():  # the worker is now inside the first call
+        await asyncio.sleep(0.001)
+    tasks = [asyncio.ensure_future(batcher.submit(texts, options)) for texts, options in jobs]
+    while batcher.stats()["queued"] < len(jobs):
+        await asyncio.sleep(0.001)
+    model.gate.set()
+    await first
+    return await asyncio.gather(*tasks, return_exceptions=True)
+
+
 def test_concurrent_jobs_share_one_call_and_get_their_own_results() -> None:
     model = FakeModel()
-    batcher = make_batcher(model, max_wait_ms=200)
+    # the call starts when the six texts fill the budget (the wait for company is no bound)
+    batcher = make_batcher(model, max_wait_ms=600_000, max_batch_cost=6)
     jobs = [(["a", "b"], 1), (["c"], 1), (["d", "e", "f"], 1)]
     try:
         results = run(submit_all(batcher, jobs))
@@ -70,7 +89,7 @@ def test_concurrent_jobs_share_one_call_and_get_their_own_results() -> None:
 
 def test_jobs_with_different_options_get_separate_calls_in_arrival_order() -> None:
     model = FakeModel()
-    batcher = make_batcher(model, max_wait_ms=200)
+    batcher = make_batcher(model, max_wait_ms=600_000, max_batch_cost=3)  # as above
     try:
         results = run(submit_all(batcher, [(["a"], "x"), (["b"], "y"), (["c"], "x")]))
     finally:
@@ -80,27 +99,11 @@ def test_jobs_with_different_options_get_separate_calls_in_arrival_order() -> No
 
 
 def test_a_call_stops_at_the_budget_and_takes_texts_round_robin() -> None:
-    """The jobs queue while the worker is held in a first call, so all four wait when it
-    collects the next (submitted one by one, the worker could wake on the first two: their
-    three texts already fill the budget)."""
     model = FakeModel()
     batcher = make_batcher(model, max_wait_ms=200, max_batch_cost=3)
     jobs = [(["a", "b"], 0), (["c"], 0), (["d"], 0), (["e", "f", "g", "h"], 0)]
-
-    async def scenario() -> list:
-        model.gate.clear()
-        first = asyncio.ensure_future(batcher.submit(["z"], 0))
-        while not model.entered.is_set():  # the worker is now inside the first call
-            await asyncio.sleep(0.001)
-        tasks = [asyncio.ensure_future(batcher.submit(texts, options)) for texts, options in jobs]
-        while batcher.stats()["queued"] < len(jobs):
-            await asyncio.sleep(0.001)
-        model.gate.set()
-        await first
-        return await asyncio.gather(*tasks)
-
     try:
-        results = run(scenario())
+        results = run(submit_while_held(model, batcher, jobs))
     finally:
         batcher.close()
     # the first text of every job comes before the second of any; 3 texts fill the budget
@@ -258,7 +261,7 @@ def test_a_failing_job_fails_alone_and_the_worker_carries_on() -> None:
     model = FakeModel(fail_on="bad")
     batcher = make_batcher(model, max_wait_ms=200)
     try:
-        results = run(submit_all(batcher, [(["a"], 0), (["bad"], 0), (["c"], 0)]))
+        results = run(submit_while_held(model, batcher, [(["a"], 0), (["bad"], 0), (["c"], 0)]))
         assert batcher.alive
         after = run(submit_all(batcher, [(["d"], 0)]))
     finally:
@@ -266,7 +269,8 @@ def test_a_failing_job_fails_alone_and_the_worker_carries_on() -> None:
     assert results[0] == ["A/0"] and results[2] == ["C/0"]
     assert isinstance(results[1], RuntimeError) and "cannot translate 'bad'" in str(results[1])
     # the shared call failed, then each job was retried alone
-    assert [texts for texts, _ in model.calls] == [["a", "bad", "c"], ["a"], ["bad"], ["c"], ["d"]]
+    calls = [texts for texts, _ in model.calls]
+    assert calls == [["z"], ["a", "bad", "c"], ["a"], ["bad"], ["c"], ["d"]]
     assert after == [["D/0"]]
     assert batcher.stats()["failed_calls"] == 2
 
@@ -344,7 +348,10 @@ def test_close_fails_waiting_jobs_and_stops_the_worker() -> None:
         while batcher.stats()["queued"] < 1:
             await asyncio.sleep(0.001)
         closing = asyncio.ensure_future(asyncio.to_thread(batcher.close))
-        await asyncio.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while not waiting.done():  # close() fails the waiting jobs before it joins the worker
+            assert time.monotonic() < deadline, "close() never failed the waiting job"
+            await asyncio.sleep(0.001)
         model.gate.set()  # the call in progress finishes normally
         await closing
         return await asyncio.gather(busy, waiting, return_exceptions=True)

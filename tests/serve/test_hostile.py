@@ -156,12 +156,13 @@ def test_a_short_request_is_not_held_up_by_costly_abandoned_ones(server: Server)
     (63 s) and a short request waited behind them. Now their texts are interleaved with the
     short request's, and dropped once their clients are gone."""
     start_stats = http(server.url + "/health")[1]
-    hammers = [server.connect() for _ in range(2)]
+    hammers = [server.connect() for _ in range(4)]  # 20 texts: the queue outlasts each check
     for sock in hammers:
         sock.sendall(raw_request(COSTLY))
-    time.sleep(0.5)
-    health = http(server.url + "/health")[1]
-    assert health["queued_texts"] > 0
+    deadline = time.monotonic() + 20
+    while http(server.url + "/health")[1]["queued"] < len(hammers):
+        assert time.monotonic() < deadline, "the costly requests never queued"
+        time.sleep(0.05)
     status, answer = http(server.url + "/translate", {"text": "the cat sat"})
     assert status == 200 and len(answer["translations"]) == 1
     # it was answered while texts queued before it still waited: it was not held up behind
@@ -174,21 +175,23 @@ def test_a_short_request_is_not_held_up_by_costly_abandoned_ones(server: Server)
         assert time.monotonic() < deadline, stats
         time.sleep(0.1)
     translated = stats["sentences"] - start_stats["sentences"]
-    assert translated < 2 * len(COSTLY["texts"])  # the abandoned texts were not all computed
+    assert translated < len(hammers) * len(COSTLY["texts"])  # the abandoned were not all done
     assert stats["status"] == "ok" and stats["queued"] == 0
 
 
 def test_health_says_busy_while_requests_wait(server: Server) -> None:
-    sock = server.connect()
+    socks = [server.connect() for _ in range(3)]  # ~15 calls: busy for a while on any CPU
     try:
-        sock.sendall(raw_request(COSTLY))
+        for sock in socks:
+            sock.sendall(raw_request(COSTLY))
         deadline = time.monotonic() + 30
         while (health := http(server.url + "/health")[1])["status"] != "busy":
             assert time.monotonic() < deadline, health
             time.sleep(0.1)
         assert health["oldest_wait_s"] > FLAGS["--busy-after-s"]
     finally:
-        sock.close()
+        for sock in socks:
+            sock.close()
 
 
 # -- 3. numeric options: 422, never 500 ----------------------------------------------------------
@@ -255,7 +258,7 @@ def test_idle_slow_header_and_slow_body_connections_are_closed(server: Server) -
 def test_connections_beyond_the_cap_are_closed_at_once(server: Server) -> None:
     socks = [server.connect() for _ in range(FLAGS["--max-connections"] + 10)]
     try:
-        refused = sum(closed_within(sock, 0.5) for sock in socks[-10:])
+        refused = sum(closed_within(sock, 5) for sock in socks[-10:])  # at once: ~ms
         assert refused == 10
     finally:
         for sock in socks:
@@ -279,10 +282,14 @@ def test_a_client_hanging_up_mid_body_is_one_log_line(server: Server) -> None:
         sock.sendall(raw_request({"text": "the cat sat on the mat"})[:-10])
         time.sleep(0.1)
         sock.close()
-    time.sleep(0.5)
-    with server.log.open("rb") as log:
-        log.seek(log_size)
-        new = log.read().decode("utf-8", "replace")
+    deadline = time.monotonic() + 10
+    while True:
+        with server.log.open("rb") as log:
+            log.seek(log_size)
+            new = log.read().decode("utf-8", "replace")
+        if new.count("went away") >= 3 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
     assert "Traceback" not in new and "went away" in new
     assert len(new) < 3 * 400, new
 
@@ -561,18 +568,23 @@ def test_heads_within_the_limits_are_served(server: Server) -> None:
 def test_a_header_trickling_past_the_limit_is_refused_before_it_is_whole(server: Server) -> None:
     """The parser holds an incomplete header: what it may hold is bounded too, not only the
     headers it has finished."""
+    # A header line that never ends, past the limit: a server that waited for its end would
+    # answer 408 at --timeout-head; a bounded one answers 431 (or resets the connection while
+    # our bytes still arrive) as soon as it has read past the limit.
+    head = b"GET /health HTTP/1.1\r\n" + HOST + b"X-A: " + b"a" * (2 * MAX_HEAD_BYTES)
     with server.connect() as sock:
-        sock.sendall(b"GET /health HTTP/1.1\r\n" + HOST + b"X-A: ")
-        sent = 0
         try:
-            while sent < 10 * MAX_HEAD_BYTES:
-                sock.sendall(b"a" * 1024)
-                sent += 1024
-                time.sleep(0.002)
-        except OSError:  # closed by the server
+            sock.sendall(head)
+        except OSError:  # reset by the server while we sent
+            return
+        sock.settimeout(5)
+        reply = b""
+        try:
+            while chunk := sock.recv(65536):
+                reply += chunk
+        except ConnectionResetError:
             pass
-        assert sent < 4 * MAX_HEAD_BYTES
-        assert closed_within(sock, 2)
+    assert reply == b"" or reply.startswith(b"HTTP/1.1 431"), reply[:200]
 
 
 # -- 8. bodies of many values: refused unparsed; errors bounded; the event loop free -------------
