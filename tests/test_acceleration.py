@@ -20,7 +20,9 @@ from aiayn.acceleration import (
     PackedSelfAttention,
     compiler_missing,
     cpu_attention,
+    decoding_kernel,
     maybe_compile,
+    mkl_missing,
     onednn_linear_missing,
     pack_linear_layers,
     use_cpu_attention,
@@ -181,16 +183,18 @@ def test_cpu_kernels_for_a_block_give_the_models_their_own_back(make_model) -> N
 needs_onednn = pytest.mark.skipif(
     onednn_linear_missing() is not None, reason=f"no oneDNN packing: {onednn_linear_missing()}"
 )
+needs_mkl = pytest.mark.skipif(mkl_missing() is not None, reason=f"no MKL: {mkl_missing()}")
+KERNELS = [pytest.param("onednn", marks=needs_onednn), pytest.param("mkl", marks=needs_mkl)]
 
 
-@needs_onednn
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(1, 16), (5, 16), (300, 16), (3, 7, 16), (2, 1, 16)])
 def test_a_packed_linear_layer_computes_what_nn_linear_computes(
-    bias: bool, shape: tuple[int, ...]
+    kernel: str, bias: bool, shape: tuple[int, ...]
 ) -> None:
     linear = torch.nn.Linear(16, 24, bias=bias)
-    packed = PackedLinear(linear)
+    packed = PackedLinear(linear, kernel=kernel)
     x = torch.randn(shape)
     with torch.inference_mode():
         got, expected = packed(x), linear(x)
@@ -202,18 +206,19 @@ def test_a_packed_linear_layer_computes_what_nn_linear_computes(
     torch.testing.assert_close(copy.deepcopy(packed)(x), got)  # a copy of the packed layer
 
 
-def _packed_and_plain(make_model) -> tuple[Transformer, torch.nn.Module]:
+def _packed_and_plain(make_model, kernel: str) -> tuple[Transformer, torch.nn.Module]:
     model = make_model(src_vocab_size=60, tgt_vocab_size=60, dropout=0.0).eval()
-    return model, pack_linear_layers(model, min_features=1)
+    return model, pack_linear_layers(model, min_features=1, kernel=kernel)
 
 
-@needs_onednn
+@pytest.mark.parametrize("kernel", KERNELS)
 def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alone(
-    make_model,
+    make_model, kernel: str
 ) -> None:
-    model, packed = _packed_and_plain(make_model)
+    model, packed = _packed_and_plain(make_model, kernel)
     assert packed is not model
     assert [m for m in packed.modules() if type(m) is torch.nn.Linear] == []
+    assert {m.kernel for m in packed.modules() if type(m) is PackedLinear} == {kernel}
     layers = [*packed.encoder.layers, *packed.decoder.layers]
     assert sum(type(m) is PackedLinear for m in packed.modules()) == sum(
         type(m) is torch.nn.Linear for m in model.modules()
@@ -235,35 +240,42 @@ def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alon
     assert all(type(m) is torch.nn.Linear for a in attentions for m in a.children())
 
 
-@needs_onednn
-def test_the_packed_copy_keeps_the_models_attention_kernels(make_model) -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_packed_copy_keeps_the_models_attention_kernels(make_model, kernel: str) -> None:
     model = use_cpu_attention(make_model())
-    packed = pack_linear_layers(model, min_features=1)
+    packed = pack_linear_layers(model, min_features=1, kernel=kernel)
     assert packed is not model and attention_kernels(packed) == {cpu_attention}
-    plain = pack_linear_layers(make_model(), min_features=1)
+    plain = pack_linear_layers(make_model(), min_features=1, kernel=kernel)
     assert attention_kernels(plain) == {fused_attention}
 
 
-@needs_onednn
-def test_a_packed_product_of_stacked_layers_with_relu_is_their_outputs_side_by_side() -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_a_packed_product_of_stacked_layers_with_relu_is_their_outputs_side_by_side(
+    kernel: str,
+) -> None:
     torch.manual_seed(0)
     layers = [torch.nn.Linear(16, n) for n in (8, 8, 4)]
     x = torch.randn(2, 3, 16)
     expected = torch.cat([m(x) for m in layers], dim=-1)
     with torch.no_grad():
-        torch.testing.assert_close(PackedLinear(layers)(x), expected, atol=1e-5, rtol=1e-5)
-        relu = PackedLinear(layers, relu=True)
+        stacked = PackedLinear(layers, kernel=kernel)
+        torch.testing.assert_close(stacked(x), expected, atol=1e-5, rtol=1e-5)
+        relu = PackedLinear(layers, relu=True, kernel=kernel)
         torch.testing.assert_close(relu(x), expected.relu(), atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(copy.deepcopy(relu)(x), expected.relu(), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="same input size"):
-        PackedLinear([torch.nn.Linear(16, 8), torch.nn.Linear(8, 8)])
+        PackedLinear([torch.nn.Linear(16, 8), torch.nn.Linear(8, 8)], kernel=kernel)
+    with pytest.raises(ValueError, match=r"kernel \('blas'\) must be one of onednn, mkl"):
+        PackedLinear(layers, kernel="blas")
 
 
-@needs_onednn
-def test_the_packed_model_gives_the_same_log_probs_and_translations(make_model) -> None:
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_the_packed_model_gives_the_same_log_probs_and_translations(
+    make_model, kernel: str
+) -> None:
     """Forward with padding, one decoding step, and beam and greedy search (twice, as a server
     calls it): the same as the plain model up to float32 rounding, the same tokens."""
-    model, packed = _packed_and_plain(make_model)
+    model, packed = _packed_and_plain(make_model, kernel)
     src = torch.randint(4, 60, (3, 9))
     src[1, 5:] = model.config.pad_id
     tgt = torch.randint(4, 60, (3, 6))
@@ -298,7 +310,10 @@ def test_without_onednn_packing_the_model_is_used_as_it_is(
     model = make_model().eval()
     monkeypatch.setattr(acceleration.platform, "machine", lambda: "arm64")
     assert "not an x86-64 CPU" in (onednn_linear_missing() or "")
-    assert pack_linear_layers(model) is model
+    assert "not an x86-64 CPU" in (mkl_missing() or "")
+    assert decoding_kernel() is None and decoding_kernel(onednn=False) is None
+    for kernel in ("onednn", "mkl"):
+        assert pack_linear_layers(model, min_features=1, kernel=kernel) is model
     monkeypatch.undo()
     assert pack_linear_layers(model) is model  # d_model 32: too small to gain
     assert pack_linear_layers(model.to(torch.bfloat16), min_features=1) is model  # float32 only
@@ -451,12 +466,17 @@ def test_the_chunked_loss_runs_both_its_products_on_onednn() -> None:
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * expected.abs().max())
 
 
-def test_packing_is_the_default_on_x86_cpus_but_intels(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_onednn_is_the_default_on_x86_cpus_but_intels_and_mkl_there(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: None)
+    monkeypatch.setattr(acceleration, "mkl_missing", lambda: None)
     monkeypatch.setattr(acceleration, "cpu_vendor", lambda: "GenuineIntel")
     assert not acceleration.packing_pays()  # MKL, PyTorch's own, is the faster there
+    assert decoding_kernel() == "mkl" and decoding_kernel(onednn=True) == "onednn"
     for vendor in ("AuthenticAMD", None):
         monkeypatch.setattr(acceleration, "cpu_vendor", lambda v=vendor: v)
         assert acceleration.packing_pays()
+        assert decoding_kernel() == "onednn" and decoding_kernel(onednn=False) == "mkl"
     monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: "not an x86-64 CPU")
     assert not acceleration.packing_pays()

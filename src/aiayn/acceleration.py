@@ -215,31 +215,50 @@ def padded_rows(m: int) -> int:
     return -(-m // step) * step
 
 
-class PackedLinear(nn.Module):
-    """An `nn.Linear` for CPU inference whose weight is stored in oneDNN's blocked layout.
+KERNELS = ("onednn", "mkl")
+"""The products `PackedLinear` can run on: oneDNN's on a weight in its blocked layout, or MKL's
+sgemm on the weight stored transposed."""
 
-    y = x Wᵀ + b, the same function as the layer it was made from, computed by oneDNN's matrix
-    product on a weight reordered once (`torch.ops.mkldnn`, the kernels TorchInductor's frozen
-    CPU graphs call). PyTorch's own float32 `nn.Linear` calls MKL's sgemm, which on AMD CPUs
-    runs slower than oneDNN at 32 to 4,096 rows (BENCHMARKS.md, bench/bench_gemm.py);
-    CTranslate2 calls oneDNN on AMD CPUs for the same reason. Results differ from `nn.Linear`
-    only by float32 rounding (another summation order).
+
+class PackedLinear(nn.Module):
+    """An `nn.Linear` for CPU inference whose weight is stored once in the layout its matrix
+    product reads fastest.
+
+    y = x Wᵀ + b, the same function as the layer it was made from, by one of two kernels:
+
+    - ``"onednn"``: oneDNN's matrix product on a weight reordered once into its blocked layout
+      (`torch.ops.mkldnn`, the kernels TorchInductor's frozen CPU graphs call). PyTorch's own
+      float32 `nn.Linear` calls MKL's sgemm, which on AMD CPUs runs slower than oneDNN at 32
+      to 4,096 rows (BENCHMARKS.md, bench/bench_gemm.py); CTranslate2 calls oneDNN on AMD
+      CPUs for the same reason.
+    - ``"mkl"``: MKL's sgemm on Wᵀ stored contiguous, (in, out). `nn.Linear` hands MKL a
+      transposed view of W (its "NT" product); the same product on Wᵀ as stored ("NN") took
+      0.6-0.9x the time at decoding shapes on an Intel Xeon, one thread (4 to 128 rows, the
+      Bible recipe's layers: a microbenchmark, BENCHMARKS.md).
+
+    Results differ from `nn.Linear` only by float32 rounding (another summation order, for
+    some shapes).
 
     Two fusions save a little of a beam-4 step (`bench/bench_decode.py --fusions` measures it):
     several layers that read the same input are one product of their stacked weights (their
     outputs side by side: self-attention's W^Q, W^K, W^V), and with `relu=True` the product
-    applies the ReLU of Eq. 2 itself (oneDNN's post-op), y = max(0, x Wᵀ + b).
+    applies the ReLU of Eq. 2 itself (oneDNN's post-op; after MKL's product, in place),
+    y = max(0, x Wᵀ + b).
 
-    The packed weight is a copy: it never sees later updates of the original layer, so it
+    The stored weight is a copy: it never sees later updates of the original layer, so it
     belongs to a model that only decodes (`pack_linear_layers` makes one).
     """
 
     PACKED_FOR_ROWS = 128
-    """Rows the weight layout is chosen for; any number of rows runs (measured: 32 to 1024
-    give the same speed from 4 to 768 rows, 1 is slower)."""
+    """Rows oneDNN's weight layout is chosen for; any number of rows runs (measured: 32 to
+    1024 give the same speed from 4 to 768 rows, 1 is slower)."""
 
-    def __init__(self, linear: nn.Linear | list[nn.Linear], relu: bool = False) -> None:
+    def __init__(
+        self, linear: nn.Linear | list[nn.Linear], relu: bool = False, kernel: str = "onednn"
+    ) -> None:
         super().__init__()
+        if kernel not in KERNELS:
+            raise ValueError(f"kernel ({kernel!r}) must be one of {', '.join(KERNELS)}")
         linears = linear if isinstance(linear, list) else [linear]
         has_bias = [m.bias is not None for m in linears]
         if len({m.in_features for m in linears}) != 1 or len(set(has_bias)) != 1:
@@ -247,14 +266,28 @@ class PackedLinear(nn.Module):
         self.in_features = linears[0].in_features
         self.out_features = sum(m.out_features for m in linears)
         self.relu = relu
+        self.kernel = kernel
         weight = torch.cat([m.weight.detach().float() for m in linears]).contiguous()
-        self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(weight, self.PACKED_FOR_ROWS)
+        if kernel == "onednn":
+            self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(
+                weight, self.PACKED_FOR_ROWS
+            )
+        else:
+            self.packed_weight = weight.t().contiguous()  # (in, out)
         self.bias = None
         if has_bias[0]:
             self.bias = torch.cat([m.bias.detach().float() for m in linears]).clone()
 
     def forward(self, x: Tensor) -> Tensor:
         rows = x.reshape(-1, self.in_features)
+        if self.kernel == "mkl":
+            if self.bias is None:
+                y = rows @ self.packed_weight
+            else:
+                y = torch.addmm(self.bias, rows, self.packed_weight)
+            if self.relu:
+                y = y.relu_()
+            return y.view(*x.shape[:-1], self.out_features)
         m = rows.size(0)
         padded = padded_rows(m)
         if padded != m:
@@ -269,7 +302,7 @@ class PackedLinear(nn.Module):
         clone = PackedLinear.__new__(PackedLinear)
         nn.Module.__init__(clone)
         clone.in_features, clone.out_features = self.in_features, self.out_features
-        clone.relu = self.relu
+        clone.relu, clone.kernel = self.relu, self.kernel
         clone.packed_weight = self.packed_weight
         clone.bias = None if self.bias is None else self.bias.clone()
         clone.train(self.training)
@@ -279,13 +312,15 @@ class PackedLinear(nn.Module):
         bias = self.bias is not None
         relu = ", relu=True" if self.relu else ""
         return (
-            f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}{relu}"
+            f"in_features={self.in_features}, out_features={self.out_features}, bias={bias}"
+            f"{relu}, kernel={self.kernel!r}"
         )
 
 
 class PackedSelfAttention(MultiHeadAttention):
     """Self-attention in a decoding copy (`pack_linear_layers`): [W^Q; W^K; W^V] as one
-    oneDNN-packed product (`qkv_proj`), which `project_qkv` uses instead of the three.
+    packed product (`qkv_proj`, a `PackedLinear`), which `project_qkv` uses instead of the
+    three.
 
     The same function as the layer it was made from, up to float32 rounding (the packed
     weights are a copy: `PackedLinear`). The three projections stay, for `project_query` and
@@ -293,16 +328,19 @@ class PackedSelfAttention(MultiHeadAttention):
     weights, 3·d_model² floats per layer).
     """
 
-    def __init__(self, attention: MultiHeadAttention) -> None:
+    def __init__(self, attention: MultiHeadAttention, kernel: str = "onednn") -> None:
         """`attention` (its projections and kernel shared, not copied) with its stacked
-        product packed; its three projections must be `nn.Linear`."""
+        product packed for `kernel` (`PackedLinear`); its three projections must be
+        `nn.Linear`."""
         nn.Module.__init__(self)  # not MultiHeadAttention's: the layers are `attention`'s
         self.n_heads, self.d_k, self.d_v = attention.n_heads, attention.d_k, attention.d_v
         self.attention_dropout = attention.attention_dropout
         self.q_proj, self.k_proj, self.v_proj = attention.q_proj, attention.k_proj, attention.v_proj
         self.out_proj = attention.out_proj
         self.kernel = attention.kernel
-        self.qkv_proj = PackedLinear([attention.q_proj, attention.k_proj, attention.v_proj])
+        self.qkv_proj = PackedLinear(
+            [attention.q_proj, attention.k_proj, attention.v_proj], kernel=kernel
+        )
         self.train(attention.training)
 
     def stacked_qkv_weights(self) -> None:
@@ -344,6 +382,26 @@ def cpu_vendor() -> str | None:
     return None
 
 
+def mkl_missing() -> str | None:
+    """Why `PackedLinear`'s ``"mkl"`` kernel would not run on MKL here, or None if it would:
+    PyTorch's float32 products are MKL's on x86-64 builds only."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"not an x86-64 CPU ({platform.machine()})"
+    if not torch.backends.mkl.is_available():
+        return "PyTorch was built without MKL"
+    return None
+
+
+def decoding_kernel(onednn: bool | None = None) -> str | None:
+    """The kernel that float32 CPU decoding packs its linear layers for (`PackedLinear`), or
+    None to leave them `nn.Linear`: ``"onednn"`` when `onednn` asks for it or, when nobody
+    says, where `packing_pays`; otherwise ``"mkl"`` where PyTorch's products are MKL's
+    (`mkl_missing`)."""
+    if onednn if onednn is not None else packing_pays():
+        return "onednn"
+    return "mkl" if mkl_missing() is None else None
+
+
 def packing_pays() -> bool:
     """Whether float32 decoding should run on oneDNN-packed weights here when nobody says
     (`pack_linear_layers`): on x86-64 CPUs other than Intel's.
@@ -370,19 +428,23 @@ batches of 1–32 sentences of varying length on 1 thread (`bench/bench_decode.p
 measured on an AMD EPYC; the beam-4 rows are to be re-measured at the current search)."""
 
 
-def pack_linear_layers(model: nn.Module, min_features: int | None = None) -> nn.Module:
-    """A copy of float32 CPU `model` whose `nn.Linear` layers are `PackedLinear`, for decoding.
+def pack_linear_layers(
+    model: nn.Module, min_features: int | None = None, kernel: str = "onednn"
+) -> nn.Module:
+    """A copy of float32 CPU `model` whose `nn.Linear` layers are `PackedLinear`, for decoding
+    with `kernel` ("onednn" or "mkl"; `decoding_kernel` says which a translator uses).
 
     The same function up to float32 rounding (tests/test_acceleration.py compares log-probs and
     translations); `model` is left as it is. Only layers with at least `min_features` (default
-    `MIN_PACKED_FEATURES`) inputs and outputs are packed. Where packing is unavailable
-    (`onednn_linear_missing`), for a model not in float32 on the CPU, or when no layer is that
-    large, returns `model` itself. The pre-softmax projection is packed like every other linear
-    layer (in the copy it no longer shares storage with the embedding). In the copy, a ReLU
-    feed-forward layer's first product applies the ReLU (`PackedLinear(relu=True)`), and
-    each self-attention layer is a `PackedSelfAttention`, its [W^Q; W^K; W^V] one packed
-    product (encoder-decoder attention projects the query and the memory apart and stays a
-    `MultiHeadAttention`). Attention kernels are `model`'s (`use_cpu_attention`).
+    `MIN_PACKED_FEATURES`) inputs and outputs are packed. Where the kernel is unavailable
+    (`onednn_linear_missing`, `mkl_missing`), for a model not in float32 on the CPU, or when no
+    layer is that large, returns `model` itself. The pre-softmax projection is packed like
+    every other linear layer (in the copy it no longer shares storage with the embedding).
+    In the copy, a ReLU feed-forward layer's first product applies the ReLU
+    (`PackedLinear(relu=True)`), and each self-attention layer is a `PackedSelfAttention`,
+    its [W^Q; W^K; W^V] one packed product (encoder-decoder attention projects the query and
+    the memory apart and stays a `MultiHeadAttention`). Attention kernels are `model`'s
+    (`use_cpu_attention`).
     """
     from aiayn.model import ACTIVATION_FUNCTIONS, PositionwiseFeedForward
 
@@ -391,7 +453,10 @@ def pack_linear_layers(model: nn.Module, min_features: int | None = None) -> nn.
     def packs(m: nn.Module) -> bool:
         return type(m) is nn.Linear and min(m.in_features, m.out_features) >= smallest
 
-    if onednn_linear_missing() is not None or not any(packs(m) for m in model.modules()):
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel ({kernel!r}) must be one of {', '.join(KERNELS)}")
+    missing = onednn_linear_missing() if kernel == "onednn" else mkl_missing()
+    if missing is not None or not any(packs(m) for m in model.modules()):
         return model
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
         return model
@@ -401,7 +466,7 @@ def pack_linear_layers(model: nn.Module, min_features: int | None = None) -> nn.
         if isinstance(attention, MultiHeadAttention) and all(
             packs(m) for m in (attention.q_proj, attention.k_proj, attention.v_proj)
         ):
-            layer.self_attn = PackedSelfAttention(attention)
+            layer.self_attn = PackedSelfAttention(attention, kernel)
     for module in list(packed.modules()):
         relu_first = (
             isinstance(module, PositionwiseFeedForward)
@@ -409,11 +474,11 @@ def pack_linear_layers(model: nn.Module, min_features: int | None = None) -> nn.
             and packs(module.linear1)
         )
         if relu_first:
-            module.linear1 = PackedLinear(module.linear1, relu=True)
+            module.linear1 = PackedLinear(module.linear1, relu=True, kernel=kernel)
             module.activation = _applied_by_the_first_product
         for name, child in list(module.named_children()):
             if packs(child):
-                setattr(module, name, PackedLinear(child))
+                setattr(module, name, PackedLinear(child, kernel=kernel))
     return packed
 
 

@@ -456,22 +456,26 @@ def test_int8_quantizes_every_linear_layer_and_stays_close_to_fp32(
     assert isinstance(result.text, str)
 
 
-def test_a_cpu_translator_packs_its_linear_layers_for_onednn_unless_told_not_to(
+def test_a_cpu_translator_packs_its_linear_layers_for_onednn_or_mkl(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """--onednn: oneDNN's packed weights; --no-onednn: MKL's, stored transposed; by default
+    the one `decoding_kernel` picks for this CPU. The same outputs either way."""
     from aiayn import acceleration
-    from aiayn.acceleration import PackedLinear, onednn_linear_missing
+    from aiayn.acceleration import PackedLinear, mkl_missing, onednn_linear_missing
 
-    if onednn_linear_missing() is not None:
-        pytest.skip(onednn_linear_missing())
-    assert not any(type(m) is PackedLinear for m in Translator(model_dir).model.modules())
+    if onednn_linear_missing() is not None or mkl_missing() is not None:
+        pytest.skip(onednn_linear_missing() or mkl_missing())
+
+    def kernels(translator: Translator) -> set[str]:
+        return {m.kernel for m in translator.model.modules() if type(m) is PackedLinear}
+
+    assert kernels(Translator(model_dir)) == set()  # the tiny model's layers: too small
     monkeypatch.setattr(acceleration, "MIN_PACKED_FEATURES", 1)  # the tiny model's layers too
     packed = Translator(model_dir, onednn=True)
     plain = Translator(model_dir, onednn=False)
-    assert any(type(m) is PackedLinear for m in packed.model.modules())
-    assert not any(type(m) is PackedLinear for m in plain.model.modules())
-    by_default = Translator(model_dir).model.modules()  # where packing pays: not on Intel's
-    assert any(type(m) is PackedLinear for m in by_default) == acceleration.packing_pays()
+    assert kernels(packed) == {"onednn"} and kernels(plain) == {"mkl"}
+    assert kernels(Translator(model_dir)) == {acceleration.decoding_kernel()}
     for beam_size in (4, 1):
         expected = plain.translate(SENTENCES, beam_size=beam_size, **FAST)
         assert_same_results(packed.translate(SENTENCES, beam_size=beam_size, **FAST), expected)

@@ -133,14 +133,15 @@ def add_model_flags(
         default=None,
         help="float32 on an x86-64 CPU: run the linear layers on oneDNN's pre-packed weights "
         "(same function; faster on AMD CPUs, see BENCHMARKS.md; default: on x86-64 CPUs other "
-        "than Intel's, where PyTorch's own MKL products are the faster)",
+        "than Intel's, where MKL's products are the faster)",
     )
     onednn.add_argument(
         "--no-onednn",
         dest="onednn",
         action="store_false",
         default=None,
-        help="float32 on a CPU: PyTorch's own matrix products, not oneDNN's packed ones",
+        help="float32 on an x86-64 CPU: MKL's matrix products (PyTorch's own) on weights "
+        "stored transposed, not oneDNN's packed ones (default on Intel CPUs)",
     )
     if not backend:
         return

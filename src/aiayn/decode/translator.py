@@ -156,9 +156,11 @@ class Translator:
                 for oneDNN (`acceleration.pack_linear_layers`): the same function up to
                 float32 rounding; 1.2-1.4x faster decoding of the base model (beam 4 and
                 greedy) on an AMD CPU, where PyTorch's default (MKL) products are slow, and
-                slower than MKL on an Intel one (BENCHMARKS.md). False keeps PyTorch's own;
-                None (the default) packs where that pays, on x86-64 CPUs other than Intel's
-                (`acceleration.packing_pays`).
+                slower than MKL on an Intel one (BENCHMARKS.md). False runs MKL's products
+                (PyTorch's own) on the weights stored transposed, which MKL reads faster than
+                `nn.Linear`'s transposed view (0.95x the decoding time on an Intel Xeon);
+                None (the default) picks oneDNN on x86-64 CPUs other than Intel's, MKL on
+                Intel's (`acceleration.decoding_kernel`).
             workers: On a CPU, decode this many batches at once, each in a process of its
                 own forked from this one for the call (Linux; :mod:`aiayn.decode.workers`),
                 with ``worker_threads`` PyTorch threads each: Marian's and CTranslate2's way
