@@ -24,11 +24,10 @@ Threads. ``threads`` are the CPU threads of the whole translator. With ``workers
 shared among that many translators of CTranslate2's (``inter_threads``, ``intra_threads`` =
 threads / workers): `Translator` then submits every batch of a call at once
 (`CTranslate2Backend.submit`) and CTranslate2 decodes as many side by side as it has
-translators, which is what its own API does with ``inter_threads`` (BENCHMARKS.md: 1.49x the
+translators, which is what its own API does with ``inter_threads`` (BENCHMARKS.md: 1.26x the
 speed of one translator on two threads). The outputs are those of one translator: each batch
-is still one call. Sampling submits one batch at a time, so that a seed draws the same
-samples. In a process
-where PyTorch has already run on several threads, CTranslate2 decodes 1.15-1.9x slower (both
+is still one call. Sampling submits one batch at a time. In a process where PyTorch has
+already run on several threads, CTranslate2 decodes 1.15-1.9x slower (both
 run OpenMP threads, more of them than cores; docs/interop.md): give PyTorch one thread before
 any PyTorch work (``aiayn.runtime.configure(threads=1)``, as ``aiayn translate --backend
 ctranslate2`` does before it converts a model directory), or translate in a process of its own.
@@ -174,7 +173,11 @@ class CTranslate2Backend:
             )
 
     def seed(self, seed: int) -> None:
-        """Seeds CTranslate2's own sampler (it takes no generator)."""
+        """Seeds CTranslate2's own sampler (it takes no generator).
+
+        CTranslate2 seeds each of its threads' generators once, when the thread first draws:
+        a seed gives the same samples in a fresh process, not a second time in the same one.
+        """
         self._ctranslate2.set_random_seed(seed)
 
     def search(
