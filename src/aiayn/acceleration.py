@@ -220,6 +220,11 @@ KERNELS = ("onednn", "mkl")
 sgemm on the weight stored transposed."""
 
 
+def _check_kernel(kernel: str) -> None:
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel ({kernel!r}) must be one of {', '.join(KERNELS)}")
+
+
 class PackedLinear(nn.Module):
     """An `nn.Linear` for CPU inference whose weight is stored once in the layout its matrix
     product reads fastest.
@@ -257,8 +262,7 @@ class PackedLinear(nn.Module):
         self, linear: nn.Linear | list[nn.Linear], relu: bool = False, kernel: str = "onednn"
     ) -> None:
         super().__init__()
-        if kernel not in KERNELS:
-            raise ValueError(f"kernel ({kernel!r}) must be one of {', '.join(KERNELS)}")
+        _check_kernel(kernel)
         linears = linear if isinstance(linear, list) else [linear]
         has_bias = [m.bias is not None for m in linears]
         if len({m.in_features for m in linears}) != 1 or len(set(has_bias)) != 1:
@@ -453,8 +457,7 @@ def pack_linear_layers(
     def packs(m: nn.Module) -> bool:
         return type(m) is nn.Linear and min(m.in_features, m.out_features) >= smallest
 
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel ({kernel!r}) must be one of {', '.join(KERNELS)}")
+    _check_kernel(kernel)
     missing = onednn_linear_missing() if kernel == "onednn" else mkl_missing()
     if missing is not None or not any(packs(m) for m in model.modules()):
         return model

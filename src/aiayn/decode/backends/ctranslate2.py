@@ -207,16 +207,6 @@ class CTranslate2Backend:
         limits = [
             max_output_length(len(ids), options.max_len_a, options.max_len_b) for ids in sources
         ]
-        return self._translate_batch(sources, limits, options)
-
-    def attention(
-        self, sources: list[list[int]], outputs: list[list[int]]
-    ) -> list[SentenceAttention]:
-        raise NotImplementedError("CTranslate2 returns no attention maps (see check)")
-
-    def _translate_batch(
-        self, sources: list[list[int]], limits: list[int], options: DecodingOptions
-    ) -> Callable[[], list[list[Hypothesis]]]:
         tokens = [self.tokenizer.pieces(ids[:-1]) for ids in sources]  # CTranslate2 adds </s>
         kwargs: dict[str, Any] = dict(
             max_decoding_length=max(limits) + 1,  # + EOS
@@ -258,6 +248,11 @@ class CTranslate2Backend:
             return hyps
 
         return hypotheses
+
+    def attention(
+        self, sources: list[list[int]], outputs: list[list[int]]
+    ) -> list[SentenceAttention]:
+        raise NotImplementedError("CTranslate2 returns no attention maps (see check)")
 
     def _cut_to_limits(
         self, tokens: list[list[str]], outputs: list[Any], limits: list[int], alpha: float
