@@ -34,12 +34,17 @@ left:
    model it trained, float32 and `--bf16`, twice each in turn: wall time and exact match. The
    decode stage's one batch, repeated, hid a cost that every new shape paid (BENCHMARKS.md, GPU);
    commands on real data, one after another, do not. `aiayn demo` needs `num2words` (carry its
-   wheel; without it the stage says so and is skipped).
+   wheel; without it the stage says so and is skipped). Where `import ctranslate2` works, the
+   same with `--backend ctranslate2`: first `--device cuda` (it converts the model and caches
+   the export; it must decode on the GPU or stop with one line naming why, never a
+   traceback), then `--device auto` in the rounds (the GPU, or the CPU with a warning where
+   CTranslate2 cannot compute on this GPU, e.g. a wheel built for another CUDA).
 
 It writes DIR/gpu-check.md (the tables; `--update-benchmarks` also puts them into
 BENCHMARKS.md's GPU section) and DIR/gpu-check.json (every number), and the logs pytest.log,
-torchrun.log, torchrun-ddp.log, demo.log and translate-{fp32,bf16}.log (8 files: what a lent
-machine gives back). The exit status is 0 when every stage ran and passed.
+torchrun.log, torchrun-ddp.log, demo.log and translate.log (every `aiayn translate` run, one
+after another; 7 files: a lent machine gives back at most 8). The exit status is 0 when
+every stage ran and passed.
 
 Without CUDA it says so in one line and exits 0, after a smoke run of every stage's code at the
 smallest sizes on the CPU (pytest and the job aside; ~20 s on 2 cores), so that CI proves the
@@ -114,6 +119,8 @@ PAPER_HOURS = 12.0  # ... or 12 hours, on 8 P100 GPUs
 MATMUL_PRECISION = {"bf16": "highest", "tf32": "high", "fp32": "highest"}
 START, END = "<!-- gpu_check:start -->", "<!-- gpu_check:end -->"
 DEMO_EXACT_MATCH = re.compile(r"exact match ([\d.]+)%")  # in `aiayn demo`'s report
+CT2_ROW = "CTranslate2 (--backend ctranslate2 --device auto)"  # a row of the job stage
+CT2_FALLBACK = re.compile(r"CTranslate2 cannot use the GPU \((.*)\): decoding on the CPU")
 PYTEST_SUMMARY = re.compile(r"\d+ (passed|failed|skipped|errors?|deselected)\b.* in [\d.]+s")
 
 
@@ -169,12 +176,21 @@ class Context:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def run_logged(self, command: list[str], log: str, timeout: float) -> tuple[int | None, str]:
-        """Run `command` in the tree's root, its output into OUT/`log`; (exit status or None
-        on a timeout, output)."""
+    def run_logged(
+        self,
+        command: list[str],
+        log: str,
+        timeout: float,
+        *,
+        append: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> tuple[int | None, str]:
+        """Run `command` in the tree's root, its output into OUT/`log` (with `append`, after
+        what the log holds, under the command's line); (exit status or None on a timeout,
+        output). `env`: variables set for the command beside the process's own."""
         paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)  # absolute: cwd may change
         path = os.pathsep.join(str(Path(p).resolve()) for p in paths if p)
-        env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        env = {**os.environ, **(env or {}), "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
         try:
             done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=timeout)
             code, output = done.returncode, done.stdout + done.stderr
@@ -182,7 +198,11 @@ class Context:
             code, output = None, (expired.stdout or b"") + (expired.stderr or b"")
             output += f"\ngpu_check: timed out after {timeout:.0f} s\n".encode()
         text = output.decode(errors="replace")
-        (self.args.out / log).write_text(text, encoding="utf-8")
+        if append:
+            with (self.args.out / log).open("a", encoding="utf-8") as file:
+                file.write(f"$ {' '.join(command)}\n{text}\n")
+        else:
+            (self.args.out / log).write_text(text, encoding="utf-8")
         return code, text
 
 
@@ -806,36 +826,86 @@ def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
             f"{result.get('demo_exact_match', float('nan')):.1%}")  # fmt: skip
     model, source = demo_dir / "run" / "model", demo_dir / "corpus" / "test.en"
     references = (demo_dir / "corpus" / "test.de").read_text(encoding="utf-8").splitlines()
-    rows = [{"precision": precision, "seconds": []} for precision in sizes.job_precisions]
+    flags = {p: ["--device", ctx.args.device, *(["--bf16"] if p == "bf16" else [])]
+             for p in sizes.job_precisions}  # fmt: skip
+    env = {"AIAYN_CT2_CACHE": str(ctx.work / "ct2-cache")}  # not the machine's ~/.cache
+
+    def translate(row_flags: list[str], out: Path) -> tuple[int | None, str, float]:
+        command = [sys.executable, "-m", "aiayn", "translate", "-m", str(model), "-i",
+                   str(source), "-o", str(out), "--no-progress", *row_flags]  # fmt: skip
+        began = time.perf_counter()
+        code, output = ctx.run_logged(
+            command, "translate.log", timeout=max(20.0, min(120.0, ctx.left())),
+            append=True, env=env,
+        )  # fmt: skip
+        return code, output, time.perf_counter() - began
+
+    def exact_match(out: Path) -> float:
+        hypotheses = out.read_text(encoding="utf-8").splitlines()
+        return sum(h == r for h, r in zip(hypotheses, references, strict=True)) / len(references)
+
+    if importlib.util.find_spec("ctranslate2") is not None and ctx.left() > 60:
+        out = ctx.work / "demo-ct2-device.txt"
+        device = ctx.args.device
+        code, output, seconds = translate(["--backend", "ctranslate2", "--device", device], out)
+        result["ctranslate2_device"] = probe = _ct2_device_probe(device, code, output, seconds)
+        if probe["status"] == "ok" and code == 0:
+            probe["exact_match"] = exact_match(out)
+        ctx.say(f"  aiayn translate --backend ctranslate2 --device {device}: {probe['summary']}")
+        flags[CT2_ROW] = ["--backend", "ctranslate2", "--device", "auto"]
+    rows = [{"precision": name, "seconds": []} for name in flags]
     for round_ in range(sizes.job_rounds):
         for row in rows:
             if ctx.left() < 30 and (row["seconds"] or round_ > 0):
                 continue  # out of time: a row measured once is kept
-            out = ctx.work / f"demo-{row['precision']}-{round_}.txt"
-            command = [sys.executable, "-m", "aiayn", "translate", "-m", str(model), "-i",
-                       str(source), "-o", str(out), "--no-progress",
-                       "--device", ctx.args.device]  # fmt: skip
-            command += ["--bf16"] if row["precision"] == "bf16" else []
-            log = f"translate-{row['precision']}.log"
-            began = time.perf_counter()
-            code, _ = ctx.run_logged(command, log, timeout=max(20.0, min(120.0, ctx.left())))
+            out = ctx.work / f"demo-{len(row['seconds'])}-{rows.index(row)}.txt"
+            code, output, seconds = translate(flags[row["precision"]], out)
             if code != 0:
                 return result | {
                     "status": "failed",
-                    "error": f"aiayn translate: exit {code} ({log})",
+                    "error": f"aiayn translate {' '.join(flags[row['precision']])}: exit "
+                    f"{code} (translate.log)",
                 }
-            row["seconds"].append(time.perf_counter() - began)
-            hypotheses = out.read_text(encoding="utf-8").splitlines()
-            row["exact_match"] = sum(
-                h == r for h, r in zip(hypotheses, references, strict=True)
-            ) / len(references)
+            row["seconds"].append(seconds)
+            row["exact_match"] = exact_match(out)
+            if row["precision"] == CT2_ROW:
+                fallback = CT2_FALLBACK.search(output)  # else the CLI names CPU threads
+                on_cpu = fallback or "CPU thread(s)" in output
+                row["ran_on"] = (
+                    "the GPU"
+                    if not on_cpu
+                    else "the CPU" + (f" ({fallback.group(1)})" if fallback else "")
+                )
     result["translate"] = rows = [row for row in rows if row["seconds"]]
     for row in rows:
         row["median_s"] = statistics.median(row["seconds"])
         ctx.say(f"  aiayn translate {row['precision']}: {row['median_s']:.1f} s "
-                f"({len(references)} sentences), exact match {row['exact_match']:.1%}")  # fmt: skip
+                f"({len(references)} sentences), exact match {row['exact_match']:.1%}"
+                + (f", on {row['ran_on']}" if "ran_on" in row else ""))  # fmt: skip
+    if result.get("ctranslate2_device", {}).get("status") == "failed":
+        result |= {"status": "failed", "error": result["ctranslate2_device"]["summary"]}
     result["sentences"] = len(references)
     return result
+
+
+def _ct2_device_probe(device: str, code: int | None, output: str, seconds: float) -> dict:
+    """What `aiayn translate --backend ctranslate2 --device cuda` did: decoded (exit 0), or
+    stopped with one line saying why (`cli.common._load_ct2_translator`); a traceback or a
+    timeout fails the check."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    if code == 0:
+        summary = f"decoded on {device}, {seconds:.1f} s (converting included)"
+        return {"status": "ok", "exit": 0, "seconds": seconds, "summary": summary}
+    last = lines[-1] if lines else ""
+    one_line = code is not None and "Traceback" not in output and "CTranslate2" in last
+    return {
+        "status": "ok" if one_line else "failed",
+        "exit": code,
+        "seconds": seconds,
+        "message": last,
+        "summary": (f"exit {code}, one line: {last}" if one_line
+                    else f"exit {code}: not one line naming why (translate.log)"),
+    }  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -931,15 +1001,18 @@ def markdown(report: dict[str, Any]) -> str:
             f"exact match {'?' if exact is None else f'{100 * exact:.1f}%'}); `aiayn translate` "
             f"of its {job['sentences']} held-out numbers with the model it trained:",
             "",
-            "| precision | wall time (median) | runs | exact match |",
+            "| decoding | wall time (median) | runs | exact match |",
             "| --- | ---: | --- | ---: |",
         ]
         for r in job["translate"]:
             runs = ", ".join(f"{x:.1f}" for x in r["seconds"])
+            name = r["precision"] + (f", on {r['ran_on']}" if "ran_on" in r else "")
             lines.append(
-                f"| {r['precision']} | {r['median_s']:.1f} s | {runs} "
-                f"| {100 * r['exact_match']:.1f}% |"
+                f"| {name} | {r['median_s']:.1f} s | {runs} | {100 * r['exact_match']:.1f}% |"
             )
+        if probe := job.get("ctranslate2_device"):
+            lines += ["", f"- `aiayn translate --backend ctranslate2 --device cuda`: "
+                      f"**{probe['status']}**, {probe['summary']}"]  # fmt: skip
     elif job:
         detail = job.get("summary") or job.get("error")
         lines.append(f"- the user's job: **{job['status']}**, {detail}")

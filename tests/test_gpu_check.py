@@ -144,6 +144,64 @@ def test_the_job_stage_reports_whole_commands_in_a_table(monkeypatch: pytest.Mon
     assert "- the user's job: **skipped**, not run: aiayn demo needs num2words" in text
 
 
+def test_the_job_stage_reports_ctranslate2_s_device_and_fallback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With ctranslate2 on the GPU machine, the job stage runs `--backend ctranslate2
+    --device cuda` once (decoding, or one line naming why not) and `--device auto` in the
+    rounds, saying where it ran (the CLI's fallback warning read from its output)."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import gpu_check
+
+    warning = (
+        "aiayn: CTranslate2 cannot use the GPU (Library libcublas.so.12 is not found or "
+        "cannot be loaded): decoding on the CPU"
+    )
+    match = gpu_check.CT2_FALLBACK.search(warning)
+    assert match is not None and match.group(1).startswith("Library libcublas.so.12")
+
+    refused = (
+        "aiayn translate: error: --device cuda: CTranslate2 cannot decode there "
+        "(Library libcublas.so.12 is not found or cannot be loaded)\n"
+    )
+    probe = gpu_check._ct2_device_probe("cuda", 1, refused, 2.0)
+    assert probe["status"] == "ok" and probe["exit"] == 1
+    assert probe["summary"].startswith("exit 1, one line: aiayn translate: error: --device cuda")
+    traceback = "Traceback (most recent call last):\n  ...\nRuntimeError: CTranslate2 boom\n"
+    assert gpu_check._ct2_device_probe("cuda", 1, traceback, 2.0)["status"] == "failed"
+    assert gpu_check._ct2_device_probe("cuda", None, "", 120.0)["status"] == "failed"
+    decoded = gpu_check._ct2_device_probe("cuda", 0, "", 3.0)
+    assert decoded["status"] == "ok" and decoded["summary"].startswith("decoded on cuda")
+
+    job = {
+        "status": "ok",
+        "demo_s": 61.2,
+        "sentences": 500,
+        "ctranslate2_device": probe,
+        "translate": [
+            {"precision": "fp32", "seconds": [5.0], "median_s": 5.0, "exact_match": 1.0},
+            {
+                "precision": gpu_check.CT2_ROW,
+                "seconds": [3.0, 2.0],
+                "median_s": 2.5,
+                "exact_match": 1.0,
+                "ran_on": "the CPU (Library libcublas.so.12 is not found)",
+            },
+        ],
+    }
+    machine = {"cpu": "x", "torch": "2", "cuda": "13.0", "python": "3.12"}
+    text = gpu_check.markdown(
+        {"smoke": False, "machine": machine, "seconds": 1.0, "stages": {"job": job}}
+    )
+    assert (
+        "| CTranslate2 (--backend ctranslate2 --device auto), on the CPU (Library "
+        "libcublas.so.12 is not found) | 2.5 s | 3.0, 2.0 | 100.0% |"
+    ) in text
+    assert (
+        "- `aiayn translate --backend ctranslate2 --device cuda`: **ok**, exit 1, one line" in text
+    )
+
+
 def test_the_job_stage_reads_exact_match_from_the_demo_report(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
