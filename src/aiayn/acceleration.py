@@ -414,9 +414,11 @@ def packing_pays() -> bool:
     Measured, the Bible recipe's 2+2 model decoding the 809-sentence Bible dev set with beam 4
     on one thread (what each decoding worker runs), batches alternated between the two in one
     process: on the Intel Xeon (AMX) MKL took 0.94-0.95x the time of the packed products, with
-    the same outputs (BENCHMARKS.md); on the AMD EPYC the packed products decoded `base`
-    1.2-1.4x faster than MKL (beam 4 and greedy; an older measurement). Where the vendor is
-    unknown, or packing cannot run (`onednn_linear_missing`), the answer follows that.
+    the same outputs (BENCHMARKS.md); on an AMD EPYC with AVX2, the same A/B: MKL on weights
+    stored transposed 1.02x the time of the packed products (same outputs), and the packed
+    products had decoded `base` 1.2-1.4x faster than `nn.Linear`'s MKL (beam 4 and greedy; an
+    older measurement). Where the vendor is unknown, or packing cannot run
+    (`onednn_linear_missing`), the answer follows that.
     """
     if onednn_linear_missing() is not None:
         return False

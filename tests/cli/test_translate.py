@@ -323,6 +323,27 @@ def test_threads_default_to_the_idle_cores_and_0_leaves_pytorchs_default(
     assert torch.get_num_threads() == 2
 
 
+def test_the_batch_budget_defaults_by_device_and_refuses_what_is_not_positive(
+    model_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--max-tokens: 4096 on a CPU, 16384 on a GPU (where a larger budget decoded faster,
+    the same outputs: BENCHMARKS.md, GPU) unless given; 0 is refused naming the flag."""
+    from aiayn.cli import build_parser
+    from aiayn.cli.common import CPU_MAX_TOKENS, GPU_MAX_TOKENS, load_translator, max_tokens
+
+    parse = build_parser().parse_args
+    args = parse(["translate", "-m", str(model_dir), "--device", "cpu", "--threads", "1"])
+    assert load_translator(args).max_tokens == CPU_MAX_TOKENS == 4096
+    assert max_tokens(args, on_cpu=False) == GPU_MAX_TOKENS == 16384
+    args = parse(["translate", "-m", str(model_dir), "--device", "cpu", "--max-tokens", "100"])
+    assert max_tokens(args, on_cpu=False) == 100
+    assert load_translator(args).max_tokens == 100
+    with pytest.raises(SystemExit) as exit_info:  # argparse's error, naming the flag
+        main(["translate", "-m", str(model_dir), "--max-tokens", "0", *FAST])
+    assert exit_info.value.code == 2
+    assert "argument --max-tokens: 0 is not a positive integer" in capsys.readouterr().err
+
+
 # -- ensembles --------------------------------------------------------------------------------
 
 
