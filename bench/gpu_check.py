@@ -120,7 +120,6 @@ MATMUL_PRECISION = {"bf16": "highest", "tf32": "high", "fp32": "highest"}
 START, END = "<!-- gpu_check:start -->", "<!-- gpu_check:end -->"
 DEMO_EXACT_MATCH = re.compile(r"exact match ([\d.]+)%")  # in `aiayn demo`'s report
 CT2_ROW = "CTranslate2 (--backend ctranslate2 --device auto)"  # a row of the job stage
-CT2_FALLBACK = re.compile(r"CTranslate2 cannot use the GPU \((.*)\): decoding on the CPU")
 PYTEST_SUMMARY = re.compile(r"\d+ (passed|failed|skipped|errors?|deselected)\b.* in [\d.]+s")
 
 
@@ -764,6 +763,8 @@ def stage_decode(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
             try:  # CTranslate2 opens cuBLAS at its first product, not when it loads
                 runs = [timed(device, partial(run, mode)) for _ in range(1 + sizes.decode_repeats)]
             except Exception as error:  # a peer that cannot run here is a row, not a crash
+                if not name.startswith("CTranslate2"):
+                    raise  # aiayn's own failure breaks the stage
                 missing, run = f"{type(error).__name__}: {error}", None
                 rows.append({**row, "error": missing})
                 continue
@@ -834,6 +835,7 @@ def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
     flags = {p: ["--device", ctx.args.device, *(["--bf16"] if p == "bf16" else [])]
              for p in sizes.job_precisions}  # fmt: skip
     env = {"AIAYN_CT2_CACHE": str(ctx.work / "ct2-cache")}  # not the machine's ~/.cache
+    (ctx.args.out / "translate.log").write_text("", encoding="utf-8")  # this run's alone
 
     def translate(row_flags: list[str], out: Path) -> tuple[int | None, str, float]:
         command = [sys.executable, "-m", "aiayn", "translate", "-m", str(model), "-i",
@@ -853,28 +855,32 @@ def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
         out = ctx.work / "demo-ct2-device.txt"
         device = ctx.args.device
         code, output, seconds = translate(["--backend", "ctranslate2", "--device", device], out)
-        result["ctranslate2_device"] = probe = _ct2_device_probe(device, code, output, seconds)
+        probe = _ct2_device_probe(device, code, output, seconds)
+        result["ctranslate2_device"] = probe = {"device": device, **probe}
         if probe["status"] == "ok" and code == 0:
             probe["exact_match"] = exact_match(out)
         ctx.say(f"  aiayn translate --backend ctranslate2 --device {device}: {probe['summary']}")
         flags[CT2_ROW] = ["--backend", "ctranslate2", "--device", "auto"]
     rows = [{"precision": name, "seconds": []} for name in flags]
     for round_ in range(sizes.job_rounds):
+        if result["status"] == "failed":
+            break
         for row in rows:
             if ctx.left() < 30 and (row["seconds"] or round_ > 0):
                 continue  # out of time: a row measured once is kept
             out = ctx.work / f"demo-{len(row['seconds'])}-{rows.index(row)}.txt"
             code, output, seconds = translate(flags[row["precision"]], out)
-            if code != 0:
-                return result | {
+            if code != 0:  # the rows measured so far are kept
+                result |= {
                     "status": "failed",
                     "error": f"aiayn translate {' '.join(flags[row['precision']])}: exit "
                     f"{code} (translate.log)",
                 }
+                break
             row["seconds"].append(seconds)
             row["exact_match"] = exact_match(out)
             if row["precision"] == CT2_ROW:
-                fallback = CT2_FALLBACK.search(output)  # else the CLI names CPU threads
+                fallback = ct2_fallback().search(output)  # else the CLI names CPU threads
                 on_cpu = fallback or "CPU thread(s)" in output
                 row["ran_on"] = (
                     "the GPU"
@@ -887,10 +893,20 @@ def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
         ctx.say(f"  aiayn translate {row['precision']}: {row['median_s']:.1f} s "
                 f"({len(references)} sentences), exact match {row['exact_match']:.1%}"
                 + (f", on {row['ran_on']}" if "ran_on" in row else ""))  # fmt: skip
-    if result.get("ctranslate2_device", {}).get("status") == "failed":
-        result |= {"status": "failed", "error": result["ctranslate2_device"]["summary"]}
+    probe = result.get("ctranslate2_device", {})
+    if probe.get("status") == "failed" and result["status"] == "ok":
+        result |= {"status": "failed", "error": probe["summary"]}
     result["sentences"] = len(references)
     return result
+
+
+def ct2_fallback() -> re.Pattern:
+    """The CLI's warning that `--device auto` decoded on the CPU (`CT2_GPU_FALLBACK`), its
+    reason the group."""
+    from aiayn.cli.common import CT2_GPU_FALLBACK
+
+    before, after = CT2_GPU_FALLBACK.split("%s")
+    return re.compile(re.escape(before) + "(.*)" + re.escape(after))
 
 
 def _ct2_device_probe(device: str, code: int | None, output: str, seconds: float) -> dict:
@@ -998,7 +1014,7 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {r['tokens_per_s']:.0f} | {same} |"
             )
     job = stages.get("job", {})
-    if job.get("status") == "ok" and job.get("translate"):
+    if job.get("translate"):  # measured rows are shown, also when a later run failed
         exact = job.get("demo_exact_match")
         lines += [
             "",
@@ -1016,8 +1032,11 @@ def markdown(report: dict[str, Any]) -> str:
                 f"| {name} | {r['median_s']:.1f} s | {runs} | {100 * r['exact_match']:.1f}% |"
             )
         if probe := job.get("ctranslate2_device"):
-            lines += ["", f"- `aiayn translate --backend ctranslate2 --device cuda`: "
-                      f"**{probe['status']}**, {probe['summary']}"]  # fmt: skip
+            lines += ["", f"- `aiayn translate --backend ctranslate2 --device "
+                      f"{probe.get('device', 'cuda')}`: **{probe['status']}**, "
+                      f"{probe['summary']}"]  # fmt: skip
+        if job.get("status") != "ok":
+            lines.append(f"- the user's job: **{job['status']}**, {job.get('error')}")
     elif job:
         detail = job.get("summary") or job.get("error")
         lines.append(f"- the user's job: **{job['status']}**, {detail}")

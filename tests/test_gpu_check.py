@@ -152,21 +152,17 @@ def test_the_job_stage_reports_ctranslate2_s_device_and_fallback(
     rounds, saying where it ran (the CLI's fallback warning read from its output)."""
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import gpu_check
+    from aiayn.cli.common import CT2_GPU_FALLBACK  # the warning the CLI logs
 
-    warning = (
-        "aiayn: CTranslate2 cannot use the GPU (Library libcublas.so.12 is not found or "
-        "cannot be loaded): decoding on the CPU"
-    )
-    match = gpu_check.CT2_FALLBACK.search(warning)
-    assert match is not None and match.group(1).startswith("Library libcublas.so.12")
+    reason = "Library libcublas.so.12 is not found or cannot be loaded"
+    warning = "12:00:00 WARNING aiayn: " + CT2_GPU_FALLBACK % reason
+    match = gpu_check.ct2_fallback().search(warning)
+    assert match is not None and match.group(1) == reason
 
-    refused = (
-        "aiayn translate: error: --device cuda: CTranslate2 cannot decode there "
-        "(Library libcublas.so.12 is not found or cannot be loaded)\n"
-    )
-    probe = gpu_check._ct2_device_probe("cuda", 1, refused, 2.0)
-    assert probe["status"] == "ok" and probe["exit"] == 1
-    assert probe["summary"].startswith("exit 1, one line: aiayn translate: error: --device cuda")
+    refused = f"aiayn translate: error: --device cuda: CTranslate2 cannot decode there ({reason})\n"
+    probe = gpu_check._ct2_device_probe("cuda", 2, refused, 2.0)
+    assert probe["status"] == "ok" and probe["exit"] == 2
+    assert probe["summary"].startswith("exit 2, one line: aiayn translate: error: --device cuda")
     traceback = "Traceback (most recent call last):\n  ...\nRuntimeError: CTranslate2 boom\n"
     assert gpu_check._ct2_device_probe("cuda", 1, traceback, 2.0)["status"] == "failed"
     assert gpu_check._ct2_device_probe("cuda", None, "", 120.0)["status"] == "failed"
@@ -177,7 +173,7 @@ def test_the_job_stage_reports_ctranslate2_s_device_and_fallback(
         "status": "ok",
         "demo_s": 61.2,
         "sentences": 500,
-        "ctranslate2_device": probe,
+        "ctranslate2_device": {"device": "cuda:1", **probe},
         "translate": [
             {"precision": "fp32", "seconds": [5.0], "median_s": 5.0, "exact_match": 1.0},
             {
@@ -197,9 +193,14 @@ def test_the_job_stage_reports_ctranslate2_s_device_and_fallback(
         "| CTranslate2 (--backend ctranslate2 --device auto), on the CPU (Library "
         "libcublas.so.12 is not found) | 2.5 s | 3.0, 2.0 | 100.0% |"
     ) in text
-    assert (
-        "- `aiayn translate --backend ctranslate2 --device cuda`: **ok**, exit 1, one line" in text
+    assert "- `aiayn translate --backend ctranslate2 --device cuda:1`: **ok**, exit 2" in text
+    # A run that fails after others were measured keeps their rows, and says what failed.
+    failed = {**job, "status": "failed", "error": "aiayn translate --bf16: exit 1 (translate.log)"}
+    text = gpu_check.markdown(
+        {"smoke": False, "machine": machine, "seconds": 1.0, "stages": {"job": failed}}
     )
+    assert "| fp32 | 5.0 s | 5.0 | 100.0% |" in text
+    assert "- the user's job: **failed**, aiayn translate --bf16: exit 1 (translate.log)" in text
 
 
 def test_the_job_stage_reads_exact_match_from_the_demo_report(

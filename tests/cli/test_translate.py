@@ -5,6 +5,7 @@ bad models and bad input. Runs `main([...])` in-process on a tiny random model.
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import math
@@ -338,6 +339,10 @@ def test_the_batch_budget_defaults_by_device_and_refuses_what_is_not_positive(
     args = parse(["translate", "-m", str(model_dir), "--device", "cpu", "--max-tokens", "100"])
     assert max_tokens(args, on_cpu=False) == 100
     assert load_translator(args).max_tokens == 100
+    if importlib.util.find_spec("ctranslate2") is not None:  # its backend: the same default
+        flags = ["--backend", "ctranslate2", "--device", "cpu", "--threads", "1"]
+        args = parse(["translate", "-m", str(model_dir), *flags])
+        assert load_translator(args).max_tokens == CPU_MAX_TOKENS
     with pytest.raises(SystemExit) as exit_info:  # argparse's error, naming the flag
         main(["translate", "-m", str(model_dir), "--max-tokens", "0", *FAST])
     assert exit_info.value.code == 2

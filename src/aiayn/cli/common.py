@@ -193,6 +193,9 @@ def backend_of(args: argparse.Namespace) -> str:
     return backend
 
 
+CT2_GPU_FALLBACK = "CTranslate2 cannot use the GPU (%s): decoding on the CPU"
+"""The warning of `--backend ctranslate2 --device auto` where CTranslate2 counts a GPU it cannot
+compute on (bench/gpu_check.py reads it to say where a run decoded)."""
 CPU_MAX_TOKENS = 4096
 GPU_MAX_TOKENS = 16384
 """`--max-tokens` when not given: on a GPU a larger batch budget pays. The 809 Bible dev
@@ -348,7 +351,7 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
                 raise UserValueError(
                     f"--device {device}: CTranslate2 cannot decode there ({reason})"
                 ) from None
-            logger.warning("CTranslate2 cannot use the GPU (%s): decoding on the CPU", reason)
+            logger.warning(CT2_GPU_FALLBACK, reason)
             return CTranslate2Translator(export, **options("cpu"))
 
     model_dir = Path(dirs[0])
