@@ -538,9 +538,11 @@ def onednn_products_wrong(
     """What is wrong with `_OneDNNLinear` on this CPU at `model`'s layer shapes, or None.
 
     `--onednn` trains with oneDNN's products for y = x Wᵀ + b and dL/dx = dL/dy · W, and their
-    kernels differ by instruction set and cache sizes: on one AMD EPYC with AVX2 a gradient from
-    them differed from `nn.Linear`'s by far more than float32 rounding. So before a run uses
-    them, each distinct weight shape that `OneDNNLinearProducts` would send to oneDNN is tried at
+    kernels differ by instruction set and cache sizes. (On an AMD EPYC with AVX2 a gradient from
+    them once differed from `nn.Linear`'s by far more than float32 rounding; a later look found
+    float32 rounding at ReLU's kink, one pre-activation's sign flipped, not a wrong product:
+    tests/test_acceleration.py.) So that a wrong kernel cannot train a model, before a run uses
+    them each distinct weight shape that `OneDNNLinearProducts` would send to oneDNN is tried at
     a few row counts against the same products in float64, and a relative error above 1e-4 of
     the largest entry is reported (float32 rounding at these sizes is below 1e-5).
     """
