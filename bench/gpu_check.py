@@ -865,10 +865,10 @@ def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
     for round_ in range(sizes.job_rounds):
         if result["status"] == "failed":
             break
-        for row in rows:
+        for index, row in enumerate(rows):
             if ctx.left() < 30 and (row["seconds"] or round_ > 0):
                 continue  # out of time: a row measured once is kept
-            out = ctx.work / f"demo-{len(row['seconds'])}-{rows.index(row)}.txt"
+            out = ctx.work / f"demo-{round_}-{index}.txt"
             code, output, seconds = translate(flags[row["precision"]], out)
             if code != 0:  # the rows measured so far are kept
                 result |= {
@@ -880,13 +880,10 @@ def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
             row["seconds"].append(seconds)
             row["exact_match"] = exact_match(out)
             if row["precision"] == CT2_ROW:
-                fallback = ct2_fallback().search(output)  # else the CLI names CPU threads
-                on_cpu = fallback or "CPU thread(s)" in output
-                row["ran_on"] = (
-                    "the GPU"
-                    if not on_cpu
-                    else "the CPU" + (f" ({fallback.group(1)})" if fallback else "")
-                )
+                if fallback := ct2_fallback().search(output):
+                    row["ran_on"] = f"the CPU ({fallback.group(1)})"
+                else:  # on a CPU the CLI logs its CPU threads
+                    row["ran_on"] = "the CPU" if "CPU thread(s)" in output else "the GPU"
     result["translate"] = rows = [row for row in rows if row["seconds"]]
     for row in rows:
         row["median_s"] = statistics.median(row["seconds"])
