@@ -58,7 +58,7 @@ from aiayn.acceleration import (
     maybe_compile,
     native_bf16_cpu,
     onednn_linear_missing,
-    pack_linear_layers,
+    pack_for_decoding,
     quantize_int8,
     use_cpu_attention,
 )
@@ -390,7 +390,7 @@ def _decode_system(name: str, s: DecodeSettings, exports: Path) -> Callable[[str
 
         return hf_run
     if name == "aiayn fp32":
-        decoder: nn.Module = pack_linear_layers(model)  # as Translator runs fp32 on a CPU
+        decoder: nn.Module = pack_for_decoding(model)  # as Translator runs fp32 on a CPU
     elif name == "aiayn fp32 --no-onednn":
         decoder = model  # PyTorch's own nn.Linear (MKL)
     elif name == "aiayn int8":
@@ -599,7 +599,7 @@ def _profile_decode(settings: DecodeSettings, rows: int) -> str:
     torch.set_num_threads(settings.threads)
     out_len = settings.out_len
     model, src = settings.model_and_source()
-    model = FixedLength(use_cpu_attention(pack_linear_layers(model)), out_len - 1)
+    model = FixedLength(use_cpu_attention(pack_for_decoding(model)), out_len - 1)
     ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID)
     options = DecodingOptions(max_len_a=0.0, max_len_b=out_len - 1)  # beam 4, α 0.6
     with torch.inference_mode():
@@ -792,8 +792,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         if same_mkl:
             notes.append(
-                "- aiayn fp32 runs its linear layers on oneDNN-packed weights, as `Translator` "
-                "does on a CPU (`acceleration.pack_linear_layers`); `--no-onednn` runs PyTorch's "
+                "- aiayn fp32 runs its linear layers on packed weights as `Translator` does on "
+                "this CPU (`acceleration.pack_for_decoding`); `--no-onednn` runs PyTorch's "
                 "own `nn.Linear` (MKL); their outputs are equal for "
                 + " / ".join(f"{100 * s:.0f}%" for s in same_mkl)
                 + " of the sentences (beam 4 / greedy)."

@@ -20,7 +20,7 @@ from aiayn.acceleration import (
     PackedSelfAttention,
     compiler_missing,
     cpu_attention,
-    decoding_kernel,
+    decoding_kernels,
     maybe_compile,
     mkl_missing,
     onednn_linear_missing,
@@ -185,6 +185,11 @@ needs_onednn = pytest.mark.skipif(
 )
 needs_mkl = pytest.mark.skipif(mkl_missing() is not None, reason=f"no MKL: {mkl_missing()}")
 KERNELS = [pytest.param("onednn", marks=needs_onednn), pytest.param("mkl", marks=needs_mkl)]
+PACKINGS = [  # (every other layer's kernel, the pre-softmax projection's)
+    pytest.param(("onednn", "onednn"), marks=needs_onednn),
+    pytest.param(("mkl", "mkl"), marks=needs_mkl),
+    pytest.param(("mkl", "onednn"), marks=[needs_mkl, needs_onednn]),  # AMD's default
+]
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -206,19 +211,26 @@ def test_a_packed_linear_layer_computes_what_nn_linear_computes(
     torch.testing.assert_close(copy.deepcopy(packed)(x), got)  # a copy of the packed layer
 
 
-def _packed_and_plain(make_model, kernel: str) -> tuple[Transformer, torch.nn.Module]:
+def _packed_and_plain(make_model, kernels: tuple[str, str]) -> tuple[Transformer, torch.nn.Module]:
     model = make_model(src_vocab_size=60, tgt_vocab_size=60, dropout=0.0).eval()
-    return model, pack_linear_layers(model, min_features=1, kernel=kernel)
+    kernel, output_kernel = kernels
+    return model, pack_linear_layers(
+        model, min_features=1, kernel=kernel, output_kernel=output_kernel
+    )
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernels", PACKINGS)
 def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alone(
-    make_model, kernel: str
+    make_model, kernels: tuple[str, str]
 ) -> None:
-    model, packed = _packed_and_plain(make_model, kernel)
+    model, packed = _packed_and_plain(make_model, kernels)
     assert packed is not model
     assert [m for m in packed.modules() if type(m) is torch.nn.Linear] == []
-    assert {m.kernel for m in packed.modules() if type(m) is PackedLinear} == {kernel}
+    kernel, output_kernel = kernels
+    assert type(packed.output_projection) is PackedLinear
+    assert packed.output_projection.kernel == output_kernel
+    others = [m for m in packed.modules() if type(m) is PackedLinear]
+    assert {m.kernel for m in others if m is not packed.output_projection} == {kernel}
     layers = [*packed.encoder.layers, *packed.decoder.layers]
     assert sum(type(m) is PackedLinear for m in packed.modules()) == sum(
         type(m) is torch.nn.Linear for m in model.modules()
@@ -269,13 +281,13 @@ def test_a_packed_product_of_stacked_layers_with_relu_is_their_outputs_side_by_s
         PackedLinear(layers, kernel="blas")
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernels", PACKINGS)
 def test_the_packed_model_gives_the_same_log_probs_and_translations(
-    make_model, kernel: str
+    make_model, kernels: tuple[str, str]
 ) -> None:
     """Forward with padding, one decoding step, and beam and greedy search (twice, as a server
     calls it): the same as the plain model up to float32 rounding, the same tokens."""
-    model, packed = _packed_and_plain(make_model, kernel)
+    model, packed = _packed_and_plain(make_model, kernels)
     src = torch.randint(4, 60, (3, 9))
     src[1, 5:] = model.config.pad_id
     tgt = torch.randint(4, 60, (3, 6))
@@ -311,9 +323,10 @@ def test_without_onednn_packing_the_model_is_used_as_it_is(
     monkeypatch.setattr(acceleration.platform, "machine", lambda: "arm64")
     assert "not an x86-64 CPU" in (onednn_linear_missing() or "")
     assert "not an x86-64 CPU" in (mkl_missing() or "")
-    assert decoding_kernel() is None and decoding_kernel(onednn=False) is None
+    assert decoding_kernels() is None and decoding_kernels(onednn=False) is None
     for kernel in ("onednn", "mkl"):
         assert pack_linear_layers(model, min_features=1, kernel=kernel) is model
+    assert pack_linear_layers(model, min_features=1, kernel="mkl", output_kernel="onednn") is model
     monkeypatch.undo()
     assert pack_linear_layers(model) is model  # d_model 32: too small to gain
     assert pack_linear_layers(model.to(torch.bfloat16), min_features=1) is model  # float32 only
@@ -471,17 +484,23 @@ def test_the_chunked_loss_runs_both_its_products_on_onednn() -> None:
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * expected.abs().max())
 
 
-def test_onednn_is_the_default_on_x86_cpus_but_intels_and_mkl_there(
+def test_by_default_onednn_runs_the_vocabulary_product_off_intel_cpus_and_mkl_the_rest(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: None)
     monkeypatch.setattr(acceleration, "mkl_missing", lambda: None)
     monkeypatch.setattr(acceleration, "cpu_vendor", lambda: "GenuineIntel")
     assert not acceleration.packing_pays()  # MKL, PyTorch's own, is the faster there
-    assert decoding_kernel() == "mkl" and decoding_kernel(onednn=True) == "onednn"
+    assert decoding_kernels() == ("mkl", "mkl")
+    assert decoding_kernels(onednn=True) == ("onednn", "onednn")
     for vendor in ("AuthenticAMD", None):
         monkeypatch.setattr(acceleration, "cpu_vendor", lambda v=vendor: v)
         assert acceleration.packing_pays()
-        assert decoding_kernel() == "onednn" and decoding_kernel(onednn=False) == "mkl"
+        assert decoding_kernels() == ("mkl", "onednn")  # oneDNN for the vocabulary's product
+        assert decoding_kernels(onednn=False) == ("mkl", "mkl")
+        assert decoding_kernels(onednn=True) == ("onednn", "onednn")
+    monkeypatch.setattr(acceleration, "mkl_missing", lambda: "PyTorch was built without MKL")
+    assert decoding_kernels() == ("onednn", "onednn") and decoding_kernels(onednn=False) is None
+    monkeypatch.setattr(acceleration, "mkl_missing", lambda: None)
     monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: "not an x86-64 CPU")
     assert not acceleration.packing_pays()

@@ -396,28 +396,42 @@ def mkl_missing() -> str | None:
     return None
 
 
-def decoding_kernel(onednn: bool | None = None) -> str | None:
-    """The kernel that float32 CPU decoding packs its linear layers for (`PackedLinear`), or
-    None to leave them `nn.Linear`: ``"onednn"`` when `onednn` asks for it or, when nobody
-    says, where `packing_pays`; otherwise ``"mkl"`` where PyTorch's products are MKL's
-    (`mkl_missing`)."""
-    if onednn if onednn is not None else packing_pays():
-        return "onednn"
-    return "mkl" if mkl_missing() is None else None
+def decoding_kernels(onednn: bool | None = None) -> tuple[str, str] | None:
+    """The kernels that float32 CPU decoding packs its linear layers for (`PackedLinear`):
+    (every layer's but the pre-softmax projection's, the pre-softmax projection's), or None to
+    leave them `nn.Linear`.
+
+    - ``onednn=True``: oneDNN for every layer; ``onednn=False``: MKL for every layer (None
+      where PyTorch's products are not MKL's, `mkl_missing`).
+    - None (nobody says): where `packing_pays`, oneDNN for the pre-softmax projection and MKL
+      for the rest, else MKL for all. On an AMD EPYC with AVX2 the products that keep or
+      narrow the width (d_model → d_model, d_ff → d_model) ran faster on MKL's and the
+      projection onto the vocabulary faster on oneDNN's (one thread, at decoding's row
+      counts: a microbenchmark, BENCHMARKS.md); decoding the 809 Bible dev sentences, beam 4,
+      one thread, this mix took 0.92x (2+2 layers) and 0.90x (3+3) the time of oneDNN for all,
+      with the same outputs, and the same time for `base` (an A/B in one process,
+      BENCHMARKS.md).
+    """
+    mkl = "mkl" if mkl_missing() is None else None
+    if onednn is True:
+        return "onednn", "onednn"
+    if onednn is False or not packing_pays():
+        return None if mkl is None else (mkl, mkl)
+    return (mkl or "onednn"), "onednn"
 
 
 def packing_pays() -> bool:
-    """Whether float32 decoding should run on oneDNN-packed weights here when nobody says
-    (`pack_linear_layers`): on x86-64 CPUs other than Intel's.
+    """Whether float32 decoding should run products on oneDNN-packed weights here when nobody
+    says (`decoding_kernels`: then the pre-softmax projection's): on x86-64 CPUs other than
+    Intel's.
 
     PyTorch's own float32 products are MKL's, and MKL runs its fastest kernels on Intel CPUs.
     Measured, the Bible recipe's 2+2 model decoding the 809-sentence Bible dev set with beam 4
-    on one thread (what each decoding worker runs), batches alternated between the two in one
-    process: on the Intel Xeon (AMX) MKL took 0.94-0.95x the time of the packed products, with
-    the same outputs (BENCHMARKS.md); on an AMD EPYC with AVX2, the same A/B: MKL on weights
-    stored transposed 1.02x the time of the packed products (same outputs), and the packed
-    products had decoded `base` 1.2-1.4x faster than `nn.Linear`'s MKL (beam 4 and greedy; an
-    older measurement). Where the vendor is unknown, or packing cannot run
+    on one thread (what each decoding worker runs), batches alternated in one process: on the
+    Intel Xeon (AMX) MKL for every layer took 0.94-0.95x the time of oneDNN for every layer,
+    with the same outputs (BENCHMARKS.md); on an AMD EPYC with AVX2, MKL on weights stored
+    transposed for every layer 0.98-1.02x, and oneDNN for the pre-softmax projection alone
+    0.92x (`decoding_kernels`). Where the vendor is unknown, or packing cannot run
     (`onednn_linear_missing`), the answer follows that.
     """
     if onednn_linear_missing() is not None:
@@ -435,10 +449,14 @@ measured on an AMD EPYC; the beam-4 rows are to be re-measured at the current se
 
 
 def pack_linear_layers(
-    model: nn.Module, min_features: int | None = None, kernel: str = "onednn"
+    model: nn.Module,
+    min_features: int | None = None,
+    kernel: str = "onednn",
+    output_kernel: str | None = None,
 ) -> nn.Module:
     """A copy of float32 CPU `model` whose `nn.Linear` layers are `PackedLinear`, for decoding
-    with `kernel` ("onednn" or "mkl"; `decoding_kernel` says which a translator uses).
+    with `kernel` ("onednn" or "mkl"), the pre-softmax projection (`model.output_projection`)
+    with `output_kernel` (None: `kernel`); `decoding_kernels` says which a translator uses.
 
     The same function up to float32 rounding (tests/test_acceleration.py compares log-probs and
     translations); `model` is left as it is. Only layers with at least `min_features` (default
@@ -459,13 +477,18 @@ def pack_linear_layers(
     def packs(m: nn.Module) -> bool:
         return type(m) is nn.Linear and min(m.in_features, m.out_features) >= smallest
 
-    _check_kernel(kernel)
-    missing = onednn_linear_missing() if kernel == "onednn" else mkl_missing()
-    if missing is not None or not any(packs(m) for m in model.modules()):
+    output_kernel = output_kernel or kernel
+    for k in (kernel, output_kernel):
+        _check_kernel(k)
+        missing = onednn_linear_missing() if k == "onednn" else mkl_missing()
+        if missing is not None:
+            return model
+    if not any(packs(m) for m in model.modules()):
         return model
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
         return model
     packed = copy.deepcopy(model)
+    output_projection = getattr(packed, "output_projection", None)
     for layer in list(packed.modules()):
         attention = getattr(layer, "self_attn", None)  # an encoder or decoder layer's
         if isinstance(attention, MultiHeadAttention) and all(
@@ -483,8 +506,20 @@ def pack_linear_layers(
             module.activation = _applied_by_the_first_product
         for name, child in list(module.named_children()):
             if packs(child):
-                setattr(module, name, PackedLinear(child, kernel=kernel))
+                k = output_kernel if child is output_projection else kernel
+                setattr(module, name, PackedLinear(child, kernel=k))
     return packed
+
+
+def pack_for_decoding(model: nn.Module, onednn: bool | None = None) -> nn.Module:
+    """`model` as float32 CPU decoding runs it (`Translator`): a copy packed for
+    `decoding_kernels(onednn)` by `pack_linear_layers`, or `model` itself where nothing is
+    packed."""
+    kernels = decoding_kernels(onednn)
+    if kernels is None:
+        return model
+    kernel, output_kernel = kernels
+    return pack_linear_layers(model, kernel=kernel, output_kernel=output_kernel)
 
 
 def _applied_by_the_first_product(x: Tensor) -> Tensor:

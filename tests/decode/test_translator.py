@@ -460,7 +460,7 @@ def test_a_cpu_translator_packs_its_linear_layers_for_onednn_or_mkl(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--onednn: oneDNN's packed weights; --no-onednn: MKL's, stored transposed; by default
-    the one `decoding_kernel` picks for this CPU. The same outputs either way."""
+    the mix `decoding_kernels` picks for this CPU. The same outputs either way."""
     from aiayn import acceleration
     from aiayn.acceleration import PackedLinear, mkl_missing, onednn_linear_missing
 
@@ -475,9 +475,13 @@ def test_a_cpu_translator_packs_its_linear_layers_for_onednn_or_mkl(
     packed = Translator(model_dir, onednn=True)
     plain = Translator(model_dir, onednn=False)
     assert kernels(packed) == {"onednn"} and kernels(plain) == {"mkl"}
-    assert kernels(Translator(model_dir)) == {acceleration.decoding_kernel()}
+    default = Translator(model_dir)
+    layers, output = acceleration.decoding_kernels()
+    assert default.model.output_projection.kernel == output
+    assert kernels(default) == {layers, output}
     for beam_size in (4, 1):
         expected = plain.translate(SENTENCES, beam_size=beam_size, **FAST)
+        assert_same_results(default.translate(SENTENCES, beam_size=beam_size, **FAST), expected)
         assert_same_results(packed.translate(SENTENCES, beam_size=beam_size, **FAST), expected)
         assert_same_results(packed.translate(SENTENCES, beam_size=beam_size, **FAST), expected)
     [with_maps] = packed.translate(["hello world"], beam_size=2, return_attention=True)

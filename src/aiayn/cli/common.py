@@ -131,9 +131,10 @@ def add_model_flags(
         dest="onednn",
         action="store_true",
         default=None,
-        help="float32 on an x86-64 CPU: run the linear layers on oneDNN's pre-packed weights "
-        "(same function; faster on AMD CPUs, see BENCHMARKS.md; default: on x86-64 CPUs other "
-        "than Intel's, where MKL's products are the faster)",
+        help="float32 on an x86-64 CPU: run every linear layer on oneDNN's pre-packed weights "
+        "(same function; see BENCHMARKS.md; default: on x86-64 CPUs other than Intel's, the "
+        "pre-softmax projection on oneDNN's and the other layers on MKL's, the fastest mix "
+        "measured on an AMD EPYC)",
     )
     onednn.add_argument(
         "--no-onednn",
@@ -141,7 +142,7 @@ def add_model_flags(
         action="store_false",
         default=None,
         help="float32 on an x86-64 CPU: MKL's matrix products (PyTorch's own) on weights "
-        "stored transposed, not oneDNN's packed ones (default on Intel CPUs)",
+        "stored transposed for every linear layer, none on oneDNN's (default on Intel CPUs)",
     )
     if not backend:
         return

@@ -154,13 +154,13 @@ class Translator:
                 0.93x for `small`), and on GPUs; slightly different outputs (BENCHMARKS.md).
             onednn: In float32 on an x86-64 CPU, run the linear layers on weights pre-packed
                 for oneDNN (`acceleration.pack_linear_layers`): the same function up to
-                float32 rounding; 1.2-1.4x faster decoding of the base model (beam 4 and
-                greedy) on an AMD CPU, where PyTorch's default (MKL) products are slow, and
-                slower than MKL on an Intel one (BENCHMARKS.md). False runs MKL's products
-                (PyTorch's own) on the weights stored transposed, which MKL reads faster than
-                `nn.Linear`'s transposed view (0.95x the decoding time on an Intel Xeon);
-                None (the default) picks oneDNN on x86-64 CPUs other than Intel's, MKL on
-                Intel's (`acceleration.decoding_kernel`).
+                float32 rounding; faster on AMD CPUs, where PyTorch's default (MKL) products
+                are slower, and slower than MKL on an Intel one (BENCHMARKS.md). False runs
+                MKL's products (PyTorch's own) on the weights stored transposed, which MKL
+                reads faster than `nn.Linear`'s transposed view (0.95x the decoding time on an
+                Intel Xeon); None (the default) runs MKL's on Intel CPUs, and on other x86-64
+                CPUs oneDNN's for the pre-softmax projection and MKL's for the rest, the
+                fastest mix measured on an AMD EPYC (`acceleration.decoding_kernels`).
             workers: On a CPU, decode this many batches at once, each in a process of its
                 own forked from this one for the call (Linux; :mod:`aiayn.decode.workers`),
                 with ``worker_threads`` PyTorch threads each: Marian's and CTranslate2's way

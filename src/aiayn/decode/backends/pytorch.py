@@ -22,9 +22,8 @@ import torch
 from torch import nn
 
 from aiayn.acceleration import (
-    decoding_kernel,
     native_bf16_cpu,
-    pack_linear_layers,
+    pack_for_decoding,
     quantize_int8,
     use_cpu_attention,
     using_cpu_attention,
@@ -156,8 +155,8 @@ def load_model_dirs(
         models = [quantize_int8(model) for model in models]
     elif bf16:
         models = [model.to(torch.bfloat16) for model in models]
-    elif device.type == "cpu" and (kernel := decoding_kernel(onednn)) is not None:
-        models = [pack_linear_layers(model, kernel=kernel) for model in models]
+    elif device.type == "cpu":
+        models = [pack_for_decoding(model, onednn) for model in models]
     if device.type == "cpu":
         models = [use_cpu_attention(model) for model in models]
     return PyTorchBackend(models), tokenizer, loaded
