@@ -26,8 +26,8 @@ For each: wall time (median and every round), sentences/s, BLEU and chrF
 (sacreBLEU) of the first round's output, and for aiayn's own search the decoding steps per
 sentence (the rows fed to the decoder, every live beam at every step: counted in a separate,
 untimed pass through the Python API), so that a faster search that scores worse, or a stopping
-rule that saves steps, shows. Outputs that differ from the
-first system's are counted. ``--only`` keeps some of the systems and ``--alternate`` reverses
+rule that saves steps, shows. Outputs that differ from the first system's are counted.
+``--only`` keeps some of the systems, ``--skip`` leaves some out, and ``--alternate`` reverses
 their order every other round: an A/B of two, each going first as often as the other.
 
     python bench/bench_translate.py -m runs/bible/model --src test.en --ref test.es \\
@@ -272,6 +272,14 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cores() -> int:
+    """The cores this process may run on (``taskset`` limits them), else the machine's."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def isa() -> str:
     try:
         flags = next(
@@ -289,7 +297,9 @@ def isa() -> str:
 def gpu_names() -> str:
     """The machine's NVIDIA GPUs by nvidia-smi, or "" (aiayn translate's --device auto takes
     the first one where PyTorch has CUDA, so the rows of such a machine are GPU rows unless a
-    variant says cpu)."""
+    variant says cpu). "" too where CUDA_VISIBLE_DEVICES hides every GPU from the systems."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return ""
     try:
         done = subprocess.run(
             ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
@@ -340,6 +350,13 @@ def main(argv: list[str] | None = None) -> None:
         default=[],
         metavar="TEXT",
         help="time only the systems whose name holds TEXT (repeatable), e.g. two of them A/B",
+    )
+    p.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="leave out the systems whose name holds TEXT (repeatable), e.g. '--backend'",
     )
     p.add_argument(
         "--alternate",
@@ -453,6 +470,10 @@ def main(argv: list[str] | None = None) -> None:
         systems = [x for x in systems if any(text in x.name for text in args.only)]
         if not systems:
             p.error(f"--only {args.only}: no system's name holds it")
+    if args.skip:
+        systems = [x for x in systems if not any(text in x.name for text in args.skip)]
+        if not systems:
+            p.error(f"--skip {args.skip}: every system's name holds it")
     for round_ in range(args.rounds):
         for system in systems[::-1] if args.alternate and round_ % 2 else systems:
             out = work / f"{len(system.seconds)}-{abs(hash(system.name))}.txt"
@@ -495,7 +516,7 @@ def main(argv: list[str] | None = None) -> None:
     lines = [
         f"{n} sentences of `{args.src.name}`, model `{args.model}`, beam {args.beam}, "
         f"{args.threads} threads, {args.rounds} interleaved rounds, each system a process of "
-        f"its own timed from launch to exit; {cpu_name()} ({isa()}), {os.cpu_count()} cores, "
+        f"its own timed from launch to exit; {cpu_name()} ({isa()}), {cores()} cores, "
         + (
             f"GPU: {gpu} (aiayn's `--device auto` picks it where PyTorch has CUDA, and for "
             "`--backend ctranslate2` where CTranslate2 can compute on it; CTranslate2's own "
