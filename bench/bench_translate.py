@@ -47,6 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -162,7 +163,7 @@ lines = open({str(src)!r}, encoding="utf-8").read().split("\\n")[:-1]
 Translator({model!r}).translate(lines, **json.loads({json.dumps(json.dumps(options))}))
 print(sum(rows) / max(1, len(lines)))
 """
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = with_src_on_path(os.environ)
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
     )
@@ -217,7 +218,7 @@ print(json.dumps(out))
 def profile_translation(model: str, src: Path, beam: int) -> str:
     """Where the time of aiayn's search goes, on one thread as each worker runs it: a markdown
     table from one untimed in-process pass under torch.profiler (which slows it down)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    env = with_src_on_path(os.environ)
     done = subprocess.run(
         [sys.executable, "-c", PROFILE_SCRIPT, model, str(src), str(beam)],
         capture_output=True, text=True, check=True, env=env,
@@ -260,6 +261,13 @@ def scores(hyp: Path, ref: Path) -> tuple[float, float]:
         sacrebleu.corpus_bleu(hyps, [refs]).score,
         sacrebleu.corpus_chrf(hyps, [refs]).score,
     )
+
+
+def with_src_on_path(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` with this checkout's src/ first on PYTHONPATH (what was there stays after
+    it: packages installed with ``pip --target``, say)."""
+    paths = [str(ROOT / "src"), *filter(None, environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def cpu_name() -> str:
@@ -385,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
 
     work = Path(tempfile.mkdtemp(prefix="bench_translate-"))
     # --backend ctranslate2 on a model directory converts it once, into this cache
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "AIAYN_CT2_CACHE": str(work / "cache")}
+    env = {**with_src_on_path(os.environ), "AIAYN_CT2_CACHE": str(work / "cache")}
     common = ["--beam-size", str(args.beam), "--threads", str(args.threads), "--no-progress"]
     translate = [*AIAYN, "translate", "-m", args.model, "-i", str(args.src), "-o", "{out}"]
     systems = [System("aiayn translate", [*translate, *common])]
@@ -402,7 +410,9 @@ def main(argv: list[str] | None = None) -> None:
             command = [*AIAYN, "export", args.model, "--to", "ctranslate2", "-o", str(export)]
             if quantization:
                 command += ["--quantization", quantization]
-            subprocess.run(command, env=env, check=True, capture_output=True)
+            done = subprocess.run(command, env=env, capture_output=True, text=True)
+            if done.returncode != 0:
+                sys.exit(f"{shlex.join(command)} failed: {done.stderr.strip()[-2000:]}")
             label = "int8" if quantization else "fp32"
             # Each system ranks as its users get by default: CTranslate2 by log_prob / |Y|^1
             # (its length_penalty 1), aiayn by the paper's GNMT penalty, α = 0.6.
