@@ -407,10 +407,10 @@ def decoding_kernels(onednn: bool | None = None) -> tuple[str, str] | None:
       for the rest, else MKL for all. On an AMD EPYC with AVX2 the products that keep or
       narrow the width (d_model → d_model, d_ff → d_model) ran faster on MKL's and the
       projection onto the vocabulary faster on oneDNN's (one thread, at decoding's row
-      counts: a microbenchmark, BENCHMARKS.md); decoding the 809 Bible dev sentences, beam 4,
-      one thread, this mix took 0.92x (2+2 layers) and 0.90x (3+3) the time of oneDNN for all,
-      with the same outputs, and the same time for `base` (an A/B in one process,
-      BENCHMARKS.md).
+      counts: a microbenchmark, BENCHMARKS.md). Decoding the 809 Bible dev sentences, beam 4,
+      with the same outputs: whole `aiayn translate` commands on two cores took 0.83x (2+2
+      layers) and 0.92x (3+3) the time of oneDNN for all; one thread, in one process
+      (`bench/bench_kernels_ab.py`), 0.90-0.95x; for a random-weight `base`, within 2%.
     """
     mkl = "mkl" if mkl_missing() is None else None
     if onednn is True:
@@ -430,8 +430,8 @@ def packing_pays() -> bool:
     on one thread (what each decoding worker runs), batches alternated in one process: on the
     Intel Xeon (AMX) MKL for every layer took 0.94-0.95x the time of oneDNN for every layer,
     with the same outputs (BENCHMARKS.md); on an AMD EPYC with AVX2, MKL on weights stored
-    transposed for every layer 0.98-1.02x, and oneDNN for the pre-softmax projection alone
-    0.92x (`decoding_kernels`). Where the vendor is unknown, or packing cannot run
+    transposed for every layer 0.97-1.02x, and oneDNN for the pre-softmax projection alone
+    0.90-0.95x (`decoding_kernels`). Where the vendor is unknown, or packing cannot run
     (`onednn_linear_missing`), the answer follows that.
     """
     if onednn_linear_missing() is not None:
