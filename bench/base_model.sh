@@ -26,7 +26,7 @@ tokenizer=()
 # batches of 8k tokens a side (the GPU's throughput is bound by the host at this size).
 PYTHONUNBUFFERED=1 $PYTHON -m aiayn train -c recipes/bible-en-es-cpu.yaml \
     --src "$DATA/train.en" --tgt "$DATA/train.es" \
-    --valid-src "$DATA/dev.en" --valid-tgt "$DATA/dev.es" "${tokenizer[@]}" \
+    --valid-src "$DATA/dev.en" --valid-tgt "$DATA/dev.es" ${tokenizer[@]+"${tokenizer[@]}"} \
     --preset base --model n_encoder_layers=6 --model n_decoder_layers=6 --model dropout=0.3 \
     --max-tokens 8192 --warmup-steps 1000 --time-budget "${MINUTES}m" \
     --valid-every 100000 --save-every 100000 --out-dir "$RUN" 2>&1 | tee "$OUT/train.log"
@@ -36,7 +36,7 @@ head -n "$LINES" "$DATA/dev.es" > "$RUN/test.es"
 pin=()
 command -v taskset > /dev/null && pin=(taskset -c 0,1)
 for round in $(seq 1 "$ROUNDS"); do
-    CUDA_VISIBLE_DEVICES= "${pin[@]}" $PYTHON bench/bench_translate.py -m "$RUN/model" \
+    CUDA_VISIBLE_DEVICES= ${pin[@]+"${pin[@]}"} $PYTHON bench/bench_translate.py -m "$RUN/model" \
         --src "$RUN/test.en" --ref "$RUN/test.es" --beam 4 --threads 2 --rounds 1 \
         --variant int8=--int8 --skip='-m MODEL --backend' \
         --markdown "$OUT/base-round-$round.md" --json "$OUT/base-round-$round.json"

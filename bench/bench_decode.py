@@ -2,9 +2,9 @@
 
 Every sentence is forced to produce exactly `--out-len` tokens (EOS is masked until the maximum
 length, where search forces it), so all runs do the same work whatever the random weights
-prefer. The model runs as `Translator` runs it in float32 on a CPU, its linear layers on
-oneDNN-packed weights (`--no-onednn`: PyTorch's own `nn.Linear`). Reports the median and
-min–max over `--repeats` runs of target tokens/s and sentences/s.
+prefer. The model runs as `Translator` runs it in float32 on a CPU, its linear layers on packed
+weights (`acceleration.pack_for_decoding`; `--no-onednn`: PyTorch's own `nn.Linear`). Reports
+the median and min–max over `--repeats` runs of target tokens/s and sentences/s.
 
     .venv/bin/python bench/bench_decode.py                      # base and small, batch 32
     .venv/bin/python bench/bench_decode.py --update-benchmarks  # rewrite BENCHMARKS.md section
@@ -46,7 +46,12 @@ from pathlib import Path
 
 import torch
 
-from aiayn.acceleration import PackedSelfAttention, pack_linear_layers, use_cpu_attention
+from aiayn.acceleration import (
+    PackedSelfAttention,
+    pack_for_decoding,
+    pack_linear_layers,
+    use_cpu_attention,
+)
 from aiayn.cache import DecoderCache
 from aiayn.config import preset
 from aiayn.decode.search import DecodingOptions, beam_search, greedy_search
@@ -121,7 +126,7 @@ def run(
         transformer = Transformer(preset(name, src_vocab_size=8000, dropout=0.0)).eval()
         use_cpu_attention(transformer)  # as Translator on a CPU
         if onednn:  # as Translator runs float32 on a CPU
-            transformer = pack_linear_layers(transformer)
+            transformer = pack_for_decoding(transformer)
         model = FixedLength(transformer, out_len)
         src = torch.randint(4, 8000, (batch, src_len))
         for mode in ("greedy", "beam4"):
@@ -200,7 +205,7 @@ def compare_compiled(
         start = time.perf_counter()
         outputs = {m: decoded(compiled, src, m, out_len) for m in ("beam4", "greedy")}
         compiling = time.perf_counter() - start
-        systems = {"eager, packed": pack_linear_layers(plain), "eager, nn.Linear": plain}
+        systems = {"eager, packed": pack_for_decoding(plain), "eager, nn.Linear": plain}
         systems[label] = compiled
         for mode in ("beam4", "greedy"):
             reference = decoded(plain, src, mode, out_len)
@@ -309,7 +314,7 @@ def compare_reorder(
     place) against the same model whose cache gathers every row at every step, interleaved."""
     for name in presets:
         torch.manual_seed(0)
-        packed = pack_linear_layers(
+        packed = pack_for_decoding(
             use_cpu_attention(Transformer(preset(name, src_vocab_size=8000, dropout=0.0))).eval()
         )
         systems = {"moving changed rows": packed, "gathering every row": Gathering(packed)}

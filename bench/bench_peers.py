@@ -15,7 +15,7 @@ its users run it (`DecodeWorkers` says why).
   reference) and HF `MarianMTModel`, each with `torch.optim.Adam` and `F.cross_entropy`.
   Fraction of peak = the step's matrix-multiply FLOPs (forward ×3) / step time / GEMM peak.
 - **Decoding**, base shape, batch 32 × 24 source tokens, every output forced to 24 tokens:
-  aiayn fp32 (as `Translator` runs it on a CPU: linear layers on oneDNN-packed weights), fp32
+  aiayn fp32 (as `Translator` runs it on a CPU: linear layers on packed weights), fp32
   `--no-onednn` (PyTorch's own `nn.Linear`, MKL) / int8 (dynamic quantization) / bf16 (the
   model in bfloat16), HF `generate`
   (fp32), CTranslate2 fp32 and int8 running *our model's weights* (converted by

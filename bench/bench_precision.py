@@ -1,8 +1,9 @@
 """fp32 vs int8 (dynamic quantization of the linear layers) vs bf16 on a real test set: BLEU,
 chrF, exact match and decoding time, side by side in one run.
 
-fp32 is `Translator`'s default (linear layers on oneDNN-packed weights where they are large
-enough); `fp32-no-onednn` is fp32 with PyTorch's own `nn.Linear` (`--no-onednn`).
+fp32 is `Translator`'s default (linear layers on packed weights where they are large enough,
+`acceleration.pack_for_decoding`); `fp32-no-onednn` is fp32 with MKL's products for every
+layer (`--no-onednn`).
 
     .venv/bin/python bench/bench_precision.py -m demo_run/run/model \\
         --src demo_run/corpus/test.en --ref demo_run/corpus/test.de

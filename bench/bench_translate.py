@@ -483,7 +483,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.skip:
         systems = [x for x in systems if not any(text in x.name for text in args.skip)]
         if not systems:
-            p.error(f"--skip {args.skip}: every system's name holds it")
+            p.error(f"--skip {args.skip}: every system's name holds one of these")
     for round_ in range(args.rounds):
         for system in systems[::-1] if args.alternate and round_ % 2 else systems:
             out = work / f"{len(system.seconds)}-{abs(hash(system.name))}.txt"

@@ -499,8 +499,12 @@ def test_by_default_onednn_runs_the_vocabulary_product_off_intel_cpus_and_mkl_th
         assert decoding_kernels() == ("mkl", "onednn")  # oneDNN for the vocabulary's product
         assert decoding_kernels(onednn=False) == ("mkl", "mkl")
         assert decoding_kernels(onednn=True) == ("onednn", "onednn")
+    assert decoding_kernels().output_projection == "onednn"
     monkeypatch.setattr(acceleration, "mkl_missing", lambda: "PyTorch was built without MKL")
     assert decoding_kernels() == ("onednn", "onednn") and decoding_kernels(onednn=False) is None
     monkeypatch.setattr(acceleration, "mkl_missing", lambda: None)
+    monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: "no oneDNN packing")
+    assert decoding_kernels() == ("mkl", "mkl")  # an AMD CPU without oneDNN: MKL for all
+    monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: None)
     monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: "not an x86-64 CPU")
     assert not acceleration.packing_pays()

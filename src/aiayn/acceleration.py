@@ -1,9 +1,9 @@
 """What this machine can speed up: `torch.compile` where it can run (eager PyTorch where it
 cannot), whether the CPU computes in bf16 natively, the attention kernels that run fastest on a
-CPU (`use_cpu_attention`), weights pre-packed for oneDNN's matrix products in CPU decoding
-(`pack_linear_layers`), oneDNN's products in float32 CPU training (`OneDNNLinearProducts`), and
-int8 weights for decoding on a CPU (`quantize_int8`). (How many threads decoding takes is
-`aiayn.runtime.decoding_threads`.)
+CPU (`use_cpu_attention`), weights pre-packed for the matrix products of CPU decoding, MKL's
+or oneDNN's by layer (`pack_for_decoding`), oneDNN's products in float32 CPU training
+(`OneDNNLinearProducts`), and int8 weights for decoding on a CPU (`quantize_int8`). (How many
+threads decoding takes is `aiayn.runtime.decoding_threads`.)
 
 One module for the speed-ups that change how the model runs but not what it computes, so that
 training and translation ask the same questions of the machine in the same place. The model's
@@ -28,6 +28,7 @@ import os
 import platform
 import shutil
 from collections.abc import Iterator, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -396,10 +397,18 @@ def mkl_missing() -> str | None:
     return None
 
 
-def decoding_kernels(onednn: bool | None = None) -> tuple[str, str] | None:
-    """The kernels that float32 CPU decoding packs its linear layers for (`PackedLinear`):
-    (every layer's but the pre-softmax projection's, the pre-softmax projection's), or None to
-    leave them `nn.Linear`.
+class DecodingKernels(NamedTuple):
+    """The `PackedLinear` kernels of float32 CPU decoding (`decoding_kernels`)."""
+
+    layers: str
+    """Every linear layer's but the pre-softmax projection's."""
+    output_projection: str
+    """The pre-softmax projection's (d_model → the vocabulary)."""
+
+
+def decoding_kernels(onednn: bool | None = None) -> DecodingKernels | None:
+    """The kernels that float32 CPU decoding packs its linear layers for (`PackedLinear`), or
+    None to leave them `nn.Linear`.
 
     - ``onednn=True``: oneDNN for every layer; ``onednn=False``: MKL for every layer (None
       where PyTorch's products are not MKL's, `mkl_missing`).
@@ -412,12 +421,14 @@ def decoding_kernels(onednn: bool | None = None) -> tuple[str, str] | None:
       layers) and 0.92x (3+3) the time of oneDNN for all; one thread, in one process
       (`bench/bench_kernels_ab.py`), 0.90-0.95x; for a random-weight `base`, within 2%.
     """
-    mkl = "mkl" if mkl_missing() is None else None
+    mkl = mkl_missing() is None
     if onednn is True:
-        return "onednn", "onednn"
+        return DecodingKernels("onednn", "onednn")
     if onednn is False or not packing_pays():
-        return None if mkl is None else (mkl, mkl)
-    return (mkl or "onednn"), "onednn"
+        return DecodingKernels("mkl", "mkl") if mkl else None
+    if not mkl:
+        return DecodingKernels("onednn", "onednn")
+    return DecodingKernels("mkl", "onednn")
 
 
 def packing_pays() -> bool:
@@ -460,7 +471,7 @@ def pack_linear_layers(
 
     The same function up to float32 rounding (tests/test_acceleration.py compares log-probs and
     translations); `model` is left as it is. Only layers with at least `min_features` (default
-    `MIN_PACKED_FEATURES`) inputs and outputs are packed. Where the kernel is unavailable
+    `MIN_PACKED_FEATURES`) inputs and outputs are packed. Where either kernel is unavailable
     (`onednn_linear_missing`, `mkl_missing`), for a model not in float32 on the CPU, or when no
     layer is that large, returns `model` itself. The pre-softmax projection is packed like
     every other linear layer (in the copy it no longer shares storage with the embedding).
@@ -488,7 +499,7 @@ def pack_linear_layers(
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
         return model
     packed = copy.deepcopy(model)
-    output_projection = getattr(packed, "output_projection", None)
+    output_projections = [getattr(m, "output_projection", None) for m in packed.modules()]
     for layer in list(packed.modules()):
         attention = getattr(layer, "self_attn", None)  # an encoder or decoder layer's
         if isinstance(attention, MultiHeadAttention) and all(
@@ -506,7 +517,7 @@ def pack_linear_layers(
             module.activation = _applied_by_the_first_product
         for name, child in list(module.named_children()):
             if packs(child):
-                k = output_kernel if child is output_projection else kernel
+                k = output_kernel if any(child is m for m in output_projections) else kernel
                 setattr(module, name, PackedLinear(child, kernel=k))
     return packed
 
@@ -518,8 +529,7 @@ def pack_for_decoding(model: nn.Module, onednn: bool | None = None) -> nn.Module
     kernels = decoding_kernels(onednn)
     if kernels is None:
         return model
-    kernel, output_kernel = kernels
-    return pack_linear_layers(model, kernel=kernel, output_kernel=output_kernel)
+    return pack_linear_layers(model, kernel=kernels.layers, output_kernel=kernels.output_projection)
 
 
 def _applied_by_the_first_product(x: Tensor) -> Tensor:

@@ -154,8 +154,9 @@ class Translator:
                 0.93x for `small`), and on GPUs; slightly different outputs (BENCHMARKS.md).
             onednn: In float32 on an x86-64 CPU, run the linear layers on weights pre-packed
                 for oneDNN (`acceleration.pack_linear_layers`): the same function up to
-                float32 rounding; faster on AMD CPUs, where PyTorch's default (MKL) products
-                are slower, and slower than MKL on an Intel one (BENCHMARKS.md). False runs
+                float32 rounding; slower than the default on the CPUs measured (1.05x the
+                default's time on an AMD EPYC, 1.05x MKL's on an Intel Xeon; BENCHMARKS.md),
+                kept as an option for other CPUs. False runs
                 MKL's products (PyTorch's own) on the weights stored transposed, which MKL
                 reads faster than `nn.Linear`'s transposed view (0.95x the decoding time on an
                 Intel Xeon); None (the default) runs MKL's on Intel CPUs, and on other x86-64
