@@ -98,6 +98,42 @@ def test_jobs_with_different_options_get_separate_calls_in_arrival_order() -> No
     assert results == [["A/x"], ["B/y"], ["C/x"]]
 
 
+def test_a_job_that_arrives_while_the_worker_counts_costs_wakes_it() -> None:
+    """The worker counts the queued texts' costs outside its lock, then waits for company: a
+    job submitted in between, whose notice found nobody waiting, must still end that wait
+    (a lost wake-up once held a call for the whole of max_wait_ms)."""
+    model = FakeModel()
+    counting, submitted = threading.Event(), threading.Event()
+
+    def slow_cost(texts: list[str], options: object) -> int:
+        if texts == ["a"]:  # the worker, outside its lock: let "b" arrive now
+            counting.set()
+            assert submitted.wait(10), "the test never submitted the second job"
+        return len(texts)
+
+    batcher = make_batcher(model, slow_cost, max_wait_ms=120_000, max_batch_cost=2)
+
+    async def scenario() -> tuple[list, float]:
+        first = asyncio.ensure_future(batcher.submit(["a"], 0))
+        while not counting.is_set():
+            await asyncio.sleep(0.001)
+        second = asyncio.ensure_future(batcher.submit(["b"], 0))
+        while batcher.stats()["queued"] < 2:
+            await asyncio.sleep(0.001)
+        start = time.monotonic()
+        submitted.set()
+        results = await asyncio.wait_for(asyncio.gather(first, second), timeout=60)
+        return results, time.monotonic() - start
+
+    try:
+        results, seconds = run(scenario())
+    finally:
+        batcher.close()
+    assert results == [["A/0"], ["B/0"]]
+    assert model.calls == [(["a", "b"], 0)]  # the two texts fill the budget: one call
+    assert seconds < 30  # not max_wait_ms (120 s): the second job's arrival was seen
+
+
 def test_a_call_stops_at_the_budget_and_takes_texts_round_robin() -> None:
     model = FakeModel()
     batcher = make_batcher(model, max_wait_ms=200, max_batch_cost=3)

@@ -136,6 +136,7 @@ class Batcher(Generic[R]):
         self.max_queue = max_queue
         self.batching = batching
         self._pending: deque[_Job] = deque()  # jobs with texts not yet taken, oldest first
+        self._arrivals = 0  # jobs ever submitted: a snapshot's mark of what it has seen
         self._unanswered: dict[int, _Job] = {}  # every job not yet answered, by id
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -227,6 +228,7 @@ class Batcher(Generic[R]):
                     f"(limit {self.max_queue}, --max-queue); retry later"
                 )
             self._pending.append(job)
+            self._arrivals += 1
             self._unanswered[id(job)] = job
             self._cond.notify()
         try:
@@ -263,7 +265,7 @@ class Batcher(Generic[R]):
             wait = self.max_wait_ms / 1000 if self.batching and self._expect_company else 0.0
             deadline = self._pending[0].arrival + wait
         while True:  # costs are computed outside the lock; wait for company meanwhile
-            jobs = self._snapshot()
+            jobs, seen = self._snapshot()
             queued = sum(
                 self._text_cost(job, i) for job in jobs for i in range(job.taken, len(job.texts))
             )
@@ -273,7 +275,10 @@ class Batcher(Generic[R]):
             with self._cond:
                 if self._closing:
                     return None
-                self._cond.wait(remaining)
+                # A job that arrived while the costs were computed, outside the lock, notified
+                # nobody: count again rather than wait (up to max_wait_ms) for another.
+                if self._arrivals == seen:
+                    self._cond.wait(remaining)
         with self._cond:
             if not self._prune():
                 return [] if not self._closing else None
@@ -311,9 +316,10 @@ class Batcher(Generic[R]):
             + [j for j in self._pending if id(j) in last]
         )
 
-    def _snapshot(self) -> list[_Job]:
+    def _snapshot(self) -> tuple[list[_Job], int]:
+        """The waiting jobs, and how many jobs had arrived when they were read."""
         with self._cond:
-            return list(self._pending)
+            return list(self._pending), self._arrivals
 
     def _prune(self) -> bool:
         """Drops the jobs whose client went away (lock held); True if any job waits."""
