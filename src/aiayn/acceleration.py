@@ -499,7 +499,9 @@ def pack_linear_layers(
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
         return model
     packed = copy.deepcopy(model)
-    output_projections = [getattr(m, "output_projection", None) for m in packed.modules()]
+    output_projections = {  # a Transformer's, also inside a wrapper
+        id(m.output_projection) for m in packed.modules() if hasattr(m, "output_projection")
+    }
     for layer in list(packed.modules()):
         attention = getattr(layer, "self_attn", None)  # an encoder or decoder layer's
         if isinstance(attention, MultiHeadAttention) and all(
@@ -517,7 +519,7 @@ def pack_linear_layers(
             module.activation = _applied_by_the_first_product
         for name, child in list(module.named_children()):
             if packs(child):
-                k = output_kernel if any(child is m for m in output_projections) else kernel
+                k = output_kernel if id(child) in output_projections else kernel
                 setattr(module, name, PackedLinear(child, kernel=k))
     return packed
 
