@@ -30,7 +30,8 @@ $(HF4)/.installed: $(STAMP)
 AVX2_ONLY := ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
 	CT2_FORCE_CPU_ISA=AVX2 CT2_USE_MKL=0 TORCHINDUCTOR_CACHE_DIR=$$(mktemp -d)
 NUMERICS_TESTS := tests/test_model.py tests/test_cache.py tests/test_attention.py tests/test_loss.py \
-	tests/test_acceleration.py tests/decode/test_search.py tests/decode/test_translator.py tests/train/test_update.py \
+	tests/test_acceleration.py tests/decode/test_packing.py tests/decode/test_search.py \
+	tests/decode/test_translator.py tests/train/test_update.py \
 	tests/decode/test_ensemble.py tests/test_optim.py tests/decode/test_alignment.py \
 	tests/interop/test_ctranslate2.py tests/interop/test_onnx.py
 

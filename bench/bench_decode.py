@@ -3,7 +3,7 @@
 Every sentence is forced to produce exactly `--out-len` tokens (EOS is masked until the maximum
 length, where search forces it), so all runs do the same work whatever the random weights
 prefer. The model runs as `Translator` runs it in float32 on a CPU, its linear layers on packed
-weights (`acceleration.pack_for_decoding`; `--no-onednn`: PyTorch's own `nn.Linear`). Reports
+weights (`decode.packing.pack_for_decoding`; `--no-onednn`: PyTorch's own `nn.Linear`). Reports
 the median and min–max over `--repeats` runs of target tokens/s and sentences/s.
 
     .venv/bin/python bench/bench_decode.py                      # base and small, batch 32
@@ -46,14 +46,10 @@ from pathlib import Path
 
 import torch
 
-from aiayn.acceleration import (
-    PackedSelfAttention,
-    pack_for_decoding,
-    pack_linear_layers,
-    use_cpu_attention,
-)
+from aiayn.acceleration import use_cpu_attention
 from aiayn.cache import DecoderCache
 from aiayn.config import preset
+from aiayn.decode.packing import PackedSelfAttention, pack_for_decoding, pack_linear_layers
 from aiayn.decode.search import DecodingOptions, beam_search, greedy_search
 from aiayn.model import Transformer
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -231,7 +227,7 @@ def compare_fusions(
     """The packed model against a copy without `pack_linear_layers`' two fusions."""
     import torch.nn.functional as F
 
-    from aiayn.acceleration import PackedLinear
+    from aiayn.decode.packing import PackedLinear
     from aiayn.model import PositionwiseFeedForward
 
     for name in presets:

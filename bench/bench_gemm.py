@@ -7,7 +7,7 @@ greedy step over 32 sentences), 128 (a beam-4 step), 768 (the encoder over 32 ×
 4,096 (a training batch). Three ways, interleaved round by round, medians:
 
 - `nn.Linear`: PyTorch's float32 linear layer (`addmm`, MKL's sgemm in the CPU wheels);
-- oneDNN packed: `acceleration.PackedLinear`, what `Translator` runs on an x86-64 CPU;
+- oneDNN packed: `decode.packing.PackedLinear`, what `Translator` runs on an x86-64 CPU;
 - oneDNN as stored: the same oneDNN call on the weight as stored (packed on every call).
 
 Also checks that the results agree up to float32 rounding. `--new-shapes` instead measures
@@ -28,7 +28,8 @@ import time
 import torch
 from torch import nn
 
-from aiayn.acceleration import PackedLinear, onednn_linear_missing
+from aiayn.acceleration import onednn_linear_missing
+from aiayn.decode.packing import PackedLinear
 from benchmarks_md import BENCHMARKS_MD, replace_section
 
 START, END = "<!-- bench_gemm:start -->", "<!-- bench_gemm:end -->"

@@ -5,7 +5,7 @@ decoding worker runs; the test set cut into chunks that go to the translators in
 order reversed every other chunk, so that a machine's slow minutes fall on all of them alike.
 The translators differ only in `--onednn` / `--no-onednn`:
 
-- ``default``: what `aiayn translate` runs here (`acceleration.decoding_kernels`: on x86-64
+- ``default``: what `aiayn translate` runs here (`decode.packing.decoding_kernels`: on x86-64
   CPUs other than Intel's, oneDNN for the pre-softmax projection and MKL for the rest);
 - ``onednn``: oneDNN's packed products for every layer (`--onednn`);
 - ``mkl``: MKL's products on weights stored transposed for every layer (`--no-onednn`).
@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
-from aiayn.acceleration import decoding_kernels  # noqa: E402
+from aiayn.decode.packing import decoding_kernels  # noqa: E402
 from aiayn.decode.translator import Translator  # noqa: E402
 
 ONEDNN = {"default": None, "onednn": True, "mkl": False}

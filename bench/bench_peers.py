@@ -58,11 +58,11 @@ from aiayn.acceleration import (
     maybe_compile,
     native_bf16_cpu,
     onednn_linear_missing,
-    pack_for_decoding,
     quantize_int8,
     use_cpu_attention,
 )
 from aiayn.config import ModelConfig, preset
+from aiayn.decode.packing import pack_for_decoding
 from aiayn.decode.search import DecodingOptions, beam_search, greedy_search
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer
@@ -793,7 +793,7 @@ def main(argv: list[str] | None = None) -> None:
         if same_mkl:
             notes.append(
                 "- aiayn fp32 runs its linear layers on packed weights as `Translator` does on "
-                "this CPU (`acceleration.pack_for_decoding`); `--no-onednn` runs PyTorch's "
+                "this CPU (`decode.packing.pack_for_decoding`); `--no-onednn` runs PyTorch's "
                 "own `nn.Linear` (MKL); their outputs are equal for "
                 + " / ".join(f"{100 * s:.0f}%" for s in same_mkl)
                 + " of the sentences (beam 4 / greedy)."

@@ -2,7 +2,7 @@
 chrF, exact match and decoding time, side by side in one run.
 
 fp32 is `Translator`'s default (linear layers on packed weights where they are large enough,
-`acceleration.pack_for_decoding`); `fp32-no-onednn` is fp32 with MKL's products for every
+`decode.packing.pack_for_decoding`); `fp32-no-onednn` is fp32 with MKL's products for every
 layer (`--no-onednn`).
 
     .venv/bin/python bench/bench_precision.py -m demo_run/run/model \\

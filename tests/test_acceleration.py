@@ -1,6 +1,7 @@
 """torch.compile with an eager fallback (the compiled model computes the same function); how
 many threads decoding picks; the CPU's attention kernels compute Eq. 1 as the fused kernel does;
-oneDNN-packed linear layers compute what `nn.Linear` computes."""
+oneDNN's products in training give the loss and gradients of `nn.Linear`. (The packed linear
+layers of decoding: tests/decode/test_packing.py.)"""
 
 from __future__ import annotations
 
@@ -16,23 +17,16 @@ import torch.nn.functional as F
 from aiayn import acceleration
 from aiayn.acceleration import (
     FEW_QUERIES,
-    PackedLinear,
-    PackedSelfAttention,
     compiler_missing,
     cpu_attention,
-    decoding_kernels,
     maybe_compile,
-    mkl_missing,
     onednn_linear_missing,
-    pack_linear_layers,
     use_cpu_attention,
     using_cpu_attention,
 )
 from aiayn.attention import MultiHeadAttention, fused_attention
 from aiayn.config import preset
-from aiayn.decode.options import DecodingOptions
-from aiayn.decode.search import beam_search, greedy_search
-from aiayn.model import PositionwiseFeedForward, Transformer
+from aiayn.model import Transformer
 
 CPU = torch.device("cpu")
 
@@ -178,184 +172,11 @@ def test_cpu_kernels_for_a_block_give_the_models_their_own_back(make_model) -> N
     assert attention_kernels(models[1]) == {fused_attention}
 
 
-# -- oneDNN-packed linear layers -------------------------------------------------------------
+# -- oneDNN products in training --------------------------------------------------------------
 
 needs_onednn = pytest.mark.skipif(
     onednn_linear_missing() is not None, reason=f"no oneDNN packing: {onednn_linear_missing()}"
 )
-needs_mkl = pytest.mark.skipif(mkl_missing() is not None, reason=f"no MKL: {mkl_missing()}")
-KERNELS = [pytest.param("onednn", marks=needs_onednn), pytest.param("mkl", marks=needs_mkl)]
-PACKINGS = [  # (every other layer's kernel, the pre-softmax projection's)
-    pytest.param(("onednn", "onednn"), marks=needs_onednn),
-    pytest.param(("mkl", "mkl"), marks=needs_mkl),
-    pytest.param(("mkl", "onednn"), marks=[needs_mkl, needs_onednn]),  # AMD's default
-]
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("shape", [(1, 16), (5, 16), (300, 16), (3, 7, 16), (2, 1, 16)])
-def test_a_packed_linear_layer_computes_what_nn_linear_computes(
-    kernel: str, bias: bool, shape: tuple[int, ...]
-) -> None:
-    linear = torch.nn.Linear(16, 24, bias=bias)
-    packed = PackedLinear(linear, kernel=kernel)
-    x = torch.randn(shape)
-    with torch.inference_mode():
-        got, expected = packed(x), linear(x)
-    assert got.shape == expected.shape and got.dtype == torch.float32
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-    with torch.no_grad():  # a copy: later updates of the original layer are not seen
-        linear.weight.add_(1.0)
-    torch.testing.assert_close(packed(x), got)
-    torch.testing.assert_close(copy.deepcopy(packed)(x), got)  # a copy of the packed layer
-
-
-def _packed_and_plain(make_model, kernels: tuple[str, str]) -> tuple[Transformer, torch.nn.Module]:
-    model = make_model(src_vocab_size=60, tgt_vocab_size=60, dropout=0.0).eval()
-    kernel, output_kernel = kernels
-    return model, pack_linear_layers(
-        model, min_features=1, kernel=kernel, output_kernel=output_kernel
-    )
-
-
-@pytest.mark.parametrize("kernels", PACKINGS)
-def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alone(
-    make_model, kernels: tuple[str, str]
-) -> None:
-    model, packed = _packed_and_plain(make_model, kernels)
-    assert packed is not model
-    assert [m for m in packed.modules() if type(m) is torch.nn.Linear] == []
-    kernel, output_kernel = kernels
-    assert type(packed.output_projection) is PackedLinear
-    assert packed.output_projection.kernel == output_kernel
-    others = [m for m in packed.modules() if type(m) is PackedLinear]
-    assert {m.kernel for m in others if m is not packed.output_projection} == {kernel}
-    layers = [*packed.encoder.layers, *packed.decoder.layers]
-    assert sum(type(m) is PackedLinear for m in packed.modules()) == sum(
-        type(m) is torch.nn.Linear for m in model.modules()
-    ) + len(layers)  # and one stacked [W^Q; W^K; W^V] per self-attention layer
-    assert all(
-        type(m.self_attn) is PackedSelfAttention
-        and m.self_attn.qkv_proj.out_features == 3 * m.self_attn.q_proj.out_features
-        and m.self_attn.stacked_qkv_weights() is None
-        for m in layers
-    )
-    assert all(type(m.cross_attn) is MultiHeadAttention for m in packed.decoder.layers)
-    ffns = [m for m in packed.modules() if isinstance(m, PositionwiseFeedForward)]
-    assert ffns and all(m.linear1.relu and not m.linear2.relu for m in ffns)
-    x = torch.randn(5, model.config.d_model)
-    assert all(m.activation(x) is x for m in ffns)  # the first product applied the ReLU
-    assert model.output_projection.weight is model.tgt_embed.embedding.weight  # still tied
-    attentions = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
-    assert attentions and all(type(m) is MultiHeadAttention for m in attentions)
-    assert all(type(m) is torch.nn.Linear for a in attentions for m in a.children())
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_the_packed_copy_keeps_the_models_attention_kernels(make_model, kernel: str) -> None:
-    model = use_cpu_attention(make_model())
-    packed = pack_linear_layers(model, min_features=1, kernel=kernel)
-    assert packed is not model and attention_kernels(packed) == {cpu_attention}
-    plain = pack_linear_layers(make_model(), min_features=1, kernel=kernel)
-    assert attention_kernels(plain) == {fused_attention}
-
-
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_a_packed_product_of_stacked_layers_with_relu_is_their_outputs_side_by_side(
-    kernel: str,
-) -> None:
-    torch.manual_seed(0)
-    layers = [torch.nn.Linear(16, n) for n in (8, 8, 4)]
-    x = torch.randn(2, 3, 16)
-    expected = torch.cat([m(x) for m in layers], dim=-1)
-    with torch.no_grad():
-        stacked = PackedLinear(layers, kernel=kernel)
-        torch.testing.assert_close(stacked(x), expected, atol=1e-5, rtol=1e-5)
-        relu = PackedLinear(layers, relu=True, kernel=kernel)
-        torch.testing.assert_close(relu(x), expected.relu(), atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(copy.deepcopy(relu)(x), expected.relu(), atol=1e-5, rtol=1e-5)
-    with pytest.raises(ValueError, match="same input size"):
-        PackedLinear([torch.nn.Linear(16, 8), torch.nn.Linear(8, 8)], kernel=kernel)
-    with pytest.raises(ValueError, match=r"kernel \('blas'\) must be one of onednn, mkl"):
-        PackedLinear(layers, kernel="blas")
-
-
-@pytest.mark.parametrize("kernels", PACKINGS)
-def test_the_packed_model_gives_the_same_log_probs_and_translations(
-    make_model, kernels: tuple[str, str]
-) -> None:
-    """Forward with padding, one decoding step, and beam and greedy search (twice, as a server
-    calls it): the same as the plain model up to float32 rounding, the same tokens."""
-    model, packed = _packed_and_plain(make_model, kernels)
-    src = torch.randint(4, 60, (3, 9))
-    src[1, 5:] = model.config.pad_id
-    tgt = torch.randint(4, 60, (3, 6))
-    ids = dict(bos_id=1, eos_id=2, pad_id=model.config.pad_id)
-    options = DecodingOptions(max_len_a=0.0, max_len_b=12, beam_size=3)
-    with torch.inference_mode():
-        torch.testing.assert_close(packed(src, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
-        memory, mask = model.encode(src)
-        expected = model.decode_step(
-            torch.ones(3, dtype=torch.long), model.init_cache(memory, mask, 4)
-        )
-        memory, mask = packed.encode(src)
-        got = packed.decode_step(
-            torch.ones(3, dtype=torch.long), packed.init_cache(memory, mask, 4)
-        )
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-        for _ in range(2):
-            beams = [
-                [h.tokens for h in hyps]
-                for hyps in beam_search(packed, src, **ids, options=options)
-            ]
-            assert beams == [
-                [h.tokens for h in hyps] for hyps in beam_search(model, src, **ids, options=options)
-            ]
-            greedy = [h.tokens for h in greedy_search(packed, src, **ids, options=options)]
-            assert greedy == [h.tokens for h in greedy_search(model, src, **ids, options=options)]
-
-
-def test_without_onednn_packing_the_model_is_used_as_it_is(
-    monkeypatch: pytest.MonkeyPatch, make_model
-) -> None:
-    model = make_model().eval()
-    monkeypatch.setattr(acceleration.platform, "machine", lambda: "arm64")
-    assert "not an x86-64 CPU" in (onednn_linear_missing() or "")
-    assert "not an x86-64 CPU" in (mkl_missing() or "")
-    assert decoding_kernels() is None and decoding_kernels(onednn=False) is None
-    for kernel in ("onednn", "mkl"):
-        assert pack_linear_layers(model, min_features=1, kernel=kernel) is model
-    assert pack_linear_layers(model, min_features=1, kernel="mkl", output_kernel="onednn") is model
-    monkeypatch.undo()
-    assert pack_linear_layers(model) is model  # d_model 32: too small to gain
-    assert pack_linear_layers(model.to(torch.bfloat16), min_features=1) is model  # float32 only
-
-
-@needs_onednn
-def test_only_layers_with_enough_features_on_both_sides_are_packed() -> None:
-    model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 64))
-    packed = pack_linear_layers(model)
-    assert [type(m).__name__ for m in packed] == ["PackedLinear", "Linear"]
-
-
-def test_padded_rows_round_up_by_at_most_an_eighth_to_8_sizes_per_octave() -> None:
-    for m in range(1, 5000):
-        assert m <= acceleration.padded_rows(m) <= max(m, m * 9 // 8), m
-    assert [acceleration.padded_rows(m) for m in range(1, 17)] == list(range(1, 17))
-    assert {acceleration.padded_rows(m) for m in range(1024, 2048)} == set(range(1024, 2049, 128))
-
-
-@needs_onednn
-def test_a_packed_layer_at_a_padded_row_count_gives_the_rows_it_was_given() -> None:
-    linear = torch.nn.Linear(16, 8)
-    x = torch.randn(2, 37, 16)  # 74 rows, padded to 80 for oneDNN
-    assert acceleration.padded_rows(74) == 80
-    with torch.inference_mode():
-        torch.testing.assert_close(PackedLinear(linear)(x), linear(x), atol=1e-5, rtol=1e-5)
-
-
-# -- oneDNN products in training --------------------------------------------------------------
 
 
 def _loss_and_grads(model: Transformer, products) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -482,29 +303,3 @@ def test_the_chunked_loss_runs_both_its_products_on_onednn() -> None:
     torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=0)
     for got, expected in zip(grads, plain_grads, strict=True):  # float32 rounding of sums
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * expected.abs().max())
-
-
-def test_by_default_onednn_runs_the_vocabulary_product_off_intel_cpus_and_mkl_the_rest(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: None)
-    monkeypatch.setattr(acceleration, "mkl_missing", lambda: None)
-    monkeypatch.setattr(acceleration, "cpu_vendor", lambda: "GenuineIntel")
-    assert not acceleration.packing_pays()  # MKL, PyTorch's own, is the faster there
-    assert decoding_kernels() == ("mkl", "mkl")
-    assert decoding_kernels(onednn=True) == ("onednn", "onednn")
-    for vendor in ("AuthenticAMD", None):
-        monkeypatch.setattr(acceleration, "cpu_vendor", lambda v=vendor: v)
-        assert acceleration.packing_pays()
-        assert decoding_kernels() == ("mkl", "onednn")  # oneDNN for the vocabulary's product
-        assert decoding_kernels(onednn=False) == ("mkl", "mkl")
-        assert decoding_kernels(onednn=True) == ("onednn", "onednn")
-    assert decoding_kernels().output_projection == "onednn"
-    monkeypatch.setattr(acceleration, "mkl_missing", lambda: "PyTorch was built without MKL")
-    assert decoding_kernels() == ("onednn", "onednn") and decoding_kernels(onednn=False) is None
-    monkeypatch.setattr(acceleration, "mkl_missing", lambda: None)
-    monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: "no oneDNN packing")
-    assert decoding_kernels() == ("mkl", "mkl")  # an AMD CPU without oneDNN: MKL for all
-    monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: None)
-    monkeypatch.setattr(acceleration, "onednn_linear_missing", lambda: "not an x86-64 CPU")
-    assert not acceleration.packing_pays()

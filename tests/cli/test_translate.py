@@ -296,9 +296,9 @@ def test_translate_int8_flag(model_dir: Path, tmp_path: Path) -> None:
 def test_translate_no_onednn_flag_gives_the_same_output(
     model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from aiayn import acceleration
+    from aiayn.decode import packing
 
-    monkeypatch.setattr(acceleration, "MIN_PACKED_FEATURES", 1)  # pack the tiny model's layers
+    monkeypatch.setattr(packing, "MIN_PACKED_FEATURES", 1)  # pack the tiny model's layers
     source = write_lines(tmp_path / "in.txt", ["hello world", "", "the cat"])
     outputs = []
     for flags in (["--onednn"], ["--no-onednn"]):

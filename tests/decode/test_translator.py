@@ -462,8 +462,9 @@ def test_a_cpu_translator_packs_its_linear_layers_for_onednn_or_mkl(
     """--onednn: oneDNN's packed weights; --no-onednn: MKL's, stored transposed; by default on
     an AMD CPU, oneDNN's for the pre-softmax projection and MKL's for the rest. The same outputs
     every way."""
-    from aiayn import acceleration
-    from aiayn.acceleration import PackedLinear, mkl_missing, onednn_linear_missing
+    from aiayn.acceleration import onednn_linear_missing
+    from aiayn.decode import packing
+    from aiayn.decode.packing import PackedLinear, mkl_missing
 
     if onednn_linear_missing() is not None or mkl_missing() is not None:
         pytest.skip(onednn_linear_missing() or mkl_missing())
@@ -472,11 +473,11 @@ def test_a_cpu_translator_packs_its_linear_layers_for_onednn_or_mkl(
         return {m.kernel for m in translator.model.modules() if type(m) is PackedLinear}
 
     assert kernels(Translator(model_dir)) == set()  # the tiny model's layers: too small
-    monkeypatch.setattr(acceleration, "MIN_PACKED_FEATURES", 1)  # the tiny model's layers too
+    monkeypatch.setattr(packing, "MIN_PACKED_FEATURES", 1)  # the tiny model's layers too
     packed = Translator(model_dir, onednn=True)
     plain = Translator(model_dir, onednn=False)
     assert kernels(packed) == {"onednn"} and kernels(plain) == {"mkl"}
-    monkeypatch.setattr(acceleration, "cpu_vendor", lambda: "AuthenticAMD")  # the mix
+    monkeypatch.setattr(packing, "cpu_vendor", lambda: "AuthenticAMD")  # the mix
     default = Translator(model_dir)
     assert default.model.output_projection.kernel == "onednn"
     others = [m for m in default.model.modules() if type(m) is PackedLinear]

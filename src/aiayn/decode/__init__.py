@@ -1,3 +1,3 @@
 """Decoding (§6.1): the search options, beam and greedy search and sampling, the `Translator`
 and the backends it runs on (PyTorch, ONNX Runtime, CTranslate2), results, ensembles, scoring
-and evaluation."""
+and evaluation, and the weights that decoding on a CPU packs for its products."""

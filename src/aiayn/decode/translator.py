@@ -153,7 +153,7 @@ class Translator:
                 faster for wide models only (1.2-1.6x the packed float32 below for `base`,
                 0.93x for `small`), and on GPUs; slightly different outputs (BENCHMARKS.md).
             onednn: In float32 on an x86-64 CPU, run the linear layers on weights pre-packed
-                for oneDNN (`acceleration.pack_linear_layers`): the same function up to
+                for oneDNN (`decode.packing.pack_linear_layers`): the same function up to
                 float32 rounding; slower than the default on the CPUs measured (1.05x the
                 default's time on an AMD EPYC, 1.05x MKL's on an Intel Xeon; BENCHMARKS.md),
                 kept as an option for other CPUs. False runs
@@ -161,7 +161,7 @@ class Translator:
                 reads faster than `nn.Linear`'s transposed view (0.95x the decoding time on an
                 Intel Xeon); None (the default) runs MKL's on Intel CPUs, and on other x86-64
                 CPUs oneDNN's for the pre-softmax projection and MKL's for the rest, the
-                fastest mix measured on an AMD EPYC (`acceleration.decoding_kernels`).
+                fastest mix measured on an AMD EPYC (`decode.packing.decoding_kernels`).
             workers: On a CPU, decode this many batches at once, each in a process of its
                 own forked from this one for the call (Linux; :mod:`aiayn.decode.workers`),
                 with ``worker_threads`` PyTorch threads each: Marian's and CTranslate2's way

@@ -23,7 +23,6 @@ from torch import nn
 
 from aiayn.acceleration import (
     native_bf16_cpu,
-    pack_for_decoding,
     quantize_int8,
     use_cpu_attention,
     using_cpu_attention,
@@ -31,6 +30,7 @@ from aiayn.acceleration import (
 from aiayn.decode import search
 from aiayn.decode.ensemble import Ensemble, check_same_vocabulary
 from aiayn.decode.options import DecodingOptions
+from aiayn.decode.packing import pack_for_decoding
 from aiayn.decode.results import Hypothesis, SentenceAttention, cut_attention
 from aiayn.decode.search import pad, search_with
 from aiayn.errors import UserValueError
