@@ -10,6 +10,7 @@ The one-line errors of each command are tested where the command is (``tests/cli
 from __future__ import annotations
 
 import errno
+import gc
 import subprocess
 import sys
 from collections.abc import Callable
@@ -234,3 +235,27 @@ def test_the_aiayn_program_exits_1_with_the_traceback_then_the_report_line(
     assert run.returncode == 1, run.stderr
     assert "Traceback (most recent call last):" in lines
     assert lines[-2:] == ["ValueError: boom", f"aiayn translate: {REPORT}"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "status"),
+    [(["--version"], 0), (["translate", "-m", "no-such-model", "-i", "x.txt"], 2)],
+)
+def test_the_aiayn_executable_exits_with_mains_status_and_freezes_the_collector_first(
+    argv: list[str], status: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """`entry_point` (the installed ``aiayn``, ``python -m aiayn``) exits with what `main`
+    returns or raises, after moving every live object out of the collector's reach, so that
+    Python's shutdown does not walk them (`entry_point`'s docstring)."""
+    from aiayn.cli import entry_point
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "argv", ["aiayn", *argv])
+    gc.unfreeze()
+    try:
+        with pytest.raises(SystemExit) as exited:
+            entry_point()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()  # this test process goes on collecting
+    assert exited.value.code == status

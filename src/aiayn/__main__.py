@@ -1,6 +1,6 @@
 """`python -m aiayn` is the same as the `aiayn` command."""
 
-from aiayn.cli import main
+from aiayn.cli import entry_point
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    entry_point()
