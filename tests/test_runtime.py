@@ -23,6 +23,7 @@ from aiayn.runtime import (
     ONEDNN_CACHE_VARIABLES,
     busy_cores,
     decoding_threads,
+    threads_beyond_free_cores,
 )
 from aiayn.train import trainer
 from interop_models import tiny_model_dir
@@ -161,6 +162,18 @@ def test_decoding_threads_leave_busy_cores_alone_and_stay_between_1_and_4() -> N
     assert decoding_threads(cores=64, load=0.0) == MAX_DECODING_THREADS
     assert decoding_threads(cores=4, load=40.0) == 1
     assert 1 <= decoding_threads() <= MAX_DECODING_THREADS
+
+
+def test_threads_asked_for_beyond_the_free_cores_say_so_and_others_do_not() -> None:
+    message = threads_beyond_free_cores(2, cores=2, load=1.9)  # a training run on 2 cores
+    assert message is not None
+    assert message.startswith("--threads 2: other processes keep 1.9 of the 2 cores busy")
+    assert "1 would fit" in message
+    assert threads_beyond_free_cores(2, cores=2, load=0.2) is None  # idle
+    assert threads_beyond_free_cores(3, cores=8, load=5.2) is None  # 3 free
+    assert threads_beyond_free_cores(4, cores=8, load=5.2) is not None
+    assert threads_beyond_free_cores(1, cores=1, load=7.0) is None  # one thread cannot wait
+    assert threads_beyond_free_cores(0, cores=2, load=2.0) is None  # PyTorch's default
 
 
 def test_busy_cores_forget_a_run_that_has_just_ended(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -97,6 +97,38 @@ def decoding_threads(cores: int | None = None, load: float | None = None) -> int
     return max(1, min(MAX_DECODING_THREADS, cores - round(load)))
 
 
+def threads_beyond_free_cores(
+    threads: int, cores: int | None = None, load: float | None = None
+) -> str | None:
+    """Why ``threads`` asked for by hand (``--threads``) would slow decoding down, or None.
+
+    More threads than the cores that other processes leave free (`busy_cores`) wait for each
+    other at every matrix product: the 4–40x slowdown `decoding_threads` measured. That
+    function keeps the default out of it; a number given by hand is taken as given, and this
+    says what it will cost. 0 (PyTorch's default) is not checked.
+
+    Args:
+        threads: The threads asked for.
+        cores: Cores to share; default as for `decoding_threads` (call this before
+            `configure` sets PyTorch's count).
+        load: Busy cores; default `busy_cores()`.
+    """
+    if threads <= 0:
+        return None
+    if cores is None:
+        cores = _available_cores()
+    if load is None:
+        load = busy_cores()
+    free = max(1, cores - round(load))
+    if threads <= free:
+        return None
+    return (
+        f"--threads {threads}: other processes keep {load:.1f} of the {cores} cores busy, and "
+        f"threads that wait for each other at every matrix product can make decoding several "
+        f"times slower; {free} would fit (without --threads, aiayn chooses by itself)"
+    )
+
+
 def busy_cores(average: float | None = None, runnable: int | None = None) -> float:
     """Cores that other processes keep busy: the 1-minute load average, but no more than the
     tasks runnable right now besides this one.

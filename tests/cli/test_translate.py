@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import io
 import json
+import logging
 import math
 import re
 import sys
@@ -322,6 +323,30 @@ def test_threads_default_to_the_idle_cores_and_0_leaves_pytorchs_default(
     torch.set_num_threads(2)
     assert main([*args, "--threads", "0"]) == 0
     assert torch.get_num_threads() == 2
+
+
+def test_threads_given_beyond_the_free_cores_are_taken_with_a_warning(
+    model_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """--threads 2 while another process keeps one of 2 cores busy: decoded on 2 threads as
+    asked, with a warning naming what fits; on an idle machine, no warning."""
+    monkeypatch.setattr(runtime, "_available_cores", lambda: 2)
+    src, out = write_lines(tmp_path / "in.txt", ["the cat"]), tmp_path / "out.txt"
+    args = ["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out), "--threads", "2"]
+    args += ["--beam-size", "2", "--max-len-b", "3", "--workers", "1"]
+    for load, warned in ((1.2, True), (0.0, False)):
+        monkeypatch.setattr(runtime, "busy_cores", lambda load=load: load)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aiayn"):
+            assert main(args) == 0
+        assert torch.get_num_threads() == 2
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        crowded = [m for m in warnings if m.startswith("--threads 2: other processes keep")]
+        assert bool(crowded) is warned, warnings
+        assert not warned or "1 would fit" in crowded[0]
 
 
 def test_the_batch_budget_defaults_by_device_and_refuses_what_is_not_positive(

@@ -239,6 +239,8 @@ def load_translator(args: argparse.Namespace) -> Translator:
     threads = args.threads
     if threads is None:
         threads = runtime.decoding_threads()
+    elif on_cpu and (crowded := runtime.threads_beyond_free_cores(threads)):
+        logger.warning(crowded)
     total = threads or torch.get_num_threads()  # 0: PyTorch's default
     workers = getattr(args, "workers", 1)  # 1 for the commands without --workers (serve)
     if workers is None:  # one worker per thread where workers can run
@@ -318,6 +320,8 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
         threads = args.threads
         if threads is None:
             threads = runtime.decoding_threads()
+        elif on_cpu and (crowded := runtime.threads_beyond_free_cores(threads)):
+            logger.warning(crowded)
         workers = getattr(args, "workers", 1)  # 1 for the commands without --workers (serve)
         if workers is None:  # on a CPU one translator per thread, as PyTorch's workers
             workers = max(threads, 1) if on_cpu else 1
