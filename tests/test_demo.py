@@ -92,6 +92,36 @@ def test_make_docs_draws_the_schedule_the_demo_trains_with(
     assert config.preset == "demo" and not config.model  # the preset says what the model is
 
 
+def test_demo_trains_where_device_says_and_refuses_a_missing_gpu_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`aiayn demo --device`: "auto" is made a device before training (the translator then
+    decodes where the model trained); a CUDA device this machine lacks is one line, exit
+    status 2, and nothing written."""
+    import torch
+
+    from aiayn.cli import main
+
+    configs = []
+
+    def fake_train(config: object, *, resume: bool) -> None:
+        configs.append(config)
+        raise _Stop
+
+    monkeypatch.setattr(trainer, "train", fake_train)
+    with pytest.raises(_Stop):
+        demo.run_demo(tmp_path / "cpu", limit=1000, progress=False, device="cpu")
+    with pytest.raises(_Stop):
+        demo.run_demo(tmp_path / "auto", limit=1000, progress=False)
+    assert [c.device for c in configs] == ["cpu", "cuda" if torch.cuda.is_available() else "cpu"]
+    if torch.cuda.is_available():
+        return  # the refusal needs a machine without a GPU
+    out = tmp_path / "gpu"
+    assert main(["demo", "-o", str(out), "--device", "cuda"]) == 2
+    assert "--device cuda: this machine has no CUDA GPU" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_report_says_which_numbers_were_seen_in_training() -> None:
     result = demo.DemoResult(
         model_dir=Path("m"),

@@ -157,6 +157,7 @@ def run_demo(
     seed: int = 1,
     small_weight: int = SMALL_WEIGHT,
     progress: bool = True,
+    device: str = "auto",
     **overrides: Any,
 ) -> DemoResult:
     """Build the corpus, train a small Transformer on it, evaluate on held-out numbers and on
@@ -169,14 +170,19 @@ def run_demo(
         seed: Seeds the split, the model and the batch order.
         small_weight: Times each number of `SMALL` is in the training file.
         progress: Show the training progress bar.
+        device: Where it trains and translates: "auto" (a CUDA GPU where there is one, else
+            the CPU), "cpu", "cuda" or "cuda:N"; a device this machine lacks is refused
+            before anything is written.
         **overrides: Other `TrainConfig` fields (e.g. a smaller model for tests).
     """
     from aiayn.decode.evaluation import score
     from aiayn.decode.translator import Translator
+    from aiayn.runtime import checked_device
     from aiayn.train.checkpoint import list_checkpoints
     from aiayn.train.trainer import train
 
     start = time.monotonic()
+    device = str(checked_device(device))  # "auto" made one; a missing GPU refused up front
     out_dir = Path(out_dir)
     splits = split_numbers(limit, n_valid=200, n_test=500, seed=seed)
     files = write_demo_corpus(out_dir / "corpus", splits, small_weight=small_weight)
@@ -193,13 +199,14 @@ def run_demo(
         out_dir / "corpus",
     )
     config = demo_train_config(
-        out_dir, files, max_steps=max_steps, seed=seed, progress=progress, **overrides
-    )
+        out_dir, files, max_steps=max_steps, seed=seed, progress=progress, device=device,
+        **overrides,
+    )  # fmt: skip
     # Continue an interrupted demo exactly when the trainer would find a checkpoint to resume.
     result = train(config, resume=bool(list_checkpoints(out_dir / "run")))
     if result.interrupted:
         raise DemoStopped(result.step, result.stop_signal, out_dir)
-    translator = Translator(result.model_dir)
+    translator = Translator(result.model_dir, device=device)
     held_out = _translate_pairs(translator, *files["test"])
     (out_dir / "test.hyp.de").write_text(
         "".join(example.hypothesis + "\n" for example in held_out), encoding="utf-8"

@@ -233,6 +233,12 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--out-dir", default="demo_run", help="output directory (demo_run)")
     p.add_argument("--max-steps", type=int, default=None, help="optimizer updates")
     p.add_argument("--seed", type=int, default=1, help="seed (default 1)")
+    p.add_argument(
+        "--device",
+        default="auto",
+        help="where it trains and translates: auto (a CUDA GPU where there is one, else the "
+        "CPU), cpu, cuda or cuda:N",
+    )
     p.set_defaults(run=_run_demo)
 
 
@@ -241,7 +247,7 @@ def _run_demo(args: argparse.Namespace) -> int:
 
     options = {} if args.max_steps is None else {"max_steps": args.max_steps}
     try:
-        result = run_demo(args.out_dir, seed=args.seed, **options)
+        result = run_demo(args.out_dir, seed=args.seed, device=args.device, **options)
     except DemoStopped as stopped:
         print(stopped, file=sys.stderr)
         return 128 + (stopped.signum or signal.SIGINT)
