@@ -183,8 +183,10 @@ def using_cpu_attention(models: Sequence[nn.Module]) -> Iterator[None]:
             m.kernel = kernel
 
 
-def quantize_int8(model: nn.Module) -> nn.Module:
-    """A copy of `model` whose `nn.Linear` layers hold int8 weights (dynamic quantization).
+def quantize_int8(model: nn.Module, *, in_place: bool = False) -> nn.Module:
+    """A copy of `model` whose `nn.Linear` layers hold int8 weights (dynamic quantization);
+    with `in_place`, `model` itself, for a caller that owns it (a translator's freshly loaded
+    model), without cloning every weight first.
 
     Attention, layer norms and embeddings stay float32; the pre-softmax projection is quantized
     like every other linear layer (in the copy it no longer shares storage with the embedding).
@@ -194,7 +196,7 @@ def quantize_int8(model: nn.Module) -> nn.Module:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao.quantization announces its successor
         return torch.ao.quantization.quantize_dynamic(
-            model, {torch.nn.Linear}, dtype=torch.qint8, inplace=False
+            model, {torch.nn.Linear}, dtype=torch.qint8, inplace=in_place
         )
 
 

@@ -166,6 +166,30 @@ def test_the_packed_model_gives_the_same_log_probs_and_translations(
             assert greedy == [h.tokens for h in greedy_search(model, src, **ids, options=options)]
 
 
+@pytest.mark.parametrize("kernels", PACKINGS)
+def test_packing_in_place_packs_the_model_itself_as_the_copy_is_packed(
+    make_model, kernels: tuple[str, str]
+) -> None:
+    """`in_place` (a translator's freshly loaded model): the model itself comes back, with the
+    copy's layers and kernels and the same log-probs; nothing is cloned first."""
+    model, copied = _packed_and_plain(make_model, kernels)
+    kernel, output_kernel = kernels
+    plain = copy.deepcopy(model)
+    packed = pack_linear_layers(
+        model, min_features=1, kernel=kernel, output_kernel=output_kernel, in_place=True
+    )
+    assert packed is model
+    assert [type(m) for m in packed.modules()] == [type(m) for m in copied.modules()]
+    assert [m.kernel for m in packed.modules() if type(m) is PackedLinear] == [
+        m.kernel for m in copied.modules() if type(m) is PackedLinear
+    ]
+    src = torch.randint(4, 60, (3, 9))
+    tgt = torch.randint(4, 60, (3, 6))
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(src, tgt), copied(src, tgt))
+        torch.testing.assert_close(packed(src, tgt), plain(src, tgt), atol=1e-5, rtol=1e-5)
+
+
 def test_without_onednn_packing_the_model_is_used_as_it_is(
     monkeypatch: pytest.MonkeyPatch, make_model
 ) -> None:

@@ -9,6 +9,7 @@ properties need.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from pathlib import Path
@@ -454,6 +455,11 @@ def test_int8_quantizes_every_linear_layer_and_stays_close_to_fp32(
     int8 = Translator(model_dir, int8=True)
     [result] = int8.translate(["hello world"], beam_size=2)
     assert isinstance(result.text, str)
+    in_place = copy.deepcopy(model)
+    assert quantize_int8(in_place, in_place=True) is in_place  # a translator's own model
+    assert [type(m) for m in in_place.modules()] == [type(m) for m in quantized.modules()]
+    with torch.inference_mode():
+        torch.testing.assert_close(in_place(src, tgt).log_softmax(-1), approx)
 
 
 def test_a_cpu_translator_packs_its_linear_layers_for_onednn_or_mkl(

@@ -271,13 +271,18 @@ def pack_linear_layers(
     min_features: int | None = None,
     kernel: str = "onednn",
     output_kernel: str | None = None,
+    *,
+    in_place: bool = False,
 ) -> nn.Module:
     """A copy of float32 CPU `model` whose `nn.Linear` layers are `PackedLinear`, for decoding
     with `kernel` ("onednn" or "mkl"), the pre-softmax projection (`model.output_projection`)
     with `output_kernel` (None: `kernel`); `decoding_kernels` says which a translator uses.
 
     The same function up to float32 rounding (tests/decode/test_packing.py compares log-probs and
-    translations); `model` is left as it is. Only layers with at least `min_features` (default
+    translations); `model` is left as it is, unless `in_place`: then `model` itself is packed
+    and returned, for a caller that owns it and decodes with nothing else (a translator's
+    freshly loaded model, whose copy would clone every weight only for the packed layers to
+    copy theirs again). Only layers with at least `min_features` (default
     `MIN_PACKED_FEATURES`) inputs and outputs are packed. Where either kernel is unavailable
     (`onednn_linear_missing`, `mkl_missing`), for a model not in float32 on the CPU, or when no
     layer is that large, returns `model` itself. The pre-softmax projection is packed like
@@ -303,7 +308,7 @@ def pack_linear_layers(
         return model
     if any(p.dtype != torch.float32 or p.device.type != "cpu" for p in model.parameters()):
         return model
-    packed = copy.deepcopy(model)
+    packed = model if in_place else copy.deepcopy(model)
     output_projections = {  # a Transformer's, also inside a wrapper
         id(m.output_projection) for m in packed.modules() if hasattr(m, "output_projection")
     }
@@ -329,14 +334,21 @@ def pack_linear_layers(
     return packed
 
 
-def pack_for_decoding(model: nn.Module, onednn: bool | None = None) -> nn.Module:
+def pack_for_decoding(
+    model: nn.Module, onednn: bool | None = None, *, in_place: bool = False
+) -> nn.Module:
     """`model` as float32 CPU decoding runs it (`Translator`): a copy packed for
-    `decoding_kernels(onednn)` by `pack_linear_layers`, or `model` itself where nothing is
-    packed."""
+    `decoding_kernels(onednn)` by `pack_linear_layers` (`model` itself, packed, with
+    `in_place`), or `model` itself where nothing is packed."""
     kernels = decoding_kernels(onednn)
     if kernels is None:
         return model
-    return pack_linear_layers(model, kernel=kernels.layers, output_kernel=kernels.output_projection)
+    return pack_linear_layers(
+        model,
+        kernel=kernels.layers,
+        output_kernel=kernels.output_projection,
+        in_place=in_place,
+    )
 
 
 def _applied_by_the_first_product(x: Tensor) -> Tensor:

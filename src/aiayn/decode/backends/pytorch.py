@@ -150,13 +150,14 @@ def load_model_dirs(
     loaded = [load_model_dir(d, device=device) for d in dirs]
     check_same_vocabulary(loaded)
     tokenizer = load_tokenizer(loaded[0].tokenizer_file)
+    # Loaded for this backend alone: quantized or packed in place, not copied first.
     models: list[nn.Module] = [one.model for one in loaded]
     if int8:
-        models = [quantize_int8(model) for model in models]
+        models = [quantize_int8(model, in_place=True) for model in models]
     elif bf16:
         models = [model.to(torch.bfloat16) for model in models]
     elif device.type == "cpu":
-        models = [pack_for_decoding(model, onednn) for model in models]
+        models = [pack_for_decoding(model, onednn, in_place=True) for model in models]
     if device.type == "cpu":
         models = [use_cpu_attention(model) for model in models]
     return PyTorchBackend(models), tokenizer, loaded
