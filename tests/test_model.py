@@ -686,7 +686,43 @@ def test_a_model_about_to_be_loaded_skips_drawing_its_weights(
         raise AssertionError("reset_parameters ran")
 
     monkeypatch.setattr(Transformer, "reset_parameters", no_draw)
+    drawn = []
+    real_reset = nn.Linear.reset_parameters
+    monkeypatch.setattr(  # PyTorch's own draw, as nn.Linear is made
+        nn.Linear,
+        "reset_parameters",
+        lambda self: drawn.append(self.weight.device.type) or real_reset(self),
+    )
     model = Transformer(config, initialize=False)  # what load_model_dir builds
     assert model.output_projection.weight is model.tgt_embed.embedding.weight  # still tied
+    assert all(p.device.type == "cpu" and not p.is_meta for p in model.parameters())
+    assert not model.positions.table.is_meta
+    torch.testing.assert_close(  # the sinusoids are computed, never loaded
+        model.positions.table, sinusoidal_positional_encoding(config.max_positions, config.d_model)
+    )
+    assert drawn and set(drawn) == {"meta"}  # drawn on the meta device only: no values
     with pytest.raises(AssertionError, match="reset_parameters ran"):
         Transformer(config)
+
+
+def test_a_model_loaded_from_its_directory_computes_what_the_saved_one_did(
+    tmp_path, make_model
+) -> None:
+    """`Transformer(initialize=False)` (memory without values) and then the strict load:
+    every weight the saved model's, the same outputs, tied weights still one parameter; an
+    untied pre-softmax projection too."""
+    from aiayn.model_dir import load_model_dir, save_model_dir
+
+    tokenizer = tmp_path / "tokenizer.model"
+    tokenizer.write_bytes(b"")  # never read here
+    for share in ("all", "none"):
+        model = make_model(src_vocab_size=50, tgt_vocab_size=50, share_embeddings=share).eval()
+        directory = save_model_dir(tmp_path / share, model, tokenizer_file=tokenizer)
+        loaded = load_model_dir(directory).model
+        src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 5))
+        with torch.inference_mode():
+            assert torch.equal(loaded(src, tgt), model(src, tgt))
+        saved = dict(model.named_parameters())
+        assert all(torch.equal(p, saved[name]) for name, p in loaded.named_parameters())
+        tied = loaded.output_projection.weight is loaded.tgt_embed.embedding.weight
+        assert tied is (share == "all")
