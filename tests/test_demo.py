@@ -71,10 +71,8 @@ def test_demo_resumes_only_from_a_complete_checkpoint(
     assert calls == [complete]
 
 
-def test_make_docs_draws_the_schedule_the_demo_trains_with(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`make docs` draws the demo's Eq. 3 curve from flags; they must be the demo's settings."""
+def _record_training(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The configs the demo would train with, each training stopped at once (`_Stop`)."""
     configs = []
 
     def fake_train(config: object, *, resume: bool) -> None:
@@ -82,6 +80,14 @@ def test_make_docs_draws_the_schedule_the_demo_trains_with(
         raise _Stop
 
     monkeypatch.setattr(trainer, "train", fake_train)
+    return configs
+
+
+def test_make_docs_draws_the_schedule_the_demo_trains_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make docs` draws the demo's Eq. 3 curve from flags; they must be the demo's settings."""
+    configs = _record_training(monkeypatch)
     with pytest.raises(_Stop):
         demo.run_demo(tmp_path, limit=1000, progress=False)
     [config] = configs
@@ -102,13 +108,7 @@ def test_demo_trains_where_device_says_and_refuses_a_missing_gpu_before_writing(
 
     from aiayn.cli import main
 
-    configs = []
-
-    def fake_train(config: object, *, resume: bool) -> None:
-        configs.append(config)
-        raise _Stop
-
-    monkeypatch.setattr(trainer, "train", fake_train)
+    configs = _record_training(monkeypatch)
     with pytest.raises(_Stop):
         demo.run_demo(tmp_path / "cpu", limit=1000, progress=False, device="cpu")
     with pytest.raises(_Stop):
