@@ -151,10 +151,10 @@ def entry_point() -> NoReturn:
 
     Before the interpreter shuts down, every object still alive moves to the garbage
     collector's permanent generation (``gc.freeze``), so the collections that Python's shutdown
-    runs skip them. With PyTorch imported those collections walk some 170,000 objects, all
-    garbage by then or freed as the process ends: a one-line ``aiayn translate`` took 2.11 s
-    with them and 1.82 s without (median of 5, AMD EPYC, 2 cores; BENCHMARKS.md). Exit
-    handlers (``atexit``) and the closing of files run as before. Only here, where the process
+    runs skip them. With PyTorch imported those collections walk some 170,000 objects that the
+    process's end frees anyway: a one-line ``aiayn translate`` took 2.30 s with them and 1.98 s
+    without (medians of 5, AMD EPYC, 2 cores; BENCHMARKS.md). Exit handlers (``atexit``) and
+    the closing of files run as before. Only here, where the process
     ends: :func:`main` itself, which tests and scripts call many times in one process, leaves
     the collector alone.
     """
