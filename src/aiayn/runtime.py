@@ -90,11 +90,16 @@ def decoding_threads(cores: int | None = None, load: float | None = None) -> int
             run on (the CTranslate2 backend imports no torch).
         load: Busy cores; default `busy_cores()`.
     """
+    return min(MAX_DECODING_THREADS, _free_cores(cores, load))
+
+
+def _free_cores(cores: int | None, load: float | None) -> int:
+    """The cores other processes leave free, at least 1 (defaults as for `decoding_threads`)."""
     if cores is None:
         cores = _available_cores()
     if load is None:
         load = busy_cores()
-    return max(1, min(MAX_DECODING_THREADS, cores - round(load)))
+    return max(1, cores - round(load))
 
 
 def threads_beyond_free_cores(
@@ -119,7 +124,7 @@ def threads_beyond_free_cores(
         cores = _available_cores()
     if load is None:
         load = busy_cores()
-    free = max(1, cores - round(load))
+    free = _free_cores(cores, load)
     if threads <= free:
         return None
     return (

@@ -213,6 +213,19 @@ def max_tokens(args: argparse.Namespace, on_cpu: bool) -> int:
     return CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS
 
 
+def decoding_threads(args: argparse.Namespace, on_cpu: bool) -> int:
+    """``--threads``, or the cores other work leaves idle (`runtime.decoding_threads`); a number
+    given by hand beyond those, on a CPU, is taken with a warning
+    (`runtime.threads_beyond_free_cores`)."""
+    from aiayn import runtime
+
+    if args.threads is None:
+        return runtime.decoding_threads()
+    if on_cpu and (crowded := runtime.threads_beyond_free_cores(args.threads)):
+        logger.warning(crowded)
+    return args.threads
+
+
 def load_translator(args: argparse.Namespace) -> Translator:
     """The translator the flags describe: PyTorch (one model or an ensemble, or an ONNX export)
     or CTranslate2.
@@ -236,11 +249,7 @@ def load_translator(args: argparse.Namespace) -> Translator:
     on_cpu = runtime.checked_device(device).type == "cpu"  # a name it lacks: one line
     dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]
     onnx = len(dirs) == 1 and is_onnx_export(dirs[0])
-    threads = args.threads
-    if threads is None:
-        threads = runtime.decoding_threads()
-    elif on_cpu and (crowded := runtime.threads_beyond_free_cores(threads)):
-        logger.warning(crowded)
+    threads = decoding_threads(args, on_cpu)
     total = threads or torch.get_num_threads()  # 0: PyTorch's default
     workers = getattr(args, "workers", 1)  # 1 for the commands without --workers (serve)
     if workers is None:  # one worker per thread where workers can run
@@ -317,11 +326,7 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
 
     def options(device: str) -> dict:
         on_cpu = device == "cpu"
-        threads = args.threads
-        if threads is None:
-            threads = runtime.decoding_threads()
-        elif on_cpu and (crowded := runtime.threads_beyond_free_cores(threads)):
-            logger.warning(crowded)
+        threads = decoding_threads(args, on_cpu)
         workers = getattr(args, "workers", 1)  # 1 for the commands without --workers (serve)
         if workers is None:  # on a CPU one translator per thread, as PyTorch's workers
             workers = max(threads, 1) if on_cpu else 1
