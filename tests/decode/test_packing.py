@@ -75,16 +75,22 @@ def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alon
 ) -> None:
     model, packed = _packed_and_plain(make_model, kernels)
     assert packed is not model
-    assert [m for m in packed.modules() if type(m) is torch.nn.Linear] == []
+    layers = [*packed.encoder.layers, *packed.decoder.layers]
+    separate = {
+        id(p) for m in layers for p in (m.self_attn.q_proj, m.self_attn.k_proj, m.self_attn.v_proj)
+    }
+    # Self-attention's separate projections stay as they were (its stacked product runs
+    # instead); every other linear layer is packed.
+    unpacked = [m for m in packed.modules() if type(m) is torch.nn.Linear]
+    assert len(unpacked) == 3 * len(layers) and {id(m) for m in unpacked} == separate
     kernel, output_kernel = kernels
     assert type(packed.output_projection) is PackedLinear
     assert packed.output_projection.kernel == output_kernel
     others = [m for m in packed.modules() if type(m) is PackedLinear]
     assert {m.kernel for m in others if m is not packed.output_projection} == {kernel}
-    layers = [*packed.encoder.layers, *packed.decoder.layers]
     assert sum(type(m) is PackedLinear for m in packed.modules()) == sum(
         type(m) is torch.nn.Linear for m in model.modules()
-    ) + len(layers)  # and one stacked [W^Q; W^K; W^V] per self-attention layer
+    ) - 2 * len(layers)  # one stacked [W^Q; W^K; W^V] per self-attention layer for three
     assert all(
         type(m.self_attn) is PackedSelfAttention
         and m.self_attn.qkv_proj.out_features == 3 * m.self_attn.q_proj.out_features

@@ -159,9 +159,9 @@ class PackedSelfAttention(MultiHeadAttention):
     three.
 
     The same function as the layer it was made from, up to float32 rounding (the packed
-    weights are a copy: `PackedLinear`). The three projections stay, for `project_query` and
-    `project_key_value` (`pack_linear_layers` packs them apart too: a second copy of those
-    weights, 3·d_model² floats per layer).
+    weights are a copy: `PackedLinear`). The three projections stay, unpacked, for
+    `project_query` and `project_key_value`, which self-attention never calls
+    (`MultiHeadAttention.forward` projects a self-attention's input with `project_qkv`).
     """
 
     def __init__(self, attention: MultiHeadAttention, kernel: str = "onednn") -> None:
@@ -328,6 +328,8 @@ def pack_linear_layers(
             module.linear1 = PackedLinear(module.linear1, relu=True, kernel=kernel)
             module.activation = _applied_by_the_first_product
         for name, child in list(module.named_children()):
+            if isinstance(module, PackedSelfAttention) and name in _UNPACKED_SELF_ATTENTION:
+                continue  # its stacked product runs instead; packing these would copy them
             if packs(child):
                 k = output_kernel if id(child) in output_projections else kernel
                 setattr(module, name, PackedLinear(child, kernel=k))
@@ -349,6 +351,10 @@ def pack_for_decoding(
         output_kernel=kernels.output_projection,
         in_place=in_place,
     )
+
+
+_UNPACKED_SELF_ATTENTION = ("q_proj", "k_proj", "v_proj")
+"""A `PackedSelfAttention`'s separate projections, left as they are by `pack_linear_layers`."""
 
 
 def _applied_by_the_first_product(x: Tensor) -> Tensor:
