@@ -177,6 +177,59 @@ def test_truncated_file_is_detected(
         load_model_dir(directory)
 
 
+def test_a_changed_config_is_refused_before_a_model_is_built_from_it(
+    make_model: Callable, tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
+    config = json.loads((directory / CONFIG_FILE).read_text())
+    config["max_positions"] = 10**12  # still valid JSON, a table no machine holds
+    (directory / CONFIG_FILE).write_text(json.dumps(config))
+    built = []
+    monkeypatch.setattr("aiayn.model_dir.Transformer", lambda *a, **k: built.append(a))
+    with pytest.raises(CheckpointError, match=r"config\.json is corrupt or truncated"):
+        load_model_dir(directory)
+    assert built == []
+
+
+def test_ctrl_c_while_loading_is_not_turned_into_a_checksum_error(
+    make_model: Callable, tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
+    weights = directory / WEIGHTS_FILE
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01  # the weights' checksum no longer matches
+    weights.write_bytes(bytes(data))
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("aiayn.model_dir.load_weights", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        load_model_dir(directory)
+
+
+def test_a_load_error_gives_way_to_the_weights_checksum_error(
+    make_model: Callable, tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
+    weights = directory / WEIGHTS_FILE
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01
+    weights.write_bytes(bytes(data))
+
+    def unreadable(*args: object) -> None:
+        raise CheckpointError("cannot load weights")
+
+    monkeypatch.setattr("aiayn.model_dir.load_weights", unreadable)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors is corrupt or truncated"):
+        load_model_dir(directory)
+    monkeypatch.undo()
+    weights.write_bytes(bytes(data[:-3] + bytes([data[-3] ^ 0x01]) + data[-2:]))  # repaired
+    monkeypatch.setattr("aiayn.model_dir.load_weights", unreadable)
+    with pytest.raises(CheckpointError, match="cannot load weights"):
+        load_model_dir(directory)  # the weights match: the load error is the one raised
+
+
 def test_weights_of_another_architecture_are_refused(
     make_model: Callable, tokenizer_file: Path, tmp_path: Path
 ) -> None:
