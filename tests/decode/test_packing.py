@@ -75,26 +75,22 @@ def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alon
 ) -> None:
     model, packed = _packed_and_plain(make_model, kernels)
     assert packed is not model
-    layers = [*packed.encoder.layers, *packed.decoder.layers]
-    separate = {
-        id(p) for m in layers for p in (m.self_attn.q_proj, m.self_attn.k_proj, m.self_attn.v_proj)
-    }
-    # Self-attention's separate projections stay as they were (its stacked product runs
-    # instead); every other linear layer is packed.
-    unpacked = [m for m in packed.modules() if type(m) is torch.nn.Linear]
-    assert len(unpacked) == 3 * len(layers) and {id(m) for m in unpacked} == separate
+    assert [m for m in packed.modules() if type(m) is torch.nn.Linear] == []
     kernel, output_kernel = kernels
     assert type(packed.output_projection) is PackedLinear
     assert packed.output_projection.kernel == output_kernel
     others = [m for m in packed.modules() if type(m) is PackedLinear]
     assert {m.kernel for m in others if m is not packed.output_projection} == {kernel}
+    layers = [*packed.encoder.layers, *packed.decoder.layers]
     assert sum(type(m) is PackedLinear for m in packed.modules()) == sum(
         type(m) is torch.nn.Linear for m in model.modules()
     ) - 2 * len(layers)  # one stacked [W^Q; W^K; W^V] per self-attention layer for three
+    c = model.config
     assert all(
         type(m.self_attn) is PackedSelfAttention
-        and m.self_attn.qkv_proj.out_features == 3 * m.self_attn.q_proj.out_features
+        and m.self_attn.qkv_proj.out_features == c.n_heads * (2 * c.d_k + c.d_v)
         and m.self_attn.stacked_qkv_weights() is None
+        and not hasattr(m.self_attn, "q_proj")  # not kept: only the stacked product runs
         for m in layers
     )
     assert all(type(m.cross_attn) is MultiHeadAttention for m in packed.decoder.layers)
@@ -115,6 +111,25 @@ def test_the_packed_copy_keeps_the_models_attention_kernels(make_model, kernel: 
     assert packed is not model and attention_kernels(packed) == {cpu_attention}
     plain = pack_linear_layers(make_model(), min_features=1, kernel=kernel)
     assert attention_kernels(plain) == {fused_attention}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_packed_self_attention_projects_as_the_three_projections_did(kernel: str) -> None:
+    torch.manual_seed(0)
+    attention = MultiHeadAttention(d_model=16, n_heads=2, d_k=8, d_v=4).eval()
+    packed = PackedSelfAttention(attention, kernel=kernel)
+    x, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    with torch.no_grad():
+        for got, expected in [
+            (packed.project_qkv(x), attention.project_qkv(x)),
+            ((packed.project_query(x),), (attention.project_query(x),)),
+            (packed.project_key_value(memory), attention.project_key_value(memory)),
+            (packed(x, x), attention(x, x)),
+            (packed(x, memory), attention(x, memory)),  # not self-attention: apart
+        ]:
+            for a, b in zip(got, expected, strict=True):
+                if b is not None:
+                    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -155,23 +155,20 @@ class PackedLinear(nn.Module):
 
 class PackedSelfAttention(MultiHeadAttention):
     """Self-attention in a decoding copy (`pack_linear_layers`): [W^Q; W^K; W^V] as one
-    packed product (`qkv_proj`, a `PackedLinear`), which `project_qkv` uses instead of the
-    three.
+    packed product (`qkv_proj`, a `PackedLinear`), in place of the three projections.
 
     The same function as the layer it was made from, up to float32 rounding (the packed
-    weights are a copy: `PackedLinear`). The three projections stay, unpacked, for
-    `project_query` and `project_key_value`, which self-attention never calls
-    (`MultiHeadAttention.forward` projects a self-attention's input with `project_qkv`).
+    weights are a copy: `PackedLinear`). The three projections are not kept: self-attention
+    projects its input with `project_qkv` (`MultiHeadAttention.forward`, the decoder's step),
+    and `project_query` and `project_key_value` take their part of the stacked product.
     """
 
     def __init__(self, attention: MultiHeadAttention, kernel: str = "onednn") -> None:
-        """`attention` (its projections and kernel shared, not copied) with its stacked
-        product packed for `kernel` (`PackedLinear`); its three projections must be
-        `nn.Linear`."""
+        """`attention`'s stacked projections packed for `kernel` (`PackedLinear`; its three
+        projections must be `nn.Linear`), with its W^O and kernel (shared, not copied)."""
         nn.Module.__init__(self)  # not MultiHeadAttention's: the layers are `attention`'s
         self.n_heads, self.d_k, self.d_v = attention.n_heads, attention.d_k, attention.d_v
         self.attention_dropout = attention.attention_dropout
-        self.q_proj, self.k_proj, self.v_proj = attention.q_proj, attention.k_proj, attention.v_proj
         self.out_proj = attention.out_proj
         self.kernel = attention.kernel
         self.qkv_proj = PackedLinear(
@@ -189,6 +186,16 @@ class PackedSelfAttention(MultiHeadAttention):
         """x (B, T, D) → q, k, v (B, H, T, d) in one packed product (`stacked` is None here:
         `stacked_qkv_weights`)."""
         return self.split_qkv(self.qkv_proj(x))
+
+    def project_query(self, x: Tensor) -> Tensor:
+        """(B, T, D) → queries (B, H, T, d_k), from the stacked product."""
+        return self.project_qkv(x)[0]
+
+    def project_key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, S, D) → keys (B, H, S, d_k) and values (B, H, S, d_v), from the stacked
+        product."""
+        _, k, v = self.project_qkv(x)
+        return k, v
 
 
 def cpu_vendor() -> str | None:
@@ -328,8 +335,6 @@ def pack_linear_layers(
             module.linear1 = PackedLinear(module.linear1, relu=True, kernel=kernel)
             module.activation = _applied_by_the_first_product
         for name, child in list(module.named_children()):
-            if isinstance(module, PackedSelfAttention) and name in _UNPACKED_SELF_ATTENTION:
-                continue  # its stacked product runs instead; packing these would copy them
             if packs(child):
                 k = output_kernel if id(child) in output_projections else kernel
                 setattr(module, name, PackedLinear(child, kernel=k))
@@ -351,10 +356,6 @@ def pack_for_decoding(
         output_kernel=kernels.output_projection,
         in_place=in_place,
     )
-
-
-_UNPACKED_SELF_ATTENTION = ("q_proj", "k_proj", "v_proj")
-"""A `PackedSelfAttention`'s separate projections, left as they are by `pack_linear_layers`."""
 
 
 def _applied_by_the_first_product(x: Tensor) -> Tensor:
