@@ -112,14 +112,14 @@ GROUPS: list[tuple[str, re.Pattern[str]]] = [
     (
         "other compute kernels (element-wise, reductions, top-k, norms, concatenation)",
         re.compile(
-            r"libtorch_cpu\S* .*(AVX|DEFAULT|Vectoriz|_kernel|topk|introselect|Moments|reduce|"
-            r"index_select|gather|layer_norm)|libctranslate2\S* .*cpu::|TopK"
+            r"libtorch_cpu\S* .*(AVX|DEFAULT|Vectoriz|_kernel|KernelImpl|topk|introselect|"
+            r"Moments|reduce|index_select|gather|layer_norm)|libctranslate2\S* .*cpu::|TopK"
         ),
     ),
     ("memory copies (libc's memcpy, memmove, memset)", re.compile(r"^libc\S* .*mem(move|cpy|set)")),
     (
         "memory allocation",
-        re.compile(r"malloc|calloc|realloc|memalign|(\b|_)free\b|unlink_chunk"),
+        re.compile(r"malloc|calloc|realloc|memalign|(\b|_|c)free\b|unlink_chunk"),
     ),
     ("Python interpreter", re.compile(r"^(libpython|python3)")),
     ("PyTorch's Python bindings", re.compile(r"^libtorch_python")),

@@ -63,6 +63,12 @@ def bench_cpu_time(monkeypatch: pytest.MonkeyPatch):
         ),
         ("libtorch_cpu.so", "at::native::(anonymous namespace)::cat_serial_kernel", OTHER_COMPUTE),
         ("libc.so.6", "__libc_free", "memory allocation"),
+        ("libc.so.6", "cfree@GLIBC_2.2.5", "memory allocation"),
+        (
+            "libtorch_cpu.so",
+            "at::native::(anonymous namespace)::LayerNormKernelImpl",
+            OTHER_COMPUTE,
+        ),
         ("libc.so.6", "_int_memalign", "memory allocation"),
         (
             "libctranslate2-a7a60d30.so.4.8.5",
