@@ -154,14 +154,19 @@ def test_missing_file_is_named(
         load_model_dir(directory)
 
 
+def _flip_a_weight_bit(directory: Path) -> None:
+    """Flip one bit of one weight: still a valid safetensors file, its checksum wrong."""
+    weights = directory / WEIGHTS_FILE
+    data = bytearray(weights.read_bytes())
+    data[-3] ^= 0x01
+    weights.write_bytes(bytes(data))
+
+
 def test_checksum_mismatch_is_detected(
     make_model: Callable, tokenizer_file: Path, tmp_path: Path
 ) -> None:
     directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
-    weights = directory / WEIGHTS_FILE
-    data = bytearray(weights.read_bytes())
-    data[-3] ^= 0x01  # one bit of one weight: still a valid safetensors file
-    weights.write_bytes(bytes(data))
+    _flip_a_weight_bit(directory)
     with pytest.raises(CheckpointError, match=r"model\.safetensors is corrupt or truncated"):
         load_model_dir(directory)
 
@@ -195,10 +200,7 @@ def test_ctrl_c_while_loading_is_not_turned_into_a_checksum_error(
     make_model: Callable, tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
-    weights = directory / WEIGHTS_FILE
-    data = bytearray(weights.read_bytes())
-    data[-3] ^= 0x01  # the weights' checksum no longer matches
-    weights.write_bytes(bytes(data))
+    _flip_a_weight_bit(directory)
 
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
@@ -212,10 +214,7 @@ def test_a_load_error_gives_way_to_the_weights_checksum_error(
     make_model: Callable, tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
-    weights = directory / WEIGHTS_FILE
-    data = bytearray(weights.read_bytes())
-    data[-3] ^= 0x01
-    weights.write_bytes(bytes(data))
+    _flip_a_weight_bit(directory)
 
     def unreadable(*args: object) -> None:
         raise CheckpointError("cannot load weights")
@@ -224,7 +223,7 @@ def test_a_load_error_gives_way_to_the_weights_checksum_error(
     with pytest.raises(CheckpointError, match=r"model\.safetensors is corrupt or truncated"):
         load_model_dir(directory)
     monkeypatch.undo()
-    weights.write_bytes(bytes(data[:-3] + bytes([data[-3] ^ 0x01]) + data[-2:]))  # repaired
+    _flip_a_weight_bit(directory)  # back: the weights match their checksum again
     monkeypatch.setattr("aiayn.model_dir.load_weights", unreadable)
     with pytest.raises(CheckpointError, match="cannot load weights"):
         load_model_dir(directory)  # the weights match: the load error is the one raised
