@@ -385,21 +385,21 @@ def load_model_dir(directory: str | Path, *, device: str | torch.device = "cpu")
     # The small files first: a config.json changed by a byte could ask for any model size.
     _verify_checksums(directory, {n: d for n, d in checksums.items() if n not in weights})
     stop = threading.Event()
-    pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiayn-verify")
-    verified = pool.submit(_verify_checksums, directory, weights, stop)
-    try:
-        config = read_model_config(directory)
-        model = Transformer(config, initialize=False)  # every weight is loaded (strictly) next
-        load_weights(model, directory / WEIGHTS_FILE)
-    except Exception:
-        verified.result()  # weights that do not match their checksum are the error to report
-        raise
-    except BaseException:  # Ctrl-C: stop hashing, wait for nothing
-        stop.set()
-        raise
-    finally:
-        pool.shutdown(wait=False)
-    verified.result()
+    # The pool's thread ends with this block: nothing of it outlives the load (a decoding
+    # worker forked next forks a process with no thread of ours).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="aiayn-verify") as pool:
+        verified = pool.submit(_verify_checksums, directory, weights, stop)
+        try:
+            config = read_model_config(directory)
+            model = Transformer(config, initialize=False)  # every weight is loaded next
+            load_weights(model, directory / WEIGHTS_FILE)
+        except Exception:
+            verified.result()  # weights that do not match their checksum are the error raised
+            raise
+        except BaseException:  # Ctrl-C: the hashing stops within a MiB, and the block ends
+            stop.set()
+            raise
+        verified.result()
     metadata = read_metadata(directory)
     return LoadedModel(
         model=model.to(device).eval(),

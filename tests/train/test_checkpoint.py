@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from aiayn import model_dir
 from aiayn.cli import main
 from aiayn.model import Transformer
 from aiayn.model_dir import (
@@ -196,18 +199,33 @@ def test_a_changed_config_is_refused_before_a_model_is_built_from_it(
     assert built == []
 
 
-def test_ctrl_c_while_loading_is_not_turned_into_a_checksum_error(
+def test_ctrl_c_while_loading_stops_the_hashing_and_stays_a_keyboard_interrupt(
     make_model: Callable, tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
     _flip_a_weight_bit(directory)
+    real_sha256_of = model_dir.sha256_of
+
+    def slow_for_the_weights(path: Path, stop: threading.Event | None = None) -> str:
+        """Weights that take 5 s to hash, unless stopped: a large model's."""
+        if path.name != WEIGHTS_FILE:
+            return real_sha256_of(path, stop)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+            time.sleep(0.001)
+        return real_sha256_of(path, stop)
 
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr("aiayn.model_dir.load_weights", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    monkeypatch.setattr(model_dir, "sha256_of", slow_for_the_weights)
+    monkeypatch.setattr(model_dir, "load_weights", interrupted)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):  # not the weights' checksum error
         load_model_dir(directory)
+    assert time.monotonic() - started < 2.5  # the hashing was stopped, not waited for
+    hashing = [t for t in threading.enumerate() if t.name.startswith("aiayn-verify")]
+    assert hashing == []  # and its thread has ended: nothing of the load outlives it
 
 
 def test_a_load_error_gives_way_to_the_weights_checksum_error(
