@@ -1,7 +1,8 @@
 """Tests for aiayn.cache: `DecoderCache.reorder` keeps the rows beam search asks for, moving in
 place the few rows that change when their sources stay put and gathering every row into its
 spare buffer otherwise (no new memory per step); `append_self` and `cross` give the layers the
-keys and values so far; and a reordered cache decodes on like the reordered batch from scratch.
+keys and values so far (and an additive source mask); and a reordered cache decodes on like the
+reordered batch from scratch.
 """
 
 from __future__ import annotations
@@ -134,11 +135,19 @@ def test_append_self_stores_one_position_and_returns_every_position_so_far() -> 
     assert cache.length == 2  # decode_step advances it once all layers have appended
 
 
-def test_cross_gives_the_source_mask_over_heads_and_queries_or_none() -> None:
+def test_cross_gives_each_layer_an_additive_source_mask_that_follows_the_sentences() -> None:
     cache = random_cache(2, 3)
     keys, values, mask = cache.cross(0)
     assert keys.shape == values.shape == (2, H, S, D)
-    assert mask is not None and mask.shape == (2, 1, 1, S) and not bool(mask[0, 0, 0, -1])
+    padding = torch.zeros(2, 1, 1, S)
+    padding[0, 0, 0, -1] = float("-inf")  # sentence 0's last token is padding
+    torch.testing.assert_close(mask, padding, atol=0, rtol=0)
+    second_keys, second_values, _ = cache.cross(1)
+    cache.reorder(torch.tensor([3, 4, 5]), torch.tensor([1]))  # only sentence 1 goes on
+    keys, values, mask = cache.cross(1)
+    torch.testing.assert_close(keys, second_keys[1:], atol=0, rtol=0)
+    torch.testing.assert_close(values, second_values[1:], atol=0, rtol=0)
+    torch.testing.assert_close(mask, padding[1:], atol=0, rtol=0)
     cache.src_key_mask = None
     assert cache.cross(1)[2] is None
     assert cache.self_qkv_weights(0) is None

@@ -42,7 +42,8 @@ def scaled_dot_product_attention(
         q: Queries (B, H, T, d_k).
         k: Keys (B, H, S, d_k).
         v: Values (B, H, S, d_v).
-        mask: Boolean, broadcastable to (B, H, T, S); True = may attend.
+        mask: Broadcastable to (B, H, T, S): boolean, True = may attend; or float, added to
+            the scores (0 = may attend, -inf = may not), as PyTorch's fused kernel takes it.
         is_causal: Position t may only attend to positions <= t (§3.2.3, decoder
             self-attention). Only for T == S.
         dropout_p: Dropout on the attention probabilities (0 in the paper).
@@ -56,9 +57,13 @@ def scaled_dot_product_attention(
         t, s = scores.shape[-2:]
         causal_mask = torch.ones(t, s, dtype=torch.bool, device=q.device).tril()
         scores = scores.masked_fill(~causal_mask, float("-inf"))
-    if mask is not None:
+    if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, float("-inf"))
-    probs = scores.float().softmax(dim=-1).to(v.dtype)  # softmax in float32, also for bf16
+    elif mask is not None:
+        scores = scores + mask
+    probs = scores.softmax(dim=-1, dtype=torch.float32)  # in float32, also for bf16
+    if probs.dtype != v.dtype:
+        probs = probs.to(v.dtype)
     attended = F.dropout(probs, p=dropout_p) if dropout_p > 0 else probs
     return attended @ v, (probs if need_weights else None)
 
@@ -145,7 +150,9 @@ class MultiHeadAttention(nn.Module):
         self.kernel: AttentionKernel = fused_attention
 
     def split_heads(self, x: Tensor, head_size: int) -> Tensor:
-        """(B, T, H·d) → (B, H, T, d)."""
+        """(B, T, H·d) → (B, H, T, d); rows of one position each (B, H·d) → (B, H, 1, d)."""
+        if x.dim() == 2:  # a decoding step's rows: one view, as T = 1
+            return x.view(x.size(0), self.n_heads, 1, head_size)
         b, t, _ = x.shape
         return x.view(b, t, self.n_heads, head_size).transpose(1, 2)
 
@@ -167,10 +174,11 @@ class MultiHeadAttention(nn.Module):
     def project_qkv(
         self, x: Tensor, stacked: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """Self-attention's three projections of the same x (B, T, D) → q, k, v (B, H, T, d).
+        """Self-attention's three projections of the same x (B, T, D) → q, k, v (B, H, T, d);
+        of a decoding step's rows x (B, D) → (B, H, 1, d).
 
         Args:
-            x: The input (B, T, D).
+            x: The input (B, T, D), or (B, D) for one position.
             stacked: `stacked_qkv_weights()` built earlier for the current weights (a decoding
                 search passes the ones its cache holds); None builds them here.
         """
@@ -180,7 +188,8 @@ class MultiHeadAttention(nn.Module):
         return self.split_qkv(F.linear(x, *stacked))
 
     def split_qkv(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The stacked projections' output (B, T, H·(2·d_k + d_v)) → q, k, v (B, H, T, d)."""
+        """The stacked projections' output (B, T, H·(2·d_k + d_v)) → q, k, v (B, H, T, d);
+        for one position (B, H·(2·d_k + d_v)) → (B, H, 1, d)."""
         q, k, v = qkv.split(
             [self.n_heads * self.d_k, self.n_heads * self.d_k, self.n_heads * self.d_v], dim=-1
         )
@@ -191,8 +200,17 @@ class MultiHeadAttention(nn.Module):
         )
 
     def project_query(self, x: Tensor) -> Tensor:
-        """(B, T, D) → queries (B, H, T, d_k)."""
+        """(B, T, D) → queries (B, H, T, d_k); (B, D) → (B, H, 1, d_k)."""
         return self.split_heads(self.q_proj(x), self.d_k)
+
+    def project_query_groups(self, x: Tensor, groups: int) -> Tensor:
+        """Rows (G·T, D), T consecutive rows per group → queries (G, H, T, d_k).
+
+        A beam search step's rows are the T = K hypotheses of each of G sentences; as one
+        sentence's K queries they attend over its memory together (`DecoderLayer.step`).
+        """
+        q = self.q_proj(x)  # (G·T, H·d_k)
+        return q.view(groups, -1, self.n_heads, self.d_k).transpose(1, 2)
 
     def project_key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """(B, S, D) → keys (B, H, S, d_k) and values (B, H, S, d_v).
@@ -229,6 +247,14 @@ class MultiHeadAttention(nn.Module):
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_v)  # (B, T, H·d_v)
         return self.out_proj(out), probs
+
+    def attend_rows(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+        """`attend` for a decoding step, without probabilities: Eq. 1 over projected heads,
+        q (B, H, T, d_k), then Concat(...) W^O as rows (B·T, D), the layout of the step's
+        other sublayers (`DecoderLayer.step`)."""
+        dropout_p = self.attention_dropout if self.training else 0.0
+        out = self.kernel(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # (B, H, T, d_v)
+        return self.out_proj(out.transpose(1, 2).reshape(-1, self.n_heads * self.d_v))
 
     def forward(
         self,

@@ -45,6 +45,11 @@ class DecoderCache:
         cross_v: (L, N, H, S, d_v).
         src_key_mask: (N, S) True = real source token, or None without padding.
         length: Number of target positions already fed.
+
+    What a step reads per layer is laid out once, not at every step: each layer's view of the
+    keys and values (rebuilt when rows move), and its encoder-decoder keys, values and mask
+    (when sentences leave). The mask a layer gets is additive, 0 over real tokens and -inf
+    over padding, as PyTorch's attention kernels take a float mask.
     """
 
     def __init__(
@@ -58,12 +63,40 @@ class DecoderCache:
         self_qkv: list[tuple[Tensor, Tensor] | None] | None = None,
     ) -> None:
         self._buffers = [(self_k, self_v), (torch.empty_like(self_k), torch.empty_like(self_v))]
-        self.self_k, self.self_v = self_k, self_v
+        self._use_rows(self_k, self_v)
         self._cross_kt = cross_k.transpose(-2, -1).contiguous()  # (L, N, H, d_k, S)
         self.cross_v = cross_v
-        self.src_key_mask = src_key_mask
+        self.src_key_mask = src_key_mask  # also lays out what `cross` returns
         self.length = length
         self._self_qkv = self_qkv or [None] * self_k.size(0)
+
+    def _use_rows(self, self_k: Tensor, self_v: Tensor) -> None:
+        """Make (L, R, H, max_len, d) `self_k`, `self_v` the cache's rows, and their layers'
+        views what `append_self` writes to."""
+        self.self_k, self.self_v = self_k, self_v
+        self._layer_k, self._layer_v = self_k.unbind(0), self_v.unbind(0)
+
+    @property
+    def src_key_mask(self) -> Tensor | None:
+        """(N, S) True = real source token, or None without padding."""
+        return self._src_key_mask
+
+    @src_key_mask.setter
+    def src_key_mask(self, mask: Tensor | None) -> None:
+        self._src_key_mask = mask
+        self._lay_out_cross()
+
+    def _lay_out_cross(self) -> None:
+        """What `cross` returns for each layer, for the sentences there are now."""
+        additive = None
+        if self._src_key_mask is not None:  # (N, 1, 1, S): 0 = may attend, -inf = padding
+            additive = torch.zeros(
+                self._src_key_mask.shape, dtype=self.cross_v.dtype, device=self.cross_v.device
+            ).masked_fill_(~self._src_key_mask, float("-inf"))[:, None, None, :]
+        self._cross = [
+            (kt.transpose(-2, -1), v, additive)
+            for kt, v in zip(self._cross_kt.unbind(0), self.cross_v.unbind(0), strict=True)
+        ]
 
     @property
     def cross_k(self) -> Tensor:
@@ -98,19 +131,15 @@ class DecoderCache:
         integer index makes the graph specialise on every position, a new compilation per step.)
         """
         t = self.length
-        self.self_k[layer].narrow(2, t, 1).copy_(k)
-        self.self_v[layer].narrow(2, t, 1).copy_(v)
-        return self.self_k[layer].narrow(2, 0, t + 1), self.self_v[layer].narrow(2, 0, t + 1)
+        keys, values = self._layer_k[layer], self._layer_v[layer]
+        keys.narrow(2, t, 1).copy_(k)
+        values.narrow(2, t, 1).copy_(v)
+        return keys.narrow(2, 0, t + 1), values.narrow(2, 0, t + 1)
 
     def cross(self, layer: int) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Encoder-decoder keys and values (N, H, S, d) of `layer`, and the mask (N, 1, 1, S)
-        over the source (None without padding)."""
-        mask = self.src_key_mask
-        return (
-            self._cross_kt[layer].transpose(-2, -1),
-            self.cross_v[layer],
-            None if mask is None else mask[:, None, None, :],
-        )
+        """Encoder-decoder keys and values (N, H, S, d) of `layer`, and the additive mask
+        (N, 1, 1, S) over the source, 0 = may attend, -inf = padding (None without padding)."""
+        return self._cross[layer]
 
     def reorder(self, index: Tensor, sentences: Tensor | None = None) -> DecoderCache:
         """Keep rows `index` (R',) and sentences `sentences` (N',), in place; returns self.
@@ -128,14 +157,15 @@ class DecoderCache:
         if sentences is not None:
             self._cross_kt = self._cross_kt.index_select(1, sentences)
             self.cross_v = self.cross_v.index_select(1, sentences)
-            if self.src_key_mask is not None:
-                self.src_key_mask = self.src_key_mask.index_select(0, sentences)
+            mask = self.src_key_mask
+            self.src_key_mask = None if mask is None else mask.index_select(0, sentences)
         if n_rows % max(self.n_sentences, 1):
             raise ValueError(f"{n_rows} rows cannot be grouped into {self.n_sentences} sentences")
         moves = self._rows_to_move_in_place(index)
         if moves is not None:
             self._move_rows(*moves)
-            self.self_k, self.self_v = self.self_k[:, :n_rows], self.self_v[:, :n_rows]
+            if n_rows < self.batch_size:
+                self._use_rows(self.self_k[:, :n_rows], self.self_v[:, :n_rows])
         else:
             self._gather_rows(index)
         return self
@@ -146,17 +176,20 @@ class DecoderCache:
         n_rows = index.numel()
         if self.self_k.device.type != "cpu" or n_rows > self.batch_size:
             return None  # a GPU gathers all rows faster than it launches a copy per row
-        moved = index.ne(torch.arange(n_rows, device=index.device)).nonzero().squeeze(1)
-        if 4 * moved.numel() >= 3 * n_rows:
+        # In Python over the R' indices: a few microseconds, where tensor operations on so few
+        # numbers would cost a dozen calls into PyTorch at every step.
+        index_of = index.tolist()
+        moved = [i for i, source in enumerate(index_of) if source != i]
+        if 4 * len(moved) >= 3 * n_rows:
             return None
-        source = index[moved]
-        if bool(source.lt(0).any() or source.ge(self.batch_size).any()):
-            return None  # not a row: the gather raises
-        inside = source < n_rows
-        # A source inside the new rows must be one that stays, or a copy could overwrite it.
-        if bool(index[source[inside]].ne(source[inside]).any()):
-            return None
-        return moved.tolist(), source.tolist()
+        sources = [index_of[i] for i in moved]
+        rows = self.batch_size
+        for source in sources:
+            if not 0 <= source < rows:
+                return None  # not a row: the gather raises
+            if source < n_rows and index_of[source] != source:
+                return None  # a source inside the new rows must stay, or a copy overwrites it
+        return moved, sources
 
     def _move_rows(self, rows: list[int], sources: list[int]) -> None:
         """Copy row `sources[j]` over row `rows[j]` for every j (positions so far only)."""
@@ -182,4 +215,4 @@ class DecoderCache:
         torch.index_select(self.self_k[:, :, :, :t], 1, index, out=new_k[:, :, :, :t])
         torch.index_select(self.self_v[:, :, :, :t], 1, index, out=new_v[:, :, :, :t])
         self._buffers = [(spare_k, spare_v), self._buffers[0]]
-        self.self_k, self.self_v = new_k, new_v
+        self._use_rows(new_k, new_v)

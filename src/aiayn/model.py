@@ -43,12 +43,15 @@ class Dropout(nn.Dropout):
     drawn as U[0, 1) ≥ p (`torch.rand`, kept as a float mask): forward and backward together
     1.5-1.9x faster than `F.dropout`, whose `bernoulli_` is slow to draw on a CPU
     (`bench/bench_train_kernels.py`). It keeps a float mask where `F.dropout` keeps a bool one:
-    3 more bytes per element until the backward. Elsewhere (evaluation, CUDA, p = 0 or 1) it
-    is `nn.Dropout`.
+    3 more bytes per element until the backward. In evaluation it returns x itself, as
+    `nn.Dropout` does, without a call into PyTorch (decoding calls it four times per layer per
+    step); elsewhere (CUDA, p = 0 or 1) it is `nn.Dropout`.
     """
 
     def forward(self, x: Tensor) -> Tensor:
-        if not self.training or x.device.type != "cpu" or not 0.0 < self.p < 1.0:
+        if not self.training:
+            return x
+        if x.device.type != "cpu" or not 0.0 < self.p < 1.0:
             return super().forward(x)
         mask = torch.rand_like(x, dtype=torch.float32).ge_(self.p).mul_(1.0 / (1.0 - self.p))
         return x * mask.to(x.dtype)
@@ -242,24 +245,26 @@ class DecoderLayer(nn.Module):
         return x, self_probs, cross_probs
 
     def step(self, x: Tensor, cache: DecoderCache, layer: int) -> Tensor:
-        """One new position. x (R, 1, D) → (R, 1, D); writes this position's K/V into `cache`.
+        """One new position. x (R, D) → (R, D), one row per hypothesis; writes this position's
+        K/V into `cache`.
 
-        R = N·K rows: the K hypotheses of each of N source sentences, sentence-major.
+        R = N·K rows: the K hypotheses of each of N source sentences, sentence-major. Rows stay
+        2-D through every sublayer, so that no linear layer reshapes its input and output:
+        each reshape is a call into PyTorch, a few microseconds at every layer of every step.
         """
 
         def self_attention(h: Tensor) -> tuple[Tensor, None]:
             stacked = cache.self_qkv_weights(layer)
             q, k, v = self.self_attn.project_qkv(h, stacked)  # (R, H, 1, d_k / d_v)
             keys, values = cache.append_self(layer, k, v)  # (R, H, t+1, d_k / d_v)
-            return self.self_attn.attend(q, keys, values)
+            return self.self_attn.attend_rows(q, keys, values), None
 
         def cross_attention(h: Tensor) -> tuple[Tensor, None]:
             # The K hypotheses of a sentence attend over the same memory, so they are its K
-            # queries: (R, 1, D) → (N, K, D), and the memory's K/V are never copied per beam.
-            q = self.cross_attn.project_query(h.view(cache.n_sentences, -1, h.size(-1)))
+            # queries: (N, H, K, d_k), and the memory's K/V are never copied per beam.
+            q = self.cross_attn.project_query_groups(h, cache.n_sentences)
             k, v, mask = cache.cross(layer)  # projected once per source: (N, H, S, d)
-            out, _ = self.cross_attn.attend(q, k, v, mask)  # (N, K, D)
-            return out.view(h.shape), None
+            return self.cross_attn.attend_rows(q, k, v, mask), None
 
         x, _ = self.self_attn_sublayer(x, self_attention)
         x, _ = self.cross_attn_sublayer(x, cross_attention)
@@ -539,11 +544,11 @@ class Transformer(nn.Module):
         t = cache.length
         if t >= cache.max_len:
             raise ValueError(f"decoder cache is full ({cache.max_len} positions)")
-        x = self.tgt_embed(tokens[:, None]) + self.positions(1, offset=t)  # (B, 1, D)
+        x = self.tgt_embed(tokens) + self.positions(1, offset=t)  # (B, D)
         x = self.decoder.step(self.embed_dropout(x), cache)
         cache.length = t + 1
-        logits = self.output_projection(x[:, 0])  # (B, V)
-        return F.log_softmax(logits.float(), dim=-1)
+        logits = self.output_projection(x)  # (B, V)
+        return F.log_softmax(logits, dim=-1, dtype=torch.float32)
 
 
 @dataclass

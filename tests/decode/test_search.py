@@ -634,6 +634,18 @@ def test_each_stopping_rule_stops_where_it_says(stopping: str, tokens: list[int]
     assert len(model.batch_sizes) == steps
 
 
+@pytest.mark.parametrize("stopping", ["exact", "heuristic", "finished"])
+def test_a_sentence_with_nothing_left_alive_stops_at_once(stopping: str) -> None:
+    """W = 2: A is the only first token and EOS the only token after it. At step 2 the
+    sentence keeps one hypothesis, fewer than W, and nothing is alive: it is done then, under
+    every rule, not decoded on to its maximum length (11 steps)."""
+    model = table_model({(): {A: 1.0}})
+    options = DecodingOptions(beam_size=2, n_best=2, max_len_b=10, stopping=stopping)
+    [hypotheses] = beam_search(model, src([A]), **IDS, options=options)
+    assert [h.tokens for h in hypotheses] == [[A]]
+    assert model.batch_sizes == [1, 2]
+
+
 @pytest.mark.parametrize("stopping", ["finished", "heuristic"])
 def test_stopping_early_keeps_w_finished_hypotheses_and_saves_steps(stopping: str) -> None:
     """On random models, the two early rules return W hypotheses per sentence (or fewer only

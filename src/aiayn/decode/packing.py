@@ -115,7 +115,7 @@ class PackedLinear(nn.Module):
             self.bias = torch.cat([m.bias.detach().float() for m in linears]).clone()
 
     def forward(self, x: Tensor) -> Tensor:
-        rows = x.reshape(-1, self.in_features)
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)  # a decoding step's: 2-D
         if self.kernel == "mkl":
             if self.bias is None:
                 y = rows @ self.packed_weight
@@ -123,14 +123,16 @@ class PackedLinear(nn.Module):
                 y = torch.addmm(self.bias, rows, self.packed_weight)
             if self.relu:
                 y = y.relu_()
-            return y.view(*x.shape[:-1], self.out_features)
+            return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
         m = rows.size(0)
         padded = padded_rows(m)
         if padded != m:
             rows = F.pad(rows, (0, 0, 0, padded - m))
         post_op = "relu" if self.relu else "none"
         y = torch.ops.mkldnn._linear_pointwise(rows, self.packed_weight, self.bias, post_op, [], "")
-        return y[:m].view(*x.shape[:-1], self.out_features)
+        if padded != m:
+            y = y[:m]
+        return y if x.dim() == 2 else y.view(*x.shape[:-1], self.out_features)
 
     def __deepcopy__(self, memo: dict) -> PackedLinear:
         """A copy that shares the packed weight: nothing writes to it, and oneDNN's opaque

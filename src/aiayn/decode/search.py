@@ -138,9 +138,10 @@ def _never_output(bos_id: int, eos_id: int, pad_id: int, device: torch.device) -
     return torch.tensor(banned, dtype=torch.long, device=device)
 
 
-def _restrict_(scores: Tensor, banned: Tensor, eos_id: int, force_eos: Tensor) -> Tensor:
+def _restrict_(scores: Tensor, banned: Tensor, eos_id: int, force_eos: Tensor | None) -> Tensor:
     """In place: set banned tokens to -inf everywhere, and every token but EOS to -inf in rows
-    that have reached their maximum length (``force_eos``, (rows,) bool). Returns ``scores``.
+    that have reached their maximum length (``force_eos``, (rows,) bool; None where the search
+    knows that none has). Returns ``scores``.
 
     ``scores`` (rows, V) are the log-probabilities a ``decode_step`` returned (a new tensor,
     the search's to change); adding a beam's cumulative log-probability afterwards keeps the
@@ -148,12 +149,18 @@ def _restrict_(scores: Tensor, banned: Tensor, eos_id: int, force_eos: Tensor) -
     only when there are some, not masked over the whole (rows, V) tensor at every step.
     """
     scores.index_fill_(1, banned, -math.inf)
-    if bool(force_eos.any()):
+    if force_eos is not None and bool(force_eos.any()):
         rows = force_eos.nonzero().squeeze(1)
         eos = scores[rows, eos_id]  # a copy (advanced indexing)
         scores[rows] = -math.inf
         scores[rows, eos_id] = eos
     return scores
+
+
+def _float(log_probs: Tensor) -> Tensor:
+    """A step's log-probabilities in float32 (`Tensor.float` is a call into PyTorch even when
+    they already are, as every model here returns them)."""
+    return log_probs if log_probs.dtype == torch.float32 else log_probs.float()
 
 
 def _check_ids(src_tokens: Tensor) -> None:
@@ -243,8 +250,9 @@ def _finish(
     beam_size: int,
     length_penalty: LengthPenalty,
     alpha: float,
-) -> None:
-    """Turn candidates that end in EOS *within the top W* into finished hypotheses.
+) -> bool:
+    """Turn candidates that end in EOS *within the top W* into finished hypotheses; returns
+    whether a sentence keeps W of them now.
 
     As in fairseq, an EOS ranked W+1..2W is not a hypothesis: those ranks only refill the live
     beam. (tensor2tensor finishes EOS anywhere in the top 2·W.) With this rule beam search with
@@ -260,7 +268,7 @@ def _finish(
     w = min(beam_size, cands.token.size(1))
     ends = cands.token[:, :w].eq(eos_id) & cands.log_prob[:, :w].isfinite()  # (N, w)
     if not bool(ends.any()):
-        return
+        return False
     row, rank = ends.nonzero(as_tuple=True)
     parent = cands.parent[row, rank]
     ended = zip(
@@ -269,6 +277,7 @@ def _finish(
         cands.log_prob[row, rank].tolist(),
         strict=True,
     )
+    full = False
     for i, toks, log_prob in ended:
         score = log_prob / length_penalty(len(toks) + 1, alpha)
         kept = finished[i]
@@ -277,11 +286,13 @@ def _finish(
         del kept[beam_size:]
         if len(kept) == beam_size:
             worst_kept[i] = kept[-1].score
+            full = True
+    return full
 
 
 def _keep_live(
     cands: _Candidates, tokens: Tensor, *, eos_id: int, beam_size: int
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor, Tensor, bool]:
     """The new live beams: the best W candidates that do not end in EOS.
 
     Args:
@@ -289,7 +300,8 @@ def _keep_live(
 
     Returns:
         (N, K') cumulative log-probabilities, best first; (N, K') the beam each extends;
-        (N, K', t + 1) their tokens. K' = W unless a sentence has fewer candidates.
+        (N, K', t + 1) their tokens. K' = W unless a sentence has fewer candidates. And
+        whether some slot has no possible extension (-inf: a sentence may have nothing alive).
     """
     live = cands.log_prob.masked_fill(cands.token.eq(eos_id), -math.inf)
     log_prob, pick = live.topk(min(beam_size, live.size(1)), dim=1)  # (N, K')
@@ -298,11 +310,13 @@ def _keep_live(
     # A slot with no possible extension (-inf) copies the best beam, so that the model is only
     # ever fed real prefixes; its -inf log-prob keeps it from ever being chosen.
     empty = log_prob.isneginf()
-    parent = torch.where(empty, parent[:, :1], parent)
-    token = torch.where(empty, token[:, :1], token)
+    some_empty = bool(empty.any())
+    if some_empty:
+        parent = torch.where(empty, parent[:, :1], parent)
+        token = torch.where(empty, token[:, :1], token)
     rows = torch.arange(parent.size(0), device=parent.device).unsqueeze(1)  # (N, 1)
     tokens = torch.cat([tokens[rows, parent], token.unsqueeze(2)], dim=2)
-    return log_prob, parent, tokens
+    return log_prob, parent, tokens, some_empty
 
 
 def _in_parent_rows(
@@ -435,14 +449,20 @@ def beam_search(
     tokens = torch.empty(b, 1, 0, dtype=torch.long, device=device)  # (N, K, t)
     beam_log_prob = torch.zeros(b, 1, device=device)  # (N, K)
     prev = torch.full((b,), bos_id, dtype=torch.long, device=device)  # (N*K,)
+    # Asked in Python, not of tensors at every step: no sentence is done before one of them
+    # keeps W hypotheses, reaches its maximum length (from step `first_forced` on) or has
+    # nothing alive (`_keep_live` says).
+    first_forced = int(max_len.min()) if b else 0
+    some_full = False
     step = 0
     while sentence.numel() > 0:
         n, k = beam_log_prob.shape
-        force_eos = max_len.le(step).repeat_interleave(k)  # (N*K,)
-        log_probs = model.decode_step(prev, cache).float()  # (N·K, V), ours to change
+        forced = step >= first_forced
+        force_eos = max_len.le(step).repeat_interleave(k) if forced else None  # (N*K,)
+        log_probs = _float(model.decode_step(prev, cache))  # (N·K, V), ours to change
         _restrict_(log_probs, banned, eos_id, force_eos)
         cands = _select_candidates(beam_log_prob, log_probs, beam_size)
-        _finish(
+        some_full |= _finish(
             cands,
             tokens,
             sentence,
@@ -453,29 +473,32 @@ def beam_search(
             length_penalty=lp_fn,
             alpha=length_penalty,
         )
-        beam_log_prob, parent, tokens = _keep_live(
+        beam_log_prob, parent, tokens, some_empty = _keep_live(
             cands, tokens, eos_id=eos_id, beam_size=beam_size
         )
 
-        on_cpu = sentence.cpu()
-        if options.stopping == "heuristic":
-            bound_lp = torch.full((n,), lp_fn(step + 2, length_penalty), dtype=torch.float64)
-        else:
-            bound_lp = max_final_lp[on_cpu]
-        # the live beams are ranked best first until _in_parent_rows
-        done = _done(beam_log_prob[:, 0], worst_kept[on_cpu], bound_lp, options.stopping)
-        keep = torch.tensor(_survivors(done), dtype=torch.long, device=device)
-        if keep.numel() == 0:
-            break
+        keep = None  # (N',) the sentences that go on; None: all of them
+        if some_full or forced or some_empty:
+            on_cpu = sentence.cpu()
+            if options.stopping == "heuristic":
+                bound_lp = torch.full((n,), lp_fn(step + 2, length_penalty), dtype=torch.float64)
+            else:
+                bound_lp = max_final_lp[on_cpu]
+            # the live beams are ranked best first until _in_parent_rows
+            done = _done(beam_log_prob[:, 0], worst_kept[on_cpu], bound_lp, options.stopping)
+            if any(done):
+                keep = torch.tensor(_survivors(done), dtype=torch.long, device=device)
+                if keep.numel() == 0:
+                    break
         if parent.size(1) == k:
             beam_log_prob, parent, tokens = _in_parent_rows(beam_log_prob, parent, tokens)
         # One row selection follows beams to their parents and drops done sentences.
-        first_row = torch.arange(n, device=device).unsqueeze(1) * k  # (N, 1)
-        cache = cache.reorder(
-            (first_row + parent)[keep].view(-1), keep if keep.numel() < n else None
-        )
-        sentence, max_len = sentence[keep], max_len[keep]
-        tokens, beam_log_prob = tokens[keep], beam_log_prob[keep]
+        rows = torch.arange(0, n * k, k, device=device).unsqueeze(1) + parent  # (N, K)
+        if keep is not None:
+            rows = rows[keep]
+            sentence, max_len = sentence[keep], max_len[keep]
+            tokens, beam_log_prob = tokens[keep], beam_log_prob[keep]
+        cache = cache.reorder(rows.view(-1), keep)
         prev = tokens[:, :, -1].reshape(-1)
         step += 1
     return [hyps[:n_best] for hyps in finished]
@@ -516,10 +539,11 @@ def _decode_one_per_row(
     tokens = torch.empty(b, 0, dtype=torch.long, device=device)  # (N, t)
     log_prob = torch.zeros(b, device=device)  # (N,)
     prev = torch.full((b,), bos_id, dtype=torch.long, device=device)  # (N,)
+    first_forced = int(max_len.min()) if b else 0  # no row is forced to EOS before
     step = 0
     while sentence.numel() > 0:
-        log_probs = model.decode_step(prev, cache).float()  # (N, V), ours to change
-        _restrict_(log_probs, banned, eos_id, max_len.le(step))
+        log_probs = _float(model.decode_step(prev, cache))  # (N, V), ours to change
+        _restrict_(log_probs, banned, eos_id, max_len.le(step) if step >= first_forced else None)
         token = choose(log_probs)  # (N,)
         log_prob = log_prob + log_probs.gather(1, token.unsqueeze(1)).squeeze(1)
         ended = token.eq(eos_id)
