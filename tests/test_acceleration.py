@@ -96,11 +96,13 @@ def test_few_query_path_equals_the_fused_kernel(t: int, masked: bool) -> None:
     torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("is_causal", [True, False])
-def test_bf16_training_on_a_cpu_runs_attention_in_float32(is_causal: bool) -> None:
+@pytest.mark.parametrize(("is_causal", "additive"), [(True, False), (False, False), (False, True)])
+def test_bf16_training_on_a_cpu_runs_attention_in_float32(is_causal: bool, additive: bool) -> None:
     """Under `--cpu-bf16` the fused kernel's backward is slow in bf16, so with gradients wanted
     attention is computed in float32 (more precise too) and returned in bf16: the output is the
-    float32 one rounded, the gradients those of float32. Without gradients it stays bf16."""
+    float32 one rounded, the gradients those of float32. Without gradients it stays bf16. A
+    mask in the additive form (as a decoding step's cache lays it out, in the model's dtype)
+    is taken to float32 with the inputs."""
     torch.manual_seed(0)
     t = FEW_QUERIES + 4  # the fused kernel's path (a few queries take two bmm)
     q, k, v = (torch.randn(3, 2, t, 16) for _ in range(3))
@@ -108,8 +110,11 @@ def test_bf16_training_on_a_cpu_runs_attention_in_float32(is_causal: bool) -> No
     mask = mask if mask is None else mask.logical_or(torch.arange(t) == 0)
     low = [t.bfloat16().requires_grad_() for t in (q, k, v)]
     full = [t.detach().float().requires_grad_() for t in low]
+    given = mask
+    if additive:
+        given = torch.zeros(mask.shape, dtype=torch.bfloat16).masked_fill_(~mask, float("-inf"))
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = cpu_attention(*low, mask, is_causal=is_causal)
+        out = cpu_attention(*low, given, is_causal=is_causal)
     expected = F.scaled_dot_product_attention(*full, attn_mask=mask, is_causal=is_causal)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out, expected.bfloat16(), rtol=0, atol=0)

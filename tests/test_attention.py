@@ -237,32 +237,44 @@ def test_stacked_qkv_projection_passes_gradients_to_the_three_matrices() -> None
         torch.testing.assert_close(got, m.weight.grad)
 
 
-@pytest.mark.parametrize("fused", [False, True])
-def test_an_additive_float_mask_is_the_boolean_mask(fused: bool) -> None:
+@pytest.mark.parametrize(
+    ("fused", "dtype"), [(False, torch.float32), (False, torch.bfloat16), (True, torch.float32)]
+)
+def test_an_additive_float_mask_is_the_boolean_mask(fused: bool, dtype: torch.dtype) -> None:
     """The decoder cache hands encoder-decoder attention its source mask as 0 / -inf added to
-    the scores; both kernels must give exactly what the boolean mask gives."""
-    q, k, v = random_qkv()
+    the scores (in the model's dtype); both kernels give exactly what the boolean mask gives."""
+    q, k, v = (t.to(dtype) for t in random_qkv())
     allowed = key_mask(LENGTHS, S)[:, None, None, :]
-    additive = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
+    additive = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, float("-inf"))
     if fused:
         by_bool, by_float = fused_attention(q, k, v, allowed), fused_attention(q, k, v, additive)
     else:
         by_bool = scaled_dot_product_attention(q, k, v, allowed)[0]
         by_float = scaled_dot_product_attention(q, k, v, additive)[0]
-    torch.testing.assert_close(by_float, by_bool, atol=1e-6, rtol=0)
+    assert by_float.dtype == dtype
+    torch.testing.assert_close(by_float, by_bool, atol=0, rtol=0)
     expected = reference_attention(q, k, v, allowed.expand(B, H, T, S))
-    torch.testing.assert_close(by_float.double(), expected, atol=1e-5, rtol=0)
+    tolerance = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(by_float.double(), expected, atol=tolerance, rtol=0)
+
+
+def test_a_mask_is_boolean_or_floating_point() -> None:
+    q, k, v = random_qkv()
+    with pytest.raises(TypeError, match=r"boolean or floating point, not torch\.int64"):
+        scaled_dot_product_attention(q, k, v, key_mask(LENGTHS, S)[:, None, None, :].long())
 
 
 def test_a_decoding_steps_rows_attend_as_one_position_of_the_batch_does() -> None:
     """`DecoderLayer.step` keeps its rows 2-D: (R, D) rows project into (R, H, 1, d) heads,
     W hypotheses of a sentence attend over its keys together (`project_query_groups`), and
-    `attend_rows` gives back rows (R, D): the numbers of `forward` at one position."""
+    `attend_rows` gives back rows (R, D): the numbers of `forward` at one position, with the
+    boolean mask or its additive form."""
     torch.manual_seed(0)
     mha = MultiHeadAttention(16, n_heads=2, d_k=4, d_v=6).eval()
     rows = torch.randn(6, 16)  # 3 sentences × 2 hypotheses, one position each
     memory = torch.randn(3, S, 16)
     allowed = key_mask(LENGTHS, S)[:, None, None, :]
+    additive = torch.zeros(allowed.shape).masked_fill_(~allowed, float("-inf"))
     with torch.no_grad():
         q, k, v = mha.project_qkv(rows)
         assert q.shape == k.shape == (6, 2, 1, 4) and v.shape == (6, 2, 1, 6)
@@ -270,9 +282,10 @@ def test_a_decoding_steps_rows_attend_as_one_position_of_the_batch_does() -> Non
             torch.testing.assert_close(part, whole, atol=0, rtol=0)
         self_attended = mha.attend_rows(q, k, v)
         expected, _ = mha(rows[:, None], rows[:, None])
-        torch.testing.assert_close(self_attended, expected[:, 0], atol=1e-6, rtol=0)
+        torch.testing.assert_close(self_attended, expected[:, 0], atol=0, rtol=0)
         queries = mha.project_query_groups(rows, 3)  # (3, H, 2, d_k)
         keys, values = mha.project_key_value(memory)
-        cross = mha.attend_rows(queries, keys, values, allowed)
         expected, _ = mha(rows.view(3, 2, 16), memory, allowed)
-        torch.testing.assert_close(cross, expected.reshape(6, 16), atol=1e-6, rtol=0)
+        for mask in (allowed, additive):
+            cross = mha.attend_rows(queries, keys, values, mask)
+            torch.testing.assert_close(cross, expected.reshape(6, 16), atol=0, rtol=0)

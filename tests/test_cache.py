@@ -153,6 +153,32 @@ def test_cross_gives_each_layer_an_additive_source_mask_that_follows_the_sentenc
     assert cache.self_qkv_weights(0) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_step_with_the_additive_mask_is_the_step_with_the_boolean_one(
+    make_model: MakeModel, dtype: torch.dtype
+) -> None:
+    """The cache lays the source mask out once, additive and in the model's dtype; over a
+    padded batch the steps give exactly the log-probabilities of the boolean mask."""
+    from aiayn.acceleration import use_cpu_attention
+
+    model = use_cpu_attention(make_model().to(dtype))
+    src, _ = batch(model)
+    steps = []
+    with torch.inference_mode():
+        memory, src_key_mask = model.encode(src)
+        assert src_key_mask is not None
+        for additive in (True, False):
+            cache = model.init_cache(memory, src_key_mask, 4)
+            _, _, mask = cache.cross(0)
+            assert mask is not None and mask.dtype == dtype
+            if not additive:
+                boolean = src_key_mask[:, None, None, :]
+                cache._cross = [(k, v, boolean) for k, v, _ in cache._cross]
+            steps.append([model.decode_step(torch.full((3,), t), cache) for t in (1, 5, 9)])
+    for a, b in zip(*steps, strict=True):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+
+
 # -- on the model: a reordered cache decodes on like the reordered batch ----------------------
 
 

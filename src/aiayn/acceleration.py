@@ -118,6 +118,8 @@ def cpu_attention(
         out, _ = scaled_dot_product_attention(query, key, value, attn_mask, is_causal=is_causal)
         return out
     if _bf16_training_on_cpu(query, key, value):
+        if attn_mask is not None and attn_mask.is_floating_point():
+            attn_mask = attn_mask.float()  # an additive mask in the inputs' dtype
         with torch.autocast("cpu", enabled=False):
             out = F.scaled_dot_product_attention(
                 query.float(), key.float(), value.float(), attn_mask=attn_mask,

@@ -5,8 +5,11 @@ Shape glossary, used in every comment of the package:
     d_k / d_v per-head query-key / value size, V vocabulary, L layers, W beam.
 
 Masks follow one convention everywhere: boolean, True = may attend (PyTorch SDPA's polarity),
-named after what they gate (`src_key_mask`). The causal mask of the decoder is never built on
-the fast path: `is_causal=True` lets SDPA pick its fastest kernels.
+named after what they gate (`src_key_mask`). One exception: a decoding step's encoder-decoder
+attention gets the mask in the additive form PyTorch's kernels also take (0 = may attend,
+-inf = may not), laid out once per batch by the decoder cache (`cache.DecoderCache.cross`).
+The causal mask of the decoder is never built on the fast path: `is_causal=True` lets SDPA
+pick its fastest kernels.
 """
 
 from __future__ import annotations
@@ -59,8 +62,10 @@ def scaled_dot_product_attention(
         scores = scores.masked_fill(~causal_mask, float("-inf"))
     if mask is not None and mask.dtype == torch.bool:
         scores = scores.masked_fill(~mask, float("-inf"))
-    elif mask is not None:
+    elif mask is not None and mask.is_floating_point():
         scores = scores + mask
+    elif mask is not None:
+        raise TypeError(f"an attention mask is boolean or floating point, not {mask.dtype}")
     probs = scores.softmax(dim=-1, dtype=torch.float32)  # in float32, also for bf16
     if probs.dtype != v.dtype:
         probs = probs.to(v.dtype)
@@ -115,7 +120,8 @@ def fused_attention(
 
 AttentionKernel = Callable[..., Tensor]
 """Eq. 1 over projected heads, called as PyTorch's fused kernel is:
-``kernel(q, k, v, attn_mask=mask, dropout_p=p, is_causal=c)`` → (B, H, T, d_v).
+``kernel(q, k, v, attn_mask=mask, dropout_p=p, is_causal=c)`` → (B, H, T, d_v); the mask
+boolean (True = may attend) or additive (float, added to the scores), as PyTorch's takes it.
 
 `MultiHeadAttention.kernel` is `fused_attention`, PyTorch's `F.scaled_dot_product_attention`
 (which never materialises the (T, S) probabilities); `aiayn.acceleration` may install another
@@ -253,7 +259,7 @@ class MultiHeadAttention(nn.Module):
         q (B, H, T, d_k), then Concat(...) W^O as rows (B·T, D), the layout of the step's
         other sublayers (`DecoderLayer.step`)."""
         dropout_p = self.attention_dropout if self.training else 0.0
-        out = self.kernel(q, k, v, attn_mask=mask, dropout_p=dropout_p)  # (B, H, T, d_v)
+        out = self.kernel(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=False)
         return self.out_proj(out.transpose(1, 2).reshape(-1, self.n_heads * self.d_v))
 
     def forward(

@@ -47,9 +47,9 @@ class DecoderCache:
         length: Number of target positions already fed.
 
     What a step reads per layer is laid out once, not at every step: each layer's view of the
-    keys and values (rebuilt when rows move), and its encoder-decoder keys, values and mask
-    (when sentences leave). The mask a layer gets is additive, 0 over real tokens and -inf
-    over padding, as PyTorch's attention kernels take a float mask.
+    keys and values (again when the rows are gathered anew or fewer), and its encoder-decoder
+    keys, values and mask (again when sentences leave). The mask a layer gets is additive,
+    0 over real tokens and -inf over padding, as PyTorch's attention kernels take a float mask.
     """
 
     def __init__(

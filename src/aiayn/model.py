@@ -7,7 +7,8 @@ final linear + softmax, and incremental decoding (encode once, a cache whose enc
 keys/values are projected once, one-token `decode_step`).
 
 Shapes: B batch, S source length, T target length, H heads, D d_model, V vocabulary, L layers.
-Padding is on the right. Masks are boolean, True = may attend.
+Padding is on the right. Masks are boolean, True = may attend (a decoding step's
+encoder-decoder attention gets the additive form from its cache: `DecoderCache.cross`).
 """
 
 from __future__ import annotations

@@ -185,12 +185,13 @@ class PackedSelfAttention(MultiHeadAttention):
     def project_qkv(
         self, x: Tensor, stacked: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
-        """x (B, T, D) → q, k, v (B, H, T, d) in one packed product (`stacked` is None here:
-        `stacked_qkv_weights`)."""
+        """x (B, T, D) → q, k, v (B, H, T, d), a step's rows (B, D) → (B, H, 1, d), in one
+        packed product (`stacked` is None here: `stacked_qkv_weights`)."""
         return self.split_qkv(self.qkv_proj(x))
 
     def project_query(self, x: Tensor) -> Tensor:
-        """(B, T, D) → queries (B, H, T, d_k), from the stacked product."""
+        """(B, T, D) → queries (B, H, T, d_k); (B, D) → (B, H, 1, d_k); from the stacked
+        product."""
         return self.project_qkv(x)[0]
 
     def project_key_value(self, x: Tensor) -> tuple[Tensor, Tensor]:

@@ -277,7 +277,7 @@ def _finish(
         cands.log_prob[row, rank].tolist(),
         strict=True,
     )
-    full = False
+    worst: dict[int, float] = {}  # the sentences that keep W now: their worst kept score
     for i, toks, log_prob in ended:
         score = log_prob / length_penalty(len(toks) + 1, alpha)
         kept = finished[i]
@@ -285,9 +285,11 @@ def _finish(
         kept.sort(key=lambda h: -h.score)  # stable: on a tie the earlier hypothesis stays first
         del kept[beam_size:]
         if len(kept) == beam_size:
-            worst_kept[i] = kept[-1].score
-            full = True
-    return full
+            worst[i] = kept[-1].score
+    if worst:  # one write for every sentence, not a call into PyTorch per sentence
+        index = torch.tensor(list(worst), dtype=torch.long)
+        worst_kept.index_put_((index,), torch.tensor(list(worst.values()), dtype=torch.float64))
+    return bool(worst)
 
 
 def _keep_live(
