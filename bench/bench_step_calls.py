@@ -1,0 +1,170 @@
+"""Calls into PyTorch per decoding step, and where the search makes them: a profile that needs
+no clock.
+
+At a decoding step's few rows, every call into PyTorch (an operator, a view, a copy) costs a few
+microseconds of Python, PyTorch's bindings and its dispatch, however little it computes: on
+the 2-core AMD EPYC, 16-18% of aiayn's CPU time where CTranslate2's C++ spends almost none
+(`bench/bench_cpu_time.py`, BENCHMARKS.md). This script counts those calls while a model
+translates real sentences as `aiayn translate` loads and runs it (`Translator`: the decoding
+copy, packed on a CPU), through a `TorchDispatchMode` that sees every operator PyTorch
+dispatches. Each call is put down to the decoding step of the model (`decode_step`, per decoder
+layer) or to the innermost aiayn function that made it outside the step (the search's own
+work). Counts depend on the code and the sentences, not on the machine: they compare two
+commits exactly where timings on these shared machines move by ±10%.
+
+    .venv/bin/python bench/bench_step_calls.py -m MODEL --src DATA/dev.en --lines 30 --beam 4
+
+The counts describe one process decoding on one thread (what each worker of `aiayn translate`
+runs). Decoding under the counter is slow: the counts are the result, not the time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import aiayn
+from aiayn.model import Transformer
+
+PACKAGE = str(Path(aiayn.__file__).resolve().parent)
+STEP = "the model's decoding step (decode_step)"
+
+
+@dataclass
+class StepCalls:
+    """What `count_step_calls` counted."""
+
+    steps: int = 0
+    """`decode_step` calls: one per search step of every batch."""
+    by_place: collections.Counter[str] = field(default_factory=collections.Counter)
+    """Calls into PyTorch by where they were made: `STEP`, or ``module.function`` of the
+    innermost aiayn function outside the step."""
+    per_step: list[int] = field(default_factory=list)
+    """Calls made from the start of each step to the start of the next (the step and the
+    search's work after it)."""
+
+    def per_search_step(self, place: str | None = None) -> float:
+        """Calls per step, of every place or of one."""
+        total = sum(self.by_place.values()) if place is None else self.by_place[place]
+        return total / max(self.steps, 1)
+
+    @property
+    def most_in_one_step(self) -> int:
+        return max(self.per_step, default=0)
+
+
+def _place(frame: Any) -> str | None:
+    """``module.function`` of the innermost frame in the aiayn package, or None."""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if filename.startswith(PACKAGE):
+            module = filename[len(PACKAGE) + 1 : -3].replace("/", ".")
+            return f"{module}.{frame.f_code.co_name}"
+        frame = frame.f_back
+    return None
+
+
+class _Counter(TorchDispatchMode):
+    def __init__(self, counted: StepCalls) -> None:
+        super().__init__()
+        self.counted = counted
+        self.in_step = False
+        self.since_step = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        place = STEP if self.in_step else _place(sys._getframe(1)) or "outside aiayn"
+        self.counted.by_place[place] += 1
+        self.since_step += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def count_step_calls() -> Iterator[StepCalls]:
+    """Count the calls into PyTorch that decoding makes in the block (`StepCalls`)."""
+    counted = StepCalls()
+    counter = _Counter(counted)
+    decode_step = Transformer.decode_step
+
+    def counting_step(self: Transformer, *args: Any, **kwargs: Any) -> Any:
+        if counted.steps:
+            counted.per_step.append(counter.since_step)
+        counter.since_step = 0
+        counted.steps += 1
+        counter.in_step = True
+        try:
+            return decode_step(self, *args, **kwargs)
+        finally:
+            counter.in_step = False
+
+    Transformer.decode_step = counting_step  # type: ignore[method-assign]
+    try:
+        with counter:
+            yield counted
+    finally:
+        Transformer.decode_step = decode_step  # type: ignore[method-assign]
+        if counted.steps:
+            counted.per_step.append(counter.since_step)
+
+
+def markdown(counted: StepCalls, layers: int, caption: str) -> str:
+    """A table of calls per step by place, most first."""
+    lines = [
+        caption,
+        "",
+        "| where | calls per step |",
+        "| --- | ---: |",
+    ]
+    for place, _ in counted.by_place.most_common():
+        per_step = counted.per_search_step(place)
+        label = f"{place} ({per_step / layers:.1f} per decoder layer)" if place == STEP else place
+        lines.append(f"| {label} | {per_step:.1f} |")
+    lines.append(f"| **every call** | **{counted.per_search_step():.1f}** |")
+    lines.append("")
+    lines.append(
+        f"{counted.steps} steps; the most calls in one step (and the search's work after it): "
+        f"{counted.most_in_one_step}."
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-m", "--model", required=True, help="a model directory")
+    parser.add_argument("--src", required=True, help="source sentences, one a line")
+    parser.add_argument("--lines", type=int, default=30, help="how many of them (default 30)")
+    parser.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
+    parser.add_argument("--int8", action="store_true", help="the model's int8 copy")
+    parser.add_argument("--markdown", help="also write the table here")
+    args = parser.parse_args(argv)
+
+    from aiayn.decode.translator import Translator
+
+    torch.set_num_threads(1)  # what each decoding worker runs
+    lines = Path(args.src).read_text(encoding="utf-8").splitlines()[: args.lines]
+    translator = Translator(args.model, int8=args.int8)
+    translator.translate(lines, beam_size=args.beam)  # the first call's one-time work
+    with torch.inference_mode(), count_step_calls() as counted:
+        translator.translate(lines, beam_size=args.beam)
+    caption = (
+        f"Calls into PyTorch per decoding step: {len(lines)} sentences of `{Path(args.src).name}`,"
+        f" beam {args.beam}{', int8' if args.int8 else ''}, model `{args.model}`"
+        f" ({translator.model.config.n_decoder_layers} decoder layers)."
+    )
+    table = markdown(counted, translator.model.config.n_decoder_layers, caption)
+    print(table)
+    if args.markdown:
+        Path(args.markdown).write_text(table + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
