@@ -339,12 +339,11 @@ def _in_parent_rows(
     Returns:
         The three, reordered along K so that beam r lives in row r.
     """
-    k = parent.size(1)
-    before = torch.ones(k, k, dtype=torch.bool, device=parent.device).tril(-1)  # [j, i]: i < j
+    before = _earlier(parent.size(1), parent.device)  # [j, i]: i < j
     sibling_before = (parent.unsqueeze(2).eq(parent.unsqueeze(1)) & before).any(2)  # (N, K)
     has_child = torch.zeros_like(sibling_before).scatter_(1, parent, True)  # (N, K) by row
-    free_rows = has_child.long().argsort(dim=1, stable=True)  # rows without a child first
-    later_child = sibling_before.long().cumsum(1) - 1  # 0, 1, ... among later children
+    free_rows = has_child.argsort(dim=1, stable=True)  # rows without a child first
+    later_child = sibling_before.cumsum(1) - 1  # 0, 1, ... among later children
     row = torch.where(sibling_before, free_rows.gather(1, later_child.clamp(min=0)), parent)
     beam = row.argsort(dim=1)  # (N, K) the beam that lives in each row
     return (
@@ -352,6 +351,13 @@ def _in_parent_rows(
         parent.gather(1, beam),
         tokens.gather(1, beam.unsqueeze(2).expand_as(tokens)),
     )
+
+
+@functools.cache
+def _earlier(k: int, device: torch.device) -> Tensor:
+    """(K, K) bool, [j, i] = i < j: which beams rank before which (`_in_parent_rows`). Cached:
+    every beam-search step asks it, and nothing writes to it."""
+    return torch.ones(k, k, dtype=torch.bool, device=device).tril(-1)
 
 
 def _survivors(done: list[bool]) -> list[int]:
