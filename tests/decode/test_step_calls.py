@@ -34,8 +34,9 @@ def bench_step_calls(monkeypatch: pytest.MonkeyPatch) -> Any:
 def decoding_model(make_model: Callable[..., Transformer]) -> Transformer:
     """A float32 CPU model as `Translator` decodes with it: its linear layers packed (all of
     them: these are below the size `pack_for_decoding` starts at) where packing runs here,
-    with the CPU's attention kernels."""
-    return use_cpu_attention(pack_linear_layers(make_model(), min_features=1))
+    with the CPU's attention kernels. On MKL's kernel, whose calls do not depend on the number
+    of rows (oneDNN's pads some row counts: `decode.packing.padded_rows`)."""
+    return use_cpu_attention(pack_linear_layers(make_model(), min_features=1, kernel="mkl"))
 
 
 def sources(n: int) -> torch.Tensor:
@@ -78,14 +79,16 @@ def test_the_counter_counts_every_step_and_puts_calls_down_to_the_step_or_the_se
 def test_a_step_makes_no_call_per_sentence(
     bench_step_calls: Any, decoding_model: Transformer, beam: int
 ) -> None:
-    """The model's step makes the same calls for 2 sentences as for 24, and so does the
-    busiest step of the search (finishing, dropping sentences and moving cache rows): every
-    choice between rows and sentences is a batch tensor operation."""
+    """The model's step makes the same calls for 2 sentences as for 24, and the busiest step
+    of the search (finishing, dropping sentences, moving cache rows) about the same: every
+    choice between rows and sentences is a batch tensor operation. (The slack is for the
+    paths a search may take or not, moving rows in place or gathering them, which depend on
+    the numbers; a call per sentence would add 22 or more.)"""
     few = counted_search(bench_step_calls, decoding_model, 2, beam)
     many = counted_search(bench_step_calls, decoding_model, 24, beam)
     step = bench_step_calls.STEP
     assert few.per_search_step(step) == many.per_search_step(step)
-    assert many.most_in_one_step == few.most_in_one_step
+    assert many.most_in_one_step <= few.most_in_one_step + 8
 
 
 def test_a_beam_search_step_stays_within_its_call_budget(
@@ -98,6 +101,6 @@ def test_a_beam_search_step_stays_within_its_call_budget(
     counted = counted_search(bench_step_calls, decoding_model, 8, beam=4)
     layers = decoding_model.config.n_decoder_layers
     in_step = counted.per_search_step(bench_step_calls.STEP)
-    assert in_step <= 6 + 40 * layers, in_step  # 82 at 2 layers (fdeed3e and after)
+    assert in_step <= 6 + 40 * layers, in_step  # 84 at 2 layers (1af60c8)
     between = counted.per_search_step() - in_step
     assert between <= 80, between  # 73 (fdeed3e and after)
