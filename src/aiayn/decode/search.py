@@ -457,16 +457,15 @@ def beam_search(
     tokens = torch.empty(b, 1, 0, dtype=torch.long, device=device)  # (N, K, t)
     beam_log_prob = torch.zeros(b, 1, device=device)  # (N, K)
     prev = torch.full((b,), bos_id, dtype=torch.long, device=device)  # (N*K,)
-    # Asked in Python, not of tensors at every step: no sentence is done before one of them
-    # keeps W hypotheses, reaches its maximum length (from step `first_forced` on) or has
-    # nothing alive (`_keep_live` says).
+    # Asked in Python, not of tensors at every step: no row is forced to EOS before step
+    # `first_forced`, and no sentence is done before one of them keeps W hypotheses or has
+    # nothing alive (`_keep_live` says; EOS forced at a sentence's maximum length leaves it so).
     first_forced = int(max_len.min()) if b else 0
     some_full = False
     step = 0
     while sentence.numel() > 0:
         n, k = beam_log_prob.shape
-        forced = step >= first_forced
-        force_eos = max_len.le(step).repeat_interleave(k) if forced else None  # (N*K,)
+        force_eos = max_len.le(step).repeat_interleave(k) if step >= first_forced else None
         log_probs = _float(model.decode_step(prev, cache))  # (N·K, V), ours to change
         _restrict_(log_probs, banned, eos_id, force_eos)
         cands = _select_candidates(beam_log_prob, log_probs, beam_size)
@@ -486,7 +485,7 @@ def beam_search(
         )
 
         keep = None  # (N',) the sentences that go on; None: all of them
-        if some_full or forced or some_empty:
+        if some_full or some_empty:
             on_cpu = sentence.cpu()
             if options.stopping == "heuristic":
                 bound_lp = torch.full((n,), lp_fn(step + 2, length_penalty), dtype=torch.float64)
