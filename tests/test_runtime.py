@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 import os
 import resource
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +155,80 @@ def test_configure_raises_the_open_files_limit_and_never_lowers_it() -> None:
         assert resource.getrlimit(resource.RLIMIT_NOFILE) == (soft, hard)
     finally:
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+GLIBC = (getattr(os, "confstr", lambda name: None)("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+
+# The allocator's account (glibc's mallinfo2) of a 20 MB tensor, and of ten more freed: where the
+# first came from (bytes in blocks mapped from the system for themselves) and what the process
+# keeps of the 200 MB freed (free bytes in its heap).
+MEMORY = r"""
+import ctypes, sys
+import torch
+from aiayn import runtime
+
+class MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks",
+                "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+libc = ctypes.CDLL("libc.so.6")
+libc.mallinfo2.restype = MallInfo2
+print(runtime.keep_freed_memory() if sys.argv[1] == "keep" else None)
+one = torch.ones(5 * 2**20)
+mapped = libc.mallinfo2().hblkhd
+del one
+tensors = [torch.ones(5 * 2**20) for _ in range(10)]
+del tensors
+print(mapped >> 20, libc.mallinfo2().fordblks >> 20)
+"""
+
+
+def allocator_account(how: str, **environ: str) -> tuple[str, int, int]:
+    """In a process of its own (the allocator is the process's): whether `keep_freed_memory`
+    set anything, the MB mapped for blocks of their own while a 20 MB tensor lived, and the
+    MB free in the heap after ten more were freed."""
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | environ
+    done = subprocess.run(
+        [sys.executable, "-c", MEMORY, how], env=env, capture_output=True, text=True, check=True
+    )
+    kept, mapped, free = done.stdout.split()
+    return kept, int(mapped), int(free)
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's allocator only")
+def test_keep_freed_memory_serves_tensors_from_the_heap_and_keeps_them_there() -> None:
+    """By default a 20 MB block is mapped from the system for itself, and freed blocks go back
+    to it (a later tensor faults its pages in again, 4 KB at a time); kept, the block comes
+    from the heap and 200 MB freed stay there for the next tensors."""
+    kept, mapped, free = allocator_account("keep")
+    _, default_mapped, default_free = allocator_account("default")
+    assert kept == "True"
+    assert mapped < 20 <= default_mapped
+    assert free >= 160 > default_free
+
+
+@pytest.mark.skipif(not GLIBC, reason="glibc's allocator only")
+@pytest.mark.parametrize(
+    "environ",
+    [
+        {"MALLOC_TRIM_THRESHOLD_": "131072"},
+        {"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=131072"},
+    ],
+)
+def test_keep_freed_memory_leaves_the_users_own_thresholds(environ: dict[str, str]) -> None:
+    kept, mapped, free = allocator_account("keep", **environ)
+    assert kept == "False"
+    assert mapped >= 20 and free < 160  # the user's setting: the heap trimmed to 128 KB
+
+
+def test_configure_keeps_freed_memory_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = []
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append(1) or True)
+    runtime.configure(threads=None)
+    runtime.configure(reuse_freed_memory=False)
+    assert calls == []
+    runtime.configure(reuse_freed_memory=True)
+    assert calls == [1]
 
 
 def test_decoding_threads_leave_busy_cores_alone_and_stay_between_1_and_4() -> None:

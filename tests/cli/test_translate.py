@@ -325,6 +325,26 @@ def test_threads_default_to_the_idle_cores_and_0_leaves_pytorchs_default(
     assert torch.get_num_threads() == 2
 
 
+def test_the_commands_keep_freed_memory_and_the_translator_does_not(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The allocator's setting belongs to the process: `aiayn translate` and `evaluate` make
+    it (`runtime.keep_freed_memory`), a `Translator` built by a program does not."""
+    calls = []
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append(1) or True)
+    src, ref = (
+        write_lines(tmp_path / "in.txt", ["the cat"]),
+        write_lines(tmp_path / "ref.txt", ["x"]),
+    )
+    Translator(model_dir).translate(["the cat"], beam_size=2, max_len_b=3)
+    assert calls == []
+    common = ["-m", str(model_dir), "-o", str(tmp_path / "out.txt"), *FAST]
+    assert main(["translate", "-i", str(src), *common]) == 0
+    assert calls == [1]
+    assert main(["evaluate", "--src", str(src), "--ref", str(ref), *common]) == 0
+    assert calls == [1, 1]
+
+
 def test_threads_given_beyond_the_free_cores_are_taken_with_a_warning(
     model_dir: Path,
     tmp_path: Path,

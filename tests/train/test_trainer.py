@@ -30,6 +30,7 @@ import yaml
 from safetensors import SafetensorError
 from safetensors.torch import load_file
 
+from aiayn import runtime
 from aiayn.acceleration import ONEDNN_KERNELS_FOR_BF16_TRAINING
 from aiayn.cli import main
 from aiayn.config import TrainConfig
@@ -1224,12 +1225,13 @@ def test_runtime_settings_are_what_aiayn_train_set_before(
     corpus: tuple[Path, Path], tmp_path: Path
 ) -> None:
     """Threads as given; oneDNN's kernel cache limited for bf16 on a CPU only; the compile
-    fallback with `compile` only."""
+    fallback with `compile` only; freed memory kept for reuse always."""
     config = make_config(corpus, tmp_path / "run", threads=3, device="cpu")
     assert trainer.runtime_settings(config) == {
         "threads": 3,
         "onednn_kernels": None,
         "compile_errors_fall_back": None,
+        "reuse_freed_memory": True,
     }
     bf16 = trainer.runtime_settings(dataclasses.replace(config, precision="bf16", compile=True))
     assert bf16["onednn_kernels"] == ONEDNN_KERNELS_FOR_BF16_TRAINING
@@ -1243,11 +1245,13 @@ def test_aiayn_train_makes_the_process_settings_before_training(
 ) -> None:
     """`aiayn train` (and so every torchrun worker) applies `runtime_settings` through
     `runtime.configure` before `train` starts: the same threads, oneDNN kernel limit and compile
-    fallback that the trainer used to set itself."""
+    fallback that the trainer used to set itself, and freed memory kept for reuse."""
     for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "DNNL_PRIMITIVE_CACHE_CAPACITY"):
         monkeypatch.delenv(name, raising=False)
     torch.set_num_threads(2)  # tests/conftest.py gives the suite's back afterwards
     seen = {}
+    kept = []
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: kept.append(1) or True)
 
     def fake_train(config: TrainConfig, *, resume: bool, started: float) -> trainer.TrainResult:
         seen.update(
@@ -1268,6 +1272,7 @@ def test_aiayn_train_makes_the_process_settings_before_training(
         "kernels": str(ONEDNN_KERNELS_FOR_BF16_TRAINING),
         "fall_back": True,
     }
+    assert kept == [1]  # the allocator keeps freed memory for the next update
 
 
 def test_training_refuses_onednn_where_its_products_are_wrong(

@@ -230,10 +230,11 @@ def load_translator(args: argparse.Namespace) -> Translator:
     """The translator the flags describe: PyTorch (one model or an ensemble, or an ONNX export)
     or CTranslate2.
 
-    The process is the command's, so the threads are set here, not by the translator:
-    PyTorch's (`runtime.configure`), or for an ONNX export onnxruntime's, PyTorch keeping one
-    for the search's small operators (with both on every core, PyTorch's spin-waiting OpenMP
-    threads take the cores from onnxruntime's and slow it down).
+    The process is the command's, so its settings are made here, not by the translator
+    (`runtime.configure`): the allocator's (freed memory kept for reuse), and the threads:
+    PyTorch's, or for an ONNX export onnxruntime's, PyTorch keeping one for the search's small
+    operators (with both on every core, PyTorch's spin-waiting OpenMP threads take the cores
+    from onnxruntime's and slow it down).
     """
     if backend_of(args) == "ctranslate2":
         return _load_ct2_translator(args)
@@ -267,7 +268,8 @@ def load_translator(args: argparse.Namespace) -> Translator:
             )
         else:
             logger.info("decoding with %d CPU thread(s); --threads to change", threads)
-    runtime.configure(threads=min(threads, 1) if onnx else threads)
+    # freed tensors' memory kept for the next step's (`runtime.keep_freed_memory`)
+    runtime.configure(threads=min(threads, 1) if onnx else threads, reuse_freed_memory=True)
     return Translator(
         args.model_dir,
         device=device,

@@ -147,13 +147,16 @@ def runtime_settings(config: TrainConfig) -> dict[str, Any]:
     `aiayn.runtime.configure`'s arguments (`aiayn train` applies them before `train`, which
     changes none of them): `threads`; for bf16 on a CPU, oneDNN's kernel cache
     (`ONEDNN_KERNELS_FOR_BF16_TRAINING`: peak memory); with `compile`, the fallback to eager
-    execution where compilation fails at the first update."""
+    execution where compilation fails at the first update; and freed memory kept for the next
+    update's tensors (`aiayn.runtime.keep_freed_memory`: on two CPU cores the recipe's updates
+    ran ~10% faster, with 190,000 page faults in 60 updates instead of 1.5 million)."""
     on_cpu = device_type(config.device) == "cpu"
     bf16_on_cpu = on_cpu and uses_bf16(torch.device("cpu"), config.precision)
     return {
         "threads": config.threads,
         "onednn_kernels": ONEDNN_KERNELS_FOR_BF16_TRAINING if bf16_on_cpu else None,
         "compile_errors_fall_back": True if config.compile else None,
+        "reuse_freed_memory": True,
     }
 
 
