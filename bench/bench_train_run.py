@@ -65,10 +65,10 @@ PHASES = [
     ("start-up: imports, corpus check", None, "first"),
     ("joint BPE vocabulary", re.compile(r"training a joint BPE vocabulary"), "first"),
     ("data cache (binarise)", re.compile(r"(building|reusing) data cache"), "first"),
-    ("model, optimizer", re.compile(r"aiayn\.trainer: (train|valid) data: "), "last"),
-    ("training loop", re.compile(r"aiayn\.trainer: model: "), "first"),
+    ("model, optimizer", re.compile(r"aiayn\.train\.trainer: (train|valid) data: "), "last"),
+    ("training loop", re.compile(r"aiayn\.train\.trainer: model: "), "first"),
 ]
-STEP_LINE = re.compile(r"aiayn\.trainer: step (\d+): loss")
+STEP_LINE = re.compile(r"aiayn\.train\.trainer: step (\d+): loss")
 MODEL_LINE = re.compile(r"model: ([\d,]+) parameters, (\d+) train pairs.* on (\S+)$")
 
 

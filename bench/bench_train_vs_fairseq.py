@@ -568,7 +568,7 @@ def one_run(
 def _is_interval_line(trainer: str, line: str) -> bool:
     if trainer == FAIRSEQ:
         return FAIRSEQ_INNER.search(line) is not None
-    return re.search(r"aiayn\.trainer: step \d+: loss", line) is not None
+    return re.search(r"aiayn\.train\.trainer: step \d+: loss", line) is not None
 
 
 # --------------------------------------------------------------------------------------------
