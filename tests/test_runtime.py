@@ -221,6 +221,25 @@ def test_keep_freed_memory_leaves_the_users_own_thresholds(environ: dict[str, st
     assert mapped >= 20 and free < 160  # the user's setting: the heap trimmed to 128 KB
 
 
+def test_aiayn_demo_keeps_freed_memory_as_aiayn_train_does(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import signal
+
+    from aiayn import demo
+    from aiayn.cli import main
+
+    calls = []
+    monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append(1) or True)
+
+    def stopped(*args: object, **kwargs: object) -> None:
+        assert calls == [1]  # set before the demo starts
+        raise demo.DemoStopped(0, signal.SIGINT, tmp_path)
+
+    monkeypatch.setattr(demo, "run_demo", stopped)
+    assert main(["demo", "-o", str(tmp_path)]) == 128 + signal.SIGINT
+
+
 def test_configure_keeps_freed_memory_only_when_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
     monkeypatch.setattr(runtime, "keep_freed_memory", lambda: calls.append(1) or True)

@@ -16,8 +16,8 @@ Where each command sets what: `aiayn train` its `threads`, oneDNN's kernel cache
 ``--cpu-bf16`` on a CPU and the compile fallback for ``--compile``
 (`aiayn.train.trainer.runtime_settings`); the decoding commands their ``--threads``;
 `aiayn serve` (`aiayn.serve.app.serve`) the limit on open files for ``--max-connections``;
-`aiayn train` and the commands that decode with PyTorch (`translate`, `evaluate`, `score`,
-`attention`, `serve`) keep freed memory for reuse (`keep_freed_memory`).
+`aiayn train`, `aiayn demo` and the commands that decode with PyTorch (`translate`, `evaluate`,
+`score`, `attention`, `serve`) keep freed memory for reuse (`keep_freed_memory`).
 """
 
 from __future__ import annotations

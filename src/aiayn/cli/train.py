@@ -243,8 +243,10 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_demo(args: argparse.Namespace) -> int:
+    from aiayn import runtime
     from aiayn.demo import DemoStopped, format_report, run_demo
 
+    runtime.configure(reuse_freed_memory=True)  # the process's, as `aiayn train` sets it
     options = {} if args.max_steps is None else {"max_steps": args.max_steps}
     try:
         result = run_demo(args.out_dir, seed=args.seed, device=args.device, **options)
