@@ -5,9 +5,8 @@ device asked for (`checked_device`).
 PyTorch's thread count, oneDNN's kernel cache, TorchInductor's error handling, the C library's
 memory allocator and the limit on open files belong to the whole process: a `Translator`, a
 `Trainer` or a server app that set them would reconfigure the notebook or service that built
-it. So the library takes them as
-they are, and the programs that own the process (`aiayn`'s commands, `aiayn serve`, the
-benchmarks) set them here, once, at start.
+it. So the library takes them as they are, and the programs that own the process (`aiayn`'s
+commands, `aiayn serve`, the benchmarks) set them here, once, at start.
 
     from aiayn import runtime
     runtime.configure(threads=2)  # what `aiayn translate --threads 2` does
@@ -207,8 +206,15 @@ MALLOC_MMAP_THRESHOLD = 32 * 2**20
 """Blocks from this size on come straight from the system (glibc's M_MMAP_THRESHOLD, and the
 largest it takes on 64 bits); smaller ones from the heap, where a freed block is reused."""
 MALLOC_TRIM_THRESHOLD = 256 * 2**20
-"""The free memory at the top of the heap that glibc hands back to the system (M_TRIM_THRESHOLD)."""
-MALLOC_VARIABLES = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_")
+"""glibc hands memory back to the system once this much is free at the top of its heap
+(M_TRIM_THRESHOLD)."""
+MALLOC_VARIABLES = (
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "MALLOC_MMAP_MAX_",
+)
+"""glibc's own variables for what `keep_freed_memory` sets: a user who set one has chosen."""
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameters (malloc.h)
 
 
@@ -222,9 +228,9 @@ def keep_freed_memory() -> bool:
     that large with fresh pages from the system, or trims the freed ones off its heap, so that
     the next step takes its memory again page by page, each page a fault that the kernel
     answers by zeroing it. With this setting (BENCHMARKS.md; two CPU cores, the Bible recipe):
-    60 training updates took 190,000 page faults instead of 1.5 million and ran ~10% faster;
-    `aiayn translate` of the 809 validation sentences 177,000 instead of 303,000 (the same
-    time, within the runs' spread). Nothing is set where the allocator is not glibc's (musl,
+    60 training updates took 0.23 million page faults instead of 0.8–1.5 million and ran 1.12×
+    faster; `aiayn translate` of the 809 validation sentences 177,000 instead of 303,000 (the
+    same time, within the runs' spread). Nothing is set where the allocator is not glibc's (musl,
     macOS, Windows), or where the user chose its thresholds (``GLIBC_TUNABLES=glibc.malloc.…``,
     ``MALLOC_*_``): theirs stand. Memory freed stays with the process, up to
     `MALLOC_TRIM_THRESHOLD` above what it uses, for its next tensors.
