@@ -226,14 +226,15 @@ def keep_freed_memory() -> bool:
     A training update or a decoding step allocates and frees tensors of megabytes (the
     activations, the logits of every row over the vocabulary). By default glibc serves blocks
     that large with fresh pages from the system, or trims the freed ones off its heap, so that
-    the next step takes its memory again page by page, each page a fault that the kernel
-    answers by zeroing it. With this setting (BENCHMARKS.md; two CPU cores, the Bible recipe):
-    60 training updates took 0.23 million page faults instead of 0.8–1.5 million and ran 1.12×
-    faster; `aiayn translate` of the 809 validation sentences 177,000 instead of 303,000 (the
-    same time, within the runs' spread). Nothing is set where the allocator is not glibc's (musl,
-    macOS, Windows), or where the user chose its thresholds (``GLIBC_TUNABLES=glibc.malloc.…``,
-    ``MALLOC_*_``): theirs stand. Memory freed stays with the process, up to
-    `MALLOC_TRIM_THRESHOLD` above what it uses, for its next tensors.
+    the next step takes its memory again page by page, each page a fault that the kernel answers
+    by zeroing it. With this setting (BENCHMARKS.md; two CPU cores, the Bible recipe): 60
+    training updates took 0.23 million page faults instead of 0.8–1.5 million and ran 1.02–1.21×
+    faster (300 updates: 7 million faults saved, 1.04×); `aiayn translate` of the 809 validation
+    sentences 177,000 instead of 303,000 (the same time, within the runs' spread). Nothing is
+    set where the allocator is not glibc's (musl, macOS, Windows), or where the user chose its
+    thresholds (``GLIBC_TUNABLES=glibc.malloc.…``, ``MALLOC_*_``): theirs stand. Memory freed
+    stays with the process, up to `MALLOC_TRIM_THRESHOLD` above what it uses, for its next
+    tensors.
     """
     if any(name in os.environ for name in MALLOC_VARIABLES):
         return False

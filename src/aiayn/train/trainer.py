@@ -149,7 +149,8 @@ def runtime_settings(config: TrainConfig) -> dict[str, Any]:
     (`ONEDNN_KERNELS_FOR_BF16_TRAINING`: peak memory); with `compile`, the fallback to eager
     execution where compilation fails at the first update; and freed memory kept for the next
     update's tensors (`aiayn.runtime.keep_freed_memory`: on two CPU cores the recipe's updates
-    ran ~10% faster, with 190,000 page faults in 60 updates instead of 1.5 million)."""
+    ran 1.02–1.21× faster, with 0.23 million page faults in 60 updates instead of 0.8–1.5
+    million)."""
     on_cpu = device_type(config.device) == "cpu"
     bf16_on_cpu = on_cpu and uses_bf16(torch.device("cpu"), config.precision)
     return {
