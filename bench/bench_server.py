@@ -1,12 +1,18 @@
 """HTTP serving under load: requests/s and latency of `aiayn serve`, with and without batching.
 
 Starts `aiayn serve` as a subprocess on 127.0.0.1 (so the load generator does not share its
-Python interpreter), on a model with **random weights** (a `--preset` Transformer and a
-SentencePiece vocabulary trained on English and German number words), then, for each setting
-(server-side batching on, then off) and each number of concurrent clients, sends `--requests`
-requests from that many asyncio clients, each request one English number sentence. Random
-weights rarely emit EOS, so outputs run to the length limit, `--out-len` tokens: each request
-does about the same work whatever the model prefers (the report says how many did).
+Python interpreter), then, for each setting (server-side batching on, then off) and each number
+of concurrent clients, sends `--requests` requests from that many asyncio clients, each request
+one sentence. Two workloads:
+
+- **What a user serves** (``-m MODEL --texts FILE``): a trained model directory, and requests
+  drawn at random from the lines of FILE (a real test set); the server's own length limit
+  (§6.1: input length + 50), so each output ends where the model ends it.
+- **A fixed load** (the default, a microbenchmark): a model with **random weights** (a
+  `--preset` Transformer and a SentencePiece vocabulary trained on English and German number
+  words) and English number sentences. Random weights rarely emit EOS, so outputs run to the
+  length limit, `--out-len` tokens: each request does about the same work whatever the model
+  prefers (the report says how many did).
 
 Reports requests/s, p50 and p99 latency, errors (any answer but 200, or a failed connection:
 the run fails if there is one), and how many requests the server put in each model call on
@@ -14,7 +20,8 @@ average (from `GET /health`). Each cell is bounded in count (`--requests`) and t
 (`--max-seconds`: no new requests after that).
 
     .venv/bin/python bench/bench_server.py                        # 1000 requests per cell
-    .venv/bin/python bench/bench_server.py --requests 300 --update-benchmarks
+    .venv/bin/python bench/bench_server.py -m MODEL --texts DATA/dev.en --requests 300 \
+        --update-benchmarks
 
 ``--hammer N`` measures fairness instead: the latency of one client's short requests (one
 sentence, the server's default beam) while N clients hammer the server with costly requests
@@ -98,10 +105,14 @@ def start_server(model_dir: Path, args: argparse.Namespace, batching: bool) -> t
     port = free_port()
     command = [
         sys.executable, "-m", "aiayn", "serve", "-m", str(model_dir), "--port", str(port),
-        "--beam-size", str(args.beam_size), "--max-len-a", "0", "--max-len-b", str(args.out_len),
-        "--threads", str(args.threads), "--batch-wait-ms", str(args.batch_wait_ms),
-        "--max-queue", "4096", "--log-level", "warning",
+        "--beam-size", str(args.beam_size), "--threads", str(args.threads),
+        "--batch-wait-ms", str(args.batch_wait_ms), "--max-queue", "4096",
+        "--log-level", "warning",
     ]  # fmt: skip
+    if args.max_batch_cost is not None:
+        command += ["--max-batch-cost", str(args.max_batch_cost)]
+    if args.model is None:  # random weights: every output runs to --out-len
+        command += ["--max-len-a", "0", "--max-len-b", str(args.out_len)]
     if not batching:
         command.append("--no-batching")
     if not args.onednn:
@@ -121,9 +132,33 @@ def start_server(model_dir: Path, args: argparse.Namespace, batching: bool) -> t
         time.sleep(0.2)
 
 
-def sentences(count: int, seed: int) -> list[str]:
+def read_texts(path: Path) -> list[str]:
+    """The non-blank lines of ``path``: the sentences requests are drawn from."""
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
+    except (OSError, UnicodeDecodeError) as error:
+        sys.exit(f"--texts {path}: {error}")
+    texts = [line for line in lines if line]
+    if not texts:
+        sys.exit(f"--texts {path}: no sentence in it")
+    return texts
+
+
+def sentences(args: argparse.Namespace, count: int, seed: int) -> list[str]:
+    """``count`` request texts: lines of ``--texts`` drawn at random (with replacement), or
+    English number sentences (`num2words` of 1–99,999) for the random-weight model."""
     rng = random.Random(seed)
+    if args.texts is not None:
+        return rng.choices(args.lines, k=count)
     return [num2words(rng.randrange(1, 100_000), lang="en") for _ in range(count)]
+
+
+def short_sentence(args: argparse.Namespace, rng: random.Random) -> str:
+    """A short request: one of the shortest quarter of ``--texts``, or a number below 100."""
+    if args.texts is not None:
+        shortest = sorted(args.lines, key=len)[: max(1, len(args.lines) // 4)]
+        return rng.choice(shortest)
+    return num2words(rng.randrange(1, 100), lang="en")
 
 
 async def load(url: str, texts: list[str], concurrency: int, max_seconds: float) -> dict:
@@ -169,10 +204,10 @@ def run(args: argparse.Namespace, model_dir: Path) -> list[dict]:
     for batching in (True, False):
         process, url = start_server(model_dir, args, batching)
         try:
-            asyncio.run(load(url, sentences(8, seed=99), 2, 60))  # warm-up
+            asyncio.run(load(url, sentences(args, 8, seed=99), 2, 60))  # warm-up
             for concurrency in args.concurrency:
                 before = httpx.get(url + "/health").json()
-                texts = sentences(args.requests, seed=concurrency)
+                texts = sentences(args, args.requests, seed=concurrency)
                 result = asyncio.run(load(url, texts, concurrency, args.max_seconds))
                 after = httpx.get(url + "/health").json()
                 done = len(result["latencies"])
@@ -209,7 +244,7 @@ async def hammered(url: str, args: argparse.Namespace) -> dict:
     """Short requests from one client while ``args.hammer`` clients send costly ones and hang
     up after ``args.hammer_hangup_s``; latencies of the short ones, hang-ups counted."""
     rng = random.Random(7)
-    long_text = " ".join(sentences(40, seed=3))[: args.hammer_chars]
+    long_text = " ".join(sentences(args, 40, seed=3))[: args.hammer_chars]
     costly = {"texts": [long_text] * args.hammer_texts, "beam_size": 16, "length_penalty": 5.0}
     stop_at = time.monotonic() + args.max_seconds
     latencies: list[float] = []
@@ -232,7 +267,7 @@ async def hammered(url: str, args: argparse.Namespace) -> dict:
         async with httpx.AsyncClient(base_url=url, timeout=600) as http:
             await asyncio.sleep(args.hammer_hangup_s)  # let the hammers fill the queue
             while time.monotonic() < stop_at:
-                text = num2words(rng.randrange(1, 100), lang="en")
+                text = short_sentence(args, rng)
                 start = time.perf_counter()
                 response = await http.post("/translate", json={"text": text})
                 if response.status_code == 200:
@@ -283,9 +318,10 @@ def hostile_requests(model_dir: Path, args: argparse.Namespace) -> dict[str, tup
     largest_form = "&".join([f"q={quote(emoji * chars)}"] * texts).encode()
     # the full attention maps of as many long texts as --max-attention-values allows
     translator = Translator(model_dir)
-    long_text = " ".join(sentences(400, seed=5))[:chars]
+    long_text = " ".join(sentences(args, 400, seed=5))[:chars]
     config = translator.model.config
-    [(s, t)] = translator.search_bounds([long_text], max_len_a=0, max_len_b=args.out_len)
+    limit = {} if args.model is not None else {"max_len_a": 0, "max_len_b": args.out_len}
+    [(s, t)] = translator.search_bounds([long_text], **limit)
     maps = config.n_decoder_layers * config.n_heads
     fitting = attention_values // (s * t * maps)
     attention = {"texts": [long_text] * fitting, "return_attention": True, "full_attention": True}
@@ -412,20 +448,41 @@ def markdown(rows: list[dict], args: argparse.Namespace, load_before: float) -> 
             f"| {r['per_call']:.1f} |"
         )
     load_after = os.getloadavg()[0]
+    workload = (
+        f"-m MODEL --texts {args.texts.name}"
+        if args.model is not None
+        else f"--preset {args.preset} --out-len {args.out_len}"
+    )
     command = (
-        f"python bench/bench_server.py --preset {args.preset} --requests {args.requests} "
-        f"--concurrency {' '.join(map(str, args.concurrency))} --beam-size {args.beam_size} "
-        f"--out-len {args.out_len} --threads {args.threads} --batch-wait-ms {args.batch_wait_ms} "
-        "--update-benchmarks"
+        f"python bench/bench_server.py {workload} --requests {args.requests} "
+        f"--concurrency {' '.join(map(str, args.concurrency))} --max-seconds {args.max_seconds:g} "
+        f"--beam-size {args.beam_size} "
+        f"--threads {args.threads} --batch-wait-ms {args.batch_wait_ms}"
+        + (f" --max-batch-cost {args.max_batch_cost}" if args.max_batch_cost is not None else "")
+        + " --update-benchmarks"
     )
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    if args.model is not None:
+        model = (
+            f"- Model: the trained model directory `{args.model.name}`, {search} with the "
+            "server's own length limit (input length + 50, §6.1): outputs of "
+            f"{min(out_lens)}–{max(out_lens)} tokens (median {statistics.median(out_lens):.0f}). "
+            f"One line of `{args.texts.name}` per request, drawn at random from its "
+            f"{len(args.lines)} sentences ({min(src_lens)}–{max(src_lens)} subword tokens, "
+            f"median {statistics.median(src_lens):.0f})."
+        )
+    else:
+        model = (
+            f"- Model: preset `{args.preset}` with **random weights** (vocabulary 1000), {search} "
+            f"with the output limited to {args.out_len} tokens, which random weights run into "
+            f"({100 * at_limit:.0f}% of the outputs had {args.out_len} tokens), so every "
+            "request does about the same work (a microbenchmark). One English number sentence "
+            f"per request (`num2words` of 1–99,999: {min(src_lens)}–{max(src_lens)} subword "
+            "tokens)."
+        )
     lines += [
         "",
-        f"- Model: preset `{args.preset}` with **random weights** (vocabulary 1000), {search} "
-        f"with the output limited to {args.out_len} tokens, which random weights run into "
-        f"({100 * at_limit:.0f}% of the outputs had {args.out_len} tokens), so every request "
-        "does about the same work. One English number sentence per request (`num2words` of "
-        f"1–99,999: {min(src_lens)}–{max(src_lens)} subword tokens).",
+        model,
         f"- Server: `aiayn serve` in its own process, `--batch-wait-ms {args.batch_wait_ms}` "
         "when batching; load generator: asyncio + httpx in another process, on the same "
         "machine (it takes CPU from the server too).",
@@ -438,7 +495,18 @@ def markdown(rows: list[dict], args: argparse.Namespace, load_before: float) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="tiny", help="model preset (default tiny)")
+    parser.add_argument(
+        "-m",
+        "--model",
+        type=Path,
+        help="a trained model directory (with --texts): what a user serves",
+    )
+    parser.add_argument(
+        "--texts", type=Path, help="with --model: requests are lines of this file (a test set)"
+    )
+    parser.add_argument(
+        "--preset", help="without --model: a random-weight model of this preset (default tiny)"
+    )
     parser.add_argument("--requests", type=int, default=1000, help="requests per cell (1000)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-seconds", type=float, default=300, help="time bound per cell")
@@ -446,6 +514,9 @@ def main() -> None:
     parser.add_argument("--out-len", type=int, default=16, help="output tokens (default 16)")
     parser.add_argument("--threads", type=int, default=1, help="server torch threads (1)")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
+    parser.add_argument(
+        "--max-batch-cost", type=int, help="the server's budget of one model call (its default)"
+    )
     parser.add_argument("--update-benchmarks", action="store_true")
     parser.add_argument("--hammer", type=int, default=0, help="costly clients (fairness run)")
     parser.add_argument(
@@ -461,9 +532,22 @@ def main() -> None:
     parser.add_argument("--hammer-chars", type=int, default=400, help="characters per text")
     parser.add_argument("--hammer-hangup-s", type=float, default=2.0)
     args = parser.parse_args()
+    if args.model is not None:
+        if args.preset is not None:
+            parser.error("--preset builds a random-weight model: not with --model")
+        if args.texts is None:
+            parser.error("--model needs --texts: the sentences to send it")
+        if not (args.model / "config.json").is_file() and not (args.model / "model").is_dir():
+            parser.error(f"--model {args.model}: not an aiayn model directory")
+    elif args.texts is not None:
+        parser.error("--texts goes with --model (the random-weight model knows number words)")
+    args.preset = args.preset or "tiny"
+    args.lines = read_texts(args.texts) if args.texts is not None else []
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_server_") as tmp:
-        model_dir = build_model_dir(Path(tmp), args.preset)
+        model_dir = (
+            args.model if args.model is not None else build_model_dir(Path(tmp), args.preset)
+        )
         if args.hammer:
             run_hammered(args, model_dir)
             return
