@@ -29,10 +29,12 @@ from fastapi.testclient import TestClient
 
 from aiayn.cli import main
 from aiayn.decode.translator import Translator
+from aiayn.errors import UserValueError
 from aiayn.serve import Decoding, ServerSettings, create_app
 from aiayn.serve.app import STATIC_DIR, _answer
 from aiayn.serve.keys import ApiKey
 from aiayn.serve.schemas import TranslateResponse, Translation
+from aiayn.serve.settings import CPU_CALL_BUDGET, GPU_CALL_BUDGET, call_budget
 
 from .helpers import (
     CORPUS,
@@ -220,6 +222,43 @@ def test_size_limits_give_413_naming_the_limit(client, body, fragments) -> None:
     assert_error(client.post("/translate", json=body), 413, *fragments)
 
 
+def test_a_text_over_the_call_budget_runs_alone_and_one_over_max_text_cost_is_refused(
+    translator: Translator,
+) -> None:
+    """The call budget (--max-batch-cost) only decides how texts share calls; what one text may
+    cost is --max-text-cost's to say."""
+    texts = ["the cat sat", "a dog barked at the moon"]
+    costs = translator.costs(texts, DECODING.rows_per_sentence, max_len_a=0, max_len_b=4)
+    settings = replace(SETTINGS, max_batch_cost=1, max_text_cost=max(costs))
+    with TestClient(create_app(translator, settings)) as small:
+        assert small.get("/info").json()["batching"]["max_batch_cost"] == 1
+        response = small.post("/translate", json={"texts": texts})
+        assert response.status_code == 200, response.text
+        assert [t["text"] for t in response.json()["translations"]] == [
+            r.text for r in direct(translator, texts)
+        ]
+        assert small.get("/health").json()["model_calls"] >= 2  # one call a text
+    settings = replace(SETTINGS, max_text_cost=costs[1] - 1)
+    with TestClient(create_app(translator, settings)) as small:
+        response = small.post("/translate", json={"texts": texts})
+        message = f"texts[1] would cost {costs[1]}"
+        assert_error(response, 413, message, f"{costs[1] - 1} (--max-text-cost)")
+
+
+def test_the_call_budget_defaults_to_one_of_the_translators_batches_per_device(
+    translator: Translator,
+) -> None:
+    assert SETTINGS.max_batch_cost is None
+    assert call_budget(SETTINGS, "cpu") == CPU_CALL_BUDGET == 2**19
+    assert call_budget(SETTINGS, "cuda") == GPU_CALL_BUDGET == 2**21
+    assert call_budget(replace(SETTINGS, max_batch_cost=5), "cuda") == 5
+    with TestClient(create_app(translator, SETTINGS)) as default:
+        assert default.get("/info").json()["batching"]["max_batch_cost"] == CPU_CALL_BUDGET
+    for value in (0, -1, 1.5, True):
+        with pytest.raises(UserValueError, match="max_batch_cost"):
+            replace(SETTINGS, max_batch_cost=value)
+
+
 def test_the_body_size_limit(translator: Translator) -> None:
     settings = replace(SETTINGS, max_body_bytes=100)
     with TestClient(create_app(translator, settings)) as small:
@@ -320,6 +359,7 @@ def test_serve_flags_become_settings(model_dir: Path, monkeypatch, tmp_path: Pat
             "7", "--batch-wait-ms", "2.5", "--max-batch-cost", "512", "--no-batching",
             "--max-chars", "100", "--max-texts", "3", "--max-queue", "5", "--max-beam-size",
             "6", "--max-body-bytes", "4096", "--threads", "1", "--max-request-cost", "1024",
+            "--max-text-cost", "768",
             "--max-attention-values", "99", "--busy-after-s", "0.5", "--timeout-keep-alive",
             "2", "--timeout-head", "3", "--timeout-body", "4", "--max-connections", "10",
             "--api-keys", str(keys), "--require-api-key", "--key-requests-per-minute", "7",
@@ -340,6 +380,7 @@ def test_serve_flags_become_settings(model_dir: Path, monkeypatch, tmp_path: Pat
         max_beam_size=6,
         max_body_bytes=4096,
         max_request_cost=1024,
+        max_text_cost=768,
         max_attention_values=99,
         busy_after_s=0.5,
         timeout_keep_alive_s=2,

@@ -47,7 +47,7 @@ POSITIONS = 128
 LONG = " ".join(CORPUS * 8)[:1500]  # beyond POSITIONS - 1 tokens: S = 128
 FLAGS = {
     "--beam-size": 1, "--max-len-a": 1, "--max-len-b": 50, "--max-beam-size": 16,
-    "--max-texts": 8, "--max-chars": 2000, "--max-batch-cost": 400_000,
+    "--max-texts": 8, "--max-chars": 2000, "--max-batch-cost": 400_000, "--max-text-cost": 400_000,
     "--max-request-cost": 2_000_000, "--max-attention-values": 150_000, "--busy-after-s": 0.5,
     "--timeout-head": 1, "--timeout-body": 1, "--timeout-keep-alive": 1,
     "--max-connections": 40, "--threads": 1, "--batch-wait-ms": 0,

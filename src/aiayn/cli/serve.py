@@ -25,6 +25,7 @@ _GROUPS = {
         "max_queue",
         "max_beam_size",
         "max_body_bytes",
+        "max_text_cost",
         "max_request_cost",
         "max_attention_values",
         "busy_after_s",

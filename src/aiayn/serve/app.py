@@ -100,6 +100,7 @@ from aiayn.serve.settings import (
     MAX_REQUEST_LENGTH_PENALTY,
     Decoding,
     ServerSettings,
+    call_budget,
 )
 
 logger = logging.getLogger(__name__)
@@ -130,7 +131,8 @@ class Service:
                 texts, d.rows_per_sentence, max_len_a=d.max_len_a, max_len_b=d.max_len_b
             ),
             max_wait_ms=settings.batch_wait_ms,
-            max_batch_cost=settings.max_batch_cost,
+            # a torch.device, or a CTranslate2 translator's device name ("cuda:0", "cpu")
+            max_batch_cost=call_budget(settings, str(translator.device).split(":")[0]),
             max_queue=settings.max_queue,
             batching=settings.batching,
         )
@@ -207,12 +209,12 @@ class Service:
         limits = self.settings
         unit = "source tokens × beam size × output-length limit"
         for i, cost in enumerate(costs):
-            if cost > limits.max_batch_cost:
+            if cost > limits.max_text_cost:
                 label = name if len(texts) == 1 else f"{name}[{i}]"
                 raise ApiError(
                     413,
-                    f"{label} would cost {cost} ({unit}), more than one model call may: "
-                    f"{limits.max_batch_cost} (--max-batch-cost); send a shorter text or ask "
+                    f"{label} would cost {cost} ({unit}), more than one text may: "
+                    f"{limits.max_text_cost} (--max-text-cost); send a shorter text or ask "
                     "for a smaller beam",
                 )
         if sum(costs) > limits.max_request_cost:
@@ -447,7 +449,7 @@ def _openapi_limits(schema: dict[str, Any], settings: ServerSettings) -> None:
     _constrain(libre["alternatives"], maximum=settings.max_beam_size - 1)
     components["TranslateRequest"]["description"] += (
         f" A request may cost at most {settings.max_request_cost} (source tokens × beam size "
-        f"× output-length limit; one text at most {settings.max_batch_cost}), and its "
+        f"× output-length limit; one text at most {settings.max_text_cost}), and its "
         f"attention hold at most {settings.max_attention_values} values; more get 413."
     )
 
@@ -503,7 +505,7 @@ def _info(service: Service) -> dict[str, Any]:
         "batching": {
             "enabled": settings.batching,
             "batch_wait_ms": settings.batch_wait_ms,
-            "max_batch_cost": settings.max_batch_cost,
+            "max_batch_cost": service.batcher.max_batch_cost,
             "translator_max_tokens": translator.max_tokens,
         },
     }

@@ -16,10 +16,13 @@ from aiayn.serve.keys import ApiKey
 
 __all__ = [
     "BODY_VALUES_FOR_OPTIONS",
+    "CPU_CALL_BUDGET",
+    "GPU_CALL_BUDGET",
     "INTEGER_LIMITS",
     "MAX_REQUEST_LENGTH_PENALTY",
     "Decoding",
     "ServerSettings",
+    "call_budget",
 ]
 
 # Bounds of the decoding options a request may set, whatever the server's settings. Limits that
@@ -60,8 +63,13 @@ class ServerSettings:
         batching: Merge concurrent requests into one model call (False: one call each).
         batch_wait_ms: How long a request may wait for others to join its call (no wait while
             requests come one at a time; see :mod:`aiayn.serve.batcher`).
-        max_batch_cost: Budget of one model call; a text that alone costs more is refused
-            (413). It bounds how long a short request waits behind a long one: one call.
+        max_batch_cost: Budget of one model call, the texts of several requests together. It
+            bounds how long a short request waits behind costly ones: the call in progress,
+            then its own. None: about one of the translator's own batches, 2^19 on a CPU and
+            2^21 on a GPU (`call_budget`); a larger call batches no more, and makes everyone
+            in it wait longer. A text that alone costs more runs in a call of its own.
+        max_text_cost: Most one text may cost (413 beyond): the longest call a single text
+            can make.
         max_request_cost: Budget of one request, all its texts together (413 beyond).
         max_attention_values: Most attention values one answer may hold: texts × T × S (the
             last layer's head average), × layers × heads with ``full_attention`` (413 beyond).
@@ -90,7 +98,8 @@ class ServerSettings:
     max_body_bytes: int = 4 * 1024 * 1024
     batching: bool = True
     batch_wait_ms: float = 5.0
-    max_batch_cost: int = 2**23
+    max_batch_cost: int | None = None
+    max_text_cost: int = 2**23
     max_request_cost: int = 2**25
     max_attention_values: int = 2**21
     busy_after_s: float = 2.0
@@ -110,6 +119,11 @@ class ServerSettings:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserValueError(f"{name} ({value!r}) must be an integer >= 1")
+        budget = self.max_batch_cost
+        if budget is not None and (
+            isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
+        ):
+            raise UserValueError(f"max_batch_cost ({budget!r}) must be an integer >= 1")
         if not self.batch_wait_ms >= 0:
             raise UserValueError(f"batch_wait_ms ({self.batch_wait_ms}) must be >= 0")
         for name in ("busy_after_s", "timeout_keep_alive_s", "timeout_head_s", "timeout_body_s"):
@@ -136,13 +150,32 @@ class ServerSettings:
         return self.max_texts + BODY_VALUES_FOR_OPTIONS
 
 
+CPU_CALL_BUDGET = 2**19
+"""`call_budget` on a CPU: about one of the translator's batches there (``--max-tokens`` 4096:
+some 29 Bible sentences at beam 4, 14k each). On a 2-core AMD EPYC, one thread, the recipe's
+2+2 model decoded about 2^18 a second in calls of 30 sentences or more (BENCHMARKS.md,
+"Serving"): a call of 2^19 takes ~2 s there; one of 2^23 (the budget before it depended on
+the device) would take ~30 s."""
+GPU_CALL_BUDGET = 2**21
+"""`call_budget` on a GPU: about one of the translator's batches there (``--max-tokens``
+16384)."""
+
+
+def call_budget(settings: ServerSettings, device_type: str) -> int:
+    """The budget of one model call: ``settings.max_batch_cost``, or where it is None the
+    default for the device the translator runs on ("cpu", "cuda", ...)."""
+    if settings.max_batch_cost is not None:
+        return settings.max_batch_cost
+    return CPU_CALL_BUDGET if device_type == "cpu" else GPU_CALL_BUDGET
+
+
 INTEGER_LIMITS = (
     "max_chars",
     "max_texts",
     "max_queue",
     "max_beam_size",
     "max_body_bytes",
-    "max_batch_cost",
+    "max_text_cost",
     "max_request_cost",
     "max_attention_values",
     "max_connections",
