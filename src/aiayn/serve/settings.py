@@ -65,9 +65,9 @@ class ServerSettings:
             requests come one at a time; see :mod:`aiayn.serve.batcher`).
         max_batch_cost: Budget of one model call, the texts of several requests together. It
             bounds how long a short request waits behind costly ones: the call in progress,
-            then its own. None: about one of the translator's own batches, 2^19 on a CPU and
-            2^21 on a GPU (`call_budget`); a larger call batches no more, and makes everyone
-            in it wait longer. A text that alone costs more runs in a call of its own.
+            then its own. Unset: about one of the translator's own batches, 2^19 on a CPU
+            and 2^21 on a GPU; a larger call batches no more, and makes everyone in it wait
+            longer. A text that alone costs more runs in a call of its own.
         max_text_cost: Most one text may cost (413 beyond): the longest call a single text
             can make.
         max_request_cost: Budget of one request, all its texts together (413 beyond).
