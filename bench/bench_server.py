@@ -69,9 +69,10 @@ from num2words import num2words
 
 from aiayn.config import preset
 from aiayn.decode.translator import Translator
+from aiayn.errors import CheckpointError
 from aiayn.model import Transformer
-from aiayn.model_dir import save_model_dir
-from aiayn.text.tokenizer import Tokenizer
+from aiayn.model_dir import resolve_model_dir, save_model_dir, tokenizer_file_of
+from aiayn.text.tokenizer import Tokenizer, load_tokenizer
 from benchmarks_md import BENCHMARKS_MD, replace_section
 
 START, END = "<!-- bench_server:start -->", "<!-- bench_server:end -->"
@@ -156,8 +157,7 @@ def sentences(args: argparse.Namespace, count: int, seed: int) -> list[str]:
 def short_sentence(args: argparse.Namespace, rng: random.Random) -> str:
     """A short request: one of the shortest quarter of ``--texts``, or a number below 100."""
     if args.texts is not None:
-        shortest = sorted(args.lines, key=len)[: max(1, len(args.lines) // 4)]
-        return rng.choice(shortest)
+        return rng.choice(args.short_lines)
     return num2words(rng.randrange(1, 100), lang="en")
 
 
@@ -199,7 +199,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def run(args: argparse.Namespace, model_dir: Path) -> list[dict]:
-    tokenizer = Tokenizer.load(model_dir / "tokenizer.model")
+    tokenizer = load_tokenizer(tokenizer_file_of(model_dir))
     rows = []
     for batching in (True, False):
         process, url = start_server(model_dir, args, batching)
@@ -464,8 +464,8 @@ def markdown(rows: list[dict], args: argparse.Namespace, load_before: float) -> 
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.model is not None:
         model = (
-            f"- Model: the trained model directory `{args.model.name}`, {search} with the "
-            "server's own length limit (input length + 50, §6.1): outputs of "
+            f"- Model: the trained model directory `{args.model.resolve().name}`, {search} "
+            "with the server's own length limit (input length + 50, §6.1): outputs of "
             f"{min(out_lens)}–{max(out_lens)} tokens (median {statistics.median(out_lens):.0f}). "
             f"One line of `{args.texts.name}` per request, drawn at random from its "
             f"{len(args.lines)} sentences ({min(src_lens)}–{max(src_lens)} subword tokens, "
@@ -511,7 +511,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-seconds", type=float, default=300, help="time bound per cell")
     parser.add_argument("--beam-size", type=int, default=4, help="1 = greedy (default 4)")
-    parser.add_argument("--out-len", type=int, default=16, help="output tokens (default 16)")
+    parser.add_argument("--out-len", type=int, help="without --model: output tokens (default 16)")
     parser.add_argument("--threads", type=int, default=1, help="server torch threads (1)")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
     parser.add_argument(
@@ -533,20 +533,29 @@ def main() -> None:
     parser.add_argument("--hammer-hangup-s", type=float, default=2.0)
     args = parser.parse_args()
     if args.model is not None:
-        if args.preset is not None:
-            parser.error("--preset builds a random-weight model: not with --model")
+        for flag, value in (("--preset", args.preset), ("--out-len", args.out_len)):
+            if value is not None:
+                parser.error(f"{flag} is the random-weight model's: not with --model")
         if args.texts is None:
             parser.error("--model needs --texts: the sentences to send it")
-        if not (args.model / "config.json").is_file() and not (args.model / "model").is_dir():
-            parser.error(f"--model {args.model}: not an aiayn model directory")
+        if args.hostile:
+            parser.error("--hostile measures the random-weight model at its bounded lengths")
+        try:
+            args.model_dir = resolve_model_dir(args.model)  # a run directory: its model/
+        except CheckpointError as error:
+            parser.error(f"--model {args.model}: {error}")
+        if not (args.model_dir / "config.json").is_file():
+            parser.error(f"--model {args.model}: not an aiayn model directory (nor a run's)")
     elif args.texts is not None:
         parser.error("--texts goes with --model (the random-weight model knows number words)")
     args.preset = args.preset or "tiny"
+    args.out_len = 16 if args.out_len is None else args.out_len
     args.lines = read_texts(args.texts) if args.texts is not None else []
+    args.short_lines = sorted(args.lines, key=len)[: max(1, len(args.lines) // 4)]
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="bench_server_") as tmp:
         model_dir = (
-            args.model if args.model is not None else build_model_dir(Path(tmp), args.preset)
+            args.model_dir if args.model is not None else build_model_dir(Path(tmp), args.preset)
         )
         if args.hammer:
             run_hammered(args, model_dir)

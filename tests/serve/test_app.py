@@ -34,7 +34,7 @@ from aiayn.serve import Decoding, ServerSettings, create_app
 from aiayn.serve.app import STATIC_DIR, _answer
 from aiayn.serve.keys import ApiKey
 from aiayn.serve.schemas import TranslateResponse, Translation
-from aiayn.serve.settings import CPU_CALL_BUDGET, GPU_CALL_BUDGET, call_budget
+from aiayn.serve.settings import call_budget
 
 from .helpers import (
     CORPUS,
@@ -237,7 +237,7 @@ def test_a_text_over_the_call_budget_runs_alone_and_one_over_max_text_cost_is_re
         assert [t["text"] for t in response.json()["translations"]] == [
             r.text for r in direct(translator, texts)
         ]
-        assert small.get("/health").json()["model_calls"] >= 2  # one call a text
+        assert small.get("/health").json()["model_calls"] == 2  # one call a text
     settings = replace(SETTINGS, max_text_cost=costs[1] - 1)
     with TestClient(create_app(translator, settings)) as small:
         response = small.post("/translate", json={"texts": texts})
@@ -245,15 +245,18 @@ def test_a_text_over_the_call_budget_runs_alone_and_one_over_max_text_cost_is_re
         assert_error(response, 413, message, f"{costs[1] - 1} (--max-text-cost)")
 
 
-def test_the_call_budget_defaults_to_one_of_the_translators_batches_per_device(
+def test_the_call_budget_defaults_to_about_one_of_the_translators_batches(
     translator: Translator,
 ) -> None:
     assert SETTINGS.max_batch_cost is None
-    assert call_budget(SETTINGS, "cpu") == CPU_CALL_BUDGET == 2**19
-    assert call_budget(SETTINGS, "cuda") == GPU_CALL_BUDGET == 2**21
-    assert call_budget(replace(SETTINGS, max_batch_cost=5), "cuda") == 5
+    assert call_budget(SETTINGS, 4096) == 2**19  # a CPU's default --max-tokens
+    assert call_budget(SETTINGS, 16384) == 2**21  # a GPU's
+    assert call_budget(replace(SETTINGS, max_batch_cost=5), 16384) == 5
     with TestClient(create_app(translator, SETTINGS)) as default:
-        assert default.get("/info").json()["batching"]["max_batch_cost"] == CPU_CALL_BUDGET
+        info = default.get("/info").json()
+        assert info["batching"]["max_batch_cost"] == 128 * translator.max_tokens
+        assert info["limits"]["max_text_cost"] == SETTINGS.max_text_cost == 2**23
+        assert f"one text at most {2**23}" in default.get("/openapi.json").text
     for value in (0, -1, 1.5, True):
         with pytest.raises(UserValueError, match="max_batch_cost"):
             replace(SETTINGS, max_batch_cost=value)

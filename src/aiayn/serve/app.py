@@ -131,8 +131,7 @@ class Service:
                 texts, d.rows_per_sentence, max_len_a=d.max_len_a, max_len_b=d.max_len_b
             ),
             max_wait_ms=settings.batch_wait_ms,
-            # a torch.device, or a CTranslate2 translator's device name ("cuda:0", "cpu")
-            max_batch_cost=call_budget(settings, str(translator.device).split(":")[0]),
+            max_batch_cost=call_budget(settings, translator.max_tokens),
             max_queue=settings.max_queue,
             batching=settings.batching,
         )

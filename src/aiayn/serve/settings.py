@@ -16,8 +16,7 @@ from aiayn.serve.keys import ApiKey
 
 __all__ = [
     "BODY_VALUES_FOR_OPTIONS",
-    "CPU_CALL_BUDGET",
-    "GPU_CALL_BUDGET",
+    "CALL_OUTPUT_TOKENS",
     "INTEGER_LIMITS",
     "MAX_REQUEST_LENGTH_PENALTY",
     "Decoding",
@@ -63,13 +62,15 @@ class ServerSettings:
         batching: Merge concurrent requests into one model call (False: one call each).
         batch_wait_ms: How long a request may wait for others to join its call (no wait while
             requests come one at a time; see :mod:`aiayn.serve.batcher`).
-        max_batch_cost: Budget of one model call, the texts of several requests together. It
-            bounds how long a short request waits behind costly ones: the call in progress,
-            then its own. Unset: about one of the translator's own batches, 2^19 on a CPU
-            and 2^21 on a GPU; a larger call batches no more, and makes everyone in it wait
-            longer. A text that alone costs more runs in a call of its own.
+        max_batch_cost: Budget of one model call that holds several texts. A short request
+            waits for the call in progress, then its own: calls of texts under this budget
+            keep that short. Unset: about one of the translator's own batches, 128 ×
+            ``max_tokens`` (2^19 on a CPU, 2^21 on a GPU, by default); a larger call batches
+            no more, and makes everyone in it wait longer. A text that alone costs more runs
+            in a call of its own, up to ``max_text_cost``.
         max_text_cost: Most one text may cost (413 beyond): the longest call a single text
-            can make.
+            can make, hence the longest any request may wait behind one other text; lower it
+            to shorten that wait.
         max_request_cost: Budget of one request, all its texts together (413 beyond).
         max_attention_values: Most attention values one answer may hold: texts × T × S (the
             last layer's head average), × layers × heads with ``full_attention`` (413 beyond).
@@ -150,23 +151,24 @@ class ServerSettings:
         return self.max_texts + BODY_VALUES_FOR_OPTIONS
 
 
-CPU_CALL_BUDGET = 2**19
-"""`call_budget` on a CPU: about one of the translator's batches there (``--max-tokens`` 4096:
-some 29 Bible sentences at beam 4, 14k each). On a 2-core AMD EPYC, one thread, the recipe's
-2+2 model decoded about 2^18 a second in calls of 30 sentences or more (BENCHMARKS.md,
-"Serving"): a call of 2^19 takes ~2 s there; one of 2^23 (the budget before it depended on
-the device) would take ~30 s."""
-GPU_CALL_BUDGET = 2**21
-"""`call_budget` on a GPU: about one of the translator's batches there (``--max-tokens``
-16384)."""
+CALL_OUTPUT_TOKENS = 128
+"""The default call budget is this × the translator's batch budget (`call_budget`).
+
+A text's cost is S × rows × T (source tokens, beam, most output tokens); a translator batch holds
+``max_tokens`` of S × rows. So a call of 128 × ``max_tokens`` holds one batch of sentences
+whose output may run to 128 tokens (a 78-token source at the default limit of input + 50), or
+a few batches of shorter ones: 2^19 on a CPU (``max_tokens`` 4096, some 29 Bible sentences at
+beam 4), 2^21 on a GPU (16384). On a 2-core AMD EPYC, one thread, the recipe's 2+2 model
+decoded about 2^18 a second in calls of 30 sentences or more (BENCHMARKS.md, "Serving"): a
+call of 2^19 takes ~2 s there; one of 2^23, the budget before, would take ~30 s."""
 
 
-def call_budget(settings: ServerSettings, device_type: str) -> int:
-    """The budget of one model call: ``settings.max_batch_cost``, or where it is None the
-    default for the device the translator runs on ("cpu", "cuda", ...)."""
+def call_budget(settings: ServerSettings, max_tokens: int) -> int:
+    """The budget of one model call: ``settings.max_batch_cost``, or where it is None
+    `CALL_OUTPUT_TOKENS` × ``max_tokens``, the batch budget of the translator that serves."""
     if settings.max_batch_cost is not None:
         return settings.max_batch_cost
-    return CPU_CALL_BUDGET if device_type == "cpu" else GPU_CALL_BUDGET
+    return CALL_OUTPUT_TOKENS * max_tokens
 
 
 INTEGER_LIMITS = (
