@@ -69,9 +69,10 @@ from num2words import num2words
 
 from aiayn.config import preset
 from aiayn.decode.translator import Translator
-from aiayn.errors import CheckpointError
+from aiayn.errors import CheckpointError, UserError
 from aiayn.model import Transformer
 from aiayn.model_dir import resolve_model_dir, save_model_dir, tokenizer_file_of
+from aiayn.text.lines import read_lines
 from aiayn.text.tokenizer import Tokenizer, load_tokenizer
 from benchmarks_md import BENCHMARKS_MD, replace_section
 
@@ -136,10 +137,9 @@ def start_server(model_dir: Path, args: argparse.Namespace, batching: bool) -> t
 def read_texts(path: Path) -> list[str]:
     """The non-blank lines of ``path``: the sentences requests are drawn from."""
     try:
-        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines()]
-    except (OSError, UnicodeDecodeError) as error:
-        sys.exit(f"--texts {path}: {error}")
-    texts = [line for line in lines if line]
+        texts = [line.strip() for line in read_lines(path) if line.strip()]
+    except UserError as error:  # missing, or a line that is not UTF-8 (file and line named)
+        sys.exit(f"--texts: {error}")
     if not texts:
         sys.exit(f"--texts {path}: no sentence in it")
     return texts
@@ -320,8 +320,7 @@ def hostile_requests(model_dir: Path, args: argparse.Namespace) -> dict[str, tup
     translator = Translator(model_dir)
     long_text = " ".join(sentences(args, 400, seed=5))[:chars]
     config = translator.model.config
-    limit = {} if args.model is not None else {"max_len_a": 0, "max_len_b": args.out_len}
-    [(s, t)] = translator.search_bounds([long_text], **limit)
+    [(s, t)] = translator.search_bounds([long_text], max_len_a=0, max_len_b=args.out_len)
     maps = config.n_decoder_layers * config.n_heads
     fitting = attention_values // (s * t * maps)
     attention = {"texts": [long_text] * fitting, "return_attention": True, "full_attention": True}

@@ -116,15 +116,11 @@ class ServerSettings:
     docs: bool = False
 
     def __post_init__(self) -> None:
-        for name in INTEGER_LIMITS:
+        budget = () if self.max_batch_cost is None else ("max_batch_cost",)  # None: the default
+        for name in (*INTEGER_LIMITS, *budget):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise UserValueError(f"{name} ({value!r}) must be an integer >= 1")
-        budget = self.max_batch_cost
-        if budget is not None and (
-            isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
-        ):
-            raise UserValueError(f"max_batch_cost ({budget!r}) must be an integer >= 1")
         if not self.batch_wait_ms >= 0:
             raise UserValueError(f"batch_wait_ms ({self.batch_wait_ms}) must be >= 0")
         for name in ("busy_after_s", "timeout_keep_alive_s", "timeout_head_s", "timeout_body_s"):
