@@ -9,12 +9,17 @@ The one-line errors of each command are tested where the command is (``tests/cli
 
 from __future__ import annotations
 
+import atexit
 import errno
 import gc
+import io
+import os
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 import torch
@@ -237,25 +242,142 @@ def test_the_aiayn_program_exits_1_with_the_traceback_then_the_report_line(
     assert lines[-2:] == ["ValueError: boom", f"aiayn translate: {REPORT}"]
 
 
-@pytest.mark.parametrize(
-    ("argv", "status"),
-    [(["--version"], 0), (["translate", "-m", "no-such-model", "-i", "x.txt"], 2)],
-)
-def test_the_aiayn_executable_exits_with_mains_status_and_freezes_the_collector_first(
-    argv: list[str], status: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+class _Exited(Exception):
+    """What the test's stand-in for ``os._exit`` raises, with the status it was given."""
+
+    def __init__(self, status: int) -> None:
+        self.status = status
+
+
+@pytest.fixture
+def exit_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """`entry_point`'s ways out, recorded instead of taken (this is pytest's process): the exit
+    handlers it runs, and ``os._exit``, which raises `_Exited`."""
+    calls: list[str] = []
+    monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: calls.append("atexit"))
+
+    def hard_exit(status: int) -> NoReturn:
+        calls.append("os._exit")
+        raise _Exited(status)
+
+    monkeypatch.setattr(os, "_exit", hard_exit)
+    return calls
+
+
+def test_the_aiayn_executable_runs_the_exit_handlers_then_ends_at_once_with_mains_status(
+    exit_calls: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """`entry_point` (the installed ``aiayn``, ``python -m aiayn``) exits with what `main`
-    returns or raises, after moving every live object out of the collector's reach, so that
-    Python's shutdown does not walk them (`entry_point`'s docstring)."""
+    """`entry_point` (the installed ``aiayn``, ``python -m aiayn``), with no other thread
+    running: the exit handlers, then ``os._exit`` with what `main` returned, the collector
+    frozen first (`entry_point`'s docstring)."""
     from aiayn.cli import entry_point
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["aiayn", *argv])
+    monkeypatch.setattr(sys, "argv", ["aiayn", "translate", "-m", "no-such-model", "-i", "x"])
+    monkeypatch.setattr(threading, "active_count", lambda: 1)  # pytest may run a thread or two
+    gc.unfreeze()
+    try:
+        with pytest.raises(_Exited) as exited:
+            entry_point()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()  # this test process goes on collecting
+    assert exited.value.status == 2
+    assert exit_calls == ["atexit", "os._exit"]
+
+
+def test_the_aiayn_executable_lets_a_system_exit_pass_through(
+    exit_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--version`` (argparse's own exit) and any command's ``SystemExit``: Python's exit."""
+    from aiayn.cli import entry_point
+
+    monkeypatch.setattr(sys, "argv", ["aiayn", "--version"])
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
     gc.unfreeze()
     try:
         with pytest.raises(SystemExit) as exited:
             entry_point()
         assert gc.get_freeze_count() > 0
     finally:
-        gc.unfreeze()  # this test process goes on collecting
-    assert exited.value.code == status
+        gc.unfreeze()
+    assert exited.value.code == 0
+    assert exit_calls == []
+
+
+def test_the_aiayn_executable_exits_the_usual_way_while_another_thread_runs(
+    exit_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A thread still running may still be writing: Python's own exit waits for it."""
+    from aiayn.cli import entry_point
+
+    monkeypatch.setattr(sys, "argv", ["aiayn", "translate", "-m", "no-such-model", "-i", "x"])
+    done = threading.Event()
+    thread = threading.Thread(target=done.wait)
+    thread.start()
+    try:
+        with pytest.raises(SystemExit) as exited:
+            entry_point()
+    finally:
+        done.set()
+        thread.join()
+        gc.unfreeze()
+    assert exited.value.code == 2
+    assert exit_calls == []
+
+
+def test_the_aiayn_executable_exits_the_usual_way_when_its_output_cannot_be_flushed(
+    exit_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A closed pipe on standard output: Python's own exit reports it."""
+    from aiayn.cli import entry_point
+
+    class ClosedPipe(io.StringIO):
+        def flush(self) -> None:
+            raise BrokenPipeError(errno.EPIPE, "Broken pipe")
+
+    monkeypatch.setattr(sys, "argv", ["aiayn", "translate", "-m", "no-such-model", "-i", "x"])
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    try:
+        with pytest.raises(SystemExit) as exited:
+            entry_point()
+    finally:
+        gc.unfreeze()
+    assert exited.value.code == 2
+    assert exit_calls == ["atexit"]
+
+
+def test_the_aiayn_executable_loses_nothing_by_ending_at_once(tmp_path: Path) -> None:
+    """``python -m aiayn translate`` in a process of its own, as users run it: every line on
+    standard output (a pipe) and in the ``-o`` file (decoded by worker processes), exit status
+    0, and an exit handler run."""
+    from model_dirs import tiny_model_dir
+
+    model_dir = tiny_model_dir(tmp_path / "run", eos_scale=4.0)
+    lines = [f"the cat sat on the mat {i}" for i in range(40)]
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    marker = tmp_path / "atexit-ran"
+    code = (
+        "import atexit, pathlib, runpy, sys\n"
+        f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes')\n"
+        "sys.argv = ['aiayn', *sys.argv[1:]]\n"
+        "runpy.run_module('aiayn', run_name='__main__')\n"
+    )
+    common = ["translate", "-m", str(model_dir), "-i", str(source)]
+    to_pipe = subprocess.run(
+        [sys.executable, "-c", code, *common, "--threads", "1", "--no-progress"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert to_pipe.returncode == 0, to_pipe.stderr
+    assert len(to_pipe.stdout.splitlines()) == len(lines)
+    assert marker.read_text() == "yes"
+    out = tmp_path / "out.txt"  # and with two worker processes, a batch a sentence
+    workers = ["--threads", "2", "--workers", "2", "--max-tokens", "64"]
+    to_file = subprocess.run(
+        [sys.executable, "-m", "aiayn", *common, *workers, "-o", str(out), "--no-progress"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert to_file.returncode == 0, to_file.stderr
+    assert out.read_text(encoding="utf-8") == to_pipe.stdout

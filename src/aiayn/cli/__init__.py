@@ -24,10 +24,13 @@ replace. Building the parser imports no torch, so ``aiayn --help`` is fast.
 from __future__ import annotations
 
 import argparse
+import atexit
 import errno
 import gc
 import logging
+import os
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from typing import NoReturn
@@ -149,17 +152,30 @@ def entry_point() -> NoReturn:
     """The ``aiayn`` executable and ``python -m aiayn``: :func:`main` on the command line, then
     exit with its status.
 
-    Before the interpreter shuts down, every object still alive moves to the garbage
-    collector's permanent generation (``gc.freeze``), so the collections that Python's shutdown
-    runs skip them. With PyTorch imported those collections walk some 170,000 objects that the
-    process's end frees anyway: a one-line ``aiayn translate`` took 2.30 s with them and 1.98 s
-    without (medians of 5, AMD EPYC, 2 cores; BENCHMARKS.md). Exit handlers (``atexit``) and
-    the closing of files run as before. Only here, where the process
-    ends: :func:`main` itself, which tests and scripts call many times in one process, leaves
-    the collector alone.
+    A command's work is done when :func:`main` returns: its files are written and closed,
+    its worker processes joined. What Python's shutdown does after that, with PyTorch and a
+    model loaded, is free hundreds of thousands of objects one by one, memory the process's end
+    frees anyway: 0.23–0.27 s after ``aiayn translate`` of 809 lines, a tenth of a one-line
+    command's time (AMD EPYC, 2 cores; BENCHMARKS.md). So, when no other thread is running
+    (one could still be writing), the executable runs the exit handlers (``atexit``: logging's
+    flush, multiprocessing's joins), flushes standard output and error, and ends the process
+    at once (``os._exit``). Otherwise, or if a flush fails (a closed pipe), it exits the usual
+    way, after moving every live object to the garbage collector's permanent generation
+    (``gc.freeze``) so that the shutdown's collections skip them. Only here, where the process
+    ends: :func:`main` itself, which tests and scripts call many times in one process, does
+    neither.
     """
     try:
         status = main()
     finally:
         gc.freeze()
+    if isinstance(status, int) and threading.active_count() == 1:
+        atexit._run_exitfuncs()  # what the usual exit runs first
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass  # the usual exit reports it
+        else:
+            os._exit(status)
     raise SystemExit(status)
