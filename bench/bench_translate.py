@@ -27,6 +27,10 @@ For each: wall time (median and every round), sentences/s, BLEU and chrF
 sentence (the rows fed to the decoder, every live beam at every step: counted in a separate,
 untimed pass through the Python API), so that a faster search that scores worse, or a stopping
 rule that saves steps, shows. Outputs that differ from the first system's are counted.
+
+With ``--one-line``, each round also times each system on the file's first line alone: what a
+command costs around its decoding (start-up, imports, loading; exit), so that the table also
+compares the systems on the decoding of the file, the whole time less that one line's.
 ``--only`` keeps some of the systems, ``--skip`` leaves some out, and ``--alternate`` reverses
 their order every other round: an A/B of two, each going first as often as the other.
 
@@ -129,14 +133,25 @@ class System:
     name: str
     command: list[str]  # {out} is replaced by the output file of the round
     seconds: list[float] = field(default_factory=list)
+    one_line_seconds: list[float] = field(default_factory=list)  # with --one-line
     output: Path | None = None
     rows_per_sentence: float | None = None
     note: str = ""
     env: dict[str, str] = field(default_factory=dict)  # on top of the benchmark's
 
 
-def run_timed(system: System, out: Path, env: dict[str, str]) -> float:
+def run_timed(
+    system: System,
+    out: Path,
+    env: dict[str, str],
+    src: Path | None = None,
+    instead: Path | None = None,
+) -> float:
+    """Seconds from launch to exit of ``system`` writing ``out`` (reading ``instead`` of ``src``
+    when both are given)."""
     command = [str(out) if part == "{out}" else part for part in system.command]
+    if src is not None and instead is not None:
+        command = [part.replace(str(src), str(instead)) for part in command]
     start = time.perf_counter()
     done = subprocess.run(command, env={**env, **system.env}, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -281,11 +296,17 @@ def as_installed(environ: Mapping[str, str], pycache: Path) -> dict[str, str]:
     return {**environ, "PYTHONPYCACHEPREFIX": str(pycache)}
 
 
+def first_line(src: Path, work: Path) -> Path:
+    """A file holding the first line of ``src``."""
+    first = work / "first-line.txt"
+    first.write_text(src.read_text(encoding="utf-8").split("\n")[0] + "\n", encoding="utf-8")
+    return first
+
+
 def warm_up(systems: list[System], src: Path, work: Path, env: dict[str, str]) -> None:
     """Each system once, untimed, on the first line of ``src``: Python's module caches
     (`as_installed`) and the page cache then hold what every timed round reads."""
-    first = work / "warm-up.txt"
-    first.write_text(src.read_text(encoding="utf-8").split("\n")[0] + "\n", encoding="utf-8")
+    first = first_line(src, work)
     for system in systems:
         command = [
             part.replace("{out}", str(work / "warm-up-out.txt")).replace(str(src), str(first))
@@ -360,6 +381,15 @@ def search_options(extra: list[str]) -> dict:
     return options
 
 
+def one_line_cells(row: dict, ct2_rest: float | None) -> str:
+    """The --one-line columns of ``row``: its median on the first line alone, and CTranslate2
+    fp32's time for the file less its one line, over this system's."""
+    one = row["one_line_median_s"]
+    rest = row["median_s"] - one
+    ratio = "" if ct2_rest is None or rest <= 0 else f"{ct2_rest / rest:.2f}×"
+    return f" {one:.2f} s | {ratio} |"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("-m", "--model", required=True, help="aiayn model directory")
@@ -394,6 +424,12 @@ def main(argv: list[str] | None = None) -> None:
         "--alternate",
         action="store_true",
         help="run the systems in reverse order in every other round (for an A/B of two)",
+    )
+    p.add_argument(
+        "--one-line",
+        action="store_true",
+        help="also time each system on the first line alone, every round: its start-up (and "
+        "one sentence), and the ratio of what is left, the decoding of the file",
     )
     p.add_argument("--with-hf", action="store_true", help="also Hugging Face generate (slow)")
     p.add_argument(
@@ -512,6 +548,7 @@ def main(argv: list[str] | None = None) -> None:
         if not systems:
             p.error(f"--skip {args.skip}: every system's name holds one of these")
     warm_up(systems, args.src, work, env)
+    first = first_line(args.src, work)
     for round_ in range(args.rounds):
         for system in systems[::-1] if args.alternate and round_ % 2 else systems:
             out = work / f"{len(system.seconds)}-{abs(hash(system.name))}.txt"
@@ -519,6 +556,10 @@ def main(argv: list[str] | None = None) -> None:
             if system.output is None:
                 system.output = out
             print(f"round {round_ + 1}: {system.name}: {system.seconds[-1]:.1f} s", flush=True)
+            if args.one_line:
+                one = run_timed(system, work / "one-line-out.txt", env, args.src, first)
+                system.one_line_seconds.append(one)
+                print(f"round {round_ + 1}: {system.name}, one line: {one:.2f} s", flush=True)
 
     n = len(args.src.read_text(encoding="utf-8").split("\n")) - 1
     first = systems[0].output.read_text(encoding="utf-8").split("\n")
@@ -533,11 +574,14 @@ def main(argv: list[str] | None = None) -> None:
         lines = system.output.read_text(encoding="utf-8").split("\n")
         differ = sum(a != b for a, b in zip(lines, first, strict=False))
         median = statistics.median(system.seconds)
+        one_line = statistics.median(system.one_line_seconds) if system.one_line_seconds else None
         rows.append(
             {
                 "system": system.name,
                 "seconds": system.seconds,
                 "median_s": median,
+                "one_line_seconds": system.one_line_seconds,
+                "one_line_median_s": one_line,
                 "sentences_per_s": n / median,
                 "bleu": bleu,
                 "chrf": chrf,
@@ -548,6 +592,14 @@ def main(argv: list[str] | None = None) -> None:
     ct2 = next((r["median_s"] for r in rows if r["system"].startswith("CTranslate2 fp32")), None)
     ct2_inter = next(
         (r["median_s"] for r in rows if r["system"].startswith("CTranslate2 fp32 (Python API, i")),
+        None,
+    )
+    ct2_rest = next(
+        (
+            r["median_s"] - r["one_line_median_s"]
+            for r in rows
+            if r["system"].startswith("CTranslate2 fp32") and r["one_line_median_s"] is not None
+        ),
         None,
     )
     gpu = gpu_names()
@@ -567,9 +619,11 @@ def main(argv: list[str] | None = None) -> None:
         "| system | wall time (median) | rounds | sentences/s | decoder rows/sentence | BLEU "
         "| chrF "
         "| outputs ≠ first | × CTranslate2 fp32 |"
-        + (" × CTranslate2 fp32 inter_threads |" if ct2_inter else ""),
+        + (" × CTranslate2 fp32 inter_threads |" if ct2_inter else "")
+        + (" one line | × CTranslate2 fp32, less one line |" if args.one_line else ""),
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
-        + (" ---: |" if ct2_inter else ""),
+        + (" ---: |" if ct2_inter else "")
+        + (" ---: | ---: |" if args.one_line else ""),
     ]
     for r in rows:
         rows_ = r["decoder_rows_per_sentence"]
@@ -581,6 +635,7 @@ def main(argv: list[str] | None = None) -> None:
             + f" | {r['sentences_per_s']:.1f} | {steps} | {r['bleu']:.2f} | {r['chrf']:.2f} | "
             f"{r['outputs_differing_from_first']} | {speed} |"
             + (f" {ct2_inter / r['median_s']:.2f}× |" if ct2_inter else "")
+            + (one_line_cells(r, ct2_rest) if args.one_line else "")
         )
     table = "\n".join(lines)
     if args.profile:
