@@ -348,6 +348,25 @@ def test_the_aiayn_executable_exits_the_usual_way_when_its_output_cannot_be_flus
     assert exit_calls == ["atexit"]
 
 
+def test_the_aiayn_executable_flushes_what_c_code_printed_before_ending_at_once() -> None:
+    """A library's ``printf`` to a pipe sits in C's buffer until the process flushes it
+    (unless ``PYTHONUNBUFFERED`` turned C's buffering off too)."""
+    code = (
+        "import ctypes, sys\n"
+        "ctypes.CDLL(None).printf(b'printed by C\\n')\n"
+        "sys.argv = ['aiayn', 'translate', '-m', 'no-such-model', '-i', 'x']\n"
+        "from aiayn.cli import entry_point\n"
+        "entry_point()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    run = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )  # fmt: skip
+    assert run.returncode == 2, run.stderr
+    assert run.stdout == "printed by C\n"
+
+
 def test_the_aiayn_executable_loses_nothing_by_ending_at_once(tmp_path: Path) -> None:
     """``python -m aiayn translate`` in a process of its own, as users run it: every line on
     standard output (a pipe) and in the ``-o`` file (decoded by worker processes), exit status

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import ctypes
 import errno
 import gc
 import logging
@@ -158,10 +159,11 @@ def entry_point() -> NoReturn:
     frees anyway: 0.23–0.27 s after ``aiayn translate`` of 809 lines, a tenth of a one-line
     command's time (AMD EPYC, 2 cores; BENCHMARKS.md). So, when no other thread is running
     (one could still be writing), the executable runs the exit handlers (``atexit``: logging's
-    flush, multiprocessing's joins), flushes standard output and error, and ends the process
-    at once (``os._exit``). Otherwise, or if a flush fails (a closed pipe), it exits the usual
-    way, after moving every live object to the garbage collector's permanent generation
-    (``gc.freeze``) so that the shutdown's collections skip them. Only here, where the process
+    flush, multiprocessing's joins), flushes standard output and error (Python's and C's), and
+    ends the process at once (``os._exit``; on POSIX systems). Otherwise, or if a flush fails
+    (a closed pipe), it exits the usual way, after moving every live object to the garbage
+    collector's permanent generation (``gc.freeze``) so that the shutdown's collections skip
+    them. Only here, where the process
     ends: :func:`main` itself, which tests and scripts call many times in one process, does
     neither.
     """
@@ -169,7 +171,7 @@ def entry_point() -> NoReturn:
         status = main()
     finally:
         gc.freeze()
-    if isinstance(status, int) and threading.active_count() == 1:
+    if isinstance(status, int) and os.name == "posix" and threading.active_count() == 1:
         atexit._run_exitfuncs()  # what the usual exit runs first
         try:
             sys.stdout.flush()
@@ -177,5 +179,6 @@ def entry_point() -> NoReturn:
         except (OSError, ValueError):
             pass  # the usual exit reports it
         else:
+            ctypes.CDLL(None).fflush(None)  # C's own buffers (a library's printf), as exit() does
             os._exit(status)
     raise SystemExit(status)
