@@ -151,7 +151,7 @@ def run_timed(
     when both are given)."""
     command = [str(out) if part == "{out}" else part for part in system.command]
     if src is not None and instead is not None:
-        command = [part.replace(str(src), str(instead)) for part in command]
+        command = [str(instead) if part == str(src) else part for part in command]
     start = time.perf_counter()
     done = subprocess.run(command, env={**env, **system.env}, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -309,7 +309,7 @@ def warm_up(systems: list[System], src: Path, work: Path, env: dict[str, str]) -
     first = first_line(src, work)
     for system in systems:
         command = [
-            part.replace("{out}", str(work / "warm-up-out.txt")).replace(str(src), str(first))
+            str(first) if part == str(src) else part.replace("{out}", str(work / "warm-up-out.txt"))
             for part in system.command
         ]
         subprocess.run(command, env={**env, **system.env}, capture_output=True, check=False)

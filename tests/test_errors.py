@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import threading
+import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
@@ -249,10 +250,16 @@ class _Exited(Exception):
         self.status = status
 
 
+BAD_MODEL = ["aiayn", "translate", "-m", "no-such-model", "-i", "x"]
+"""A command line on which `main` returns 2 (a user error) without loading anything."""
+
+
 @pytest.fixture
 def exit_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """`entry_point`'s ways out, recorded instead of taken (this is pytest's process): the exit
-    handlers it runs, and ``os._exit``, which raises `_Exited`."""
+    handlers it runs, and ``os._exit``, which raises `_Exited`. The process is made to look
+    as the executable's does: one thread, nothing watching it (pytest may run a thread or a
+    tracer of its own)."""
     calls: list[str] = []
     monkeypatch.setattr(atexit, "_run_exitfuncs", lambda: calls.append("atexit"))
 
@@ -261,47 +268,59 @@ def exit_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         raise _Exited(status)
 
     monkeypatch.setattr(os, "_exit", hard_exit)
+    monkeypatch.setattr(threading, "active_count", lambda: 1)
+    monkeypatch.setattr(sys, "gettrace", lambda: None)
+    monkeypatch.setattr(sys, "getprofile", lambda: None)
+    if hasattr(sys, "monitoring"):
+        monkeypatch.setattr(sys.monitoring, "get_tool", lambda tool_id: None)
+    monkeypatch.setattr(sys, "argv", BAD_MODEL)
     return calls
 
 
+def run_entry_point(expected: type[BaseException]) -> BaseException:
+    """`entry_point` in this process, expecting it to raise ``expected``; checks that it froze
+    the collector first (and unfreezes it: this process goes on collecting)."""
+    from aiayn.cli import entry_point
+
+    gc.unfreeze()
+    try:
+        with pytest.raises(expected) as exited:
+            entry_point()
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+    return exited.value
+
+
 def test_the_aiayn_executable_runs_the_exit_handlers_then_ends_at_once_with_mains_status(
-    exit_calls: list[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    exit_calls: list[str],
 ) -> None:
     """`entry_point` (the installed ``aiayn``, ``python -m aiayn``), with no other thread
     running: the exit handlers, then ``os._exit`` with what `main` returned, the collector
     frozen first (`entry_point`'s docstring)."""
-    from aiayn.cli import entry_point
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "argv", ["aiayn", "translate", "-m", "no-such-model", "-i", "x"])
-    monkeypatch.setattr(threading, "active_count", lambda: 1)  # pytest may run a thread or two
-    gc.unfreeze()
-    try:
-        with pytest.raises(_Exited) as exited:
-            entry_point()
-        assert gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()  # this test process goes on collecting
-    assert exited.value.status == 2
+    exited = run_entry_point(_Exited)
+    assert isinstance(exited, _Exited) and exited.status == 2
     assert exit_calls == ["atexit", "os._exit"]
+
+
+def test_the_aiayn_executable_ends_at_once_with_standard_output_closed(
+    exit_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Python started with file descriptor 1 closed (``aiayn train ... >&-``) has no
+    ``sys.stdout``: nothing to flush there, and the command's status stands."""
+    monkeypatch.setattr(sys, "stdout", None)
+    monkeypatch.setattr(sys, "__stdout__", None)
+    exited = run_entry_point(_Exited)
+    assert isinstance(exited, _Exited) and exited.status == 2
 
 
 def test_the_aiayn_executable_lets_a_system_exit_pass_through(
     exit_calls: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``--version`` (argparse's own exit) and any command's ``SystemExit``: Python's exit."""
-    from aiayn.cli import entry_point
-
     monkeypatch.setattr(sys, "argv", ["aiayn", "--version"])
-    monkeypatch.setattr(threading, "active_count", lambda: 1)
-    gc.unfreeze()
-    try:
-        with pytest.raises(SystemExit) as exited:
-            entry_point()
-        assert gc.get_freeze_count() > 0
-    finally:
-        gc.unfreeze()
-    assert exited.value.code == 0
+    exited = run_entry_point(SystemExit)
+    assert isinstance(exited, SystemExit) and exited.code == 0
     assert exit_calls == []
 
 
@@ -309,20 +328,41 @@ def test_the_aiayn_executable_exits_the_usual_way_while_another_thread_runs(
     exit_calls: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A thread still running may still be writing: Python's own exit waits for it."""
-    from aiayn.cli import entry_point
-
-    monkeypatch.setattr(sys, "argv", ["aiayn", "translate", "-m", "no-such-model", "-i", "x"])
+    monkeypatch.setattr(threading, "active_count", lambda: len(threading.enumerate()))
     done = threading.Event()
     thread = threading.Thread(target=done.wait)
     thread.start()
     try:
-        with pytest.raises(SystemExit) as exited:
-            entry_point()
+        exited = run_entry_point(SystemExit)
     finally:
         done.set()
         thread.join()
-        gc.unfreeze()
-    assert exited.value.code == 2
+    assert isinstance(exited, SystemExit) and exited.code == 2
+    assert exit_calls == []
+
+
+WATCHERS = {
+    "a profiler (cProfile)": lambda m: m.setattr(sys, "getprofile", lambda: object()),
+    "a tracer (trace, coverage)": lambda m: m.setattr(sys, "gettrace", lambda: object()),
+    "an interactive prompt to come (python -i)": lambda m: m.setattr(
+        sys, "flags", types.SimpleNamespace(inspect=1)
+    ),
+}
+if hasattr(sys, "monitoring"):  # Python >= 3.12
+    WATCHERS["a tool of sys.monitoring"] = lambda m: m.setattr(
+        sys.monitoring, "get_tool", lambda tool_id: "profiler" if tool_id == 2 else None
+    )
+
+
+@pytest.mark.parametrize("watcher", list(WATCHERS))
+def test_the_aiayn_executable_exits_the_usual_way_while_something_watches_it(
+    watcher: str, exit_calls: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A profiler, tracer or prompt that wraps the program does its work after the program
+    returns to it (``python -m cProfile -m aiayn ...`` writes its profile then)."""
+    WATCHERS[watcher](monkeypatch)
+    exited = run_entry_point(SystemExit)
+    assert isinstance(exited, SystemExit) and exited.code == 2
     assert exit_calls == []
 
 
@@ -330,73 +370,85 @@ def test_the_aiayn_executable_exits_the_usual_way_when_its_output_cannot_be_flus
     exit_calls: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A closed pipe on standard output: Python's own exit reports it."""
-    from aiayn.cli import entry_point
 
     class ClosedPipe(io.StringIO):
         def flush(self) -> None:
             raise BrokenPipeError(errno.EPIPE, "Broken pipe")
 
-    monkeypatch.setattr(sys, "argv", ["aiayn", "translate", "-m", "no-such-model", "-i", "x"])
-    monkeypatch.setattr(threading, "active_count", lambda: 1)
     monkeypatch.setattr(sys, "stdout", ClosedPipe())
-    try:
-        with pytest.raises(SystemExit) as exited:
-            entry_point()
-    finally:
-        gc.unfreeze()
-    assert exited.value.code == 2
+    exited = run_entry_point(SystemExit)
+    assert isinstance(exited, SystemExit) and exited.code == 2
     assert exit_calls == ["atexit"]
 
 
-def test_the_aiayn_executable_flushes_what_c_code_printed_before_ending_at_once() -> None:
+def as_the_executable(marker: Path, extra: str = "") -> str:
+    """Python code that runs ``python -m aiayn`` on its own arguments, as the executable does,
+    after ``extra``, recording in ``marker`` the status `os._exit` was called with (so that a
+    test knows the quick exit was the way out)."""
+    return (
+        "import os, pathlib, runpy, sys\n"
+        f"{extra}"
+        "real_exit = os._exit\n"
+        "def recorded_exit(status):\n"
+        f"    pathlib.Path({str(marker)!r}).write_text(str(status))\n"
+        "    real_exit(status)\n"
+        "os._exit = recorded_exit\n"
+        "sys.argv = ['aiayn', *sys.argv[1:]]\n"
+        "runpy.run_module('aiayn', run_name='__main__')\n"
+    )
+
+
+def test_the_aiayn_executable_flushes_what_c_code_printed_before_ending_at_once(
+    tmp_path: Path,
+) -> None:
     """A library's ``printf`` to a pipe sits in C's buffer until the process flushes it
     (unless ``PYTHONUNBUFFERED`` turned C's buffering off too)."""
-    code = (
-        "import ctypes, sys\n"
-        "ctypes.CDLL(None).printf(b'printed by C\\n')\n"
-        "sys.argv = ['aiayn', 'translate', '-m', 'no-such-model', '-i', 'x']\n"
-        "from aiayn.cli import entry_point\n"
-        "entry_point()\n"
+    marker = tmp_path / "os-exit"
+    code = as_the_executable(
+        marker, "import ctypes\nctypes.CDLL(None).printf(b'printed by C\\n')\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     run = subprocess.run(
-        [sys.executable, "-c", code],
+        [sys.executable, "-c", code, *BAD_MODEL[1:]],
         capture_output=True, text=True, timeout=120, check=False, env=env,
     )  # fmt: skip
     assert run.returncode == 2, run.stderr
+    assert marker.read_text() == "2"
     assert run.stdout == "printed by C\n"
 
 
 def test_the_aiayn_executable_loses_nothing_by_ending_at_once(tmp_path: Path) -> None:
-    """``python -m aiayn translate`` in a process of its own, as users run it: every line on
-    standard output (a pipe) and in the ``-o`` file (decoded by worker processes), exit status
-    0, and an exit handler run."""
+    """``python -m aiayn translate`` in a process of its own, as users run it, ending by the
+    quick exit: every line on standard output (a pipe) and in the ``-o`` file (decoded by
+    worker processes), exit status 0, and an exit handler run."""
     from model_dirs import tiny_model_dir
 
     model_dir = tiny_model_dir(tmp_path / "run", eos_scale=4.0)
     lines = [f"the cat sat on the mat {i}" for i in range(40)]
     source = tmp_path / "in.txt"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    marker = tmp_path / "atexit-ran"
-    code = (
-        "import atexit, pathlib, runpy, sys\n"
-        f"atexit.register(pathlib.Path({str(marker)!r}).write_text, 'yes')\n"
-        "sys.argv = ['aiayn', *sys.argv[1:]]\n"
-        "runpy.run_module('aiayn', run_name='__main__')\n"
+    handler = tmp_path / "atexit-ran"
+    marker = tmp_path / "os-exit"
+    code = as_the_executable(
+        marker,
+        f"import atexit\natexit.register(pathlib.Path({str(handler)!r}).write_text, 'yes')\n",
     )
-    common = ["translate", "-m", str(model_dir), "-i", str(source)]
+    common = ["translate", "-m", str(model_dir), "-i", str(source), "--no-progress"]
     to_pipe = subprocess.run(
-        [sys.executable, "-c", code, *common, "--threads", "1", "--no-progress"],
+        [sys.executable, "-c", code, *common, "--threads", "1"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert to_pipe.returncode == 0, to_pipe.stderr
+    assert marker.read_text() == "0"
+    assert handler.read_text() == "yes"
     assert len(to_pipe.stdout.splitlines()) == len(lines)
-    assert marker.read_text() == "yes"
+    marker.unlink()
     out = tmp_path / "out.txt"  # and with two worker processes, a batch a sentence
     workers = ["--threads", "2", "--workers", "2", "--max-tokens", "64"]
     to_file = subprocess.run(
-        [sys.executable, "-m", "aiayn", *common, *workers, "-o", str(out), "--no-progress"],
+        [sys.executable, "-c", code, *common, *workers, "-o", str(out)],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert to_file.returncode == 0, to_file.stderr
+    assert marker.read_text() == "0"
     assert out.read_text(encoding="utf-8") == to_pipe.stdout

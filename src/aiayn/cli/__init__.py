@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import atexit
-import ctypes
 import errno
 import gc
 import logging
@@ -157,28 +156,52 @@ def entry_point() -> NoReturn:
     its worker processes joined. What Python's shutdown does after that, with PyTorch and a
     model loaded, is free hundreds of thousands of objects one by one, memory the process's end
     frees anyway: 0.23–0.27 s after ``aiayn translate`` of 809 lines, a tenth of a one-line
-    command's time (AMD EPYC, 2 cores; BENCHMARKS.md). So, when no other thread is running
-    (one could still be writing), the executable runs the exit handlers (``atexit``: logging's
-    flush, multiprocessing's joins), flushes standard output and error (Python's and C's), and
-    ends the process at once (``os._exit``; on POSIX systems). Otherwise, or if a flush fails
-    (a closed pipe), it exits the usual way, after moving every live object to the garbage
-    collector's permanent generation (``gc.freeze``) so that the shutdown's collections skip
-    them. Only here, where the process
-    ends: :func:`main` itself, which tests and scripts call many times in one process, does
-    neither.
+    command's time (AMD EPYC, 2 cores; BENCHMARKS.md). So the executable first moves every live
+    object to the garbage collector's permanent generation (``gc.freeze``), so that collections
+    from then on skip them; then, when nothing else needs the usual exit (`_may_end_at_once`:
+    no other thread, which could still be writing; no profiler, tracer, debugger or coverage
+    tool, which write their results after the program returns to them), it runs the exit
+    handlers (``atexit``: logging's flush, multiprocessing's joins), flushes standard output and
+    error (Python's and C's), and ends the process at once (``os._exit``). Otherwise, or if
+    standard output or error cannot be flushed (a closed pipe), it exits the usual way. Only
+    here, where the process ends: :func:`main` itself, which tests and scripts call many times
+    in one process, does neither.
     """
     try:
         status = main()
     finally:
         gc.freeze()
-    if isinstance(status, int) and os.name == "posix" and threading.active_count() == 1:
+    if isinstance(status, int) and _may_end_at_once():
         atexit._run_exitfuncs()  # what the usual exit runs first
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        except (OSError, ValueError):
-            pass  # the usual exit reports it
-        else:
+        if _flush_standard_streams():
+            import ctypes
+
             ctypes.CDLL(None).fflush(None)  # C's own buffers (a library's printf), as exit() does
             os._exit(status)
     raise SystemExit(status)
+
+
+def _may_end_at_once() -> bool:
+    """Whether the process may end without Python's usual exit: on a POSIX system, with no
+    other thread running, no profiler or tracer (``sys.setprofile``, ``sys.settrace``: cProfile,
+    ``trace``, coverage) nor a tool of ``sys.monitoring`` (Python >= 3.12) watching, and no
+    interactive prompt to come (``python -i``)."""
+    if os.name != "posix" or threading.active_count() != 1 or sys.flags.inspect:
+        return False
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        return False
+    monitoring = getattr(sys, "monitoring", None)
+    return monitoring is None or all(monitoring.get_tool(i) is None for i in range(6))
+
+
+def _flush_standard_streams() -> bool:
+    """Flush standard output and error (those in ``sys`` and the originals, where a command
+    swapped them); False if one cannot be (a closed pipe: the usual exit reports it). A stream
+    that is None (Python started with that file descriptor closed) is left alone."""
+    streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
+    try:
+        for stream in {id(s): s for s in streams if s is not None}.values():
+            stream.flush()
+    except (OSError, ValueError):
+        return False
+    return True
