@@ -452,3 +452,43 @@ def test_the_aiayn_executable_loses_nothing_by_ending_at_once(tmp_path: Path) ->
     assert to_file.returncode == 0, to_file.stderr
     assert marker.read_text() == "0"
     assert out.read_text(encoding="utf-8") == to_pipe.stdout
+
+
+def test_a_closed_standard_output_ends_the_command_quietly_with_status_141(tmp_path: Path) -> None:
+    """``aiayn translate ... | head``: once the reader has gone, the command stops without a
+    traceback or a report of a bug, with the status a shell gives ``yes | head`` (141), as the
+    executable runs it; the same when `main` is called."""
+    from model_dirs import tiny_model_dir
+
+    model_dir = tiny_model_dir(tmp_path / "run", eos_scale=4.0)
+    source = tmp_path / "in.txt"
+    source.write_text("the cat sat on the mat\n" * 50, encoding="utf-8")
+    argv = ["translate", "-m", str(model_dir), "-i", str(source), "--threads", "1", "--no-progress"]
+    commands = {
+        "python -m aiayn": [sys.executable, "-m", "aiayn", *argv],
+        "main()": [
+            sys.executable,
+            "-c",
+            f"import sys\nfrom aiayn.cli import main\nsys.exit(main({argv!r}))",
+        ],
+    }
+    for name, command in commands.items():
+        process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        assert process.stdout is not None and process.stderr is not None
+        process.stdout.close()  # before it writes a line: the reader has gone
+        stderr = process.stderr.read()
+        assert process.wait(timeout=300) == 141, (name, stderr)
+        assert "Traceback" not in stderr and "bug" not in stderr, (name, stderr)
+
+
+def test_a_broken_pipe_that_is_not_standard_output_is_still_a_bug(
+    translate_argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A BrokenPipeError from some other pipe (a worker's, a socket) keeps its traceback."""
+    load_raising(monkeypatch, _raise(BrokenPipeError(errno.EPIPE, "Broken pipe")))
+    assert main(translate_argv) == 1
+    assert REPORT in capsys.readouterr().err

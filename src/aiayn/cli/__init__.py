@@ -29,11 +29,12 @@ import errno
 import gc
 import logging
 import os
+import select
 import sys
 import threading
 import traceback
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from aiayn import __version__
 from aiayn.cli import interop, plot, prepare, serve, train, translate
@@ -126,8 +127,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     0 on success; 2 for an error the user can fix (:func:`_is_user_error`), one line on stderr,
     ``aiayn COMMAND: error: MESSAGE``, as argparse prints a bad flag (``-v`` adds the
-    traceback); 130 on Ctrl-C; 1 for anything else, a bug: its traceback, then a line asking for
-    a report. A command's own exit status (``SystemExit``) passes through.
+    traceback); 130 on Ctrl-C; 141 (128 + SIGPIPE, as a shell reports ``yes | head``), without a
+    word, when whatever read standard output has gone (``aiayn translate ... | head``); 1 for
+    anything else, a bug: its traceback, then a line asking for a report. A command's own exit
+    status (``SystemExit``) passes through.
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -138,6 +141,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except Exception as error:
+        if isinstance(error, BrokenPipeError) and _reader_gone(sys.stdout):
+            _discard_standard_output()
+            return 141
         if not _is_user_error(error):
             traceback.print_exc()
             print(f"aiayn {args.command}: {_REPORT}", file=sys.stderr)
@@ -146,6 +152,28 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print(f"aiayn {args.command}: error: {error}", file=sys.stderr)
         return 2
+
+
+def _reader_gone(stream: Any) -> bool:
+    """Whether ``stream`` is a pipe whose reading end is closed: the process that read it (a
+    ``head``) has ended. Asked of the file descriptor (``poll`` reports an error on such a pipe),
+    not guessed from the exception: a BrokenPipeError may come from any pipe or socket."""
+    try:
+        fd = stream.fileno()
+        poll = select.poll()
+    except (AttributeError, OSError, ValueError):  # no file (a test's StringIO), no poll
+        return False
+    poll.register(fd, select.POLLOUT)
+    return any(events & select.POLLERR for _, events in poll.poll(0))
+
+
+def _discard_standard_output() -> None:
+    """Point file descriptor 1 at /dev/null, so that flushing what is left of standard output
+    as the process ends raises no second BrokenPipeError (Python's documented way, in the
+    notes on SIGPIPE of the ``signal`` module)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def entry_point() -> NoReturn:
