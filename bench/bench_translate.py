@@ -373,6 +373,8 @@ def search_options(extra: list[str]) -> dict:
         "--beam-size": ("beam_size", int),
         "--length-penalty": ("length_penalty", float),
         "--length-penalty-kind": ("length_penalty_kind", str),
+        "--max-len-a": ("max_len_a", float),
+        "--max-len-b": ("max_len_b", float),
     }
     for flag, value in itertools.pairwise(extra):
         if flag in names:
