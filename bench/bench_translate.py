@@ -140,6 +140,17 @@ class System:
     env: dict[str, str] = field(default_factory=dict)  # on top of the benchmark's
 
 
+def command_of(
+    system: System, out: Path, src: Path | None = None, instead: Path | None = None
+) -> list[str]:
+    """``system``'s command writing ``out`` (and reading ``instead`` of ``src`` when both are
+    given)."""
+    swap = {"{out}": str(out)}
+    if src is not None and instead is not None:
+        swap[str(src)] = str(instead)
+    return [swap.get(part, part) for part in system.command]
+
+
 def run_timed(
     system: System,
     out: Path,
@@ -149,9 +160,7 @@ def run_timed(
 ) -> float:
     """Seconds from launch to exit of ``system`` writing ``out`` (reading ``instead`` of ``src``
     when both are given)."""
-    command = [str(out) if part == "{out}" else part for part in system.command]
-    if src is not None and instead is not None:
-        command = [str(instead) if part == str(src) else part for part in command]
+    command = command_of(system, out, src, instead)
     start = time.perf_counter()
     done = subprocess.run(command, env={**env, **system.env}, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -303,15 +312,11 @@ def first_line(src: Path, work: Path) -> Path:
     return first
 
 
-def warm_up(systems: list[System], src: Path, work: Path, env: dict[str, str]) -> None:
-    """Each system once, untimed, on the first line of ``src``: Python's module caches
-    (`as_installed`) and the page cache then hold what every timed round reads."""
-    first = first_line(src, work)
+def warm_up(systems: list[System], src: Path, first: Path, work: Path, env: dict[str, str]) -> None:
+    """Each system once, untimed, on ``first``, the first line of ``src``: Python's module
+    caches (`as_installed`) and the page cache then hold what every timed round reads."""
     for system in systems:
-        command = [
-            str(first) if part == str(src) else part.replace("{out}", str(work / "warm-up-out.txt"))
-            for part in system.command
-        ]
+        command = command_of(system, work / "warm-up-out.txt", src, first)
         subprocess.run(command, env={**env, **system.env}, capture_output=True, check=False)
 
 
@@ -549,8 +554,8 @@ def main(argv: list[str] | None = None) -> None:
         systems = [x for x in systems if not any(text in x.name for text in args.skip)]
         if not systems:
             p.error(f"--skip {args.skip}: every system's name holds one of these")
-    warm_up(systems, args.src, work, env)
-    first = first_line(args.src, work)
+    one_line_src = first_line(args.src, work)
+    warm_up(systems, args.src, one_line_src, work, env)
     for round_ in range(args.rounds):
         for system in systems[::-1] if args.alternate and round_ % 2 else systems:
             out = work / f"{len(system.seconds)}-{abs(hash(system.name))}.txt"
@@ -559,7 +564,7 @@ def main(argv: list[str] | None = None) -> None:
                 system.output = out
             print(f"round {round_ + 1}: {system.name}: {system.seconds[-1]:.1f} s", flush=True)
             if args.one_line:
-                one = run_timed(system, work / "one-line-out.txt", env, args.src, first)
+                one = run_timed(system, work / "one-line-out.txt", env, args.src, one_line_src)
                 system.one_line_seconds.append(one)
                 print(f"round {round_ + 1}: {system.name}, one line: {one:.2f} s", flush=True)
 
