@@ -311,22 +311,25 @@ def test_a_full_queue_answers_429(translator: Translator, monkeypatch) -> None:
         return real(texts, **options)
 
     monkeypatch.setattr(translator, "translate", held)
-    settings = replace(SETTINGS, max_queue=1, batch_wait_ms=0)
+    key = ApiKey("k", requests_per_minute=3)
+    settings = replace(SETTINGS, max_queue=1, batch_wait_ms=0, api_keys=(key,))
     with live(translator, settings) as url, ThreadPoolExecutor(2) as pool:
         try:
-            busy = pool.submit(http, url + "/translate", {"text": "hello"})
+            busy = pool.submit(http, url + "/translate", {"text": "hello", "api_key": "k"})
             assert entered.wait(30)
-            waiting = pool.submit(http, url + "/translate", {"text": "the mat"})
+            waiting = pool.submit(http, url + "/translate", {"text": "the mat", "api_key": "k"})
             deadline = time.monotonic() + 30
             while http(url + "/health")[1]["queued"] < 1:
                 assert time.monotonic() < deadline
                 time.sleep(0.01)
-            status, answer = http(url + "/translate", {"text": "a test"})
+            status, answer = http(url + "/translate", {"text": "a test", "api_key": "k"})
         finally:
             gate.set()
         assert status == 429
         assert "1 requests are waiting" in answer["error"] and "--max-queue" in answer["error"]
         assert busy.result()[0] == 200 and waiting.result()[0] == 200
+        # the refused request did not spend the key's third request of the minute
+        assert http(url + "/translate", {"text": "a test", "api_key": "k"})[0] == 200
 
 
 def test_load_concurrent_requests_are_batched_without_errors(translator: Translator) -> None:

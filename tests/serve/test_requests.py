@@ -166,3 +166,17 @@ def test_form_bodies_are_decoded_off_the_event_loop(
         assert health.status_code == 200
         assert form.result().status_code < 500
     assert waits == [True]
+
+
+def test_the_query_string_is_read_as_a_form_body_is(client: TestClient) -> None:
+    """LibreTranslate's clients put fields in the query string too. It was read leniently
+    (Starlette's ``query_params``): invalid UTF-8 became U+FFFD and was translated, and of a
+    repeated ``q`` only the last was kept, where a form body refuses the one and lists the
+    other."""
+    response = client.post("/translate?q=the+cat&q=the+dog&source=en&target=de")
+    assert response.status_code == 200, response.text
+    assert len(response.json()["translatedText"]) == 2  # both texts, as from a form body
+    assert_error(client.post("/translate?q=%ff"), 400, "query string", "UTF-8")
+    limit = SETTINGS.max_body_values
+    many = "&".join(f"x{i}=1" for i in range(limit + 1))
+    assert_error(client.post(f"/translate?q=a&{many}"), 413, "query string", f"{limit} values")

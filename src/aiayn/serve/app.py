@@ -160,13 +160,23 @@ class Service:
             texts, name, single=single, max_texts=limits.max_texts, max_chars=limits.max_chars
         )
 
-    def charge(self, api_key: str | None, texts: list[str]) -> None:
-        """Checks the API key and charges it the request (403 or 429 otherwise)."""
+    @contextlib.contextmanager
+    def charged(self, api_key: str | None, texts: list[str]) -> Iterator[None]:
+        """Checks the API key and charges it the request (403, 413 or 429 otherwise), for a
+        block that checks and serves it: a request the block refuses (an ApiError: its
+        content, a full queue, a server closing) is refunded. A client that hangs up once its
+        request is admitted has spent it."""
+        chars = sum(len(text) for text in texts)
         try:
-            self.keys.charge(api_key, sum(len(text) for text in texts))
+            self.keys.charge(api_key, chars)
         except KeyRejected as error:
             headers = None if error.retry_after is None else {"Retry-After": str(error.retry_after)}
             raise ApiError(error.status, error.message, headers) from None
+        try:
+            yield
+        except ApiError:
+            self.keys.refund(api_key, chars)
+            raise
 
     async def translate(
         self,
@@ -186,9 +196,10 @@ class Service:
             await asyncio.wait({job, gone}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             gone.cancel()
-            if not job.done():
+            abandoned = not job.done()
+            if abandoned:  # (cancel() only asks: the job is not cancelled() before it runs again)
                 job.cancel()  # the batcher drops its texts not yet translated
-        if job.cancelled():
+        if abandoned:
             raise ClientGone("the client went away while its request waited")
         try:
             return job.result()
@@ -310,17 +321,17 @@ async def _translate_aiayn(
             "LibreTranslate clients send 'q'",
         )
     texts, name = ([body.text], "text") if body.text is not None else (body.texts, "texts")
-    service.charge(body.api_key, texts)
-    service.check_texts(texts, name, single=body.text is not None)
-    decoding = _decoding(body, service.settings)
-    if decoding.return_attention and not service.translator.returns_attention:
-        raise ApiError(
-            422,
-            "this server's model returns no attention maps (a CTranslate2 or ONNX export): "
-            "leave out return_attention",
-        )
-    full = decoding.return_attention and body.full_attention
-    results = await service.translate(request, texts, decoding, name, full_attention=full)
+    with service.charged(body.api_key, texts):
+        service.check_texts(texts, name, single=body.text is not None)
+        decoding = _decoding(body, service.settings)
+        if decoding.return_attention and not service.translator.returns_attention:
+            raise ApiError(
+                422,
+                "this server's model returns no attention maps (a CTranslate2 or ONNX export): "
+                "leave out return_attention",
+            )
+        full = decoding.return_attention and body.full_attention
+        results = await service.translate(request, texts, decoding, name, full_attention=full)
     answer = await asyncio.to_thread(_answer, results, decoding.return_attention, full)
     return Response(answer, media_type="application/json")
 

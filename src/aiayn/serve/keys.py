@@ -1,10 +1,13 @@
 """API keys, as LibreTranslate has them: who may translate, and how much per minute.
 
-A key is sent as the ``api_key`` field (JSON, form data or query string) of ``POST /translate``
-and ``POST /detect``. Keys come from a file (``--api-keys FILE``) and/or the environment
+A key is sent as the ``api_key`` field of ``POST /translate`` and ``POST /detect``: in a JSON
+body, or in form data or the query string (with a JSON body only its fields count, as in
+LibreTranslate). Keys come from a file (``--api-keys FILE``) and/or the environment
 variable ``AIAYN_API_KEYS``; ``--require-api-key`` refuses requests without one. An unknown key
 is refused even when keys are optional, as LibreTranslate does (403), and a known key over its
-rate gets 429 with ``Retry-After``. A server without keys ignores ``api_key``.
+rate gets 429 with ``Retry-After`` (413 for more characters than it may send in a minute). The
+server refunds a request it then refuses (`RateLimiter.refund`). A server without keys ignores
+``api_key``.
 
 The file has one key per line, optionally followed by its own limits, and ``#`` comments::
 
@@ -47,7 +50,8 @@ class ApiKey:
 
 
 class KeyRejected(Exception):
-    """403 (no or unknown key) or 429 (over a limit, with the seconds until it would pass)."""
+    """403 (no or unknown key), 413 (more characters than the key may send in a minute) or 429
+    (over a limit, with the seconds until it would pass)."""
 
     def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
@@ -160,9 +164,9 @@ class RateLimiter:
             now = time.monotonic()
             requests.refill(now)
             characters.refill(now)
-            if chars > characters.capacity:
+            if chars > characters.capacity:  # never passes: too large, not too early
                 raise KeyRejected(
-                    429,
+                    413,
                     f"the request has {chars} characters, more than this key may send in a "
                     f"minute ({int(characters.capacity)})",
                 )
@@ -177,3 +181,14 @@ class RateLimiter:
                 )
             requests.tokens -= 1
             characters.tokens -= chars
+
+    def refund(self, key: str | None, chars: int) -> None:
+        """Gives back what `charge` took for a request the server then refused (its content,
+        a full queue): a client that retries as told does not spend its allowance on them."""
+        buckets = self._buckets.get(key) if key and self.enabled else None
+        if buckets is None:
+            return
+        requests, characters = buckets
+        with self._lock:
+            requests.tokens = min(requests.capacity, requests.tokens + 1)
+            characters.tokens = min(characters.capacity, characters.tokens + chars)

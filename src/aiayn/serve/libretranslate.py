@@ -34,6 +34,7 @@ from aiayn.serve.schemas import (
 
 if TYPE_CHECKING:
     from aiayn.serve.app import Service
+    from aiayn.serve.settings import Decoding
 
 __all__ = ["LANGUAGE_NAMES", "language_name", "patch_openapi", "router", "translate"]
 
@@ -61,8 +62,23 @@ async def translate(service: Service, request: Request, data: dict[str, Any]) ->
     body = parse_body(LibreTranslateRequest, data)
     single = isinstance(body.q, str)
     texts = [body.q] if single else list(body.q)
-    service.charge(body.api_key, texts)
-    service.check_texts(texts, "q", single=single)
+    with service.charged(body.api_key, texts):
+        service.check_texts(texts, "q", single=single)
+        decoding = _decoding(service, body)
+        results = await service.translate(request, texts, decoding, "q")
+    fields: dict[str, list[Any]] = {"translatedText": [r.text for r in results]}
+    if body.alternatives:
+        fields["alternatives"] = [_distinct(r.text, r.hypotheses[1:]) for r in results]
+    if body.source == "auto":
+        fields["detectedLanguage"] = [_detection(service) for _ in results]
+    answer = {key: value[0] for key, value in fields.items()} if single else fields
+    return JSONResponse(LibreTranslateResponse(**answer).model_dump(exclude_unset=True))
+
+
+def _decoding(service: Service, body: LibreTranslateRequest) -> Decoding:
+    """The server's decoding with the n-best list ``alternatives`` asks for, after refusing
+    what this server cannot do: another language pair, a format other than text, more
+    alternatives than its beam allows."""
     _check_language(service, "source", body.source, ("auto", service.src_lang))
     _check_language(service, "target", body.target, (service.tgt_lang,))
     if body.format not in (None, "", "text"):
@@ -78,20 +94,12 @@ async def translate(service: Service, request: Request, data: dict[str, Any]) ->
             f"{settings.max_beam_size - 1}: the n-best list comes from a beam of at most "
             f"{settings.max_beam_size} (--max-beam-size)",
         )
-    decoding = replace(
+    return replace(
         settings.decoding,
         n_best=n_best,
         beam_size=max(settings.decoding.beam_size, n_best),
         return_attention=False,
     )
-    results = await service.translate(request, texts, decoding, "q")
-    fields: dict[str, list[Any]] = {"translatedText": [r.text for r in results]}
-    if body.alternatives:
-        fields["alternatives"] = [_distinct(r.text, r.hypotheses[1:]) for r in results]
-    if body.source == "auto":
-        fields["detectedLanguage"] = [_detection(service) for _ in results]
-    answer = {key: value[0] for key, value in fields.items()} if single else fields
-    return JSONResponse(LibreTranslateResponse(**answer).model_dump(exclude_unset=True))
 
 
 def _distinct(text: str, hypotheses: list[Any]) -> list[str]:
@@ -139,8 +147,8 @@ async def detect(request: Request) -> JSONResponse:
     _, data = await service.read(request)
     body = parse_body(LibreTranslateRequest, data)
     texts = [body.q] if isinstance(body.q, str) else list(body.q)
-    service.charge(body.api_key, texts)
-    service.check_texts(texts, "q", single=isinstance(body.q, str))
+    with service.charged(body.api_key, texts):
+        service.check_texts(texts, "q", single=isinstance(body.q, str))
     return JSONResponse([_detection(service).model_dump()])
 
 

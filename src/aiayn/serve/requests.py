@@ -42,14 +42,19 @@ async def read_request(
     beyond ``max_bytes`` bytes or ``max_values`` values (JSON values or form fields).
 
     JSON is read as UTF-8 (NaN and Infinity refused); form data (urlencoded or multipart) is
-    LibreTranslate's, and fields in the query string count too, as in LibreTranslate. A
+    LibreTranslate's, and fields in the query string count too, as in LibreTranslate (with
+    form data or no body: a JSON body's fields alone count there too), read as strictly as a
+    urlencoded body (invalid UTF-8 is a 400, a repeated ``q`` a list). A
     urlencoded body that starts with ``{`` is taken as JSON: it is what ``curl -d '{...}'``
     sends; but not from a browser (a request with ``Origin``), where it is the mark of a
     cross-site form trying to pass for JSON without a preflight: 415.
     """
     body = await _read_body(request, max_bytes)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    query = dict(request.query_params)  # bounded by the request target's limit (8 KiB)
+    # read as a urlencoded body is (strict UTF-8, a repeated field a list), bounded by the
+    # request target's limit (8 KiB)
+    raw_query = request.scope.get("query_string", b"")
+    query = _parse_urlencoded(raw_query, max_values, "query string") if raw_query else {}
     if not body.strip() and query:  # POST /translate?q=...&target=...
         return "form", query
     if content_type == "multipart/form-data":
@@ -96,13 +101,13 @@ async def _read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _decode_utf8(body: bytes) -> str:
+def _decode_utf8(body: bytes, what: str = "request body") -> str:
     try:
         return body.decode("utf-8")
     except UnicodeDecodeError as error:
         raise ApiError(
             400,
-            f"the request body is not valid UTF-8: byte 0x{body[error.start]:02x} at "
+            f"the {what} is not valid UTF-8: byte 0x{body[error.start]:02x} at "
             f"position {error.start}",
         ) from None
 
@@ -111,10 +116,10 @@ def _reject_constant(name: str) -> None:
     raise ValueError(f"{name} is not allowed in JSON")
 
 
-def _too_many_values(max_values: int) -> ApiError:
+def _too_many_values(max_values: int, what: str = "request body") -> ApiError:
     return ApiError(
         413,
-        f"the request body holds more than {max_values} values (JSON values or form fields); "
+        f"the {what} holds more than {max_values} values (JSON values or form fields); "
         "a request has at most --max-texts texts and a few options",
     )
 
@@ -164,21 +169,23 @@ def _parse_json(body: bytes, max_values: int) -> Any:
         raise ApiError(400, f"the request body is not valid JSON: {reason}") from None
 
 
-def _parse_urlencoded(body: bytes, max_values: int) -> dict[str, Any]:
+def _parse_urlencoded(body: bytes, max_values: int, what: str = "request body") -> dict[str, Any]:
     """Fields as ``parse_qsl(keep_blank_values=True)`` reads them (``+`` is a space, UTF-8
     strictly), percent-decoded in slices: ``parse_qsl`` splits a value at every ``%``, and 4 MiB
-    of ``%XX`` held 1.4 million pieces at once (325 MiB)."""
-    text = _decode_utf8(body)
+    of ``%XX`` held 1.4 million pieces at once (325 MiB). ``what`` names the data in errors
+    (the request body, or the query string)."""
+    text = _decode_utf8(body, what)
     if text.count("&") + 1 > max_values:  # counted before anything is decoded
-        raise _too_many_values(max_values)
+        raise _too_many_values(max_values, what)
     try:
         pairs = [
             (_unquote_plus(name), _unquote_plus(value))
             for name, _, value in (field.partition("=") for field in text.split("&") if field)
         ]
     except UnicodeDecodeError as error:
+        form = "form data" if what == "request body" else what
         raise ApiError(
-            400, f"the form data is not valid UTF-8 once percent-decoded: {error.reason}"
+            400, f"the {form} is not valid UTF-8 once percent-decoded: {error.reason}"
         ) from None
     return _fields(pairs)
 
