@@ -5,13 +5,16 @@ bad models and bad input. Runs `main([...])` in-process on a tiny random model.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import json
 import logging
 import math
+import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -64,6 +67,18 @@ class Terminal(io.StringIO):
         return True
 
 
+class TerminalInput(io.TextIOWrapper):
+    """Standard input that says it is a terminal, typed ``data`` (bytes: what a terminal
+    passes on, valid UTF-8 or not; a str is encoded)."""
+
+    def __init__(self, data: bytes | str) -> None:
+        raw = data.encode() if isinstance(data, str) else data
+        super().__init__(io.BytesIO(raw), encoding="utf-8")
+
+    def isatty(self) -> bool:
+        return True
+
+
 # -- translate --------------------------------------------------------------------------------
 
 
@@ -109,11 +124,33 @@ def test_n_best_format(model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFi
 def test_interactive_prompt_until_end_of_input(
     model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(sys, "stdin", Terminal("the cat\n\na dog barked\n"))
+    monkeypatch.setattr(sys, "stdin", TerminalInput("the cat\n\na dog barked\n"))
     assert main(["translate", "-m", str(model_dir), *FAST]) == 0
     captured = capsys.readouterr()
     assert captured.out == expected_output(model_dir, ["the cat", "", "a dog barked"])
     assert captured.err.count("> ") == 4  # three sentences, then end of input
+
+
+def test_interactive_line_that_is_not_utf8_is_one_error_and_the_session_goes_on(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Old CLI: a TypeError from the tokenizer, and the traceback of a bug, for a line typed in
+    another encoding; a NUL passed, where a file's NUL is refused."""
+    monkeypatch.setattr(sys, "stdin", TerminalInput(b"caf\xe9\nthe cat\nnul \0 here\n"))
+    assert main(["translate", "-m", str(model_dir), *FAST]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == expected_output(model_dir, ["the cat"])
+    assert "error: <stdin>:1: invalid UTF-8 at byte 3" in captured.err
+    assert "error: <stdin>:3: NUL byte" in captured.err and "Traceback" not in captured.err
+
+
+def test_closed_standard_input_is_one_line(
+    model_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``aiayn translate <&-``: Python's sys.stdin is None (it was an AttributeError)."""
+    monkeypatch.setattr(sys, "stdin", None)
+    assert main(["translate", "-m", str(model_dir), *FAST]) == 2
+    assert "standard input is closed: give the sentences with -i FILE" in capsys.readouterr().err
 
 
 def test_empty_input_gives_empty_output(
@@ -214,6 +251,117 @@ def test_invalid_utf8_names_the_line(
     src.write_bytes(b"the cat\nthe \xff dog\n")
     err = run_error(["translate", "-m", str(model_dir), "-i", str(src), *FAST], capsys)
     assert "in.txt:2: invalid UTF-8" in err
+
+
+@pytest.mark.parametrize("command", ["translate", "evaluate", "score"])
+def test_a_failure_part_way_leaves_an_existing_output_as_it_was(
+    command: str, model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Old CLI: the output was opened for writing before the input had been read, so a bad line
+    found part way emptied the user's existing file (and left the lines before it)."""
+    src = tmp_path / "in.txt"
+    src.write_bytes(b"the cat\nthe \xff dog\n")
+    ref = write_lines(tmp_path / "ref.txt", ["a", "b"])
+    out = tmp_path / "out.txt"
+    out.write_text("PRECIOUS\n", encoding="utf-8")
+    args = {
+        "translate": ["-i", str(src), *FAST],
+        "evaluate": ["--src", str(src), "--ref", str(ref), *FAST],
+        "score": ["--src", str(src), "--tgt", str(ref)],
+    }[command]
+    err = run_error([command, "-m", str(model_dir), *args, "-o", str(out)], capsys)
+    assert "in.txt:2: invalid UTF-8" in err
+    assert out.read_text(encoding="utf-8") == "PRECIOUS\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.txt", "ref.txt"]
+
+
+def test_output_over_a_hard_link_or_the_redirected_input_keeps_the_input(
+    model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Old CLI: ``-o`` a hard link of ``-i``, or ``-o FILE < FILE``, emptied the input before
+    it was read, and wrote an empty translation (exit status 0)."""
+    lines = ["the cat", "a dog barked"]
+    src = write_lines(tmp_path / "in.txt", lines)
+    link = tmp_path / "link.txt"
+    link.hardlink_to(src)
+    assert main(["translate", "-m", str(model_dir), "-i", str(src), "-o", str(link), *FAST]) == 0
+    assert src.read_text(encoding="utf-8") == "".join(f"{line}\n" for line in lines)
+    assert link.read_text(encoding="utf-8") == expected_output(model_dir, lines)
+    same = write_lines(tmp_path / "same.txt", lines)
+    with same.open("rb") as stdin:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(stdin, encoding="utf-8"))
+        assert main(["translate", "-m", str(model_dir), "-o", str(same), *FAST]) == 0
+    assert same.read_text(encoding="utf-8") == expected_output(model_dir, lines)
+
+
+def test_output_keeps_its_permissions_and_is_written_through_a_symbolic_link(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    src = write_lines(tmp_path / "in.txt", ["the cat"])
+    target = tmp_path / "target.txt"
+    target.write_text("old\n", encoding="utf-8")
+    target.chmod(0o640)
+    link = tmp_path / "link.txt"
+    link.symlink_to(target)
+    assert main(["translate", "-m", str(model_dir), "-i", str(src), "-o", str(link), *FAST]) == 0
+    assert link.is_symlink() and (target.stat().st_mode & 0o777) == 0o640
+    assert target.read_text(encoding="utf-8") == expected_output(model_dir, ["the cat"])
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs Linux's /dev/full")
+def test_a_full_disk_is_one_line_naming_the_output(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Old CLI: ``OSError: [Errno 28] No space left on device``, reported as a bug in aiayn."""
+    src = write_lines(tmp_path / "in.txt", ["the cat"])
+    args = ["translate", "-m", str(model_dir), "-i", str(src), "-o", "/dev/full", *FAST]
+    assert "cannot write /dev/full: No space left on device" in run_error(args, capsys)
+    full = open("/dev/full", "w", encoding="utf-8")  # noqa: SIM115 (closed below, quietly)
+    sys_stdout, sys.stdout = sys.stdout, full
+    try:
+        status = main(["translate", "-m", str(model_dir), "-i", str(src), *FAST])
+    finally:
+        sys.stdout = sys_stdout
+        with contextlib.suppress(OSError):  # what is left in its buffer fails again
+            full.close()
+    assert status == 2
+    assert "cannot write standard output: No space left on device" in capsys.readouterr().err
+
+
+def test_input_from_a_pipe_is_read_and_a_directory_is_named(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``-i <(...)``, ``-i /dev/stdin`` and named pipes are not regular files; they were refused
+    as missing, and so was a directory."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    lines = ["the cat", "a dog barked"]
+    writer = threading.Thread(target=write_lines, args=(fifo, lines), daemon=True)
+    writer.start()
+    out = tmp_path / "out.txt"
+    try:
+        status = main(["translate", "-m", str(model_dir), "-i", str(fifo), "-o", str(out), *FAST])
+    finally:
+        writer.join(10)
+        if writer.is_alive():  # nobody opened the pipe: a reader lets the writer end
+            os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))
+    assert status == 0
+    assert out.read_text(encoding="utf-8") == expected_output(model_dir, lines)
+    err = run_error(["translate", "-m", str(model_dir), "-i", str(tmp_path)], capsys)
+    assert f"input file {tmp_path} is a directory, not a file" in err
+    ref = write_lines(tmp_path / "ref.txt", lines)
+    args = ["evaluate", "-m", str(model_dir), "--src", str(fifo), "--ref", str(ref)]
+    assert "is not a regular file (a pipe?): this command reads it twice" in run_error(args, capsys)
+
+
+def test_evaluate_refuses_a_tokenizer_sacrebleu_lacks_before_translating(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Old CLI: a KeyError from sacreBLEU, a bug's traceback, after translating the whole set."""
+    src = write_lines(tmp_path / "in.txt", ["the cat"])
+    args = ["evaluate", "-m", str(tmp_path / "no-model"), "--src", str(src), "--ref", str(src)]
+    err = run_error([*args, "--tokenize", "bogus"], capsys)  # before the model is looked for
+    assert "tokenize ('bogus') is not one of sacreBLEU's tokenizers: " in err and "13a" in err
 
 
 def test_missing_input_and_bad_options_are_clear_errors(

@@ -22,7 +22,7 @@ from aiayn.cli.common import (
 )
 from aiayn.cli.flags import add_dataclass_flags
 from aiayn.decode.options import DecodingOptions
-from aiayn.errors import UserFileNotFoundError, UserValueError
+from aiayn.errors import UserValueError
 
 if TYPE_CHECKING:
     from aiayn.decode.translator import Translator
@@ -59,7 +59,12 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         "empty input line gives a line with only the tab.",
     )
     p.add_argument("-i", "--input", help="input file (default: stdin; '-' = stdin)")
-    p.add_argument("-o", "--output", help="output file (default: stdout)")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="output file (default: stdout); written under a temporary name beside it and "
+        "renamed at the end, so a failed run leaves an existing file as it was",
+    )
     add_progress_flag(p)
     p.add_argument(
         "--n-best", type=int, metavar="N", help="write the N best hypotheses in n-best format"
@@ -88,13 +93,15 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
 def _run_translate(args: argparse.Namespace) -> int:
     from aiayn.decode.alignment import format_translation
     from aiayn.text.corpus import count_lines
-    from aiayn.text.lines import read_lines
+    from aiayn.text.lines import check_input_file, output_lines, read_lines
 
     from_file = args.input not in (None, "-")
-    if from_file and not Path(args.input).is_file():
-        raise UserFileNotFoundError(f"input file {args.input} does not exist")
+    if from_file:
+        check_input_file(args.input)
     if from_file and args.output and Path(args.output).resolve() == Path(args.input).resolve():
         raise UserValueError(f"refusing to write the translation over its input {args.input}")
+    if not from_file and sys.stdin is None:
+        raise UserValueError("standard input is closed: give the sentences with -i FILE")
     if args.alignment and args.n_best is not None:
         raise UserValueError("--alignment cannot be combined with --n-best")
     if args.alignment and backend_of(args) == "ctranslate2":
@@ -121,13 +128,12 @@ def _run_translate(args: argparse.Namespace) -> int:
     lines = read_lines(args.input) if from_file else read_lines(sys.stdin.buffer, name="<stdin>")
     # No bar when the translations themselves go to the terminal: they would tear it.
     show_progress = not args.no_progress and bool(args.output or not sys.stdout.isatty())
-    total = count_lines(Path(args.input)) if from_file and show_progress else None
+    counted = from_file and show_progress and Path(args.input).is_file()  # not a pipe: read once
+    total = count_lines(Path(args.input)) if counted else None
     with contextlib.ExitStack() as stack:
         progress = stack.enter_context(progress_bar(show_progress, total))
         results = translator.translate_iterable(lines, progress=progress, **options)
-        out = sys.stdout
-        if args.output:
-            out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
+        out = stack.enter_context(output_lines(args.output))
         for number, result in enumerate(results):
             out.write(format_translation(number, result, args.n_best, alignment_layer))
         out.flush()
@@ -139,15 +145,22 @@ def _translate_interactively(
 ) -> int:
     """A '> ' prompt on stderr, each translation on stdout, until end of input (Ctrl-D)."""
     from aiayn.decode.alignment import format_translation
+    from aiayn.text.corpus import DataError, decode_line
 
     print("Type a sentence and press Enter; Ctrl-D to quit.", file=sys.stderr)
-    number = 0
+    number = lineno = 0
     while True:
         print("> ", end="", file=sys.stderr, flush=True)
-        line = sys.stdin.readline()
-        if not line:
+        raw = sys.stdin.buffer.readline()
+        lineno += 1
+        if not raw:
             print(file=sys.stderr)
             return 0
+        try:  # what a file's lines are checked for; the session goes on after a bad one
+            line = decode_line(raw, Path("<stdin>"), lineno)
+        except DataError as error:
+            print(f"error: {error}", file=sys.stderr)
+            continue
         [result] = translator.translate([line], **options)
         sys.stdout.write(format_translation(number, result, n_best, alignment_layer))
         sys.stdout.flush()
@@ -190,14 +203,14 @@ def _add_evaluate(sub: argparse._SubParsersAction) -> None:
 def _run_evaluate(args: argparse.Namespace) -> int:
     import json
 
-    from aiayn.decode.evaluation import evaluate_files, tokenized_bleu
+    from aiayn.decode.evaluation import check_tokenize, evaluate_files, tokenized_bleu
     from aiayn.text.corpus import count_lines
-    from aiayn.text.lines import read_lines
+    from aiayn.text.lines import check_input_file, read_lines
 
     out_path = Path(args.output) if args.output else Path.cwd() / f"{Path(args.src).name}.hyp"
     for path in (args.src, *args.ref):
-        if not Path(path).is_file():
-            raise UserFileNotFoundError(f"{path} does not exist")
+        check_input_file(path, "--src" if path == args.src else "--ref", reread=True)
+    check_tokenize(args.tokenize)  # before loading a model and translating the set
     translator = load_translator(args)
     with progress_bar(not args.no_progress, count_lines(Path(args.src))) as progress:
         scores = evaluate_files(
@@ -249,7 +262,12 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--src", required=True, help="source sentences, one per line")
     p.add_argument("--tgt", required=True, help="their translations, line-aligned with --src")
-    p.add_argument("-o", "--output", help="output file (default: stdout)")
+    p.add_argument(
+        "-o",
+        "--output",
+        help="output file (default: stdout); written under a temporary name beside it and "
+        "renamed at the end, so a failed run leaves an existing file as it was",
+    )
     p.add_argument(
         "--json",
         action="store_true",
@@ -267,12 +285,11 @@ def _run_score(args: argparse.Namespace) -> int:
 
     from aiayn.decode.scoring import score_pairs
     from aiayn.text.corpus import count_lines
-    from aiayn.text.lines import read_lines
+    from aiayn.text.lines import check_input_file, output_lines, read_lines
 
     src, tgt = Path(args.src), Path(args.tgt)
-    for path in (src, tgt):
-        if not path.is_file():
-            raise UserFileNotFoundError(f"{path} does not exist")
+    for path, flag in ((src, "--src"), (tgt, "--tgt")):
+        check_input_file(path, flag, reread=True)
     n_src, n_tgt = count_lines(src), count_lines(tgt)
     if n_src != n_tgt:
         raise UserValueError(f"{src} has {n_src} lines but {tgt} has {n_tgt} lines")
@@ -284,9 +301,7 @@ def _run_score(args: argparse.Namespace) -> int:
     log_prob, n_tokens = 0.0, 0
     with contextlib.ExitStack() as stack:
         progress = stack.enter_context(progress_bar(show_progress, n_src))
-        out = sys.stdout
-        if args.output:
-            out = stack.enter_context(open(args.output, "w", encoding="utf-8", newline="\n"))
+        out = stack.enter_context(output_lines(args.output))
         scores = score_pairs(
             translator.models,
             translator.tokenizer,

@@ -22,13 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
+from sacrebleu.metrics import bleu as sacrebleu_bleu
 from sacrebleu.tokenizers.tokenizer_13a import Tokenizer13a
 
 from aiayn.decode.options import DecodingOptions
 from aiayn.decode.translator import Translator
-from aiayn.errors import UserFileNotFoundError, UserValueError
+from aiayn.errors import UserValueError
 from aiayn.text.corpus import count_lines
-from aiayn.text.lines import one_line, read_lines
+from aiayn.text.lines import check_input_file, one_line, output_lines, read_lines
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,7 @@ __all__ = [
     "EvaluationError",
     "TokenizedBleu",
     "bleu_of_pairs",
+    "check_tokenize",
     "evaluate_files",
     "score",
     "split_hyphenated_compounds",
@@ -95,6 +97,25 @@ def _check_streams(
             )
     if not hypotheses:
         raise EvaluationError(f"nothing to score: {hyp_name} is empty")
+
+
+def check_tokenize(tokenize: str | None) -> None:
+    """Raises an EvaluationError if sacreBLEU cannot make the BLEU tokenizer ``tokenize`` (an
+    unknown name, a missing extra such as ``ja-mecab``'s): before anything is translated."""
+    if tokenize is None:
+        return
+    try:
+        BLEU(tokenize=tokenize)
+    except KeyError:
+        known = ", ".join(getattr(sacrebleu_bleu, "_TOKENIZERS", ()))
+        raise EvaluationError(
+            f"tokenize ({tokenize!r}) is not one of sacreBLEU's tokenizers"
+            + (f": {known}" if known else "")
+        ) from None
+    except Exception as error:  # sacreBLEU printed what to install, if that is it
+        reason = str(error).strip() or type(error).__name__
+        message = f"sacreBLEU cannot use the tokenizer {tokenize!r}: {reason}"
+        raise EvaluationError(message) from None
 
 
 def score(
@@ -257,19 +278,20 @@ def evaluate_files(
 
     Raises:
         EvaluationError: No reference file, line counts differ (files and counts named), the
-            output would overwrite an input, or the source is empty.
+            output would overwrite an input, the source is empty, or sacreBLEU has no
+            tokenizer ``tokenize``.
         ValueError: A decoding option is out of range (checked before reading anything).
         DataError: A line is not valid UTF-8 (file and line named).
         FileNotFoundError: An input file does not exist.
     """
     options = replace(options or DecodingOptions(), **overrides)
+    check_tokenize(tokenize)
     src_path, out_path = Path(src_path), Path(out_path)
     ref_paths = [Path(p) for p in ref_paths]
     if not ref_paths:
         raise EvaluationError("give at least one reference file")
     for path in (src_path, *ref_paths):
-        if not path.is_file():
-            raise UserFileNotFoundError(f"{path} does not exist")
+        check_input_file(path, "source file" if path == src_path else "reference", reread=True)
         if out_path.exists() and out_path.resolve() == path.resolve():
             raise EvaluationError(f"refusing to overwrite the input {path} with hypotheses")
     n_src = count_lines(src_path)
@@ -287,7 +309,7 @@ def evaluate_files(
     hypotheses = []
     results = translator.translate_iterable(read_lines(src_path), options, progress=progress)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    with out_path.open("w", encoding="utf-8", newline="\n") as out:
+    with output_lines(out_path) as out:  # replaced once every hypothesis is written
         for result in results:
             text = one_line(result.text)
             hypotheses.append(text)
