@@ -76,8 +76,7 @@ def _run_export(args: argparse.Namespace) -> int:
     from aiayn.model_dir import resolve_model_dir
 
     model_dir = resolve_model_dir(args.model_dir)
-    output = Path(args.output)
-    check_output_dir(output, args.to)
+    output = check_output_dir(Path(args.output), args.to)
     if args.to == "ctranslate2":
         from aiayn.interop.ctranslate2 import export_ctranslate2
 
@@ -101,8 +100,7 @@ def _run_import(args: argparse.Namespace) -> int:
         raise UserFileNotFoundError(
             f"{hf_dir} is not a Hugging Face model directory (no config.json)"
         )
-    output = Path(args.output)
-    check_output_dir(output, "aiayn")
+    output = check_output_dir(Path(args.output), "aiayn")
     from aiayn.interop.marian import import_marian
 
     write_replacing(output, lambda tmp: import_marian(hf_dir, tmp))

@@ -91,12 +91,26 @@ KINDS = {
 }
 
 
-def check_output_dir(directory: Path, kind: str) -> None:
+def check_output_dir(directory: Path, kind: str) -> Path:
     """Refuse an output directory that writing a `kind` output (a key of `KINDS`) must not
     replace (see the module docstring); a new or empty one, or an earlier output of that kind,
-    passes."""
+    passes. Returns the directory to write: ``directory`` with its symbolic links resolved, so
+    that an output given as a link is written where the link points and the link stays.
+
+    The current directory (``-o .``), or one holding it, is refused: an output directory is
+    replaced whole, and the command's shell would be left in a deleted directory.
+    """
     from aiayn.model_dir import CheckpointError
     from aiayn.train.rundir import owning_run
+
+    given, directory = directory, Path(os.path.realpath(directory))
+    cwd = Path.cwd()
+    if directory == cwd or directory in cwd.parents:
+        which = "is the current directory" if directory == cwd else "holds the current directory"
+        raise CheckpointError(
+            f"{given} {which}, which writing the output would replace whole; run the command "
+            "from another directory or choose another output directory (nothing was changed)"
+        )
 
     if (owner := owning_run(directory)) is not None:
         run, inside = owner
@@ -109,12 +123,12 @@ def check_output_dir(directory: Path, kind: str) -> None:
             f"{directory} {where}; choose another output directory (nothing was changed)"
         )
     if not directory.exists():
-        return
+        return directory
     if not directory.is_dir():
         raise CheckpointError(f"{directory} exists and is not a directory (nothing was changed)")
     names = sorted(p.name for p in directory.iterdir())
     if not names:
-        return
+        return directory
     wanted = KINDS[kind]
     if not wanted.holds(directory):
         other = next((k.name for k in KINDS.values() if k.holds(directory)), None)
@@ -132,12 +146,14 @@ def check_output_dir(directory: Path, kind: str) -> None:
             f"{directory} already holds files that are not {wanted.name}'s ({shown}); choose "
             "another output directory (nothing was changed)"
         )
+    return directory
 
 
 def write_replacing(output: Path, write: Callable[[Path], object]) -> None:
     """``write(tmp)`` into a fresh sibling of ``output``, then put it in ``output``'s place
-    (the earlier output, already checked by `check_output_dir`, is removed only then)."""
-    output = output.absolute()
+    (the earlier output, already checked by `check_output_dir`, is removed only then). A
+    symbolic link is written through: its target is replaced and the link stays."""
+    output = Path(os.path.realpath(output))
     output.parent.mkdir(parents=True, exist_ok=True)
     tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
     old = output.parent / f".{output.name}.old-{os.getpid()}"

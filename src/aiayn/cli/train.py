@@ -203,7 +203,7 @@ def _run_average(args: argparse.Namespace) -> int:
     from aiayn.model_dir import METADATA_FILE, CheckpointError, save_model_dir, tokenizer_file_of
     from aiayn.train import checkpoint as ckpt
 
-    check_output_dir(Path(args.output), "aiayn")  # refused before averaging, not after
+    output = check_output_dir(Path(args.output), "aiayn")  # refused before averaging, not after
     paths = ckpt.list_checkpoints(args.run_dir)
     if not paths:
         raise CheckpointError(f"no checkpoints in {Path(args.run_dir) / 'checkpoints'}")
@@ -215,9 +215,7 @@ def _run_average(args: argparse.Namespace) -> int:
     model = ckpt.average_checkpoints(chosen)
     metadata = json.loads((chosen[-1] / METADATA_FILE).read_text())
     metadata["averaged"] = [p.name for p in chosen]
-    save_model_dir(
-        args.output, model, tokenizer_file=tokenizer_file_of(chosen[-1]), metadata=metadata
-    )
+    save_model_dir(output, model, tokenizer_file=tokenizer_file_of(chosen[-1]), metadata=metadata)
     print(
         f"averaged {len(chosen)} checkpoints ({chosen[0].name} … {chosen[-1].name}) "
         f"into {args.output}"
