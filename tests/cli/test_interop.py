@@ -6,10 +6,13 @@ one-line error. Each test skips when its optional runtime is missing."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from aiayn.cli import main
 from aiayn.errors import UserError
@@ -452,3 +455,60 @@ def test_an_onnx_export_with_a_corrupt_aiayn_json_is_one_line_naming_it(tmp_path
     err = capsys.readouterr().err
     assert err.startswith(f"aiayn translate: error: {export_dir / 'aiayn.json'} is corrupt: "), err
     assert err.count("\n") == 1
+
+
+def test_a_damaged_export_or_a_compute_type_ctranslate2_refuses_is_one_line(
+    ct2_dir, model_dir, source, tmp_path, capsys
+):
+    """Old CLI: CTranslate2's ValueError and RuntimeError, and onnxruntime's errors, came out
+    as tracebacks of a bug in aiayn."""
+    argv = ["translate", "-i", str(source), "-o", str(tmp_path / "out.txt"), *FAST]
+    assert main([*argv, "-m", str(ct2_dir), "--compute-type", "bogus"]) == 2
+    assert "error: compute_type ('bogus') on cpu: " in capsys.readouterr().err
+    damaged = tmp_path / "ct2"
+    shutil.copytree(ct2_dir, damaged)
+    with (damaged / "model.bin").open("r+b") as weights:
+        weights.truncate(1000)
+    assert main([*argv, "-m", str(damaged)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {damaged}: CTranslate2 cannot load this export (" in err, err
+    assert err.count("\n") == 1
+    pytest.importorskip("onnxruntime")
+    onnx_dir = tmp_path / "onnx"  # an ONNX export's aiayn.json, and graphs that are not
+    onnx_dir.mkdir()
+    aiayn = json.loads((ct2_dir / "aiayn.json").read_text(encoding="utf-8"))
+    (onnx_dir / "aiayn.json").write_text(json.dumps({**aiayn, "positions": 64}), encoding="utf-8")
+    for name in ("encoder.onnx", "decoder_step.onnx"):
+        (onnx_dir / name).write_bytes(b"not a graph")
+    assert main([*argv, "-m", str(onnx_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {onnx_dir / 'encoder.onnx'}: onnxruntime cannot load it (" in err, err
+
+
+def test_outputs_longer_than_a_ctranslate2_exports_positions_are_refused(ct2_dir, source, capsys):
+    """Old CLI: CTranslate2's RuntimeError ("No position encodings are defined for positions
+    >= ...") as a bug's traceback, where the ONNX export refused in one line."""
+    argv = ["translate", "-m", str(ct2_dir), "-i", str(source), *FAST, "--max-len-b", "100000"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the export's positional table has" in err and "lower max_len_a/max_len_b" in err
+
+
+def test_an_opset_the_exporter_does_not_write_is_refused(model_dir, tmp_path, capsys, monkeypatch):
+    """Old CLI: --opset 99 wrote opset-18 graphs and an aiayn.json saying 99, exit 0. (PyTorch's
+    exporter, which takes seconds, is played by one that writes what it wrote: an opset-18
+    graph whatever it is asked.)"""
+    onnx = pytest.importorskip("onnx")
+    pytest.importorskip("onnxscript")
+
+    def exporter(module, args, path, **kwargs):
+        graph = onnx.helper.make_graph([], "g", [], [])
+        opset = onnx.helper.make_opsetid("", 18)
+        onnx.save(onnx.helper.make_model(graph, opset_imports=[opset]), path)
+
+    monkeypatch.setattr(torch.onnx, "export", exporter)
+    out = tmp_path / "onnx"
+    assert main(["export", str(model_dir), "--to", "onnx", "--opset", "99", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "opset (99): PyTorch's exporter wrote the graphs in opset 18" in err, err
+    assert not out.exists() and list(tmp_path.iterdir()) == []

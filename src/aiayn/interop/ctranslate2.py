@@ -124,7 +124,9 @@ def export_ctranslate2(
         "quantization": quantization,
     }
     (out_dir / AIAYN_FILE).write_text(json.dumps(aiayn, indent=2) + "\n")
-    logger.info("exported %s to CTranslate2 (%s) -> %s", model_dir, quantization, out_dir)
+    logger.debug(  # the command line says where the output went; this may be a temporary one
+        "exported %s to CTranslate2 (%s) -> %s", model_dir, quantization or "as stored", out_dir
+    )
     return out_dir
 
 

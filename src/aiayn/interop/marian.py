@@ -205,7 +205,7 @@ def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
     out_dir = Path(out_dir)
     hf.save_pretrained(out_dir)
     _save_marian_tokenizer(loaded, out_dir)
-    logger.info("exported %s to Hugging Face Marian -> %s", model_dir, out_dir)
+    logger.debug("exported %s to Hugging Face Marian -> %s", model_dir, out_dir)
     return out_dir
 
 
@@ -397,7 +397,7 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
         for name in (SOURCE_SPM_FILE, TARGET_SPM_FILE):
             shutil.copyfile(hf_dir / name, Path(tmp) / name)
         out = save_model_dir(out_dir, model, tokenizer_file=vocab_file, metadata=metadata)
-    logger.info("imported %s (Hugging Face Marian) -> %s", hf_dir, out)
+    logger.debug("imported %s (Hugging Face Marian) -> %s", hf_dir, out)
     return out
 
 

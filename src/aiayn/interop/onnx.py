@@ -39,6 +39,7 @@ from aiayn.decode.backends.onnx import (  # OnnxModel re-exported: aiayn.interop
     ENCODER_FILE,
     OnnxModel,
 )
+from aiayn.errors import UserValueError
 from aiayn.extras import require
 from aiayn.interop import EXTRA_POSITIONS
 from aiayn.model import Transformer, sinusoidal_positional_encoding
@@ -151,7 +152,7 @@ def export_onnx(model_dir: str | Path, out_dir: str | Path, opset: int = OPSET) 
     files = tokenizer_files(loaded.tokenizer_file)
     for file in files:
         shutil.copyfile(file, out_dir / (file.name if len(files) > 1 else TOKENIZER_FILE_NAME))
-    logger.info("exported %s to ONNX (opset %d) -> %s", model_dir, opset, out_dir)
+    logger.debug("exported %s to ONNX (opset %d) -> %s", model_dir, opset, out_dir)
     return out_dir
 
 
@@ -223,6 +224,13 @@ def write_onnx_graphs(
             dynamo=True,
             external_data=False,
         )  # fmt: skip
+    written = _opset_of(out_dir / ENCODER_FILE), _opset_of(out_dir / DECODER_STEP_FILE)
+    if written != (opset, opset):
+        raise UserValueError(
+            f"opset ({opset}): PyTorch's exporter wrote the graphs in opset "
+            f"{' and '.join(map(str, sorted(set(written))))} (it converts only to the opsets "
+            f"it supports); ask for that, or leave the opset to its default ({OPSET})"
+        )
     aiayn = {
         "config": c.to_dict(),
         "metadata": metadata or {},
@@ -231,6 +239,14 @@ def write_onnx_graphs(
     }
     (out_dir / AIAYN_FILE).write_text(json.dumps(aiayn, indent=2) + "\n")
     return out_dir
+
+
+def _opset_of(graph: Path) -> int:
+    """The ONNX opset (the default domain's) a graph file was written in."""
+    import onnx
+
+    model = onnx.load(str(graph), load_external_data=False)
+    return next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
 __all__ = ["OPSET", "OnnxModel", "export_onnx", "write_onnx_graphs"]

@@ -38,6 +38,7 @@ whose export is cached, the command never loads PyTorch.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -46,8 +47,9 @@ from aiayn.config import ModelConfig
 from aiayn.decode.backends import AIAYN_FILE, ExportedModel
 from aiayn.decode.options import DecodingOptions, max_output_length
 from aiayn.decode.results import Hypothesis, SentenceAttention
-from aiayn.errors import CheckpointError, UserValueError
+from aiayn.errors import CheckpointError, CorruptCheckpointError, UserValueError
 from aiayn.extras import require
+from aiayn.interop import EXTRA_POSITIONS
 from aiayn.text.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -129,14 +131,27 @@ class CTranslate2Backend:
             self.tokenizer = Tokenizer.load(directory / SOURCE_SPM_FILE)
         self.metadata: dict[str, Any] = aiayn.get("metadata", {})
         kind, _, index = device.partition(":")
-        self.translator = self._ctranslate2.Translator(
-            str(directory),
-            device=kind,
-            device_index=int(index or 0),
-            compute_type=compute_type,
-            intra_threads=threads if workers == 1 else max(1, threads // workers),
-            inter_threads=workers,
-        )
+        try:
+            self.translator = self._ctranslate2.Translator(
+                str(directory),
+                device=kind,
+                device_index=int(index or 0),
+                compute_type=compute_type,
+                intra_threads=threads if workers == 1 else max(1, threads // workers),
+                inter_threads=workers,
+            )
+        except ValueError as error:  # a compute type it does not know, or cannot run there
+            raise UserValueError(
+                f"compute_type ({compute_type!r}) on {device}: {_first_line(error)}"
+            ) from None
+        except RuntimeError as error:
+            reason = _first_line(error)
+            if re.search(r"cuda|cublas|cudnn", reason, re.IGNORECASE):
+                raise  # the device's, not the export's (the CLI may fall back to the CPU)
+            raise CorruptCheckpointError(
+                f"{directory}: CTranslate2 cannot load this export ({reason}); write it again "
+                "with aiayn export --to ctranslate2"
+            ) from None
         self.concurrency = workers  # batches decoded at once (see `submit`)
         self._token_ids: dict[str, int] = {}
         for i, piece in enumerate(vocabulary(self.tokenizer, config.tgt_vocab_size)):
@@ -207,6 +222,12 @@ class CTranslate2Backend:
         limits = [
             max_output_length(len(ids), options.max_len_a, options.max_len_b) for ids in sources
         ]
+        positions = self.models[0].config.max_positions + EXTRA_POSITIONS  # the export's table
+        if max(limits) + 1 > positions:
+            raise UserValueError(
+                f"outputs of up to {max(limits) + 1} positions, but the export's positional "
+                f"table has {positions}: lower max_len_a/max_len_b"
+            )
         tokens = [self.tokenizer.pieces(ids[:-1]) for ids in sources]  # CTranslate2 adds </s>
         kwargs: dict[str, Any] = dict(
             max_decoding_length=max(limits) + 1,  # + EOS
@@ -308,3 +329,7 @@ class CTranslate2Backend:
             ids = ids[:-1]
         log_prob = score * float(len(ids) + 1) ** alpha
         return Hypothesis(tokens=ids, score=score, log_prob=log_prob)
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

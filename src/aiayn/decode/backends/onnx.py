@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,7 +29,7 @@ from aiayn.decode.backends import AIAYN_FILE, ExportedModel
 from aiayn.decode.options import DecodingOptions
 from aiayn.decode.results import Hypothesis, SentenceAttention
 from aiayn.decode.search import search_with
-from aiayn.errors import UserValueError
+from aiayn.errors import CorruptCheckpointError, UserValueError
 from aiayn.extras import require
 from aiayn.model_dir import TOKENIZER_FILE, CheckpointError
 from aiayn.text.tokenizer import PAD_ID, VOCAB_FILE, SplitTokenizer, Tokenizer, load_tokenizer
@@ -91,11 +92,9 @@ class OnnxModel(ExportedModel):
         if threads:
             options.intra_op_num_threads = threads
         providers = ["CPUExecutionProvider"]
-        self.encoder = ort.InferenceSession(
-            str(directory / ENCODER_FILE), options, providers=providers
-        )
-        self.decoder = ort.InferenceSession(
-            str(directory / DECODER_STEP_FILE), options, providers=providers
+        self.encoder, self.decoder = (
+            _session(ort, directory / name, options, providers)
+            for name in (ENCODER_FILE, DECODER_STEP_FILE)
         )
 
     def encode(self, src_tokens: Tensor) -> tuple[tuple[Tensor, Tensor], Tensor]:
@@ -139,6 +138,19 @@ class OnnxModel(ExportedModel):
         )
         cache.length += 1
         return log_probs
+
+
+def _session(ort: Any, path: Path, options: Any, providers: list[str]) -> Any:
+    """onnxruntime's session of the graph ``path``; a missing, truncated or foreign graph is a
+    `CorruptCheckpointError` naming it (onnxruntime's own errors are not a user error)."""
+    try:
+        return ort.InferenceSession(str(path), options, providers=providers)
+    except Exception as error:  # onnxruntime's NoSuchFile, InvalidProtobuf, Fail, ...
+        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise CorruptCheckpointError(
+            f"{path}: onnxruntime cannot load it ({reason}); write the export again with "
+            "aiayn export --to onnx"
+        ) from None
 
 
 def load_onnx_export(
