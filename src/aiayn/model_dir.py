@@ -269,6 +269,13 @@ def _expected_checksums(directory: Path) -> dict[str, str]:
         checksums = json.loads((directory / CHECKSUMS_FILE).read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise CorruptCheckpointError(f"{directory / CHECKSUMS_FILE} is corrupt: {error}") from None
+    if not isinstance(checksums, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in checksums.items()
+    ):
+        raise CorruptCheckpointError(
+            f"{directory / CHECKSUMS_FILE} is corrupt: not an object of file names and SHA-256 "
+            "digests"
+        )
     return checksums
 
 

@@ -13,6 +13,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -221,6 +222,34 @@ def test_no_progress_bar_when_the_translations_go_to_the_terminal(
 def run_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     assert main(args) == 2
     return capsys.readouterr().err
+
+
+def test_flags_that_would_do_nothing_are_refused(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Old CLI: sampling's flags without --sampling, --alignment-layer without --alignment,
+    and `info -m` with a preset's flags were taken and did nothing."""
+    src = write_lines(tmp_path / "in.txt", ["the cat"])
+    translate = ["translate", "-m", str(model_dir), "-i", str(src), *FAST]
+    err = run_error([*translate, "--top-k", "5", "--seed", "1"], capsys)
+    assert "--top-k, --seed are for sampling, which --sampling asks for" in err
+    err = run_error([*translate, "--alignment-layer", "0"], capsys)
+    assert "--alignment-layer chooses the layer of --alignment: add it" in err
+    assert main([*translate, "--sampling", "--top-k", "5", "--seed", "1"]) == 0
+    err = run_error(["info", "-m", str(model_dir), "--set", "n_heads=16"], capsys)
+    assert "--set describes a preset; with -m the model directory's own architecture" in err
+
+
+def test_a_checksums_file_that_is_not_an_object_is_one_line(
+    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Old CLI: valid JSON of another shape ('[]') was an AttributeError, a bug's traceback."""
+    damaged = tmp_path / "model"
+    shutil.copytree(model_dir, damaged)
+    (damaged / "checksums.json").write_text("[]\n", encoding="utf-8")
+    src = write_lines(tmp_path / "in.txt", ["the cat"])
+    err = run_error(["translate", "-m", str(damaged), "-i", str(src), *FAST], capsys)
+    assert "checksums.json is corrupt: not an object of file names and SHA-256 digests" in err
 
 
 def test_missing_model_dir_is_a_clear_error(

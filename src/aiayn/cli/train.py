@@ -29,8 +29,12 @@ def add(sub: argparse._SubParsersAction) -> None:
 def _add_info(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="print a model's architecture and parameter counts")
     p.add_argument("-m", "--model-dir", help="a trained model directory (instead of a preset)")
-    p.add_argument("--preset", default="base", help="preset name (base, big, small, tiny, demo)")
-    p.add_argument("--vocab-size", type=int, default=37000, help="joint vocabulary size")
+    p.add_argument(
+        "--preset", help="preset name (base, big, small, tiny, demo; default base; not with -m)"
+    )
+    p.add_argument(
+        "--vocab-size", type=int, help="joint vocabulary size (default 37000; not with -m)"
+    )
     p.add_argument("--tgt-vocab-size", type=int, help="target vocabulary size if not joint")
     p.add_argument(
         "--set",
@@ -52,14 +56,30 @@ def _run_info(args: argparse.Namespace) -> int:
     if args.model_dir:
         from aiayn.model_dir import read_model_config, resolve_model_dir
 
+        given = [
+            flag
+            for flag, value in (
+                ("--preset", args.preset),
+                ("--vocab-size", args.vocab_size),
+                ("--tgt-vocab-size", args.tgt_vocab_size),
+                ("--set", args.set or None),
+            )
+            if value is not None
+        ]
+        if given:
+            raise UserValueError(
+                f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} a preset; with -m "
+                "the model directory's own architecture is shown: leave "
+                f"{'it' if len(given) == 1 else 'them'} out"
+            )
         config = read_model_config(resolve_model_dir(args.model_dir))
     else:
         overrides = parse_assignments(args.set, "--set")
         if args.tgt_vocab_size is not None:
             overrides.setdefault("share_embeddings", "decoder")
         config = preset(
-            args.preset,
-            src_vocab_size=args.vocab_size,
+            args.preset or "base",
+            src_vocab_size=37000 if args.vocab_size is None else args.vocab_size,
             tgt_vocab_size=args.tgt_vocab_size,
             **overrides,
         )

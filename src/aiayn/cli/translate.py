@@ -78,7 +78,6 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--alignment-layer",
         type=int,
-        default=-1,
         metavar="L",
         help="decoder layer whose attention gives the alignments; 0-based, negative counts "
         "from the end (default -1, the last)",
@@ -86,7 +85,12 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     add_search_options(p, ensemble=True, backend=True, workers=True)
     g = p.add_argument_group("sampling (instead of beam search)")
     add_dataclass_flags(g, DecodingOptions, only=SAMPLING_FIELDS)
-    g.add_argument("--seed", type=int, help="seed for reproducible samples")
+    g.add_argument(
+        "--seed",
+        type=int,
+        help="seed for reproducible samples: the same input, model and --max-tokens (which "
+        "decide the batches) give the same samples",
+    )
     p.set_defaults(run=_run_translate)
 
 
@@ -104,6 +108,20 @@ def _run_translate(args: argparse.Namespace) -> int:
         raise UserValueError("standard input is closed: give the sentences with -i FILE")
     if args.alignment and args.n_best is not None:
         raise UserValueError("--alignment cannot be combined with --n-best")
+    if args.alignment_layer is not None and not args.alignment:
+        raise UserValueError("--alignment-layer chooses the layer of --alignment: add it")
+    if not args.sampling:
+        unused = [
+            f"--{name.replace('_', '-')}"
+            for name in ("temperature", "top_k", "top_p", "seed")
+            if getattr(args, name) is not None
+        ]
+        if unused:
+            raise UserValueError(
+                f"{', '.join(unused)} {'is' if len(unused) == 1 else 'are'} for sampling, "
+                "which --sampling asks for; beam search does not use "
+                f"{'it' if len(unused) == 1 else 'them'}"
+            )
     if args.alignment and backend_of(args) == "ctranslate2":
         raise UserValueError(
             "--alignment needs the attention maps, which the CTranslate2 backend does not "
@@ -121,7 +139,8 @@ def _run_translate(args: argparse.Namespace) -> int:
         from aiayn.decode.alignment import check_index
 
         n_layers = translator.model.config.n_decoder_layers
-        alignment_layer = check_index(args.alignment_layer, n_layers, "layer", "decoder layers")
+        layer = -1 if args.alignment_layer is None else args.alignment_layer  # the last
+        alignment_layer = check_index(layer, n_layers, "layer", "decoder layers")
 
     if args.input is None and sys.stdin.isatty():
         return _translate_interactively(translator, options, args.n_best, alignment_layer)
