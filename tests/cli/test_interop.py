@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import shutil
 import sys
 from pathlib import Path
@@ -253,6 +254,24 @@ def test_a_broken_cache_entry_is_converted_again(model_dir, source) -> None:
     assert ctranslate2.find_cached_export(model_dir) is None
     assert ctranslate2.cached_export(model_dir) == entry and (entry / "model.bin").is_file()
     assert translate(model_dir, source, "--backend", "ctranslate2")
+
+
+def test_a_damaged_cache_entry_is_converted_again(model_dir, source, caplog) -> None:
+    """A cached export whose weights were cut short: CTranslate2 cannot load it, so the entry is
+    dropped and the model converted again (it used to be CTranslate2's RuntimeError, never
+    converted again while the model directory stayed the same)."""
+    pytest.importorskip("ctranslate2", reason="optional: pip install -e '.[export]'")
+    from aiayn.interop import ctranslate2
+
+    entry = ctranslate2.cached_export(model_dir)
+    expected = translate(model_dir, source, "--backend", "ctranslate2")
+    with (entry / "model.bin").open("r+b") as weights:
+        weights.truncate(1000)
+    with caplog.at_level(logging.WARNING, logger="aiayn"):
+        assert translate(model_dir, source, "--backend", "ctranslate2") == expected
+    assert "CTranslate2 cannot load this export" in caplog.text
+    assert f"converting {model_dir} again" in caplog.text
+    assert (entry / "model.bin").stat().st_size > 1000
 
 
 NO_TORCH = """

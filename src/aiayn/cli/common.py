@@ -297,9 +297,11 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
     from aiayn.extras import require
 
     [ctranslate2] = require("export", "ctranslate2", needed_by="--backend ctranslate2")
+    from aiayn.errors import CorruptCheckpointError
     from aiayn.interop.ctranslate2 import (
         CTranslate2Translator,
         cached_export,
+        drop_cached_export,
         export_ctranslate2,
         find_cached_export,
     )
@@ -370,12 +372,19 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
     if is_ct2_export(model_dir):
         return load(model_dir)
     export = find_cached_export(model_dir)
-    if export is None:
+    translator = None
+    if export is not None:
+        try:
+            translator = load(export)
+        except CorruptCheckpointError as error:  # damaged in the cache: converted again
+            logger.warning("%s; converting %s again", error, model_dir)
+            drop_cached_export(export)
+    if translator is None:
         runtime.configure(threads=1)  # before the conversion's PyTorch work
         export = cached_export(model_dir)
-    if export is not None:
-        translator = load(export)
-    else:  # nothing to key a cache by, or no cache to write: a temporary export
+        if export is not None:
+            translator = load(export)
+    if translator is None:  # nothing to key a cache by, or no cache to write: a temporary export
         tmp = Path(tempfile.mkdtemp(prefix="aiayn-ct2-"))
         try:
             logger.info(

@@ -313,6 +313,13 @@ def find_cached_export(model_dir: str | Path) -> Path | None:
     return _used(entry)
 
 
+def drop_cached_export(entry: Path) -> None:
+    """Remove an export from the cache (one that proved damaged), so that `cached_export`
+    converts the model again; only a cache entry, never another directory."""
+    if entry.parent == cache_dir() and _KEY.fullmatch(entry.name):
+        _remove(entry)
+
+
 def _used(entry: Path) -> Path:
     """Mark a cache entry as recently used (what `_evict` keeps)."""
     with contextlib.suppress(OSError):
@@ -452,6 +459,7 @@ __all__ = [
     "CTranslate2Translator",
     "cache_dir",
     "cached_export",
+    "drop_cached_export",
     "export_ctranslate2",
     "find_cached_export",
 ]
