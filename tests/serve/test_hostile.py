@@ -358,7 +358,8 @@ def keyed(long_model_dir: Path) -> Iterator[TestClient]:
         api_keys=(
             ApiKey("alpha", requests_per_minute=2),
             ApiKey("beta", chars_per_minute=20),
-            ApiKey("gamma", requests_per_minute=1),
+            ApiKey("gamma", chars_per_minute=20),
+            ApiKey("delta", requests_per_minute=1),
         ),
         require_api_key=True,
         cors_origins=("https://friend.example",),
@@ -380,20 +381,26 @@ def test_api_keys_are_required_checked_and_rate_limited(keyed: TestClient) -> No
     assert keyed.get("/frontend/settings").json()["keyRequired"] is True
 
 
-def test_a_refused_request_costs_its_key_nothing(keyed: TestClient) -> None:
-    """Old server: every request was charged before it was checked, so a key spent its
-    allowance on requests refused for their content; a text longer than a key may send in a
-    minute got 429 (retry), though no wait lets it pass."""
+def test_a_request_refused_for_its_content_costs_its_key_no_characters(
+    keyed: TestClient,
+) -> None:
+    """Old server: every request was charged in full before it was checked, so a key spent its
+    characters on requests refused for their content; a text longer than a key may send in a
+    minute got 429 (retry), though no wait lets it pass. A refused request still counts as a
+    request: the requests per minute bound the work a key can make the server do."""
+    verse = "In the beginning"  # 16 characters: "gamma" may send 20 a minute
     refused = [
-        ({"text": "a", "n_best": 9, "api_key": "gamma"}, 422),
-        ({"text": " ", "api_key": "gamma"}, 422),
-        ({"q": "a", "target": "xx", "api_key": "gamma"}, 400),
-        ({"q": "a", "alternatives": 99, "api_key": "gamma"}, 422),
+        ({"text": verse, "n_best": 9, "api_key": "gamma"}, 422),
+        ({"q": verse, "target": "xx", "api_key": "gamma"}, 400),
+        ({"q": verse, "alternatives": 99, "api_key": "gamma"}, 422),
     ]
     for body, status in refused:
         assert_error(keyed.post("/translate", json=body), status)
-    assert keyed.post("/translate", json={"text": "a", "api_key": "gamma"}).status_code == 200
-    over = keyed.post("/translate", json={"text": "a", "api_key": "gamma"})  # now it counts
+    assert keyed.post("/translate", json={"text": verse, "api_key": "gamma"}).status_code == 200
+    over = keyed.post("/translate", json={"text": verse, "api_key": "gamma"})  # now it counts
+    assert_error(over, 429, "characters per minute")
+    assert_error(keyed.post("/translate", json={"text": " ", "api_key": "delta"}), 422)
+    over = keyed.post("/translate", json={"text": "a", "api_key": "delta"})  # 1 a minute
     assert_error(over, 429, "requests per minute")
     too_long = keyed.post("/translate", json={"text": "c" * 21, "api_key": "beta"})
     assert_error(too_long, 413, "more than this key may send in a minute (20)")

@@ -180,3 +180,10 @@ def test_the_query_string_is_read_as_a_form_body_is(client: TestClient) -> None:
     limit = SETTINGS.max_body_values
     many = "&".join(f"x{i}=1" for i in range(limit + 1))
     assert_error(client.post(f"/translate?q=a&{many}"), 413, "query string", f"{limit} values")
+
+
+def test_the_query_string_of_a_json_request_is_not_read(client: TestClient) -> None:
+    """With a JSON body only its fields count (as in LibreTranslate), so a query string it
+    carries is not read either, and cannot make the request fail."""
+    response = client.post("/translate?x=%ff&y=1", json={"text": "the cat"})
+    assert response.status_code == 200, response.text

@@ -163,9 +163,10 @@ class Service:
     @contextlib.contextmanager
     def charged(self, api_key: str | None, texts: list[str]) -> Iterator[None]:
         """Checks the API key and charges it the request (403, 413 or 429 otherwise), for a
-        block that checks and serves it: a request the block refuses (an ApiError: its
-        content, a full queue, a server closing) is refunded. A client that hangs up once its
-        request is admitted has spent it."""
+        block that checks and serves it. A request the block refuses (an ApiError) is refunded
+        its characters; where the refusal is the server's own (a full queue, a server closing,
+        a failure: 429, 503, 500) the request too. A client that hangs up once its request is
+        admitted has spent both."""
         chars = sum(len(text) for text in texts)
         try:
             self.keys.charge(api_key, chars)
@@ -174,8 +175,8 @@ class Service:
             raise ApiError(error.status, error.message, headers) from None
         try:
             yield
-        except ApiError:
-            self.keys.refund(api_key, chars)
+        except ApiError as error:
+            self.keys.refund(api_key, chars, request=error.status in (429, 500, 503))
             raise
 
     async def translate(

@@ -6,7 +6,8 @@ LibreTranslate). Keys come from a file (``--api-keys FILE``) and/or the environm
 variable ``AIAYN_API_KEYS``; ``--require-api-key`` refuses requests without one. An unknown key
 is refused even when keys are optional, as LibreTranslate does (403), and a known key over its
 rate gets 429 with ``Retry-After`` (413 for more characters than it may send in a minute). The
-server refunds a request it then refuses (`RateLimiter.refund`). A server without keys ignores
+server refunds the characters of a request it then refuses, and the request too where the
+refusal is its own (a full queue; `RateLimiter.refund`). A server without keys ignores
 ``api_key``.
 
 The file has one key per line, optionally followed by its own limits, and ``#`` comments::
@@ -182,13 +183,17 @@ class RateLimiter:
             requests.tokens -= 1
             characters.tokens -= chars
 
-    def refund(self, key: str | None, chars: int) -> None:
-        """Gives back what `charge` took for a request the server then refused (its content,
-        a full queue): a client that retries as told does not spend its allowance on them."""
+    def refund(self, key: str | None, chars: int, *, request: bool) -> None:
+        """Gives back what `charge` took for a request the server then refused: its
+        characters, and with ``request`` the request itself (a refusal of the server's own
+        making, such as a full queue, so that a client that retries as told does not spend its
+        allowance). A request refused for its content still counts: the requests per minute
+        also bound the work a key can make the server do in refusing."""
         buckets = self._buckets.get(key) if key and self.enabled else None
         if buckets is None:
             return
         requests, characters = buckets
         with self._lock:
-            requests.tokens = min(requests.capacity, requests.tokens + 1)
+            if request:
+                requests.tokens = min(requests.capacity, requests.tokens + 1)
             characters.tokens = min(characters.capacity, characters.tokens + chars)

@@ -51,18 +51,21 @@ async def read_request(
     """
     body = await _read_body(request, max_bytes)
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    # read as a urlencoded body is (strict UTF-8, a repeated field a list), bounded by the
-    # request target's limit (8 KiB)
     raw_query = request.scope.get("query_string", b"")
-    query = _parse_urlencoded(raw_query, max_values, "query string") if raw_query else {}
-    if not body.strip() and query:  # POST /translate?q=...&target=...
-        return "form", query
+
+    def query() -> dict[str, Any]:
+        """The query string's fields, read as a urlencoded body is (strict UTF-8, a repeated
+        field a list), bounded by the request target's limit (8 KiB); only where they count."""
+        return _parse_urlencoded(raw_query, max_values, "query string") if raw_query else {}
+
+    if not body.strip() and raw_query:  # POST /translate?q=...&target=...
+        return "form", query()
     if content_type == "multipart/form-data":
-        return "form", {**query, **await _parse_multipart(request, body, max_values)}
+        return "form", {**query(), **await _parse_multipart(request, body, max_values)}
     urlencoded = content_type == "application/x-www-form-urlencoded"
     if urlencoded and not body.lstrip().startswith(b"{"):
         fields = await asyncio.to_thread(_parse_urlencoded, body, max_values)
-        return "form", {**query, **fields}
+        return "form", {**query(), **fields}
     if urlencoded and "origin" in request.headers:
         raise ApiError(
             415,
