@@ -502,6 +502,7 @@ def test_a_damaged_export_or_a_compute_type_ctranslate2_refuses_is_one_line(
     assert main([*argv, "-m", str(onnx_dir)]) == 2
     err = capsys.readouterr().err
     assert f"error: {onnx_dir / 'encoder.onnx'}: onnxruntime cannot load it (" in err, err
+    assert "a damaged export (write it again" in err
 
 
 def test_outputs_longer_than_a_ctranslate2_exports_positions_are_refused(ct2_dir, source, capsys):

@@ -225,14 +225,20 @@ def run_error(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
 
 
 def test_flags_that_would_do_nothing_are_refused(
-    model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    model_dir: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Old CLI: sampling's flags without --sampling, --alignment-layer without --alignment,
     and `info -m` with a preset's flags were taken and did nothing."""
     src = write_lines(tmp_path / "in.txt", ["the cat"])
     translate = ["translate", "-m", str(model_dir), "-i", str(src), *FAST]
-    err = run_error([*translate, "--top-k", "5", "--seed", "1"], capsys)
-    assert "--top-k, --seed are for sampling, which --sampling asks for" in err
+    err = run_error([*translate, "--top-k", "5", "--top-p", "0.5"], capsys)
+    assert "--top-k, --top-p are for sampling, which --sampling asks for" in err
+    with caplog.at_level(logging.WARNING, logger="aiayn"):
+        assert main([*translate, "--seed", "1"]) == 0  # harmless: a warning
+    assert "--seed is for sampling (--sampling): beam search does not use it" in caplog.text
     err = run_error([*translate, "--alignment-layer", "0"], capsys)
     assert "--alignment-layer chooses the layer of --alignment: add it" in err
     assert main([*translate, "--sampling", "--top-k", "5", "--seed", "1"]) == 0

@@ -63,7 +63,8 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         "-o",
         "--output",
         help="output file (default: stdout); written under a temporary name beside it and "
-        "renamed at the end, so a failed run leaves an existing file as it was",
+        "renamed at the end, so a failed run leaves an existing file as it was (a pipe, a "
+        "device or a directory where no file can be made is written directly)",
     )
     add_progress_flag(p)
     p.add_argument(
@@ -113,7 +114,7 @@ def _run_translate(args: argparse.Namespace) -> int:
     if not args.sampling:
         unused = [
             f"--{name.replace('_', '-')}"
-            for name in ("temperature", "top_k", "top_p", "seed")
+            for name in ("temperature", "top_k", "top_p")
             if getattr(args, name) is not None
         ]
         if unused:
@@ -122,6 +123,8 @@ def _run_translate(args: argparse.Namespace) -> int:
                 "which --sampling asks for; beam search does not use "
                 f"{'it' if len(unused) == 1 else 'them'}"
             )
+        if args.seed is not None:  # harmless, and a wrapper script may always pass one
+            logger.warning("--seed is for sampling (--sampling): beam search does not use it")
     if args.alignment and backend_of(args) == "ctranslate2":
         raise UserValueError(
             "--alignment needs the attention maps, which the CTranslate2 backend does not "
@@ -285,7 +288,8 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
         "-o",
         "--output",
         help="output file (default: stdout); written under a temporary name beside it and "
-        "renamed at the end, so a failed run leaves an existing file as it was",
+        "renamed at the end, so a failed run leaves an existing file as it was (a pipe, a "
+        "device or a directory where no file can be made is written directly)",
     )
     p.add_argument(
         "--json",

@@ -113,7 +113,8 @@ def check_tokenize(tokenize: str | None) -> None:
             + (f": {known}" if known else "")
         ) from None
     except Exception as error:  # sacreBLEU printed what to install, if that is it
-        reason = str(error).strip() or type(error).__name__
+        reason = "; ".join(line.strip() for line in str(error).splitlines() if line.strip())
+        reason = reason or type(error).__name__
         message = f"sacreBLEU cannot use the tokenizer {tokenize!r}: {reason}"
         raise EvaluationError(message) from None
 
@@ -283,6 +284,7 @@ def evaluate_files(
         ValueError: A decoding option is out of range (checked before reading anything).
         DataError: A line is not valid UTF-8 (file and line named).
         FileNotFoundError: An input file does not exist.
+        UserValueError: An input is a directory, or not a regular file (a pipe: read twice).
     """
     options = replace(options or DecodingOptions(), **overrides)
     check_tokenize(tokenize)

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import secrets
+import shutil
 import stat
 import sys
 from collections.abc import Iterator
@@ -129,18 +130,24 @@ _WRITE_ERRNOS = frozenset(
 
 @contextlib.contextmanager
 def output_lines(path: str | Path | None) -> Iterator[LineWriter]:
-    """A `LineWriter` for standard output (``path`` None) or for the file ``path``.
+    """A `LineWriter` for standard output (``path`` None or "") or for the file ``path``.
 
     The file is written beside ``path`` under a temporary name and renamed over it when the
     block ends without an error. So a command that fails or is stopped part way (a bad line
     found in its input, a full disk, Ctrl-C) leaves an existing file as it was and no partial
     one, and output written over a hard link of the input, or over the file the input is
     redirected from, no longer empties the input before it is read. A symbolic link is written
-    through, and an existing file keeps its permissions. What is not a regular file
-    (``/dev/null``, a pipe) is written directly, as is a file in a directory where no other
-    file can be made.
+    through; an existing file keeps its permissions (its owner, group and other hard links
+    are a new file's), and one that is not writable is refused, as ``open`` refuses it.
+
+    Written directly instead, as ``open(path, "w")`` does: what is not a regular file
+    (``/dev/null``, a pipe), a path under ``/dev`` or ``/proc`` (``-o /dev/stdout`` is the
+    caller's own standard output, whatever it points to), and a file in a directory where no
+    other file can be made. Where the rename is refused at the end (a file bind-mounted into a
+    container, another user's file in a sticky directory), the output is copied into the file,
+    and if that fails too the temporary file is kept and named.
     """
-    if path is None:
+    if not path:
         yield LineWriter(sys.stdout, "standard output")
         return
     target = Path(os.path.realpath(path))
@@ -148,10 +155,13 @@ def output_lines(path: str | Path | None) -> Iterator[LineWriter]:
         kept = os.stat(target)
     except FileNotFoundError:
         kept = None
-    if kept is not None and not stat.S_ISREG(kept.st_mode):
+    special = os.path.abspath(path).startswith(("/dev/", "/proc/"))
+    if special or (kept is not None and not stat.S_ISREG(kept.st_mode)):
         with _written_directly(path) as writer:
             yield writer
         return
+    if kept is not None and not os.access(target, os.W_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
     temporary = target.with_name(f".{target.name}.{secrets.token_hex(4)}.part")
     try:  # 0o666 less the umask, as open() would make it
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
@@ -160,15 +170,34 @@ def output_lines(path: str | Path | None) -> Iterator[LineWriter]:
             yield writer
         return
     try:
+        if kept is not None:  # readable by no more than the file it replaces, from the start
+            with contextlib.suppress(OSError):
+                os.fchmod(fd, stat.S_IMODE(kept.st_mode))
         with _closed(LineWriter(open(fd, "w", encoding="utf-8", newline="\n"), str(path))) as out:
             yield out
-        if kept is not None:
-            os.chmod(temporary, stat.S_IMODE(kept.st_mode))
-        os.replace(temporary, target)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(temporary)
         raise
+    _put_in_place(temporary, target, path)
+
+
+def _put_in_place(temporary: Path, target: Path, path: str | Path) -> None:
+    """Rename the finished output over ``target``; where the rename is refused, copy it in."""
+    try:
+        os.replace(temporary, target)
+        return
+    except OSError:
+        pass
+    try:
+        with temporary.open("rb") as source, open(target, "wb") as sink:
+            shutil.copyfileobj(source, sink)
+    except OSError as error:
+        raise OutputError(
+            f"cannot write {path}: {error.strerror}; the output is kept in {temporary}"
+        ) from error
+    with contextlib.suppress(OSError):
+        os.unlink(temporary)
 
 
 def _written_directly(path: str | Path) -> contextlib.AbstractContextManager[LineWriter]:

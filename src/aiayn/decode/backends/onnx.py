@@ -148,8 +148,8 @@ def _session(ort: Any, path: Path, options: Any, providers: list[str]) -> Any:
     except Exception as error:  # onnxruntime's NoSuchFile, InvalidProtobuf, Fail, ...
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise CorruptCheckpointError(
-            f"{path}: onnxruntime cannot load it ({reason}); write the export again with "
-            "aiayn export --to onnx"
+            f"{path}: onnxruntime cannot load it ({reason}): a damaged export (write it again "
+            "with aiayn export --to onnx) or one this onnxruntime cannot run (upgrade it)"
         ) from None
 
 
