@@ -18,6 +18,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+# Defined with the backends that run the exports (which check outputs against it); here too.
+from aiayn.decode.backends import EXTRA_POSITIONS as EXTRA_POSITIONS
+
 _WHERE = {
     "export_ctranslate2": "ctranslate2",
     "CTranslate2Translator": "ctranslate2",
@@ -28,12 +31,6 @@ _WHERE = {
 }
 
 __all__ = sorted(_WHERE)
-
-EXTRA_POSITIONS = 512
-"""Rows of an export's positional table past ``max_positions``. aiayn extends its sinusoids
-on the fly; an exported model's table is fixed and must hold the outputs too (up to source + 50
-tokens by default), so CTranslate2, ONNX and Hugging Face exports get ``max_positions +
-EXTRA_POSITIONS`` positions."""
 
 
 def __getattr__(name: str) -> Any:

@@ -27,9 +27,16 @@ if TYPE_CHECKING:  # no torch is imported here: the CTranslate2 backend decodes 
     from aiayn.decode.options import DecodingOptions
     from aiayn.decode.results import Hypothesis, SentenceAttention
 
-__all__ = ["AIAYN_FILE", "Backend", "ExportedModel", "HasConfig"]
+__all__ = ["AIAYN_FILE", "EXTRA_POSITIONS", "Backend", "ExportedModel", "HasConfig"]
 
 AIAYN_FILE = "aiayn.json"  # what an export adds for aiayn: the ModelConfig and metadata
+
+EXTRA_POSITIONS = 512
+"""Rows of an export's positional table past ``max_positions``. aiayn extends its sinusoids
+on the fly; an exported model's table is fixed and must hold the outputs too (up to source + 50
+tokens by default), so CTranslate2, ONNX and Hugging Face exports get ``max_positions +
+EXTRA_POSITIONS`` positions (`aiayn.interop` writes them; the backends check outputs against
+them)."""
 
 
 class HasConfig(Protocol):

@@ -44,12 +44,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiayn.config import ModelConfig
-from aiayn.decode.backends import AIAYN_FILE, ExportedModel
+from aiayn.decode.backends import AIAYN_FILE, EXTRA_POSITIONS, ExportedModel
 from aiayn.decode.options import DecodingOptions, max_output_length
 from aiayn.decode.results import Hypothesis, SentenceAttention
 from aiayn.errors import CheckpointError, CorruptCheckpointError, UserValueError
 from aiayn.extras import require
-from aiayn.interop import EXTRA_POSITIONS
 from aiayn.text.tokenizer import (
     BOS_ID,
     EOS_ID,
