@@ -28,6 +28,7 @@ __all__ = [
     "UserError",
     "UserFileNotFoundError",
     "UserValueError",
+    "first_line",
 ]
 
 
@@ -58,3 +59,9 @@ class CheckpointError(UserError, RuntimeError):
 class CorruptCheckpointError(CheckpointError):
     """A file of a model directory or checkpoint is missing, truncated or does not match its
     checksum (as opposed to a sound directory that does not fit, e.g. another architecture)."""
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of a (third-party) error's message, or its type's name without one: what a
+    one-line message quotes of a runtime's reason."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -297,7 +297,8 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
     from aiayn.extras import require
 
     [ctranslate2] = require("export", "ctranslate2", needed_by="--backend ctranslate2")
-    from aiayn.errors import CorruptCheckpointError
+    from aiayn.decode.backends.ctranslate2 import DEVICE_ERROR
+    from aiayn.errors import CorruptCheckpointError, first_line
     from aiayn.interop.ctranslate2 import (
         CTranslate2Translator,
         cached_export,
@@ -358,8 +359,8 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
         try:
             return CTranslate2Translator(export, **options(device))
         except RuntimeError as error:  # what CTranslate2 raises for a GPU it cannot compute on
-            reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            if device == "cpu" or not re.search(r"cuda|cublas|cudnn", reason, re.IGNORECASE):
+            reason = first_line(error)
+            if device == "cpu" or not DEVICE_ERROR.search(reason):
                 raise  # not the device's: a broken export is the same error on any device
             if not auto:
                 raise UserValueError(

@@ -29,6 +29,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("aiayn")
 
+OUTPUT_HELP = (
+    "output file (default: stdout); written under a temporary name beside it and renamed at "
+    "the end, so a failed run leaves an existing file as it was (a pipe, a device or a "
+    "directory where no file can be made is written directly)"
+)
+
 
 def add(sub: argparse._SubParsersAction) -> None:
     _add_translate(sub)
@@ -59,13 +65,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
         "empty input line gives a line with only the tab.",
     )
     p.add_argument("-i", "--input", help="input file (default: stdin; '-' = stdin)")
-    p.add_argument(
-        "-o",
-        "--output",
-        help="output file (default: stdout); written under a temporary name beside it and "
-        "renamed at the end, so a failed run leaves an existing file as it was (a pipe, a "
-        "device or a directory where no file can be made is written directly)",
-    )
+    p.add_argument("-o", "--output", help=OUTPUT_HELP)
     add_progress_flag(p)
     p.add_argument(
         "--n-best", type=int, metavar="N", help="write the N best hypotheses in n-best format"
@@ -284,13 +284,7 @@ def _add_score(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--src", required=True, help="source sentences, one per line")
     p.add_argument("--tgt", required=True, help="their translations, line-aligned with --src")
-    p.add_argument(
-        "-o",
-        "--output",
-        help="output file (default: stdout); written under a temporary name beside it and "
-        "renamed at the end, so a failed run leaves an existing file as it was (a pipe, a "
-        "device or a directory where no file can be made is written directly)",
-    )
+    p.add_argument("-o", "--output", help=OUTPUT_HELP)
     p.add_argument(
         "--json",
         action="store_true",

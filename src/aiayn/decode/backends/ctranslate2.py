@@ -47,7 +47,7 @@ from aiayn.config import ModelConfig
 from aiayn.decode.backends import AIAYN_FILE, EXTRA_POSITIONS, ExportedModel
 from aiayn.decode.options import DecodingOptions, max_output_length
 from aiayn.decode.results import Hypothesis, SentenceAttention
-from aiayn.errors import CheckpointError, CorruptCheckpointError, UserValueError
+from aiayn.errors import CheckpointError, CorruptCheckpointError, UserValueError, first_line
 from aiayn.extras import require
 from aiayn.text.tokenizer import (
     BOS_ID,
@@ -62,7 +62,7 @@ from aiayn.text.tokenizer import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["CTranslate2Backend", "vocabulary"]
+__all__ = ["DEVICE_ERROR", "CTranslate2Backend", "vocabulary"]
 
 
 def vocabulary(tokenizer: Tokenizer | SplitTokenizer, size: int) -> list[str]:
@@ -70,6 +70,11 @@ def vocabulary(tokenizer: Tokenizer | SplitTokenizer, size: int) -> list[str]:
     the vocabulary an export registers, and how the backend maps pieces back to ids."""
     pieces = tokenizer.pieces(range(min(size, tokenizer.vocab_size)))
     return pieces + [f"<unused{i}>" for i in range(len(pieces), size)]
+
+
+DEVICE_ERROR = re.compile(r"cuda|cublas|cudnn", re.IGNORECASE)
+"""What CTranslate2's errors about a GPU it cannot compute on say (its wheel built for another
+CUDA than the machine's), as opposed to an export it cannot load."""
 
 
 class CTranslate2Backend:
@@ -141,11 +146,11 @@ class CTranslate2Backend:
             )
         except ValueError as error:  # a compute type it does not know, or cannot run there
             raise UserValueError(
-                f"compute_type ({compute_type!r}) on {device}: {_first_line(error)}"
+                f"compute_type ({compute_type!r}) on {device}: {first_line(error)}"
             ) from None
         except RuntimeError as error:
-            reason = _first_line(error)
-            if re.search(r"cuda|cublas|cudnn", reason, re.IGNORECASE):
+            reason = first_line(error)
+            if DEVICE_ERROR.search(reason):
                 raise  # the device's, not the export's (the CLI may fall back to the CPU)
             raise CorruptCheckpointError(
                 f"{directory}: CTranslate2 cannot load this export ({reason}); write it again "
@@ -328,7 +333,3 @@ class CTranslate2Backend:
             ids = ids[:-1]
         log_prob = score * float(len(ids) + 1) ** alpha
         return Hypothesis(tokens=ids, score=score, log_prob=log_prob)
-
-
-def _first_line(error: Exception) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]

@@ -29,7 +29,7 @@ from aiayn.decode.backends import AIAYN_FILE, ExportedModel
 from aiayn.decode.options import DecodingOptions
 from aiayn.decode.results import Hypothesis, SentenceAttention
 from aiayn.decode.search import search_with
-from aiayn.errors import CorruptCheckpointError, UserValueError
+from aiayn.errors import CorruptCheckpointError, UserValueError, first_line
 from aiayn.extras import require
 from aiayn.model_dir import TOKENIZER_FILE, CheckpointError
 from aiayn.text.tokenizer import PAD_ID, VOCAB_FILE, SplitTokenizer, Tokenizer, load_tokenizer
@@ -146,10 +146,10 @@ def _session(ort: Any, path: Path, options: Any, providers: list[str]) -> Any:
     try:
         return ort.InferenceSession(str(path), options, providers=providers)
     except Exception as error:  # onnxruntime's NoSuchFile, InvalidProtobuf, Fail, ...
-        reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         raise CorruptCheckpointError(
-            f"{path}: onnxruntime cannot load it ({reason}): a damaged export (write it again "
-            "with aiayn export --to onnx) or one this onnxruntime cannot run (upgrade it)"
+            f"{path}: onnxruntime cannot load it ({first_line(error)}): a damaged export "
+            "(write it again with aiayn export --to onnx) or one this onnxruntime cannot run "
+            "(upgrade it)"
         ) from None
 
 
