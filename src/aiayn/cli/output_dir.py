@@ -13,7 +13,7 @@ and anything inside them), present yet or not. A directory of its own inside a r
 (``RUN/averaged``) follows the first two rules, like any other.
 
 The output is written next to its place under a temporary name and then swapped in
-(`aiayn.train.checkpoint.save_model_dir` for a model directory, `write_replacing` for the rest), so
+(`aiayn.model_dir.save_model_dir` for a model directory, `write_replacing` for the rest), so
 a failed write leaves an earlier output as it was.
 """
 
