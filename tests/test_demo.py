@@ -143,3 +143,36 @@ def test_report_says_which_numbers_were_seen_in_training() -> None:
     assert "  wrong: zero → sechshundertelf" in report
     assert "  five  (in training)" in report and "    → fünf  ✓" in report
     assert "  three hundred and forty-two  (held out)" in report and "    → x  ✗" in report
+
+
+def test_the_report_says_to_try_aiayn_as_it_was_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make demo` runs `.venv/bin/aiayn demo` without an activated environment, where a bare
+    `aiayn translate` is "command not found": the command to try is the one that ran."""
+    launcher = tmp_path / ".venv" / "bin" / "aiayn"
+    launcher.parent.mkdir(parents=True)
+    launcher.write_text("#!/bin/sh\n")
+    launcher.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    monkeypatch.setattr("sys.argv", [".venv/bin/aiayn", "demo"])
+    result = demo.DemoResult(
+        model_dir=Path("demo_run/run/model"),
+        exact_match=1.0,
+        chrf=100.0,
+        chrf_signature="nrefs:1",
+        small_wrong=[],
+        small_total=101,
+        small_weight=8,
+        minutes=2.0,
+        examples=[],
+    )
+    try_line = demo.format_report(result).splitlines()[-1]
+    assert try_line == (
+        "Try: .venv/bin/aiayn translate -m demo_run/run/model <<< 'two thousand and twenty-six'"
+    )
+    monkeypatch.setenv("PATH", f"{launcher.parent}:/usr/bin:/bin")  # an activated environment
+    assert demo.format_report(result).splitlines()[-1].startswith("Try: aiayn translate -m ")
+    monkeypatch.setattr("sys.argv", ["/somewhere/aiayn/__main__.py", "demo"])  # python -m aiayn
+    assert demo.command_as_run().endswith(" -m aiayn")

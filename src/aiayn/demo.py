@@ -28,7 +28,11 @@ enough for seed 2 (96/101), nor 900 (100/101).
 from __future__ import annotations
 
 import logging
+import os
 import random
+import shlex
+import shutil
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -309,7 +313,23 @@ def _translate_numbers(translator: Translator, numbers: list[int]) -> list[DemoE
     ]
 
 
-def format_report(result: DemoResult) -> str:
+def command_as_run() -> str:
+    """How to call `aiayn` again as this process was called: `aiayn` where the shell finds this
+    one by that name, else the path it was run by (`.venv/bin/aiayn`, which `make demo` runs
+    without an activated environment), else `PYTHON -m aiayn`."""
+    script = sys.argv[0] if sys.argv else ""
+    if Path(script).name != "aiayn":
+        return f"{shlex.quote(sys.executable)} -m aiayn"
+    found = shutil.which("aiayn")
+    if found and os.path.realpath(found) == os.path.realpath(script):
+        return "aiayn"
+    return shlex.quote(script)
+
+
+def format_report(result: DemoResult, command: str | None = None) -> str:
+    """The demo's closing report; its last line is a command to try, run as `command` (default:
+    :func:`command_as_run`)."""
+    command = command_as_run() if command is None else command
     right = result.small_total - len(result.small_wrong)
     lines = [
         "",
@@ -328,6 +348,7 @@ def format_report(result: DemoResult) -> str:
     lines += [
         "",
         f"Finished in {result.minutes:.1f} minutes. Model directory: {result.model_dir}",
-        f"Try: aiayn translate -m {result.model_dir} <<< 'two thousand and twenty-six'",
+        f"Try: {command} translate -m {shlex.quote(str(result.model_dir))} "
+        "<<< 'two thousand and twenty-six'",
     ]
     return "\n".join(lines)

@@ -122,8 +122,9 @@ def add_model_flags(
     g.add_argument(
         "--bf16",
         action="store_true",
-        help="run the model in bfloat16 (GPUs; on CPUs with native bf16 it pays only for wide "
-        "models: 0.93x float32 on `small`; see BENCHMARKS.md for speed and BLEU)",
+        help="run the model in bfloat16 (GPUs, and CPUs with native bf16: AVX512-BF16, AMX; "
+        "it pays for wide models, such as base, more than for narrow ones; slightly different "
+        "outputs: see BENCHMARKS.md)",
     )
     onednn = g.add_mutually_exclusive_group()
     onednn.add_argument(

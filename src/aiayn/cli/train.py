@@ -103,8 +103,10 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
         "--resume",
         action="store_true",
         help="continue from the last checkpoint, with the run's settings (its "
-        "train_config.yaml); flags may change only how it goes on (--max-steps, saving, "
-        "logging, validation, device)",
+        "train_config.yaml); flags may change only how it goes on: when it ends (--max-steps, "
+        "--max-epochs, --time-budget, --patience), saving, logging, validation, the device, "
+        "precision and threads, and --accumulate; anything else is refused, naming what may "
+        "change (docs/settings.md lists it)",
     )
     add_dataclass_flags(p, TrainConfig, skip={"model"})
     # The flags of earlier releases, replaced by --precision (`config.upgrade_train_values`).

@@ -149,9 +149,9 @@ class Translator:
                 (``torch.ao.quantization.quantize_dynamic``), CPU only: faster, slightly
                 different outputs (BENCHMARKS.md states the measured difference).
             bf16: Run the model in bfloat16 (weights and activations; log-probabilities are
-                still computed in float32): on CPUs with native bf16 (AVX512-BF16, AMX)
-                faster for wide models only (1.2-1.6x the packed float32 below for `base`,
-                0.93x for `small`), and on GPUs; slightly different outputs (BENCHMARKS.md).
+                still computed in float32): on GPUs, and on CPUs with native bf16
+                (AVX512-BF16, AMX), where it pays for wide models (`base`) more than for narrow
+                ones; slightly different outputs (BENCHMARKS.md).
             onednn: In float32 on an x86-64 CPU, run the linear layers on weights pre-packed
                 for oneDNN (`decode.packing.pack_linear_layers`): the same function up to
                 float32 rounding; slower than the default on the CPUs measured (1.05x the
