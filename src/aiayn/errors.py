@@ -8,7 +8,9 @@ missing optional extra, a full disk. Its message is the whole report, so it name
 Everything else (an ``IndexError`` in the search, a ``RuntimeError`` from inside torch, a
 ``ValueError`` from a shape check) is a bug in aiayn or below it: the CLI shows its traceback
 and asks for it to be reported. So raise a ``UserError`` only where the cause is the user's
-input, and let a broken invariant raise what it raises.
+input, and let a broken invariant raise what it raises. One more kind is neither:
+:class:`KilledError`, a process of aiayn's killed from outside (for memory), one line with exit
+status 1.
 
 The classes of the family keep the built-in base their callers catch (``ValueError``,
 ``FileNotFoundError``, ``ImportError``, ``RuntimeError``), so ``except ValueError`` around
@@ -25,6 +27,7 @@ from __future__ import annotations
 __all__ = [
     "CheckpointError",
     "CorruptCheckpointError",
+    "KilledError",
     "UserError",
     "UserFileNotFoundError",
     "UserValueError",
@@ -59,6 +62,12 @@ class CheckpointError(UserError, RuntimeError):
 class CorruptCheckpointError(CheckpointError):
     """A file of a model directory or checkpoint is missing, truncated or does not match its
     checksum (as opposed to a sound directory that does not fit, e.g. another architecture)."""
+
+
+class KilledError(RuntimeError):
+    """A process doing aiayn's work was killed from outside (by the kernel for memory, most
+    often): neither the user's mistake nor a bug in aiayn. The CLI prints it as one line with
+    exit status 1 and no traceback; the message says what to lower."""
 
 
 def first_line(error: BaseException) -> str:

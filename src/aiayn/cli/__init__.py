@@ -47,7 +47,7 @@ from aiayn.cli.flags import (
 )
 from aiayn.cli.parser import ArgumentParser
 from aiayn.cli.train import train_config_from_args
-from aiayn.errors import UserError
+from aiayn.errors import KilledError, UserError
 
 __all__ = [
     "add_dataclass_flags",
@@ -128,7 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     0 on success; 2 for an error the user can fix (:func:`_is_user_error`), one line on stderr,
     ``aiayn COMMAND: error: MESSAGE``, as argparse prints a bad flag (``-v`` adds the
     traceback); 130 on Ctrl-C; 141 (128 + SIGPIPE, as a shell reports ``yes | head``), without a
-    word, when whatever read standard output has gone (``aiayn translate ... | head``); 1 for
+    word, when whatever read standard output has gone (``aiayn translate ... | head``); 1, one
+    line, for a process of aiayn's killed from outside (:class:`~aiayn.errors.KilledError`); 1 for
     anything else, a bug: its traceback, then a line asking for a report. A command's own exit
     status (``SystemExit``) passes through.
     """
@@ -144,14 +145,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(error, BrokenPipeError) and _reader_gone(sys.stdout):
             _discard_standard_output()
             return 141
-        if not _is_user_error(error):
+        killed = isinstance(error, KilledError)  # neither the user's mistake nor a bug
+        if not killed and not _is_user_error(error):
             traceback.print_exc()
             print(f"aiayn {args.command}: {_REPORT}", file=sys.stderr)
             return 1
         if args.verbose:
             traceback.print_exc()
         print(f"aiayn {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        return 1 if killed else 2
 
 
 def _reader_gone(stream: Any) -> bool:

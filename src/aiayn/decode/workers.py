@@ -24,12 +24,16 @@ processes, BENCHMARKS.md).
 
 A worker that dies (killed for memory, say) fails the call with an error naming it rather than
 leaving the caller waiting; an error in a worker is raised in the caller; on any of these,
-and on Ctrl-C, the workers are stopped at once.
+and on Ctrl-C, the workers are stopped at once. A caller that dies, however (``kill -9``
+included), takes its workers with it: each asks Linux (``prctl(PR_SET_PDEATHSIG)``) to kill it
+when the thread that forked it, the one that called :meth:`map`, ends, and a worker whose caller
+died before it could ask ends at its start.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import multiprocessing
 import os
@@ -40,7 +44,7 @@ from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any, TypeVar
 
-from aiayn.errors import UserError
+from aiayn.errors import KilledError
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +54,7 @@ Result = TypeVar("Result")
 __all__ = ["WorkerDiedError", "Workers", "fork_missing"]
 
 
-class WorkerDiedError(UserError, RuntimeError):
+class WorkerDiedError(KilledError):
     """A decoding worker process died, killed from outside (for memory, most often): the
     machine's limit, which a smaller batch or fewer workers respects."""
 
@@ -72,10 +76,22 @@ _run: Callable[[Any], Any] | None = None
 """In a worker: what it runs for each item (inherited through the fork, never pickled)."""
 
 
-def _start_worker(run: Callable[[Any], Any], threads: int) -> None:
-    """A worker's start: its own PyTorch threads; Ctrl-C is the caller's to handle (it stops
-    the workers), so that a worker waiting for its next batch prints no traceback."""
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def _start_worker(run: Callable[[Any], Any], threads: int, caller: int) -> None:
+    """A worker's start: killed when its caller (process ``caller``) dies; its own PyTorch
+    threads; Ctrl-C is the caller's to handle (it stops the workers), so that a worker waiting
+    for its next batch prints no traceback."""
     global _run
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        logger.warning(
+            "a decoding worker cannot ask to end with its caller: %s",
+            os.strerror(ctypes.get_errno()),
+        )
+    if os.getppid() != caller:  # the caller died before the request above: nothing to do
+        os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     import torch
 
@@ -121,7 +137,7 @@ class Workers:
                 max_workers=self.workers,
                 mp_context=multiprocessing.get_context("fork"),
                 initializer=_start_worker,
-                initargs=(self.run, self.threads),
+                initargs=(self.run, self.threads, os.getpid()),
             )
         finished = False
         try:

@@ -1,0 +1,130 @@
+"""A command killed at any moment leaves nothing behind: no process of aiayn's still running, and
+no temporary file beside its output that the next run to the same output does not remove.
+
+Each test starts ``python -m aiayn ...`` as a real process, kills it (SIGKILL: nothing of
+aiayn's runs after it), and looks at what is left: the processes it had forked, from ``/proc``,
+and the files beside its output.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from aiayn.decode.workers import fork_missing
+from model_dirs import CORPUS, tiny_model_dir
+
+pytestmark = pytest.mark.skipif(fork_missing() is not None, reason=str(fork_missing()))
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_model_dir(tmp_path_factory.mktemp("kills"), eos_scale=0.2, max_positions=256)
+
+
+@pytest.fixture(scope="module")
+def big_input(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Enough sentences for a tiny model to decode for minutes."""
+    source = tmp_path_factory.mktemp("input") / "in.txt"
+    source.write_text("\n".join(CORPUS * 2000) + "\n", encoding="utf-8")
+    return source
+
+
+def aiayn(*argv: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "aiayn", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def children(pid: int) -> set[int]:
+    """The processes whose parent is ``pid`` (zombies included), from /proc."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:  # ended meanwhile
+                continue
+            if int(stat.rpartition(")")[2].split()[1]) == pid:
+                found.add(int(entry.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (ended, waiting for its reaper)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+def kill(process: subprocess.Popen[bytes]) -> None:
+    process.send_signal(signal.SIGKILL)
+    process.wait(timeout=10)
+
+
+def test_decoding_workers_end_when_translate_is_killed(
+    model_dir: Path, big_input: Path, tmp_path: Path
+) -> None:
+    """``aiayn translate --workers 2`` killed with SIGKILL mid-work: its workers end too."""
+    out = tmp_path / "out.txt"
+    process = aiayn(
+        "translate", "-m", str(model_dir), "-i", str(big_input), "-o", str(out),
+        "--threads", "2", "--workers", "2", "--max-tokens", "64", "--no-progress",
+    )  # fmt: skip
+    workers: set[int] = set()
+    try:
+        wait_for(lambda: len(children(process.pid)) >= 2, 120, "the workers to start")
+        workers = children(process.pid)
+        time.sleep(0.5)  # decoding
+        kill(process)
+        wait_for(lambda: not any(map(running, workers)), 5, f"workers {workers} to end")
+    finally:
+        if process.poll() is None:
+            kill(process)
+        for pid in filter(running, workers):  # what a failure left: not for the next test
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_killed_worker_is_one_line_with_exit_status_1(
+    model_dir: Path, big_input: Path, tmp_path: Path
+) -> None:
+    """A decoding worker killed from outside (as for memory) is neither the user's mistake
+    (exit 2) nor a bug (a traceback and a request for a report): one line saying what to lower,
+    exit 1, and no output file or part of one."""
+    out = tmp_path / "out.txt"
+    process = aiayn(
+        "translate", "-m", str(model_dir), "-i", str(big_input), "-o", str(out),
+        "--workers", "2", "--max-tokens", "64", "--no-progress",
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(children(process.pid)) >= 2, 120, "the workers to start")
+        time.sleep(0.5)
+        os.kill(min(children(process.pid)), signal.SIGKILL)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            kill(process)
+    lines = stderr.decode().strip().splitlines()
+    assert process.returncode == 1, stderr
+    assert lines[-1].startswith("aiayn translate: error: a decoding worker process died"), lines
+    assert "Traceback" not in stderr.decode() and "bug" not in stderr.decode()
+    assert list(tmp_path.iterdir()) == []
