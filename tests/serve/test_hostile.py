@@ -595,6 +595,51 @@ def test_heads_out_of_bounds_are_refused_with_json_and_closed(
     assert error_of(reply)[0] == status and fragment in error_of(reply)[1], reply
 
 
+CHUNKED_BODY = b'11\r\n{"text": "a cat"}\r\n0\r\n\r\n'
+
+
+@pytest.mark.parametrize(
+    ("request_head", "status", "fragment"),
+    [
+        (b"GET /health HTTP/1.1\r\n\r\n", 400, "needs one Host header"),
+        (b"GET /health HTTP/1.1\r\n" + HOST + HOST + b"\r\n", 400, "needs one Host header"),
+        (b"POST /translate HTTP/1.1\r\n" + HOST + b"Transfer-Encoding: gzip, chunked\r\n\r\n"
+         + CHUNKED_BODY, 501, "'gzip, chunked' is not supported"),
+        (b"POST /translate HTTP/1.1\r\n" + HOST + b"Transfer-Encoding: gzip\r\n"
+         b"Transfer-Encoding: chunked\r\n\r\n" + CHUNKED_BODY, 501, "'gzip,chunked'"),
+        (b"POST /translate HTTP/1.1\r\n" + HOST + b"Transfer-Encoding: chunked, chunked\r\n\r\n"
+         + CHUNKED_BODY, 400, "Transfer-Encoding"),
+        (b"POST /translate HTTP/1.0\r\n" + HOST + b"Transfer-Encoding: chunked\r\n\r\n"
+         + CHUNKED_BODY, 400, "HTTP/1.0 request has no Transfer-Encoding"),
+    ],
+    ids=["HTTP/1.1 without Host", "two Hosts", "gzip, chunked", "gzip then chunked",
+         "chunked twice", "chunked HTTP/1.0"],
+)  # fmt: skip
+def test_heads_that_frame_requests_wrongly_are_refused_and_closed(
+    server: Server, request_head: bytes, status: int, fragment: str
+) -> None:
+    """Old server: answered each 200, reading a gzip-coded body as if it were plain (RFC 9112:
+    §3.2 for Host, §6.1 for Transfer-Encoding)."""
+    reply, closed = exchange(server, request_head)
+    assert closed, reply
+    assert error_of(reply)[0] == status and fragment in error_of(reply)[1], reply
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"GET /health HTTP/1.0\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost:\r\nConnection: close\r\n\r\n",
+        b"POST /translate HTTP/1.1\r\n" + HOST + b"Content-Type: application/json\r\n"
+        b"Transfer-Encoding: Chunked\r\nConnection: close\r\n\r\n" + CHUNKED_BODY,
+    ],
+    ids=["HTTP/1.0 without Host", "empty Host", "chunked"],
+)
+def test_heads_that_frame_requests_rightly_are_served(server: Server, request_head: bytes) -> None:
+    reply, _ = exchange(server, request_head)
+    assert reply.startswith((b"HTTP/1.1 200", b"HTTP/1.0 200")), reply[:300]
+
+
 def test_heads_within_the_limits_are_served(server: Server) -> None:
     target = b"/health?pad=" + b"a" * (MAX_TARGET_BYTES - 200)
     header = b"X-Pad: " + b"a" * (MAX_HEAD_BYTES - len(target) - 400) + b"\r\n"

@@ -19,7 +19,9 @@ Each of those holds a file descriptor, and a few hundred exhaust the process's l
     kept-alive connection (a deadline, not an idle timer, so trickling does not extend it);
   - **head limits**: a request target (path and query) over :data:`MAX_TARGET_BYTES` is
     answered 414, a head over :data:`MAX_HEAD_BYTES` 431, an HTTP version other than 1.0 and
-    1.1 505, and any other request llhttp cannot parse 400, each with ``Connection: close``;
+    1.1 505, a transfer coding other than ``chunked`` 501, an HTTP/1.1 request without one
+    ``Host``, an HTTP/1.0 one with ``Transfer-Encoding`` (:func:`check_framing`) and any other
+    request llhttp cannot parse 400, each with ``Connection: close``;
   - a **connection cap**: a connection beyond ``max_connections`` is closed as soon as it is
     accepted, before it costs anything else.
 
@@ -151,6 +153,7 @@ def guarded_protocol(head_timeout_s: float, max_connections: int) -> type[HttpTo
             version = self.parser.get_http_version()
             if version not in HTTP_VERSIONS:
                 raise HeadRefused(505, _version_message(f"HTTP/{version}"))
+            check_framing(version, self.headers)
             self._in_head, self._head_begun = False, False
             self._disarm()  # the head is in; the body has its own deadline
             super().on_headers_complete()
@@ -204,6 +207,31 @@ def guarded_protocol(head_timeout_s: float, max_connections: int) -> type[HttpTo
                 self.transport.close()
 
     return GuardedProtocol
+
+
+def check_framing(version: str, headers: list[tuple[bytes, bytes]]) -> None:
+    """Refuses a head that names its host or frames its body in a way this server does not
+    read (RFC 9112): an HTTP/1.1 request needs exactly one ``Host`` (§3.2; HTTP/1.0 needs
+    none), an HTTP/1.0 request no ``Transfer-Encoding`` (§6.1: a 1.0 recipient cannot rely on
+    it), and a body's only transfer coding may be ``chunked``: any other (``gzip, chunked``)
+    is 501, as the body would otherwise be read as if it were plain. ``headers`` are uvicorn's,
+    names lowercased. llhttp has already refused ``Transfer-Encoding`` with
+    ``Content-Length``, and codings that do not end in ``chunked``."""
+    hosts = sum(name == b"host" for name, _ in headers)
+    if version == "1.1" and hosts != 1:
+        raise HeadRefused(400, f"an HTTP/1.1 request needs one Host header, not {hosts}")
+    codings = [value for name, value in headers if name == b"transfer-encoding"]
+    if not codings:
+        return
+    if version == "1.0":
+        raise HeadRefused(400, "an HTTP/1.0 request has no Transfer-Encoding: send Content-Length")
+    coding = b",".join(codings).decode("latin-1")
+    if [part.strip().lower() for part in coding.split(",")] != ["chunked"]:
+        raise HeadRefused(
+            501,
+            f"Transfer-Encoding {coding!r} is not supported: send the body as it is, with "
+            "Content-Length or Transfer-Encoding: chunked",
+        )
 
 
 def _head_too_large() -> HeadRefused:
