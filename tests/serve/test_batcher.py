@@ -371,6 +371,37 @@ def test_a_job_whose_client_went_away_is_not_translated() -> None:
     assert [texts for texts, _ in model.calls] == [["a"], ["kept"]]
 
 
+def test_jobs_whose_clients_went_away_are_not_queued_any_more() -> None:
+    """While the worker is inside a call, abandoned jobs still wait in its queue: /health's
+    ``queued`` counted them, and so did ``max_queue``, refusing live requests for them."""
+    model = FakeModel()
+    batcher = make_batcher(model, max_wait_ms=0, max_queue=2)
+
+    async def scenario() -> tuple[dict, list]:
+        model.gate.clear()
+        busy = asyncio.ensure_future(batcher.submit(["a"], 0))
+        while not model.entered.is_set():
+            await asyncio.sleep(0.001)
+        gone = [asyncio.ensure_future(batcher.submit(["x", "y"], 0)) for _ in range(2)]
+        while batcher.stats()["queued"] < 2:
+            await asyncio.sleep(0.001)
+        for job in gone:
+            job.cancel()
+        await asyncio.sleep(0)  # the cancellations reach the jobs' futures
+        stats = batcher.stats()
+        kept = asyncio.ensure_future(batcher.submit(["kept"], 0))  # not QueueFull
+        await asyncio.sleep(0)
+        model.gate.set()
+        return stats, await asyncio.gather(busy, kept)
+
+    try:
+        stats, results = run(scenario())
+    finally:
+        batcher.close()
+    assert (stats["queued"], stats["queued_texts"], stats["dropped"]) == (0, 0, 2)
+    assert results == [["A/0"], ["KEPT/0"]] and batcher.stats()["rejected"] == 0
+
+
 def test_close_fails_waiting_jobs_and_stops_the_worker() -> None:
     model = FakeModel()
     batcher = make_batcher(model, max_wait_ms=0)

@@ -176,9 +176,10 @@ class Batcher(Generic[R]):
 
     def stats(self) -> dict[str, Any]:
         """Counters since start, and the queue now: ``queued`` requests (with texts not yet
-        taken), ``queued_texts``, and ``oldest_wait_s``, the age of the oldest request not
-        yet answered (0 when none)."""
+        taken, whose clients are still there), ``queued_texts``, and ``oldest_wait_s``, the
+        age of the oldest request not yet answered (0 when none)."""
         with self._cond:
+            self._prune()
             now = time.monotonic()
             unanswered = [j for j in self._unanswered.values() if not j.abandoned]
             oldest = max((now - job.arrival for job in unanswered), default=0.0)
@@ -221,6 +222,7 @@ class Batcher(Generic[R]):
         with self._cond:
             if self._closing:
                 raise BatcherClosed("the server is shutting down")
+            self._prune()  # the jobs of clients that have gone hold no place in the queue
             if len(self._pending) >= self.max_queue:
                 self._stats.rejected += 1
                 raise QueueFull(
@@ -322,7 +324,9 @@ class Batcher(Generic[R]):
             return list(self._pending), self._arrivals
 
     def _prune(self) -> bool:
-        """Drops the jobs whose client went away (lock held); True if any job waits."""
+        """Drops the jobs whose client went away (lock held); True if any job waits. The
+        worker prunes before each call, and :meth:`stats` and :meth:`submit` too, so that
+        while a call runs the queue they see holds live jobs only."""
         kept: deque[_Job] = deque()
         for job in self._pending:
             if job.abandoned:
