@@ -24,10 +24,9 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
-from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect, Request
-from starlette.types import Message
 
 from aiayn.serve.connections import BodyTimeout
 from aiayn.serve.schemas import ApiError, ClientGone, describe_json
@@ -61,7 +60,10 @@ async def read_request(
     if not body.strip() and raw_query:  # POST /translate?q=...&target=...
         return "form", query()
     if content_type == "multipart/form-data":
-        return "form", {**query(), **await _parse_multipart(request, body, max_values)}
+        fields = await asyncio.to_thread(
+            _parse_multipart, request.headers["content-type"], body, max_values
+        )
+        return "form", {**query(), **fields}
     urlencoded = content_type == "application/x-www-form-urlencoded"
     if urlencoded and not body.lstrip().startswith(b"{"):
         fields = await asyncio.to_thread(_parse_urlencoded, body, max_values)
@@ -208,32 +210,69 @@ def _unquote_plus(text: str, piece: int = 1 << 16) -> str:
     return decoded.decode("utf-8")
 
 
-async def _parse_multipart(request: Request, body: bytes, max_values: int) -> dict[str, Any]:
-    """Fields of a multipart body, parsed by Starlette's public ``Request.form()`` (which
-    uses python-multipart, and stops at ``max_values`` parts) on a request that replays the
-    body already read under the size limit."""
+def _parse_multipart(content_type: str, body: bytes, max_values: int) -> dict[str, Any]:
+    """Fields of a multipart body (RFC 7578), read by python-multipart's parser on the bytes
+    already read under the size limit, as strictly as a urlencoded body: a value or a field
+    name that is not UTF-8 is a 400 (Starlette's ``Request.form()`` read it as Latin-1), and
+    so is a body that is not multipart or ends before its closing boundary (which
+    ``Request.form()`` read as a form without fields); a file is a 422, more than
+    ``max_values`` parts a 413."""
+    _, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise ApiError(400, "the multipart Content-Type has no boundary")
+    pairs: list[tuple[str, str]] = []
+    headers: dict[bytes, bytes] = {}
+    header = [b"", b""]
+    data: list[bytes] = []
+    ended = False
 
-    async def replay() -> Message:
-        return {"type": "http.request", "body": body, "more_body": False}
+    def header_end() -> None:
+        headers[header[0].lower()] = header[1]
+        header[:] = [b"", b""]
 
+    def headers_finished() -> None:
+        if len(pairs) >= max_values:
+            raise _too_many_values(max_values)
+        _, options = parse_options_header(headers.get(b"content-disposition", b""))
+        if b"name" not in options:
+            raise ApiError(400, "a multipart part has no name (Content-Disposition: form-data)")
+        name = _decode_utf8(options[b"name"], "name of a multipart field")
+        if b"filename" in options:
+            raise ApiError(422, f"{name}: file uploads are not supported; send the text itself")
+        pairs.append((name, ""))
+
+    def part_end() -> None:
+        name = pairs[-1][0]
+        pairs[-1] = (name, _decode_utf8(b"".join(data), f"multipart field {name!r}"))
+        headers.clear()
+        data.clear()
+
+    def end() -> None:
+        nonlocal ended
+        ended = True
+
+    callbacks: Any = {
+        "on_header_field": lambda chunk, i, j: header.__setitem__(0, header[0] + chunk[i:j]),
+        "on_header_value": lambda chunk, i, j: header.__setitem__(1, header[1] + chunk[i:j]),
+        "on_header_end": header_end,
+        "on_headers_finished": headers_finished,
+        "on_part_data": lambda chunk, i, j: data.append(chunk[i:j]),
+        "on_part_end": part_end,
+        "on_end": end,
+    }
     try:
-        replayed = Request(request.scope, replay)
-        async with replayed.form(max_fields=max_values, max_files=max_values) as form:
-            pairs = []
-            for key, value in form.multi_items():
-                if isinstance(value, UploadFile):
-                    raise ApiError(
-                        422, f"{key}: file uploads are not supported; send the text itself"
-                    )
-                pairs.append((key, value))
-    except ApiError:
-        raise
-    except HTTPException as error:  # Starlette's answer to a malformed body
-        if str(error.detail).startswith("Too many"):  # fields or files
-            raise _too_many_values(max_values) from None
-        raise ApiError(400, f"cannot read the multipart form data: {error.detail}") from None
-    except Exception as error:  # python-multipart's own parse errors
+        parser = MultipartParser(boundary, callbacks)
+        parser.write(body)
+        parser.finalize()
+    except MultipartParseError as error:
         raise ApiError(400, f"cannot read the multipart form data: {error}") from None
+    if not ended:
+        delimiter = "--" + boundary.decode("latin-1") + "--"
+        raise ApiError(
+            400,
+            f"the multipart form data ends before its closing boundary {delimiter!r}",
+        )
     return _fields(pairs)
 
 
