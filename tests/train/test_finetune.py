@@ -80,7 +80,7 @@ def test_fine_tuning_starts_from_the_models_weights_with_a_fresh_schedule(
     initial = first_update_weights(monkeypatch)
     run = tmp_path / "tuned"
     args = finetune_args(corpus, run, base_run, pieces(base_run), max_steps=3)
-    with caplog.at_level(logging.INFO, logger="aiayn.train.trainer"):
+    with caplog.at_level(logging.INFO, logger="aiayn.train"):
         # init (how new weights would be drawn) may differ: the model's weights are loaded
         assert main([*args, "--model", "dropout=0.3", "--model", "init=fairseq"]) == 0
 
@@ -138,7 +138,7 @@ def test_resume_continues_from_the_runs_checkpoint_without_init_from(
     shutil.rmtree(init)  # a resume must not need it
 
     initial = first_update_weights(monkeypatch)
-    with caplog.at_level(logging.INFO, logger="aiayn.train.trainer"):
+    with caplog.at_level(logging.INFO, logger="aiayn.train"):
         assert main(["train", "--resume", "--out-dir", str(run), "--max-steps", "4"]) == 0
     assert_weights_equal(initial, run / "checkpoints" / "step_00000002")
     assert "resumed from" in caplog.text and "fine-tuning from" not in caplog.text

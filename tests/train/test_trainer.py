@@ -464,7 +464,7 @@ def test_resume_with_another_batch_layout_warns(
 ) -> None:
     config = make_config(corpus, tmp_path / "run", max_steps=2)
     trainer.train(config)
-    with caplog.at_level(logging.WARNING, logger="aiayn.train.trainer"):
+    with caplog.at_level(logging.WARNING, logger="aiayn.train"):
         trainer.train(dataclasses.replace(config, max_steps=3, accumulate=2), resume=True)
     assert "saved with 1 process(es) × 1 batch(es) per update, this run uses 1 × 2" in caplog.text
 
@@ -681,7 +681,7 @@ def test_resume_overrides_a_setting_that_may_change_and_records_it(
 ) -> None:
     run = tmp_path / "run"
     assert main(cli_args(make_config(corpus, run, max_steps=2))) == 0
-    with caplog.at_level(logging.INFO, logger="aiayn.train.trainer"):
+    with caplog.at_level(logging.INFO, logger="aiayn.train"):
         assert main(["train", "--out-dir", str(run), "--resume", "--max-steps", "4"]) == 0
     assert "resume: max_steps changed from 2 to 4" in caplog.text
     assert checkpoint_steps(run)[-1] == 4
@@ -972,7 +972,7 @@ def test_a_corrupt_latest_checkpoint_names_the_previous_one_and_how_to_use_it(
     assert f"(mv {latest} {latest}.corrupt) and run again with --resume" in err
 
     os.replace(latest, f"{latest}.corrupt")  # what the message says to do
-    with caplog.at_level(logging.INFO, logger="aiayn.train.trainer"):
+    with caplog.at_level(logging.INFO, logger="aiayn.train"):
         assert main(resume) == 0
     assert f"resumed from {previous} at step 2" in caplog.text
     assert checkpoint_steps(run) == [2, 4, 5]  # step 4 trained and saved again
@@ -1280,7 +1280,7 @@ def test_training_refuses_onednn_where_its_products_are_wrong(
 ) -> None:
     """Where `acceleration.onednn_products_wrong` finds oneDNN's products off at the model's
     shapes, `--onednn` stops the run before its first update, saying why."""
-    monkeypatch.setattr(trainer, "uses_onednn", lambda *args, **kwargs: True)
+    monkeypatch.setattr(setup, "uses_onednn", lambda *args, **kwargs: True)
     monkeypatch.setattr(setup, "onednn_products_wrong", lambda model: "off by 0.03")
     config = make_config(corpus, tmp_path / "run", onednn=True)
     with pytest.raises(ValueError, match="--onednn cannot train correctly on this CPU: off by"):

@@ -1,7 +1,8 @@
 """Setting up a training run (§5): everything before the first update, step by step.
 
-`set_up` is the first of a `Trainer`'s two steps (aiayn.train.trainer: `Trainer.setup`; `run`
-is the second). Every rank takes these steps, bar the sixth (rank 0's); rank 0 alone writes:
+`set_up` builds every part a run has and returns them (`RunParts`), as torchtune's recipes do;
+`Trainer` (aiayn.train.trainer) receives them in one place and runs the loop. Every rank takes
+these steps, bar the sixth (rank 0's); rank 0 alone writes:
 
 1. the inputs, checked as far as that needs no reading them whole, before anything is written:
    the corpus files, a given tokenizer, the model directory to start from (`init_from`);
@@ -17,7 +18,9 @@ is the second). Every rank takes these steps, bar the sixth (rank 0's); rank 0 a
    `max_epochs`, or with `time_budget` what the budget foresees (aiayn.train.budget);
 8. the model that updates run through: compiled and/or under DDP when asked.
 
-Set-up logs as the trainer does: its lines read "aiayn.train.trainer: model: ...".
+Set-up seeds the process's RNG (`seed`: the weights' initialisation and the dropout masks) and
+restores it from a checkpoint on resume; `aiayn.train.trainer.train` gives the caller's RNG
+back afterwards.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ import contextlib
 import functools
 import logging
 import shutil
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -40,11 +44,13 @@ from aiayn.acceleration import (
     onednn_products_wrong,
     use_cpu_attention,
 )
+from aiayn.config import ModelConfig, TrainConfig
 from aiayn.errors import UserError, UserValueError
 from aiayn.extras import require
 from aiayn.model import Transformer
 from aiayn.model_dir import TOKENIZER_FILE, WEIGHTS_FILE, CorruptCheckpointError, load_weights
 from aiayn.optim import DECAYING, build_optimizer
+from aiayn.text.batching import accumulation, epoch_updates
 from aiayn.text.corpus import ParallelDataset, check_corpus_files, load_or_build
 from aiayn.text.tokenizer import (
     PAD_ID,
@@ -55,202 +61,364 @@ from aiayn.text.tokenizer import (
 )
 from aiayn.train import checkpoint as ckpt
 from aiayn.train import finetune, rundir
+from aiayn.train.distributed import Distributed
 from aiayn.train.ema import WeightAverage
-from aiayn.train.runlog import METRICS_FILE, TENSORBOARD_DIR, TensorBoardLog, truncate_metrics
-from aiayn.train.update import cuda_computes_bf16
+from aiayn.train.runlog import (
+    METRICS_FILE,
+    TENSORBOARD_DIR,
+    MetricsLog,
+    TensorBoardLog,
+    truncate_metrics,
+)
+from aiayn.train.update import cuda_computes_bf16, uses_bf16, uses_onednn
 
-if TYPE_CHECKING:
-    from aiayn.train.trainer import Trainer
-
-# The trainer's logger: a run's lines, set-up's included, read "aiayn.train.trainer: ...".
-logger = logging.getLogger("aiayn.train.trainer")
+logger = logging.getLogger(__name__)
 
 
 class TrainingError(UserError, RuntimeError):
     """The run cannot start or continue (the message says why and what to do)."""
 
 
-def set_up(trainer: Trainer, held: contextlib.ExitStack) -> None:
-    """Everything before the first update (`Trainer.setup`); `held` keeps the run directory's
-    lock.
+@dataclass(frozen=True)
+class RunParts:
+    """Every part of a training run, as `set_up` built it and `Trainer` holds it.
 
-    Fills in what the loop needs of `trainer`: `tokenizer`, `train_data` and `valid_data`,
-    `model_config`, `model`, `optimizer`, `average`, `fixed_end` and `schedule_end`, and
-    `train_model`; on resume, `progress` and the time the run spent before (`clock`); with
-    `init_from`, `init` and the model's vocabulary size in `config`.
+    Attributes:
+        config: The job's settings as the run records them: the schedule resolved ("auto"),
+            and with `init_from` the model's vocabulary size.
+        distributed: This process's rank and the world size (a single process outside torchrun).
+        device: Where the model trains.
+        bf16: Whether updates compute in bf16 (`precision`).
+        onednn: Whether the CPU's products run on oneDNN (`onednn`).
+        accumulate: Batches per update on this rank.
+        run_dir: The run directory (aiayn.train.rundir), locked while the run holds it.
+        init: The model directory a fine-tuning run starts from (`init_from`), else None.
+        tokenizer: The joint vocabulary (or, fine-tuning an imported Marian model, its split
+            one).
+        train_data: The binarised training pairs; `valid_data` the validation pairs, if any.
+        model_config: The `Transformer`'s architecture.
+        model: The `Transformer` (what is saved); `train_model` is what updates run through
+            (the same, or it wrapped by torch.compile and/or DDP).
+        optimizer: Adam (§5.3), with its state on resume.
+        average: The moving average of the weights (rank 0, with `ema_decay`; else None).
+        progress: Step, epoch, data position and the run's time so far: restored on resume,
+            else fresh; the loop advances it.
+        log: The metrics log (rank 0 writes it), with its TensorBoard writer when asked.
+        fixed_end: The last update the schedule heads for without a time budget
+            (`max_steps`, or the last of `max_epochs`); `schedule_end` the one it heads for
+            now (a resumed run with a time budget: the end it was heading for).
     """
-    _check_inputs(trainer)
-    _open_run_dir(trainer, held)
-    held.callback(trainer.log.close)
-    trainer.tokenizer = _prepare_tokenizer(trainer)
-    trainer.train_data, trainer.valid_data = _load_data(trainer)
-    c, distributed = trainer.config, trainer.distributed
-    if trainer.init is not None:
-        trainer.model_config = trainer.init.model_config
+
+    config: TrainConfig
+    distributed: Distributed
+    device: torch.device
+    bf16: bool
+    onednn: bool
+    accumulate: int
+    run_dir: Path
+    init: finetune.InitModel | None
+    tokenizer: Tokenizer | SplitTokenizer
+    train_data: ParallelDataset
+    valid_data: ParallelDataset | None
+    model_config: ModelConfig
+    model: Transformer
+    train_model: nn.Module
+    optimizer: torch.optim.Optimizer
+    average: WeightAverage | None
+    progress: ckpt.Progress
+    log: MetricsLog
+    fixed_end: int
+    schedule_end: int
+
+
+def set_up(
+    config: TrainConfig,
+    *,
+    resume: bool,
+    distributed: Distributed,
+    device: torch.device,
+    held: contextlib.ExitStack,
+) -> RunParts:
+    """Everything before the first update (with `resume`, from the run's last checkpoint);
+    `held` keeps the run directory's lock, and closes the metrics log, until the run ends."""
+    # "auto" is resolved once, and recorded so: a resume keeps the schedule it began with.
+    config = replace(config, schedule=config.resolved_schedule)
+    run_dir = Path(config.out_dir)
+    bf16 = uses_bf16(device, config.precision)
+    onednn = uses_onednn(device, config.onednn, bf16=bf16, compile=config.compile)
+    accumulate = accumulation(
+        tokens_per_update=config.tokens_per_update,
+        max_tokens=config.max_tokens,
+        accumulate=config.accumulate,
+        world_size=distributed.world_size,
+    )
+    config, init = _check_inputs(config, run_dir, resume)
+    _open_run_dir(config, run_dir, resume, distributed, held)
+    log = MetricsLog(run_dir / METRICS_FILE, distributed.is_main)
+    held.callback(log.close)
+    tokenizer = _prepare_tokenizer(config, run_dir, resume, init, distributed)
+    train_data, valid_data = _load_data(config, run_dir, tokenizer, distributed)
+    if init is not None:
+        model_config = init.model_config
     else:
-        trainer.model_config = c.model_config(trainer.tokenizer.vocab_size, pad_id=PAD_ID)
-    torch.manual_seed(c.seed)
-    model = trainer.model = Transformer(trainer.model_config).to(trainer.device)
-    if trainer.device.type == "cpu":  # the CPU's fastest attention (bf16: in float32)
-        use_cpu_attention(model)
-    if trainer.onednn:
-        wrong = onednn_products_wrong(model)
-        if wrong is not None:
-            raise UserValueError(
-                f"--onednn cannot train correctly on this CPU: {wrong}; train without --onednn"
-            )
-    if distributed.rank > 0:
-        # Independent dropout masks on every rank; rank 0 keeps the single-process stream.
-        torch.manual_seed(c.seed + distributed.rank)
-    trainer.optimizer = build_optimizer(model, betas=(c.adam_beta1, c.adam_beta2), eps=c.adam_eps)
-    saved_average = _resume_or_start(trainer)
-    trainer.average = _start_average(trainer, saved_average)
-    _plan_the_end(trainer)
-    trainer.train_model = _wrap_model(trainer)
-    _log_setup(trainer)
+        model_config = config.model_config(tokenizer.vocab_size, pad_id=PAD_ID)
+    model = _build_model(model_config, config.seed, device, onednn, distributed.rank)
+    optimizer = build_optimizer(
+        model, betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps
+    )
+    progress, saved_average = _resume_or_start(
+        config, run_dir, resume, init, model, optimizer, log, distributed, accumulate
+    )
+    average = _start_average(config, model, progress, saved_average, valid_data, distributed)
+    fixed_end = _fixed_end(config, train_data, accumulate, distributed)
+    schedule_end = fixed_end
+    if config.budget_seconds is not None and progress.schedule_end > 0:
+        schedule_end = min(fixed_end, progress.schedule_end)
+    train_model = _wrap_model(model, config, device, bf16, distributed)
+    parts = RunParts(
+        config=config,
+        distributed=distributed,
+        device=device,
+        bf16=bf16,
+        onednn=onednn,
+        accumulate=accumulate,
+        run_dir=run_dir,
+        init=init,
+        tokenizer=tokenizer,
+        train_data=train_data,
+        valid_data=valid_data,
+        model_config=model_config,
+        model=model,
+        train_model=train_model,
+        optimizer=optimizer,
+        average=average,
+        progress=progress,
+        log=log,
+        fixed_end=fixed_end,
+        schedule_end=schedule_end,
+    )
+    if distributed.is_main:
+        _log_setup(parts)
+    return parts
 
 
-def _check_inputs(trainer: Trainer) -> None:
+def rank_updates(
+    data: ParallelDataset,
+    config: TrainConfig,
+    epoch: int,
+    *,
+    accumulate: int,
+    distributed: Distributed,
+) -> list[list[np.ndarray]]:
+    """This rank's updates of `epoch` (aiayn.text.batching.epoch_updates): the batches of
+    each, grouped by length and shuffled from `seed`."""
+    return epoch_updates(
+        data.src_lengths,
+        data.tgt_lengths,
+        max_tokens=config.max_tokens,
+        seed=config.seed,
+        epoch=epoch,
+        accumulate=accumulate,
+        rank=distributed.rank,
+        world_size=distributed.world_size,
+    )
+
+
+def _check_inputs(
+    config: TrainConfig, run_dir: Path, resume: bool
+) -> tuple[TrainConfig, finetune.InitModel | None]:
     """What can be checked of the inputs without reading them whole, before the run
     directory is touched: the corpus files (missing, directories, UTF-16), a given
-    tokenizer, the model directory to start from."""
-    c = trainer.config
+    tokenizer, the model directory to start from. Returns the config (with `init_from`, the
+    model's vocabulary size) and the model to start from."""
+    c = config
     files = (c.src, c.tgt, c.tsv, c.valid_src, c.valid_tgt, c.valid_tsv)
     check_corpus_files(*(Path(name) for name in files if name))
-    if c.tensorboard:
+    if config.tensorboard:
         require("tensorboard", "tensorboard", needed_by="tensorboard: true (--tensorboard)")
-    if c.init_from:
+    if config.init_from:
         # A resumed run continues from its own checkpoint and never reads init_from again.
-        resumed = ckpt.list_checkpoints(trainer.run_dir)[-1:] if trainer.resume_requested else []
+        resumed = ckpt.list_checkpoints(run_dir)[-1:] if resume else []
         if resumed:
-            trainer.init = finetune.resumed_model(resumed[0])
+            init = finetune.resumed_model(resumed[0])
         else:
-            trainer.init = finetune.read_init_model(c, c.init_from)
+            init = finetune.read_init_model(config, config.init_from)
         # The run's vocabulary is the model's: train_config.yaml records its true size.
-        trainer.config = replace(c, vocab_size=trainer.init.vocab_size)
-    elif c.tokenizer:
-        check_given_tokenizer(Path(c.tokenizer), c.vocab_size)
+        return replace(config, vocab_size=init.vocab_size), init
+    if config.tokenizer:
+        check_given_tokenizer(Path(config.tokenizer), config.vocab_size)
+    return config, None
 
 
-def _open_run_dir(trainer: Trainer, held: contextlib.ExitStack) -> None:
+def _open_run_dir(
+    config: TrainConfig,
+    run_dir: Path,
+    resume: bool,
+    distributed: Distributed,
+    held: contextlib.ExitStack,
+) -> None:
     """Create and lock the run directory (rank 0 alone: the ranks of one run share it).
 
     The lock comes before anything is written and before the checkpoint check, so that a
     second trainer is told who is in the way and changes nothing.
     """
-    if trainer.distributed.is_main:
-        trainer.run_dir.mkdir(parents=True, exist_ok=True)
-        check = functools.partial(_check_run_dir, trainer)
-        held.enter_context(rundir.hold_run_lock(trainer.run_dir, check))
-        rundir.remove_debris(trainer.run_dir)  # before anything in the run directory is read
-    trainer.distributed.barrier()
+    if distributed.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        check = functools.partial(_check_run_dir, config, run_dir, resume)
+        held.enter_context(rundir.hold_run_lock(run_dir, check))
+        rundir.remove_debris(run_dir)  # before anything in the run directory is read
+    distributed.barrier()
 
 
-def _check_run_dir(trainer: Trainer) -> None:
+def _check_run_dir(config: TrainConfig, run_dir: Path, resume: bool) -> None:
     """A fresh run must not overwrite another; a resumed one keeps its settings, but for
     those it may change (logged)."""
-    run_dir, resume = trainer.run_dir, trainer.resume_requested
     rundir.refuse_existing_run(run_dir, resume)
     if resume and ckpt.list_checkpoints(run_dir):
-        for name, (before, after) in rundir.resume_overrides(run_dir, trainer.config).items():
+        for name, (before, after) in rundir.resume_overrides(run_dir, config).items():
             logger.info("resume: %s changed from %r to %r", name, before, after)
 
 
-def _prepare_tokenizer(trainer: Trainer) -> Tokenizer | SplitTokenizer:
+def _prepare_tokenizer(
+    config: TrainConfig,
+    run_dir: Path,
+    resume: bool,
+    init: finetune.InitModel | None,
+    distributed: Distributed,
+) -> Tokenizer | SplitTokenizer:
     """The joint vocabulary (§5.1), made by rank 0, or the init model's, copied; a resumed
     run keeps its own."""
-    keep = trainer.resume_requested and bool(ckpt.list_checkpoints(trainer.run_dir))
-    if trainer.init is not None:
-        if trainer.distributed.is_main:
-            finetune.copy_tokenizer(trainer.init, trainer.run_dir, keep=keep)
-        trainer.distributed.barrier()
-        return load_tokenizer(trainer.run_dir / trainer.init.tokenizer_file.name)
-    model_file = trainer.run_dir / TOKENIZER_FILE
-    if trainer.distributed.is_main:
-        c = trainer.config
+    keep = resume and bool(ckpt.list_checkpoints(run_dir))
+    if init is not None:
+        if distributed.is_main:
+            finetune.copy_tokenizer(init, run_dir, keep=keep)
+        distributed.barrier()
+        return load_tokenizer(run_dir / init.tokenizer_file.name)
+    model_file = run_dir / TOKENIZER_FILE
+    if distributed.is_main:
         Tokenizer.train_or_reuse(
             model_file,
-            src=Path(c.src) if c.src else None,
-            tgt=Path(c.tgt) if c.tgt else None,
-            tsv=Path(c.tsv) if c.tsv else None,
-            copy_from=Path(c.tokenizer) if c.tokenizer else None,
-            vocab_size=c.vocab_size,
-            seed=c.seed,
+            src=Path(config.src) if config.src else None,
+            tgt=Path(config.tgt) if config.tgt else None,
+            tsv=Path(config.tsv) if config.tsv else None,
+            copy_from=Path(config.tokenizer) if config.tokenizer else None,
+            vocab_size=config.vocab_size,
+            seed=config.seed,
             keep=keep,
         )
-    trainer.distributed.barrier()
+    distributed.barrier()
     return Tokenizer.load(model_file)
 
 
-def _load_data(trainer: Trainer) -> tuple[ParallelDataset, ParallelDataset | None]:
+def _load_data(
+    config: TrainConfig,
+    run_dir: Path,
+    tokenizer: Tokenizer | SplitTokenizer,
+    distributed: Distributed,
+) -> tuple[ParallelDataset, ParallelDataset | None]:
     """Binarise once on rank 0 (cached by content), then every rank opens the memmaps."""
-    c = trainer.config
 
     def build(src: str | None, tgt: str | None, tsv: str | None, name: str) -> Any:
         dataset, stats = load_or_build(
             *(Path(f) if f else None for f in (src, tgt, tsv)),
-            trainer.tokenizer,
-            trainer.run_dir / "data" / name,
-            max_len=c.max_len,
-            max_ratio=c.max_ratio or None,
+            tokenizer,
+            run_dir / "data" / name,
+            max_len=config.max_len,
+            max_ratio=config.max_ratio or None,
         )
-        if trainer.distributed.is_main:
+        if distributed.is_main:
             logger.info("%s data: %s", name, stats)
         return dataset
 
-    if not trainer.distributed.is_main:
-        trainer.distributed.barrier()  # rank 0 builds the cache first
-    train_data = build(c.src, c.tgt, c.tsv, "train")
+    if not distributed.is_main:
+        distributed.barrier()  # rank 0 builds the cache first
+    train_data = build(config.src, config.tgt, config.tsv, "train")
     valid_data = None
-    if c.valid_tsv or c.valid_src:
-        valid_data = build(c.valid_src, c.valid_tgt, c.valid_tsv, "valid")
-    if trainer.distributed.is_main:
-        trainer.distributed.barrier()
+    if config.valid_tsv or config.valid_src:
+        valid_data = build(config.valid_src, config.valid_tgt, config.valid_tsv, "valid")
+    if distributed.is_main:
+        distributed.barrier()
     return train_data, valid_data
 
 
-def _resume_or_start(trainer: Trainer) -> dict[str, torch.Tensor] | None:
+def _build_model(
+    model_config: ModelConfig, seed: int, device: torch.device, onednn: bool, rank: int
+) -> Transformer:
+    """The `Transformer`, its weights initialised from `seed`, on `device`; then this rank's
+    dropout stream."""
+    torch.manual_seed(seed)
+    model = Transformer(model_config).to(device)
+    if device.type == "cpu":  # the CPU's fastest attention (bf16: in float32)
+        use_cpu_attention(model)
+    if onednn:
+        wrong = onednn_products_wrong(model)
+        if wrong is not None:
+            raise UserValueError(
+                f"--onednn cannot train correctly on this CPU: {wrong}; train without --onednn"
+            )
+    if rank > 0:
+        # Independent dropout masks on every rank; rank 0 keeps the single-process stream.
+        torch.manual_seed(seed + rank)
+    return model
+
+
+def _resume_or_start(
+    config: TrainConfig,
+    run_dir: Path,
+    resume: bool,
+    init: finetune.InitModel | None,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    log: MetricsLog,
+    distributed: Distributed,
+    accumulate: int,
+) -> tuple[ckpt.Progress, dict[str, torch.Tensor] | None]:
     """Restore the latest checkpoint on `--resume` (if there is one), else start afresh;
-    then record the settings. Returns the checkpoint's average of the weights, if any."""
-    latest = ckpt.latest_checkpoint(trainer.run_dir) if trainer.resume_requested else None
-    saved_average = None
-    metrics_path = trainer.run_dir / METRICS_FILE
+    then record the settings. Returns the progress and the checkpoint's average of the
+    weights, if any."""
+    latest = ckpt.latest_checkpoint(run_dir) if resume else None
+    progress, saved_average = ckpt.Progress(), None
+    metrics_path = run_dir / METRICS_FILE
     if latest is not None:
         try:
-            saved_average = _resume(trainer, latest)
+            progress, saved_average = _resume(latest, model, optimizer, distributed, accumulate)
         except CorruptCheckpointError as error:
-            hint = rundir.earlier_checkpoint_hint(trainer.run_dir, latest)
+            hint = rundir.earlier_checkpoint_hint(run_dir, latest)
             raise TrainingError(f"{error}; {hint}") from None
-        if trainer.distributed.is_main:
-            truncate_metrics(metrics_path, trainer.progress.step)
-            logger.info("resumed from %s at step %d", latest, trainer.progress.step)
-    elif trainer.resume_requested and trainer.distributed.is_main:
-        logger.info("no checkpoint in %s yet: starting from scratch", trainer.run_dir)
-    if latest is None and trainer.init is not None:
-        _start_from_init(trainer, trainer.init)
-    if trainer.distributed.is_main:
+        if distributed.is_main:
+            truncate_metrics(metrics_path, progress.step)
+            logger.info("resumed from %s at step %d", latest, progress.step)
+    elif resume and distributed.is_main:
+        logger.info("no checkpoint in %s yet: starting from scratch", run_dir)
+    if latest is None and init is not None:
+        _start_from_init(model, init, distributed)
+    if distributed.is_main:
         if latest is None:
             metrics_path.unlink(missing_ok=True)
-            shutil.rmtree(trainer.run_dir / TENSORBOARD_DIR, ignore_errors=True)
-        if trainer.config.tensorboard:
-            purge_step = trainer.progress.step + 1 if latest is not None else None
-            trainer.log.tensorboard = TensorBoardLog(
-                trainer.run_dir / TENSORBOARD_DIR, purge_step=purge_step
-            )
-        rundir.write_config(trainer.run_dir, trainer.config.to_dict())
-    trainer.distributed.barrier()
-    return saved_average
+            shutil.rmtree(run_dir / TENSORBOARD_DIR, ignore_errors=True)
+        if config.tensorboard:
+            purge_step = progress.step + 1 if latest is not None else None
+            log.tensorboard = TensorBoardLog(run_dir / TENSORBOARD_DIR, purge_step=purge_step)
+        rundir.write_config(run_dir, config.to_dict())
+    distributed.barrier()
+    return progress, saved_average
 
 
-def _resume(trainer: Trainer, checkpoint: Path) -> dict[str, torch.Tensor] | None:
-    """Weights, optimizer state, progress and this rank's RNG from `checkpoint`; returns its
-    average of the weights (for `_start_average`)."""
+def _resume(
+    checkpoint: Path,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    distributed: Distributed,
+    accumulate: int,
+) -> tuple[ckpt.Progress, dict[str, torch.Tensor] | None]:
+    """Weights, optimizer state and this rank's RNG from `checkpoint`; returns its progress
+    (the run's time so far included) and its average of the weights."""
     state = ckpt.load_training_state(checkpoint)  # verifies every file: corrupt comes first
-    ckpt.check_same_architecture(checkpoint, trainer.model_config)
-    load_weights(trainer.model, checkpoint / WEIGHTS_FILE)
-    trainer.optimizer.load_state_dict(state.optimizer)
-    world_size = trainer.distributed.world_size
-    if state.world_size * state.accumulate != world_size * trainer.accumulate:
+    ckpt.check_same_architecture(checkpoint, model.config)
+    load_weights(model, checkpoint / WEIGHTS_FILE)
+    optimizer.load_state_dict(state.optimizer)
+    world_size = distributed.world_size
+    if state.world_size * state.accumulate != world_size * accumulate:
         # `position` counts updates, so it now points at different batches of the epoch.
         logger.warning(
             "%s was saved with %d process(es) × %d batch(es) per update, this run uses "
@@ -260,22 +428,21 @@ def _resume(trainer: Trainer, checkpoint: Path) -> dict[str, torch.Tensor] | Non
             state.world_size,
             state.accumulate,
             world_size,
-            trainer.accumulate,
+            accumulate,
         )
-    if trainer.distributed.rank < len(state.rng):
-        ckpt.restore_rng(state.rng[trainer.distributed.rank])
-    # else: a rank the checkpoint did not have keeps the stream `set_up` seeded for it
+    if distributed.rank < len(state.rng):
+        ckpt.restore_rng(state.rng[distributed.rank])
+    # else: a rank the checkpoint did not have keeps the stream `_build_model` seeded for it
     # (seed + rank), rather than drawing rank 0's dropout masks
-    trainer.progress = state.progress
-    trainer.clock.spent_before = state.progress.elapsed_s  # the budget is the run's
-    trainer.model.to(trainer.device)
-    return state.ema
+    return state.progress, state.ema
 
 
-def _start_from_init(trainer: Trainer, init: finetune.InitModel) -> None:
+def _start_from_init(
+    model: Transformer, init: finetune.InitModel, distributed: Distributed
+) -> None:
     """Fine-tuning: the weights of `init`; Adam and the schedule stay fresh (step 0)."""
-    load_weights(trainer.model, init.weights_file)
-    if trainer.distributed.is_main:
+    load_weights(model, init.weights_file)
+    if distributed.is_main:
         logger.info(
             "fine-tuning from %s: its weights and vocabulary; the optimizer and the "
             "learning-rate schedule (warm-up included) start afresh at step 0",
@@ -283,90 +450,90 @@ def _start_from_init(trainer: Trainer, init: finetune.InitModel) -> None:
         )
 
 
-def _start_average(trainer: Trainer, saved: dict[str, torch.Tensor] | None) -> WeightAverage | None:
+def _start_average(
+    config: TrainConfig,
+    model: Transformer,
+    progress: ckpt.Progress,
+    saved: dict[str, torch.Tensor] | None,
+    valid_data: ParallelDataset | None,
+    distributed: Distributed,
+) -> WeightAverage | None:
     """The moving average of the weights (rank 0, which validates and saves): the `saved`
     one on resume, else the weights the run starts from."""
-    c = trainer.config
-    if not c.ema_decay or not trainer.distributed.is_main:
+    if not config.ema_decay or not distributed.is_main:
         return None
-    average = WeightAverage(trainer.model, c.ema_decay)
+    average = WeightAverage(model, config.ema_decay)
     if saved is not None:
         try:
             average.load_state_dict(saved)
         except ValueError as error:
             raise CorruptCheckpointError(f"cannot resume the average: {error}") from None
-    elif trainer.progress.step > 0:
+    elif progress.step > 0:
         logger.warning(
             "the checkpoint holds no average of the weights: it starts from the weights of step %d",
-            trainer.progress.step,
+            progress.step,
         )
-    elif trainer.valid_data is None:
-        trainer.progress.weights = "ema"  # no validation will choose: the average asked for
+    elif valid_data is None:
+        progress.weights = "ema"  # no validation will choose: the average asked for
     return average
 
 
-def _plan_the_end(trainer: Trainer) -> None:
-    """The last update the schedule heads for: `max_steps`, or the last of `max_epochs`
-    if that comes first; with a time budget, the end a resumed run was heading for, until
-    this process has measured its own pace."""
-    c = trainer.config
-    trainer.fixed_end = c.max_steps
-    if c.max_epochs and c.schedule in DECAYING:
-        lengths = (len(trainer.updates_in(epoch)) for epoch in range(1, c.max_epochs + 1))
-        trainer.fixed_end = min(c.max_steps, sum(lengths))
-    trainer.schedule_end = trainer.fixed_end
-    if trainer.budget is not None and trainer.progress.schedule_end > 0:
-        trainer.schedule_end = min(trainer.fixed_end, trainer.progress.schedule_end)
-    valid_data = trainer.valid_data
-    if valid_data is not None:
-        trainer.pace.valid_tokens = int(valid_data.tgt_lengths.sum()) + len(valid_data)
-    weights = sum(p.numel() for p in trainer.model.parameters()) * 4  # float32
-    trainer.pace.save_bytes = weights * (4 + (1 if c.ema_decay else 0))  # 2 copies, Adam's 2
+def _fixed_end(
+    config: TrainConfig, data: ParallelDataset, accumulate: int, distributed: Distributed
+) -> int:
+    """The last update the schedule heads for without a time budget: `max_steps`, or the
+    last of `max_epochs` if that comes first."""
+    if not (config.max_epochs and config.schedule in DECAYING):
+        return config.max_steps
+    epochs = range(1, config.max_epochs + 1)
+    updates = (
+        rank_updates(data, config, e, accumulate=accumulate, distributed=distributed)
+        for e in epochs
+    )
+    return min(config.max_steps, sum(len(u) for u in updates))
 
 
-def _wrap_model(trainer: Trainer) -> nn.Module:
+def _wrap_model(
+    model: Transformer,
+    config: TrainConfig,
+    device: torch.device,
+    bf16: bool,
+    distributed: Distributed,
+) -> nn.Module:
     """The model that updates run through: compiled and/or under DDP when asked."""
-    if trainer.bf16 and trainer.device.type == "cpu" and not native_bf16_cpu():
+    if bf16 and device.type == "cpu" and not native_bf16_cpu():
         logger.warning(
             "precision bf16: this CPU has no native bf16 arithmetic; steps will be slower"
         )
-    if trainer.bf16 and trainer.device.type == "cuda" and not cuda_computes_bf16(trainer.device):
+    if bf16 and device.type == "cuda" and not cuda_computes_bf16(device):
         logger.warning(
             "precision bf16: this GPU only emulates bf16 (slower than float32); "
             "precision auto trains it in float32"
         )
-    train_model: nn.Module = trainer.model
-    if trainer.config.compile:
-        train_model = maybe_compile(train_model, trainer.device)
-    if trainer.distributed.enabled:
-        device_ids = [trainer.device.index] if trainer.device.type == "cuda" else None
+    train_model: nn.Module = model
+    if config.compile:
+        train_model = maybe_compile(train_model, device)
+    if distributed.enabled:
+        device_ids = [device.index] if device.type == "cuda" else None
         train_model = DistributedDataParallel(train_model, device_ids=device_ids)
     return train_model
 
 
-def _log_setup(trainer: Trainer) -> None:
+def _log_setup(parts: RunParts) -> None:
     """What the run trains, on what, and towards which end (rank 0)."""
-    if not trainer.distributed.is_main:
-        return
-    c = trainer.config
+    c = parts.config
     logger.info(
         "model: %s parameters, %d train pairs, %d device(s) × %d batch(es) of ≤ %d "
         "tokens per update, on %s%s",
-        f"{sum(p.numel() for p in trainer.model.parameters()):,}",
-        len(trainer.train_data),
-        trainer.distributed.world_size,
-        trainer.accumulate,
+        f"{sum(p.numel() for p in parts.model.parameters()):,}",
+        len(parts.train_data),
+        parts.distributed.world_size,
+        parts.accumulate,
         c.max_tokens,
-        trainer.device,
-        " in bf16" if trainer.bf16 else "",
+        parts.device,
+        " in bf16" if parts.bf16 else "",
     )
-    end = f", to 0 at update {trainer.fixed_end}" if c.schedule in DECAYING else ""
-    if trainer.budget is not None and c.schedule in DECAYING:
-        end = f", to 0 at the update the time budget foresees (≤ {trainer.fixed_end})"
+    end = f", to 0 at update {parts.fixed_end}" if c.schedule in DECAYING else ""
+    if c.budget_seconds is not None and c.schedule in DECAYING:
+        end = f", to 0 at the update the time budget foresees (≤ {parts.fixed_end})"
     logger.info("learning-rate schedule: %s%s", c.schedule, end)
-    if trainer.budget is not None:
-        logger.info(
-            "time budget %s: %.1f s spent by the run so far",
-            c.time_budget,
-            trainer.clock.elapsed(),
-        )

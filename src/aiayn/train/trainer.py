@@ -2,11 +2,12 @@
 
 `train` runs a whole job from a `TrainConfig` with a `Trainer`, whose parts follow the job:
 
-1. `Trainer.setup`, in its own module (aiayn.train.setup): the run directory (aiayn.train.rundir:
-   locked against a second trainer, its settings kept on `--resume`), a joint SentencePiece
-   vocabulary made once (§5.1), the binarised data, the model and Adam, restored from the last
-   checkpoint on resume; with `init_from`, the model and its vocabulary come from a model
-   directory (aiayn.train.finetune);
+1. `set_up`, in its own module (aiayn.train.setup), builds the parts of the run that
+   `Trainer` receives (`RunParts`): the run directory (aiayn.train.rundir: locked against a
+   second trainer, its settings kept on `--resume`), a joint SentencePiece vocabulary made
+   once (§5.1), the binarised data, the model and Adam, restored from the last checkpoint on
+   resume; with `init_from`, the model and its vocabulary come from a model directory
+   (aiayn.train.finetune);
 2. `Trainer.update`: one optimizer update (aiayn.train.update) over batches of about `max_tokens`
    tokens, grouped by length and shuffled per epoch from the seed, normalised by the true
    number of target tokens, so one process with `accumulate=k` and k data-parallel processes
@@ -31,35 +32,34 @@ import contextlib
 import gc
 import logging
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from aiayn.acceleration import ONEDNN_KERNELS_FOR_BF16_TRAINING
 from aiayn.config import TrainConfig
 from aiayn.loss import perplexity
 from aiayn.model_dir import DiskFullError, save_model_dir
-from aiayn.text.batching import accumulation, epoch_updates
+from aiayn.text.corpus import ParallelDataset
 from aiayn.train import checkpoint as ckpt
 from aiayn.train import finetune, rundir
 from aiayn.train.budget import MARGIN_S, MARGIN_S_DISTRIBUTED, Pace, RunClock, TimeBudget
-from aiayn.train.distributed import Distributed, device_type, init_distributed
-from aiayn.train.ema import WEIGHTS_NAMES, WeightAverage, averaged_fields, better_weights
+from aiayn.train.distributed import device_type, init_distributed
+from aiayn.train.ema import WEIGHTS_NAMES, averaged_fields, better_weights
 from aiayn.train.runlog import (
-    METRICS_FILE,
-    MetricsLog,
     ModelRecord,
     TrainingDisplay,
     TrainRecord,
     ValidRecord,
 )
-from aiayn.train.setup import TrainingError, set_up
+from aiayn.train.setup import RunParts, TrainingError, rank_updates, set_up
 from aiayn.train.stopping import EarlyStopping, StopFlag
-from aiayn.train.update import UpdateStats, optimizer_update, uses_bf16, uses_onednn
+from aiayn.train.update import UpdateStats, optimizer_update, uses_bf16
 from aiayn.train.validation import validation_metrics
 
 logger = logging.getLogger(__name__)
@@ -119,10 +119,8 @@ def train(
     trainer: Trainer | None = None
     try:
         with contextlib.ExitStack() as held:  # the run directory's lock, while training
-            trainer = Trainer(
-                config, resume=resume, distributed=distributed, device=device, started=started
-            )
-            trainer.setup(held)
+            parts = set_up(config, resume=resume, distributed=distributed, device=device, held=held)
+            trainer = Trainer(parts, started=started)
             return trainer.run()
     except (DiskFullError, OSError) as error:
         message = rundir.disk_full_message(error, config.out_dir)
@@ -140,6 +138,18 @@ def train(
                 trainer.release_model_wrapper()
             gc.collect()
             dist.destroy_process_group()
+
+
+def _target_tokens(data: ParallelDataset | None) -> int:
+    """Target tokens of a validation pass over `data`, end-of-sentence tokens included."""
+    return 0 if data is None else int(data.tgt_lengths.sum()) + len(data)
+
+
+def _save_bytes(model: nn.Module, *, ema: bool) -> int:
+    """About what a save writes: the float32 weights twice (checkpoint and model/), Adam's
+    two moments, and with `ema` the average."""
+    weights = sum(p.numel() for p in model.parameters()) * 4
+    return weights * (4 + (1 if ema else 0))
 
 
 def runtime_settings(config: TrainConfig) -> dict[str, Any]:
@@ -162,67 +172,52 @@ def runtime_settings(config: TrainConfig) -> dict[str, Any]:
 
 
 class Trainer:
-    """One training job: the state the loop shares, and the steps of the loop as methods.
+    """One training job: the parts of the run, the state the loop shares, and the steps of
+    the loop as methods.
 
-    Built in two steps, as torchtune's recipes are: `__init__` only keeps the settings;
-    `setup` (aiayn.train.setup) writes (the run directory, vocabulary, data cache) and builds
-    (model, optimizer, resumed progress). `run` is then the loop; every other method is one
-    part of it.
+    Built as torchtune's recipes are: `set_up` (aiayn.train.setup) writes (the run directory,
+    vocabulary, data cache) and builds every part of the run (model, optimizer, resumed
+    progress: `RunParts`, whose attributes `Trainer` takes as its own); `run` is then the
+    loop, and every other method is one part of it.
 
     Attributes:
-        config: The job's settings.
-        distributed: This process's rank and the world size (a single process outside torchrun).
-        device: Where the model trains.
-        run_dir: The run directory (aiayn.train.rundir).
-        tokenizer: The joint vocabulary (or, fine-tuning an imported Marian model, its split
-            one).
-        init: The model directory a fine-tuning run starts from (`init_from`), else None.
-        model: The `Transformer` (what is saved); `train_model` is what updates run through
-            (the same, or it wrapped by torch.compile and/or DDP).
-        optimizer: Adam (§5.3).
-        progress: Step, epoch and data position, and the open metrics interval; saved and
-            restored with every checkpoint.
-        log: The metrics log (written by rank 0).
+        config, distributed, device, bf16, onednn, accumulate, run_dir, init, tokenizer,
+        train_data, valid_data, model_config, model, train_model, optimizer, average,
+        progress, log, fixed_end: The parts of the run (`RunParts`).
+        schedule_end: The last update the learning-rate schedule heads for (with a time
+            budget, what the budget foresees; else `fixed_end`).
         clock: The run's wall time; `pace` what its updates, validations and saves cost;
             `budget` the time budget (None without one).
-        average: The moving average of the weights (rank 0, with `ema_decay`; else None).
-        schedule_end: The last update the learning-rate schedule heads for; `fixed_end` the
-            one it heads for without a time budget (`max_steps`, or the last of `max_epochs`).
     """
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        *,
-        resume: bool,
-        distributed: Distributed,
-        device: torch.device,
-        started: float | None = None,
-    ) -> None:
-        # "auto" is resolved once, and recorded so: a resume keeps the schedule it began with.
-        self.config = config = replace(config, schedule=config.resolved_schedule)
-        self.resume_requested = resume
-        self.distributed = distributed
-        self.device = device
-        self.bf16 = uses_bf16(device, config.precision)
-        self.onednn = uses_onednn(device, config.onednn, bf16=self.bf16, compile=config.compile)
-        self.accumulate = accumulation(
-            tokens_per_update=config.tokens_per_update,
-            max_tokens=config.max_tokens,
-            accumulate=config.accumulate,
-            world_size=distributed.world_size,
+    def __init__(self, parts: RunParts, *, started: float | None = None) -> None:
+        """Every part of the run as set-up built it (aiayn.train.setup.set_up), and the loop's
+        own state; `started` is when the run's time began in this process."""
+        # The parts of the run (`RunParts`), as set up.
+        self.config = config = parts.config
+        self.distributed = parts.distributed
+        self.device = parts.device
+        self.bf16, self.onednn, self.accumulate = parts.bf16, parts.onednn, parts.accumulate
+        self.run_dir = parts.run_dir
+        self.init = parts.init
+        self.tokenizer = parts.tokenizer
+        self.train_data, self.valid_data = parts.train_data, parts.valid_data
+        self.model_config = parts.model_config
+        self.model, self.train_model = parts.model, parts.train_model
+        self.optimizer = parts.optimizer
+        self.average = parts.average
+        self.progress = parts.progress
+        self.log = parts.log
+        self.fixed_end, self.schedule_end = parts.fixed_end, parts.schedule_end
+        # What the run costs: its time (the processes before this one included) and pace.
+        started = time.monotonic() if started is None else started
+        self.clock = RunClock(started, spent_before=self.progress.elapsed_s)
+        self.pace = Pace(
+            valid_tokens=_target_tokens(self.valid_data),
+            validations=2 if config.ema_decay else 1,
+            bleu=config.valid_bleu,
+            save_bytes=_save_bytes(self.model, ema=bool(config.ema_decay)),
         )
-        self.run_dir = Path(config.out_dir)
-        self.init: finetune.InitModel | None = None
-        self.progress = ckpt.Progress()
-        self.log = MetricsLog(self.run_dir / METRICS_FILE, distributed.is_main)
-        self.last_valid: ValidRecord | None = None
-        self.stop = StopFlag()
-        self.early_stopping = EarlyStopping(config.patience, config.patience_metric)
-        self._last_save_time = time.monotonic()
-        self.display = TrainingDisplay(logger)
-        self.clock = RunClock(time.monotonic() if started is None else started)
-        self.pace = Pace(bleu=config.valid_bleu, validations=2 if config.ema_decay else 1)
         self.budget: TimeBudget | None = None
         if config.budget_seconds is not None:
             self.budget = TimeBudget(
@@ -232,25 +227,27 @@ class Trainer:
                 valid_every=config.valid_every,
                 save_every=config.save_every,
                 save_every_minutes=config.save_every_minutes,
-                exit_s=MARGIN_S_DISTRIBUTED if distributed.enabled else MARGIN_S,
+                exit_s=MARGIN_S_DISTRIBUTED if self.distributed.enabled else MARGIN_S,
             )
-        self.average: WeightAverage | None = None
-        self.schedule_end = config.max_steps
+            if self.distributed.is_main:
+                logger.info(
+                    "time budget %s: %.1f s spent by the run so far",
+                    config.time_budget,
+                    self.clock.elapsed(),
+                )
+        # The loop's own state.
+        self.last_valid: ValidRecord | None = None
+        self.stop = StopFlag()
+        self.early_stopping = EarlyStopping(config.patience, config.patience_metric)
+        self._last_save_time = time.monotonic()
+        self.display = TrainingDisplay(logger)
         self.out_of_time = False  # the budget ended the run (agreed on by every rank)
         self._validation_out_of_time = False  # rank 0 gave up a validation for the final save
         self._warned_short = False  # that the budget ends the run inside the warm-up
 
-    # -- setup ----------------------------------------------------------------------------
-
-    def setup(self, held: contextlib.ExitStack) -> None:
-        """Everything before the first update (aiayn.train.setup); `held` keeps the run
-        directory's lock."""
-        set_up(self, held)
-
     def release_model_wrapper(self) -> None:
         """Drop the DDP / compile wrapper (and with it DDP's reducer); `model` stays."""
-        if hasattr(self, "train_model"):
-            self.train_model = self.model
+        self.train_model = self.model
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -307,25 +304,16 @@ class Trainer:
             progress.weights,
         )
 
-    def updates_in(self, epoch: int) -> list[list[np.ndarray]]:
-        """This rank's updates of `epoch` (aiayn.text.batching.epoch_updates); set-up counts
-        them to find the last update of `max_epochs`."""
-        c = self.config
-        return epoch_updates(
-            self.train_data.src_lengths,
-            self.train_data.tgt_lengths,
-            max_tokens=c.max_tokens,
-            seed=c.seed,
-            epoch=epoch,
-            accumulate=self.accumulate,
-            rank=self.distributed.rank,
-            world_size=self.distributed.world_size,
-        )
-
     def _run_epoch(self) -> bool:
         """The rest of the current epoch; True if a stop request ended it."""
         c, progress = self.config, self.progress
-        updates = self.updates_in(progress.epoch)
+        updates = rank_updates(
+            self.train_data,
+            c,
+            progress.epoch,
+            accumulate=self.accumulate,
+            distributed=self.distributed,
+        )
         if not updates:
             raise TrainingError(
                 f"an epoch has no batches for {self.distributed.world_size} process(es): the "
