@@ -18,7 +18,9 @@ kill does leave (temporary names, a directory moved aside while being replaced) 
 `aiayn.train.rundir.remove_debris` when the run starts again. A full disk is reported as such
 (`DiskFullError`: where, what the save needs, what is free), with the partial directory removed.
 The same weights saved twice are the same bytes, and a config.json is checked against its
-weights' shapes before a model is built from it (`read_model_config`).
+weights' shapes before a model is built from it (`read_model_config`). PyTorch is imported by
+the functions that build, save or load a model, not by this module: reading a directory's
+config and shapes (``aiayn info -m``) takes no torch.
 """
 
 from __future__ import annotations
@@ -35,18 +37,20 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_model, save_model
-from torch import nn
 
 from aiayn import __version__
 from aiayn.config import ConfigError, ModelConfig
 from aiayn.errors import CheckpointError, CorruptCheckpointError
-from aiayn.model import Transformer
 from aiayn.text.tokenizer import SPLIT_TOKENIZER_FILES, VOCAB_FILE, tokenizer_files
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from aiayn.model import Transformer
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +77,8 @@ class LoadedModel:
 
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain module under DistributedDataParallel and/or torch.compile wrappers."""
+    from torch import nn
+
     while True:
         if hasattr(model, "module") and isinstance(model.module, nn.Module):
             model = model.module
@@ -143,6 +149,9 @@ def _write_model_files(
     metadata: dict[str, Any] | None,
     extra_files: dict[str, Any] | None,
 ) -> None:
+    import torch
+    from safetensors.torch import save_model
+
     (tmp / CONFIG_FILE).write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
     weights = tmp / WEIGHTS_FILE
     save_model(model, str(weights), metadata={"format": "pt", "aiayn": __version__})
@@ -363,7 +372,7 @@ def _weight_shapes(weights_file: Path) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape in a safetensors file, also under the names of the shared weights
     that `save_model` stored once (its metadata maps each to the name stored)."""
     try:
-        with safe_open(str(weights_file), framework="pt") as f:
+        with safe_open(str(weights_file), framework="numpy") as f:  # numpy's: no torch
             names = f.keys()  # a safe_open is not iterable
             shapes = {name: tuple(f.get_slice(name).get_shape()) for name in names}
             metadata = f.metadata() or {}
@@ -386,6 +395,8 @@ def load_model_dir(directory: str | Path, *, device: str | torch.device = "cpu")
     match; where they do not, that is the error raised, also when loading failed first (a
     truncated file, say). Ctrl-C stops the hashing at once.
     """
+    from aiayn.model import Transformer
+
     directory = resolve_model_dir(directory)
     checksums = _expected_checksums(directory)
     weights = {name: digest for name, digest in checksums.items() if name == WEIGHTS_FILE}
@@ -436,6 +447,8 @@ def tokenizer_file_of(directory: str | Path) -> Path:
 
 def load_weights(model: nn.Module, weights_file: Path) -> None:
     """Load safetensors weights into `model`, with errors that name the file."""
+    from safetensors.torch import load_model
+
     try:
         missing, unexpected = load_model(unwrap(model), str(weights_file), strict=False)
     except (SafetensorError, OSError, RuntimeError) as error:
@@ -509,6 +522,8 @@ def _bytes_needed(
 
 def _tensors_in(values: Any) -> list[torch.Tensor]:
     """The tensors in nested dicts, lists and tuples (a training state)."""
+    import torch
+
     if isinstance(values, torch.Tensor):
         return [values]
     if isinstance(values, dict):

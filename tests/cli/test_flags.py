@@ -288,6 +288,23 @@ def test_every_command_documents_every_flag() -> None:
             assert "``" not in text and ":mod:" not in text, f"{where} shows markup: {text}"
 
 
+HELP_OF_EVERY_COMMAND = """
+import contextlib, io, sys
+from aiayn.cli import main
+for command in sys.argv[1:]:
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+        main([*command.split(), "--help"])
+print("torch" in sys.modules)
+"""
+
+
+def test_help_of_every_command_imports_no_torch() -> None:
+    commands = [" ".join(command) for command, _ in every_command(build_parser())]
+    run = [sys.executable, "-c", HELP_OF_EVERY_COMMAND, *commands]
+    out = subprocess.run(run, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False", out.stderr
+
+
 # -- did you mean -----------------------------------------------------------------------------
 
 

@@ -193,7 +193,7 @@ def test_a_changed_config_is_refused_before_a_model_is_built_from_it(
     config["max_positions"] = 10**12  # still valid JSON, a table no machine holds
     (directory / CONFIG_FILE).write_text(json.dumps(config))
     built = []
-    monkeypatch.setattr("aiayn.model_dir.Transformer", lambda *a, **k: built.append(a))
+    monkeypatch.setattr("aiayn.model.Transformer", lambda *a, **k: built.append(a))
     with pytest.raises(CheckpointError, match=r"config\.json is corrupt or truncated"):
         load_model_dir(directory)
     assert built == []

@@ -28,7 +28,7 @@ import pytest
 import torch
 import yaml
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_model
 
 from aiayn import runtime
 from aiayn.acceleration import ONEDNN_KERNELS_FOR_BF16_TRAINING
@@ -36,7 +36,7 @@ from aiayn.cli import main
 from aiayn.config import TrainConfig
 from aiayn.decode.translator import Translator
 from aiayn.model import Transformer
-from aiayn.model_dir import CHECKSUMS_FILE, WEIGHTS_FILE, load_model_dir, save_model
+from aiayn.model_dir import CHECKSUMS_FILE, WEIGHTS_FILE, load_model_dir
 from aiayn.optim import DECAYING, learning_rate, scheduled_rate
 from aiayn.text.corpus import load_or_build
 from aiayn.text.tokenizer import Tokenizer
@@ -791,7 +791,7 @@ def _fill_the_disk(monkeypatch: pytest.MonkeyPatch, writer: str, after: int) -> 
     if writer == "torch":
         monkeypatch.setattr(torch, "save", full)
     else:
-        monkeypatch.setattr("aiayn.model_dir.save_model", full)
+        monkeypatch.setattr("safetensors.torch.save_model", full)
     usage = shutil.disk_usage(".")
     monkeypatch.setattr(
         shutil, "disk_usage", lambda path: usage._replace(free=FREE_BYTES, used=usage.total)

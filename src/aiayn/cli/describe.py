@@ -3,11 +3,15 @@
 What ``aiayn info`` prints: the hyperparameters in the paper's names and where the parameters
 go (embeddings, attention, feed-forward), so a config can be checked against Table 3 before
 training.
+
+The counts come from the config alone (`parameter_shapes`), not from a model built on the meta
+device: ``aiayn info`` then imports no torch and answers in a fraction of a second, also with
+``-m``, whose config.json is checked against its weights' header as it is read.
 """
 
 from __future__ import annotations
 
-from torch import nn
+import math
 
 from aiayn.config import ModelConfig
 
@@ -44,16 +48,59 @@ def component_of(name: str, config: ModelConfig) -> str:
     return name
 
 
-def parameter_table(model: nn.Module, config: ModelConfig) -> list[tuple[str, int]]:
-    """(component, count) rows in model order; a shared `Parameter` is counted once."""
+def parameter_shapes(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
+    """Each parameter of ``Transformer(config)`` with its shape, in the model's order and a
+    shared one once under its first name, as ``named_parameters`` yields them (a test holds the
+    two to each other for every architectural choice of the config)."""
+    c, d = config, config.d_model
+
+    def linear(name: str, d_in: int, d_out: int) -> list[tuple[str, tuple[int, ...]]]:
+        return [(f"{name}.weight", (d_out, d_in)), (f"{name}.bias", (d_out,))]
+
+    def norm(name: str) -> list[tuple[str, tuple[int, ...]]]:
+        return [(f"{name}.weight", (d,)), (f"{name}.bias", (d,))]
+
+    def layer(prefix: str, attentions: tuple[str, ...]) -> list[tuple[str, tuple[int, ...]]]:
+        qk, v = c.n_heads * c.d_k, c.n_heads * c.d_v
+        rows = []
+        for attention in attentions:  # W^Q, W^K, W^V, W^O of §3.2.2
+            for proj, d_in, d_out in (("q", d, qk), ("k", d, qk), ("v", d, v), ("out", v, d)):
+                rows += linear(f"{prefix}.{attention}.{proj}_proj", d_in, d_out)
+        rows += linear(f"{prefix}.feed_forward.linear1", d, c.d_ff)  # Eq. 2
+        rows += linear(f"{prefix}.feed_forward.linear2", c.d_ff, d)
+        for sublayer in (*attentions, "feed_forward"):
+            rows += norm(f"{prefix}.{sublayer}_sublayer.norm")
+        return rows
+
+    shapes = [("src_embed.embedding.weight", (c.src_vocab_size, d))]
+    if c.share_embeddings != "all":
+        shapes.append(("tgt_embed.embedding.weight", (c.tgt_vocab_size, d)))
+    if c.positional_encoding == "learned":
+        shapes.append(("positions.embedding.weight", (c.max_positions, d)))
+    stacks = (
+        ("encoder", c.n_encoder_layers, ("self_attn",)),
+        ("decoder", c.n_decoder_layers, ("self_attn", "cross_attn")),
+    )
+    for stack, n_layers, attentions in stacks:
+        for i in range(n_layers):
+            shapes += layer(f"{stack}.layers.{i}", attentions)
+        if c.norm_first:
+            shapes += norm(f"{stack}.final_norm")
+    if c.share_embeddings == "none":
+        shapes.append(("output_projection.weight", (c.tgt_vocab_size, d)))
+    return shapes
+
+
+def parameter_table(config: ModelConfig) -> list[tuple[str, int]]:
+    """(component, count) rows in model order; a shared parameter is counted once."""
     counts: dict[str, int] = {}
-    for name, param in model.named_parameters():  # yields each shared Parameter once
+    for name, shape in parameter_shapes(config):
         component = component_of(name, config)
-        counts[component] = counts.get(component, 0) + param.numel()
+        counts[component] = counts.get(component, 0) + math.prod(shape)
     return list(counts.items())
 
 
-def describe(model: nn.Module, config: ModelConfig) -> str:
+def describe(config: ModelConfig) -> str:
     """Architecture lines and the parameter table, as printed by `aiayn info`."""
     c = config
     norm = "pre-norm (x + Sublayer(LayerNorm(x)))" if c.norm_first else "post-norm (§3.1)"
@@ -67,7 +114,7 @@ def describe(model: nn.Module, config: ModelConfig) -> str:
         f"weight sharing: {c.share_embeddings}",
         "",
     ]
-    rows = parameter_table(model, config)
+    rows = parameter_table(config)
     total = sum(n for _, n in rows)
     width = max(len(name) for name, _ in rows)
     lines.append(f"  {'component':<{width}}  {'parameters':>12}  {'share':>6}")

@@ -47,11 +47,9 @@ def _add_info(sub: argparse._SubParsersAction) -> None:
 
 
 def _run_info(args: argparse.Namespace) -> int:
-    import torch
-
+    # No torch: the counts come from the config (`describe.parameter_shapes`).
     from aiayn.cli.describe import describe
     from aiayn.config import preset
-    from aiayn.model import Transformer
 
     if args.model_dir:
         from aiayn.model_dir import read_model_config, resolve_model_dir
@@ -83,9 +81,7 @@ def _run_info(args: argparse.Namespace) -> int:
             tgt_vocab_size=args.tgt_vocab_size,
             **overrides,
         )
-    with torch.device("meta"):  # shapes only: no memory, no time
-        model = Transformer(config)
-    print(describe(model, config))
+    print(describe(config))
     return 0
 
 
