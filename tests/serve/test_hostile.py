@@ -778,3 +778,17 @@ def test_a_broken_or_non_utf8_multipart_body_is_a_400_that_says_why(
     reply, _ = exchange(server, head + body)
     status, error = error_of(reply)
     assert status == 400 and fragment in error, reply
+
+
+INVISIBLE = ["\u200b", "\u200d \u2060", "\ufeff", "\u200b\n\u200d"]
+
+
+@pytest.mark.parametrize("text", INVISIBLE, ids=["ZWSP", "ZWJ WJ", "BOM", "ZWSP ZWJ"])
+def test_a_text_of_only_format_characters_is_blank(server: Server, text: str) -> None:
+    """Old server: zero-width characters passed the blank check and were translated into ""
+    or invented words."""
+    status, answer = http(server.url + "/translate", {"texts": ["the cat", text]})
+    assert status == 422 and "texts[1] holds only invisible format characters" in answer["error"]
+    assert f"U+{ord(text[0]):04X}" in answer["error"]
+    status, answer = http(server.url + "/translate", {"q": text, "source": "en", "target": "de"})
+    assert status == 422 and "q holds only invisible" in answer["error"], answer

@@ -18,6 +18,7 @@ from aiayn.text.tokenizer import (
     SplitTokenizer,
     Tokenizer,
     TokenizerError,
+    stripped,
 )
 from interop_models import split_tokenizer_files
 
@@ -285,3 +286,10 @@ def test_a_split_tokenizer_encodes_targets_with_the_target_model(tmp_path: Path)
     assert ids != tokenizer.encode(text)  # the source model cuts German otherwise
     assert tokenizer.encode_target_batch([text, "hallo"]) == [ids, tokenizer.encode_target("hallo")]
     assert tokenizer.decode(ids) == text
+
+
+def test_a_text_of_only_whitespace_and_format_characters_is_blank() -> None:
+    for text in ["", " \t\n", "\u200b", "\u200d \u2060", "\ufeff", "\u00ad", "\U000e0001"]:
+        assert stripped(text) == "", repr(text)
+    for text, kept in [(" a\u200b ", "a\u200b"), ("\u200bb", "\u200bb"), ("\u00a0x", "x")]:
+        assert stripped(text) == kept

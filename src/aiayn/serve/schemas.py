@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from aiayn.decode.results import TranslationHypothesis, TranslationResult
 from aiayn.serve.settings import MAX_REQUEST_LENGTH_PENALTY
+from aiayn.text.tokenizer import stripped
 
 if TYPE_CHECKING:
     import torch
@@ -243,8 +244,12 @@ def check_texts(
                 413,
                 f"{label} has {len(text)} characters; the limit is {max_chars} (--max-chars)",
             )
-        if not text.strip():
-            raise ApiError(422, f"{label} is empty: there is nothing to translate")
+        if not stripped(text):
+            if left := text.strip():  # nothing but format characters: U+200B, U+FEFF, ...
+                what = f"holds only invisible format characters (U+{ord(left[0]):04X}, ...)"
+            else:
+                what = "is empty"
+            raise ApiError(422, f"{label} {what}: there is nothing to translate")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as error:

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import tempfile
+import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,18 @@ SPECIAL_PIECES = {PAD_ID: "<pad>", UNK_ID: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>
 _MIN_SAMPLED_SENTENCES = 101
 
 _TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
+
+
+def stripped(text: str) -> str:
+    """``text`` without the whitespace around it, or "" where nothing but whitespace and format
+    characters is left: Unicode category Cf (zero-width space U+200B, zero-width joiner U+200D,
+    word joiner U+2060, byte order mark U+FEFF, ...), which show nothing and carry no word.
+    Such a text is blank: given one, a model would translate an empty source into invented
+    words. Reads a text only up to its first visible character."""
+    text = text.strip()
+    if all(c.isspace() or unicodedata.category(c) == "Cf" for c in text):
+        return ""
+    return text
 
 
 class TokenizerError(UserValueError):
