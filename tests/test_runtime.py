@@ -1,18 +1,21 @@
 """Tests for aiayn.runtime: what belongs to the process is set by the entry points, through
 `runtime.configure`, and by no library object: a notebook that builds a `Translator`, trains, or
-serves an app in the background finds its threads, environment, TorchInductor settings, logging
-and limits as they were (issue 28)."""
+serves an app in the background finds its threads, environment, TorchInductor settings, logging,
+limits, random number generators, PyTorch's kernel switches (cuDNN, TF32, attention backends) and
+current GPU as they were."""
 
 from __future__ import annotations
 
 import logging
 import os
+import random
 import resource
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 import torch._dynamo
@@ -35,10 +38,21 @@ LOGGERS = ("", "aiayn", "uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.a
 
 
 def process_state() -> dict[str, Any]:
-    """What `runtime.configure` and a server's entry point may change, as it is now."""
+    """What `runtime.configure` and a server's entry point may change, as it is now, and what
+    belongs to the program that calls the library: its random streams, PyTorch's kernel
+    switches and its current GPU."""
     loggers = {name: logging.getLogger(name) for name in LOGGERS}
+    numpy_rng = np.random.get_state()
+    cuda = torch.cuda.is_available()
     return {
         "threads": torch.get_num_threads(),
+        "interop threads": torch.get_num_interop_threads(),
+        "torch rng": torch.get_rng_state().tolist(),
+        "cuda rng": [state.tolist() for state in torch.cuda.get_rng_state_all()] if cuda else None,
+        "python rng": random.getstate(),
+        "numpy rng": (numpy_rng[0], numpy_rng[1].tolist(), *numpy_rng[2:]),
+        "cuda device": torch.cuda.current_device() if cuda else None,
+        "kernel switches": kernel_switches(),
         "environ": dict(os.environ),
         "suppress_errors": torch._dynamo.config.suppress_errors,
         "open files": resource.getrlimit(resource.RLIMIT_NOFILE),
@@ -52,6 +66,30 @@ def process_state() -> dict[str, Any]:
             )
             for name, log in loggers.items()
         },
+    }
+
+
+def kernel_switches() -> dict[str, Any]:
+    """PyTorch's process-wide choices of kernels and numerics."""
+    backends = torch.backends
+    return {
+        "cudnn": (
+            backends.cudnn.enabled,
+            backends.cudnn.benchmark,
+            backends.cudnn.deterministic,
+            backends.cudnn.allow_tf32,
+        ),
+        "matmul tf32": backends.cuda.matmul.allow_tf32,
+        "matmul precision": torch.get_float32_matmul_precision(),
+        "attention backends": (
+            backends.cuda.cudnn_sdp_enabled(),
+            backends.cuda.flash_sdp_enabled(),
+            backends.cuda.mem_efficient_sdp_enabled(),
+            backends.cuda.math_sdp_enabled(),
+        ),
+        "deterministic algorithms": torch.are_deterministic_algorithms_enabled(),
+        "default dtype": torch.get_default_dtype(),
+        "grad": torch.is_grad_enabled(),
     }
 
 
@@ -82,7 +120,8 @@ def test_a_translator_leaves_the_process_as_it_was(model_dir: Path) -> None:
 @pytest.mark.usefixtures("unsettled")
 def test_training_leaves_the_process_as_it_was(tmp_path: Path) -> None:
     """`train` with `threads` and bf16 on the CPU: `aiayn train` sets both for its process
-    (tests/train/test_trainer.py), `train` itself neither."""
+    (tests/train/test_trainer.py), `train` itself neither; the run seeds PyTorch's generator
+    from `seed`, and the caller's stream is its own again afterwards."""
     corpus = write_copy_corpus(tmp_path / "corpus", 24)
     config = make_config(corpus, tmp_path / "run", max_steps=3, threads=1, cpu_bf16=True)
     before = process_state()

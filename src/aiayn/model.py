@@ -344,13 +344,16 @@ class Transformer(nn.Module):
         decoder's layers and the pre-softmax projection get memory that holds no values yet
         (built on the meta device, then `_allocate`d). Drawing them cost 0.4 s of a `base`
         model's start-up on a CPU, and PyTorch's own draws another 0.45–0.64 s (a 2-core AMD
-        EPYC). The embeddings still draw theirs: PyTorch's meta device takes seconds, once per
-        process, over an embedding's padding row.
+        EPYC). The embeddings still draw theirs (PyTorch's meta device takes seconds, once per
+        process, over an embedding's padding row), from a copy of the process's generator that
+        is dropped after: loading a model leaves the caller's random stream as it was.
         """
         super().__init__()
         self.config = c = config
-        self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model, c.pad_id)
-        self.tgt_embed = TokenEmbedding(c.tgt_vocab_size, c.d_model, c.pad_id)
+        # A loader's embeddings draw from a stream of their own: the caller's stays as it was.
+        with contextlib.nullcontext() if initialize else torch.random.fork_rng(devices=[]):
+            self.src_embed = TokenEmbedding(c.src_vocab_size, c.d_model, c.pad_id)
+            self.tgt_embed = TokenEmbedding(c.tgt_vocab_size, c.d_model, c.pad_id)
         if c.positional_encoding == "sinusoidal":
             self.positions: nn.Module = SinusoidalPositionalEncoding(c.d_model, c.max_positions)
         else:

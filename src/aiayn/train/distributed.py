@@ -84,11 +84,9 @@ def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
         )
     if device_name == "cuda":
         # Process k of a torchrun trains on GPU k; a single process on GPU 0 (of those that
-        # CUDA_VISIBLE_DEVICES shows). torch.cuda.set_device takes no device without an index.
+        # CUDA_VISIBLE_DEVICES shows): `train` makes it CUDA's current device while it runs.
         device_name = f"cuda:{local_rank}"
     device = checked_device(device_name)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     context = Distributed(rank=rank, world_size=world_size, local_rank=local_rank)
     if world_size > 1 and not dist.is_initialized():
         backend = "nccl" if device.type == "cuda" else "gloo"

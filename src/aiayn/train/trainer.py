@@ -32,6 +32,7 @@ import contextlib
 import gc
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,28 +117,47 @@ def train(
     """
     started = time.monotonic() if started is None else started
     distributed, device = init_distributed(config.device)
-    trainer: Trainer | None = None
-    try:
-        with contextlib.ExitStack() as held:  # the run directory's lock, while training
-            parts = set_up(config, resume=resume, distributed=distributed, device=device, held=held)
-            trainer = Trainer(parts, started=started)
-            return trainer.run()
-    except (DiskFullError, OSError) as error:
-        message = rundir.disk_full_message(error, config.out_dir)
-        if message is None:
-            raise
-        raise TrainingError(message) from None
-    finally:
-        if distributed.enabled and dist.is_initialized():
-            # DDP's reducer holds the process group. Were it the last holder, freeing it
-            # would join gloo's worker threads while holding the GIL, which a worker may be
-            # waiting for to free the tensors of the last collective: a hang at exit, one run
-            # in a few (pytorch#56297). So DDP goes first, while the group is still
-            # registered, and the group is freed by destroy_process_group, without the GIL.
-            if trainer is not None:
-                trainer.release_model_wrapper()
-            gc.collect()
-            dist.destroy_process_group()
+    with _run_rng_and_device(device):
+        trainer: Trainer | None = None
+        try:
+            with contextlib.ExitStack() as held:  # the run directory's lock, while training
+                parts = set_up(
+                    config, resume=resume, distributed=distributed, device=device, held=held
+                )
+                trainer = Trainer(parts, started=started)
+                return trainer.run()
+        except (DiskFullError, OSError) as error:
+            message = rundir.disk_full_message(error, config.out_dir)
+            if message is None:
+                raise
+            raise TrainingError(message) from None
+        finally:
+            if distributed.enabled and dist.is_initialized():
+                # DDP's reducer holds the process group. Were it the last holder, freeing it
+                # would join gloo's worker threads while holding the GIL, which a worker may be
+                # waiting for to free the tensors of the last collective: a hang at exit, one run
+                # in a few (pytorch#56297). So DDP goes first, while the group is still
+                # registered, and the group is freed by destroy_process_group, without the GIL.
+                if trainer is not None:
+                    trainer.release_model_wrapper()
+                gc.collect()
+                dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _run_rng_and_device(device: torch.device) -> Iterator[None]:
+    """The run's own RNG streams and CUDA device, and the caller's back afterwards.
+
+    PyTorch draws the weights' initialisation and the dropout masks from the process's
+    generators, so set-up seeds them (`seed`) and a resume restores them from the checkpoint;
+    the run's kernels and collectives (NCCL's barrier) use CUDA's current device. A program
+    that calls `train` finds its RNG (the CPU's, and the run's GPU's) and current GPU as they
+    were (tests/test_runtime.py).
+    """
+    on_cuda = device.type == "cuda"
+    current = torch.cuda.device(device) if on_cuda else contextlib.nullcontext()
+    with torch.random.fork_rng(devices=[device] if on_cuda else []), current:
+        yield
 
 
 def _target_tokens(data: ParallelDataset | None) -> int:
