@@ -24,6 +24,10 @@ POSITIONAL_ENCODINGS = ("sinusoidal", "learned")
 SHARE_EMBEDDINGS = ("all", "decoder", "none")
 ACTIVATIONS = ("relu", "gelu", "swish")
 INITS = ("xavier", "fairseq")
+# The most positions a model may cover: a sinusoidal table is built from max_positions alone
+# (no weight holds it), so an absurd value would reach the allocator; 65536 positions is far
+# beyond what attention's S × S maps allow one sequence, and 256 MiB of table at d_model 1024.
+MAX_POSITIONS = 2**16
 PATIENCE_METRICS = ("loss", "bleu")
 # TrainConfig.schedule: "auto" and aiayn.optim.SCHEDULES (checked against each other in a test).
 Schedule = Literal["auto", "inverse_sqrt", "linear", "cosine", "inverse_sqrt_cooldown"]
@@ -56,7 +60,8 @@ class ModelConfig:
         attention_dropout: Dropout on attention probabilities. 0 in the paper (a deviation if set).
         norm_first: Pre-norm (x + Sublayer(LayerNorm(x))). False = the paper's post-norm.
         positional_encoding: "sinusoidal" (§3.5) or "learned" (Table 3 row E).
-        max_positions: Longest sequence the positional encoding covers.
+        max_positions: Longest sequence the positional encoding covers (at most
+            `MAX_POSITIONS`).
         share_embeddings: "all" = source embedding, target embedding and pre-softmax projection
             are one matrix (§3.4, needs a joint vocabulary); "decoder" = target embedding and
             pre-softmax projection only; "none" = three separate matrices.
@@ -100,6 +105,10 @@ class ModelConfig:
             _require(getattr(self, name) > 0, f"{name} ({getattr(self, name)}) must be positive")
         for name in ("n_encoder_layers", "n_decoder_layers", "max_positions"):
             _require(getattr(self, name) >= 1, f"{name} ({getattr(self, name)}) must be >= 1")
+        _require(
+            self.max_positions <= MAX_POSITIONS,
+            f"max_positions ({self.max_positions}) must be at most {MAX_POSITIONS}",
+        )
         if self.d_k is None or self.d_v is None:
             _require(
                 self.d_model % self.n_heads == 0,

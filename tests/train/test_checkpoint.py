@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from aiayn import model_dir
 from aiayn.cli import main
+from aiayn.config import MAX_POSITIONS
 from aiayn.model import Transformer
 from aiayn.model_dir import (
     CHECKSUMS_FILE,
@@ -287,7 +288,7 @@ def _edit_config(directory: Path, **changes: object) -> Path:
         ({"n_encoder_layers": 2**40}, "n_encoder_layers (1099511627776) does not match"),
         ({"n_decoder_layers": 1}, "n_decoder_layers (1) does not match"),
         ({"src_vocab_size": 2**40, "tgt_vocab_size": 2**40}, "src_vocab_size (1099511627776)"),
-        ({"positional_encoding": "learned", "max_positions": 2**40}, "max_positions ("),
+        ({"positional_encoding": "learned", "max_positions": 2**16}, "max_positions (65536)"),
     ],
     ids=["d_model", "d_ff", "n_heads", "encoder", "decoder", "vocab", "positions"],
 )
@@ -311,6 +312,25 @@ def test_sizes_that_the_weights_do_not_have_are_refused_before_the_model_is_buil
     for argv in (["info", "-m", str(directory)], ["translate", "-m", str(directory)]):
         assert main(argv) == 2
         assert capsys.readouterr().err == f"aiayn {argv[0]}: error: {message}\n"
+
+
+def test_an_absurd_max_positions_of_a_sinusoidal_model_is_refused_before_its_table_is_built(
+    make_model: Callable, tokenizer_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """No weight holds a sinusoidal model's max_positions, so no weight contradicts an absurd
+    one: 10^12 in config.json (checksums rewritten) went on to ask the allocator for the table
+    (a `RuntimeError` of a bug, or the memory of the machine)."""
+    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
+    config_file = _edit_config(directory, max_positions=10**12)
+    message = (
+        f"{config_file}: invalid model config: max_positions (1000000000000) must be at "
+        f"most {MAX_POSITIONS}"
+    )
+    for argv in (["info", "-m", str(directory)], ["translate", "-m", str(directory)]):
+        assert main(argv) == 2
+        assert capsys.readouterr().err == f"aiayn {argv[0]}: error: {message}\n"
+    _edit_config(directory, max_positions=MAX_POSITIONS)  # the bound itself is a model
+    assert read_model_config(directory).max_positions == MAX_POSITIONS
 
 
 # -- checkpoints ----------------------------------------------------------------------------
