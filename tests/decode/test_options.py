@@ -13,6 +13,8 @@ from aiayn.serve import Decoding
 
 PACKAGE = Path(aiayn.__file__).parent
 FIELDS = {f.name for f in dataclasses.fields(DecodingOptions)}
+# Names of a field that mean something else there: the corpus's min_len filters training pairs.
+OTHER_SETTINGS = {("text/corpus.py", "min_len")}
 
 
 def _is_literal(node: ast.AST | None) -> bool:
@@ -51,6 +53,7 @@ def test_no_module_but_decoding_options_writes_a_decoding_default() -> None:
         for path in sorted(PACKAGE.rglob("*.py"))
         if path.relative_to(PACKAGE).as_posix() != "decode/options.py"
         for name, line in literal_defaults(ast.parse(path.read_text(encoding="utf-8")))
+        if (path.relative_to(PACKAGE).as_posix(), name) not in OTHER_SETTINGS
     ]
     assert copies == []
 

@@ -206,6 +206,8 @@ def test_length_penalties() -> None:
         ({"max_len_a": -1.0}, r"max_len_a \(-1\.0\) must be a finite number >= 0"),
         ({"max_len_b": math.inf}, r"max_len_b \(inf\) must be a finite number >= 0"),
         ({"max_len_b": math.nan}, r"max_len_b \(nan\)"),
+        ({"min_len": -1}, r"min_len \(-1\) must be an integer >= 0"),
+        ({"min_len": 1.0}, r"min_len \(1\.0\) must be an integer >= 0"),
         ({"sampling": "yes"}, r"sampling \('yes'\) must be True or False"),
         ({"temperature": 0.0}, r"temperature \(0\.0\) must be a finite number > 0"),
         ({"temperature": -1.0}, r"temperature \(-1\.0\)"),
@@ -329,15 +331,51 @@ def test_length_penalty_decides_between_short_and_long(
 # ------------------------------------------------------------------------------------------
 
 
-def test_immediate_eos_gives_empty_tokens() -> None:
+def test_immediate_eos_gives_empty_tokens_with_min_len_0() -> None:
     model = table_model({(): {EOS: 0.6, A: 0.4}})
-    (hyps,) = beam_search(model, src([C, D]), **IDS, options=DecodingOptions(n_best=2))
+    options = DecodingOptions(n_best=2, min_len=0)
+    (hyps,) = beam_search(model, src([C, D]), **IDS, options=options)
     assert hyps[0].tokens == []
     assert hyps[0].log_prob == pytest.approx(math.log(0.6))
     assert hyps[0].score == pytest.approx(math.log(0.6))  # gnmt(1) == 1
     assert hyps[1].tokens == [A]
-    (greedy,) = greedy_search(model, src([C, D]), **IDS)
+    (greedy,) = greedy_search(model, src([C, D]), **IDS, options=options)
     assert greedy.tokens == []
+
+
+def test_no_output_is_empty_by_default_in_any_strategy() -> None:
+    """min_len 1 (fairseq's --min-len): EOS may not come first, so the empty hypothesis, the
+    model's best here, gives way to the best non-empty one; its log-probability stays the
+    model's (EOS's mass is not spread over the other tokens)."""
+    model = table_model({(): {EOS: 0.6, A: 0.4}})
+    (hyps,) = beam_search(model, src([C, D]), **IDS, options=DecodingOptions(n_best=2))
+    assert [h.tokens for h in hyps] == [[A]]  # nothing else has a probability
+    assert hyps[0].log_prob == pytest.approx(math.log(0.4))
+    assert greedy_search(model, src([C, D]), **IDS)[0].tokens == [A]
+    generator = torch.Generator().manual_seed(0)
+    samples = sample(model, src(*[[C, D]] * 20), **IDS, generator=generator)
+    assert all(s.tokens == [A] for s in samples)
+    generator = torch.Generator().manual_seed(0)
+    anything = DecodingOptions(sampling=True, min_len=0)
+    samples = sample(model, src(*[[C, D]] * 20), **IDS, options=anything, generator=generator)
+    assert [] in [s.tokens for s in samples]  # 0.6 each: all 20 non-empty has p = 1e-8
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_min_len_holds_eos_back_until_then_and_the_maximum_length_wins(beam_size: int) -> None:
+    model = table_model({(): {EOS: 0.9, A: 0.1}, (A,): {EOS: 0.9, B: 0.1}, (A, B): {EOS: 1.0}})
+
+    def tokens(**options: typing.Any) -> list[int]:
+        options = DecodingOptions(beam_size=beam_size, **options)
+        if beam_size == 1:
+            return greedy_search(model, src([C, D]), **IDS, options=options)[0].tokens
+        return beam_search(model, src([C, D]), **IDS, options=options)[0][0].tokens
+
+    assert tokens(min_len=0) == []
+    assert tokens() == [A]
+    assert tokens(min_len=2) == [A, B]
+    assert tokens(min_len=2, max_len_a=0, max_len_b=1) == [A]  # EOS forced after one token
+    assert tokens(max_len_a=0, max_len_b=0) == []
 
 
 def constant_model(p_eos: float) -> FakeModel:
@@ -540,10 +578,14 @@ def test_sampling_keeps_the_sentences_in_input_order(monkeypatch: pytest.MonkeyP
     assert any(index != list(range(len(index))) for index in seen)  # not only the last rows
 
 
+@pytest.mark.parametrize("min_len", [0, 1, 2])
 @pytest.mark.parametrize(("kind", "alpha"), [("gnmt", 0.6), ("gnmt", 2.0), ("power", 1.0)])
-def test_beam_with_room_for_everything_matches_exhaustive_search(kind: str, alpha: float) -> None:
-    # Two output tokens, max 3 before EOS: 1 + 2 + 4 + 8 = 15 sequences. With W = 16 every
-    # candidate is within the top W, so beam search must return exactly the full ranking.
+def test_beam_with_room_for_everything_matches_exhaustive_search(
+    kind: str, alpha: float, min_len: int
+) -> None:
+    # Two output tokens, max 3 before EOS: 1 + 2 + 4 + 8 = 15 sequences, of which those of
+    # min_len tokens or more may be output. With W = 16 every candidate is within the top W,
+    # so beam search must return exactly the full ranking of those.
     lp = length_penalty_fn(kind)
     for seed in range(3):
         model = random_model(seed, vocab_size=5)
@@ -551,7 +593,7 @@ def test_beam_with_room_for_everything_matches_exhaustive_search(kind: str, alph
         ranked = sorted(
             (
                 (model.sequence_log_prob(source, list(toks)) / lp(n + 1, alpha), list(toks))
-                for n in range(4)
+                for n in range(min_len, 4)
                 for toks in itertools.product((A, B), repeat=n)
             ),
             key=lambda x: -x[0],
@@ -567,6 +609,7 @@ def test_beam_with_room_for_everything_matches_exhaustive_search(kind: str, alph
                 length_penalty_kind=kind,
                 max_len_a=0.0,
                 max_len_b=3,
+                min_len=min_len,
             ),
         )
         assert [h.tokens for h in hyps] == [toks for _, toks in ranked]
@@ -623,11 +666,12 @@ def test_each_stopping_rule_stops_where_it_says(stopping: str, tokens: list[int]
     """W = 1, source length 1, max_len 11 (lp = 12 at most). After step 1 the finished ()
     scores ln 0.5 = -0.69 and the live A has ln 0.2 = -1.61: `finished` stops (W finished);
     `heuristic` stops too (A ended at the next step: -1.61 / 2 = -0.80 <= -0.69); `exact` goes
-    on (-1.61 / 12 = -0.13 > -0.69) and finds A C, scored -1.61 / 3 = -0.54."""
+    on (-1.61 / 12 = -0.13 > -0.69) and finds A C, scored -1.61 / 3 = -0.54. (min_len 0: the
+    empty output is the one that finishes first.)"""
     model = table_model(LATE_WINNER)
     options = DecodingOptions(
         beam_size=1, length_penalty=1.0, length_penalty_kind="power", max_len_b=10,
-        stopping=stopping,
+        stopping=stopping, min_len=0,
     )  # fmt: skip
     [[best]] = beam_search(model, src([A]), **IDS, options=options)
     assert best.tokens == tokens

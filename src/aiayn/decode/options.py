@@ -97,7 +97,8 @@ class DecodingOptions:
 
     The defaults are the paper's (§6.1): beam size 4, GNMT length penalty with α = 0.6,
     maximum output length = input length + 50; a sentence's search stops by the "heuristic"
-    rule (docs/deviations.md says why). Every value is checked once, here, with a
+    rule, and no output is empty (``min_len`` 1), which the paper does not say
+    (docs/deviations.md says why for both). Every value is checked once, here, with a
     message naming the field and the value (a `UserValueError`, hence a ``ValueError``).
     Frozen, hence hashable: requests with equal options can share a batch.
 
@@ -113,6 +114,9 @@ class DecodingOptions:
         max_len_a: An output may have up to int(a * source length + b) tokens before EOS,
             the source length counting its EOS.
         max_len_b: See max_len_a.
+        min_len: Tokens an output has at least: EOS may not come before them (fairseq's
+            --min-len, CTranslate2's min_decoding_length); 0 allows the empty output. The
+            maximum length wins where it is shorter.
         n_best: Hypotheses returned per sentence, best first (at most the beam size; with
             sampling, the number of independent samples).
         stopping: When beam search ends a sentence: exact: once no live beam could beat its
@@ -133,6 +137,7 @@ class DecodingOptions:
     length_penalty_kind: LengthPenaltyKind = "gnmt"
     max_len_a: float = 1.0
     max_len_b: float = 50
+    min_len: int = 1
     n_best: int = 1
     stopping: StoppingRule = "heuristic"
     sampling: bool = False
@@ -169,6 +174,8 @@ class DecodingOptions:
             value = getattr(self, name)
             if not (_is_number(value) and 0 <= value < math.inf):
                 raise UserValueError(f"{name} ({value!r}) must be a finite number >= 0")
+        if not _is_int(self.min_len) or self.min_len < 0:
+            raise UserValueError(f"min_len ({self.min_len!r}) must be an integer >= 0")
         if not isinstance(self.sampling, bool):
             raise UserValueError(f"sampling ({self.sampling!r}) must be True or False")
         if not (_is_number(self.temperature) and 0 < self.temperature < math.inf):

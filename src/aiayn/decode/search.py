@@ -25,7 +25,9 @@ generated). A sentence with ``src_len`` non-pad source tokens may generate
 ``max_len = int(max_len_a * src_len + max_len_b)`` tokens, at least 0
 (:func:`aiayn.decode.options.max_output_length`); the next token is then forced to be EOS, so
 the longest hypothesis is ``max_len`` tokens + EOS. The defaults (a = 1, b = 50) are the
-paper's "maximum output length of input length + 50" (§6.1).
+paper's "maximum output length of input length + 50" (§6.1). EOS may not be generated before
+``min_len`` tokens (fairseq's ``--min-len``; default 1: no empty output), unless ``max_len`` is
+shorter: the maximum wins.
 
 Shapes: B sentences in the batch, N of them still unfinished, W beam size, K live beams per
 sentence at the current step (1 at the first step, up to W after), V vocabulary, t tokens
@@ -132,26 +134,32 @@ def _max_output_lengths(
     return torch.tensor(max_len, dtype=torch.long, device=src_tokens.device)
 
 
-def _never_output(bos_id: int, eos_id: int, pad_id: int, device: torch.device) -> Tensor:
-    """Ids that may never be generated: pad and BOS (unless one of them doubles as EOS)."""
-    banned = sorted({pad_id, bos_id} - {eos_id})
-    return torch.tensor(banned, dtype=torch.long, device=device)
+def _never_output(
+    bos_id: int, eos_id: int, pad_id: int, device: torch.device, *, too_short: bool = False
+) -> Tensor:
+    """Ids that may never be generated: pad and BOS (unless one of them doubles as EOS); with
+    ``too_short`` (a step before ``min_len``), EOS as well."""
+    banned = ({pad_id, bos_id} - {eos_id}) | ({eos_id} if too_short else set())
+    return torch.tensor(sorted(banned), dtype=torch.long, device=device)
 
 
 def _restrict_(scores: Tensor, banned: Tensor, eos_id: int, force_eos: Tensor | None) -> Tensor:
     """In place: set banned tokens to -inf everywhere, and every token but EOS to -inf in rows
     that have reached their maximum length (``force_eos``, (rows,) bool; None where the search
-    knows that none has). Returns ``scores``.
+    knows that none has), EOS keeping its log-probability there even where ``banned`` holds it
+    (the maximum length wins over ``min_len``). Returns ``scores``.
 
     ``scores`` (rows, V) are the log-probabilities a ``decode_step`` returned (a new tensor,
     the search's to change); adding a beam's cumulative log-probability afterwards keeps the
     -inf, since x + (-inf) = -inf. Rows at their maximum length are rare, so they are rewritten
     only when there are some, not masked over the whole (rows, V) tensor at every step.
     """
-    scores.index_fill_(1, banned, -math.inf)
+    rows = None
     if force_eos is not None and bool(force_eos.any()):
         rows = force_eos.nonzero().squeeze(1)
-        eos = scores[rows, eos_id]  # a copy (advanced indexing)
+        eos = scores[rows, eos_id]  # a copy (advanced indexing), taken before any ban
+    scores.index_fill_(1, banned, -math.inf)
+    if rows is not None:
         scores[rows] = -math.inf
         scores[rows, eos_id] = eos
     return scores
@@ -400,7 +408,8 @@ def beam_search(
     top 2·W candidates (:func:`_select_candidates`), turns those among the top W that end in EOS
     into finished hypotheses scored ``log_prob / lp(length)`` (:func:`_finish`), and keeps the
     best W that do not end in EOS as the new live beams (:func:`_keep_live`). The first step
-    starts from a single beam per sentence. Pad and BOS are never generated.
+    starts from a single beam per sentence. Pad and BOS are never generated, nor EOS before
+    ``min_len`` tokens.
 
     Stopping rule (``options.stopping``). A sentence is done when it has reached its maximum
     length (EOS was forced, nothing is left alive), or when it has ``beam_size`` finished
@@ -428,8 +437,8 @@ def beam_search(
         eos_id: Token that ends a hypothesis.
         pad_id: Source padding token.
         options: beam_size (W), length_penalty (α), length_penalty_kind, max_len_a,
-            max_len_b and n_best are used; None = the defaults. The length penalty is
-            applied to |Y|, the length including EOS.
+            max_len_b, min_len, n_best and stopping are used; None = the defaults. The length
+            penalty is applied to |Y|, the length including EOS.
 
     Returns:
         For each source row, in input order, up to ``n_best`` hypotheses, best first. A list is
@@ -450,6 +459,7 @@ def beam_search(
     max_final_lp = torch.tensor([lp_fn(m + 1, length_penalty) for m in max_len.tolist()])
     cache = model.init_cache(memory, src_key_mask, int(max_len.max()) + 1 if b else 1)
     banned = _never_output(bos_id, eos_id, pad_id, device)
+    too_short = _never_output(bos_id, eos_id, pad_id, device, too_short=True)
 
     finished: list[list[Hypothesis]] = [[] for _ in range(b)]
     worst_kept = torch.full((b,), -math.inf, dtype=torch.float64)  # (B,) see _finish
@@ -467,7 +477,7 @@ def beam_search(
         n, k = beam_log_prob.shape
         force_eos = max_len.le(step).repeat_interleave(k) if step >= first_forced else None
         log_probs = _float(model.decode_step(prev, cache))  # (N·K, V), ours to change
-        _restrict_(log_probs, banned, eos_id, force_eos)
+        _restrict_(log_probs, too_short if step < options.min_len else banned, eos_id, force_eos)
         cands = _select_candidates(beam_log_prob, log_probs, beam_size)
         some_full |= _finish(
             cands,
@@ -529,9 +539,10 @@ def _decode_one_per_row(
 ) -> list[Hypothesis]:
     """The decoding loop of greedy search and sampling; ``choose`` is the strategy.
 
-    ``choose`` maps (N, V) log-probabilities (pad and BOS already -inf, EOS forced at max
-    length) to (N,) next tokens. Rows are dropped from the batch as soon as they emit EOS; the
-    rows left keep their input order with ``in_input_order``, else `_survivors`' order.
+    ``choose`` maps (N, V) log-probabilities (pad and BOS already -inf, EOS too before
+    ``options.min_len`` tokens, EOS forced at max length) to (N,) next tokens. Rows are dropped
+    from the batch as soon as they emit EOS; the rows left keep their input order with
+    ``in_input_order``, else `_survivors`' order.
     """
     _check_ids(src_tokens)
     device = src_tokens.device
@@ -540,6 +551,7 @@ def _decode_one_per_row(
     max_len = _max_output_lengths(src_tokens, pad_id, options.max_len_a, options.max_len_b)
     cache = model.init_cache(memory, src_key_mask, int(max_len.max()) + 1 if b else 1)
     banned = _never_output(bos_id, eos_id, pad_id, device)
+    too_short = _never_output(bos_id, eos_id, pad_id, device, too_short=True)
 
     results: list[Hypothesis | None] = [None] * b
     sentence = torch.arange(b, device=device)  # (N,)
@@ -550,7 +562,8 @@ def _decode_one_per_row(
     step = 0
     while sentence.numel() > 0:
         log_probs = _float(model.decode_step(prev, cache))  # (N, V), ours to change
-        _restrict_(log_probs, banned, eos_id, max_len.le(step) if step >= first_forced else None)
+        force_eos = max_len.le(step) if step >= first_forced else None
+        _restrict_(log_probs, too_short if step < options.min_len else banned, eos_id, force_eos)
         token = choose(log_probs)  # (N,)
         log_prob = log_prob + log_probs.gather(1, token.unsqueeze(1)).squeeze(1)
         ended = token.eq(eos_id)
@@ -591,8 +604,8 @@ def greedy_search(
 
     A sentence stops at its first EOS (or when EOS is forced at max length, see the module
     docstring) and is dropped from the batch. Of ``options`` (None = the defaults) only the
-    length limits max_len_a and max_len_b are used. Returns one hypothesis per source row, in
-    input order; its score is its log-probability (no length penalty).
+    length limits max_len_a, max_len_b and min_len are used. Returns one hypothesis per source
+    row, in input order; its score is its log-probability (no length penalty).
     """
 
     def argmax(log_probs: Tensor) -> Tensor:
@@ -644,8 +657,8 @@ def sample(
 
     Args:
         options: temperature (log-probabilities are divided by it before filtering), top_k,
-            top_p (nucleus filtering after temperature and top-k), max_len_a and max_len_b are
-            used; None = the defaults (plain sampling).
+            top_p (nucleus filtering after temperature and top-k), max_len_a, max_len_b and
+            min_len are used; None = the defaults (plain sampling).
         generator: For reproducible samples; must live on the device of ``src_tokens``.
 
     Returns:
