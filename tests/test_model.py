@@ -179,6 +179,37 @@ def test_forward_and_forward_with_attention_agree(make_model: MakeModel, norm_fi
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
 
 
+def test_attention_maps_not_asked_for_are_neither_computed_nor_kept(make_model: MakeModel) -> None:
+    """The encoder's (L, B, H, S, S) maps were made and kept for every answer with attention,
+    though the server returns the cross-attention only: memory its limit did not count."""
+    model = make_model(n_encoder_layers=2, n_decoder_layers=3)
+    src, tgt = batch(model)
+    made: dict[str, int] = {"encoder": 0, "decoder": 0, "cross": 0}
+
+    def counter(kind: str) -> Callable:
+        def hook(module: nn.Module, args: Any, output: tuple[Tensor, Tensor | None]) -> None:
+            made[kind] += output[1] is not None  # the probabilities, if this call made them
+
+        return hook
+
+    for layer in model.encoder.layers:
+        layer.self_attn.register_forward_hook(counter("encoder"))
+    for layer in model.decoder.layers:
+        layer.self_attn.register_forward_hook(counter("decoder"))
+        layer.cross_attn.register_forward_hook(counter("cross"))
+    with torch.no_grad():
+        every_logits, every = model.forward_with_attention(src, tgt)
+        assert made == {"encoder": 2, "decoder": 3, "cross": 3}
+        made.update(encoder=0, decoder=0, cross=0)
+        logits, maps = model.forward_with_attention(src, tgt, kinds=("cross",))
+    assert made == {"encoder": 0, "decoder": 0, "cross": 3}
+    assert maps.encoder is None and maps.decoder is None
+    torch.testing.assert_close(maps.cross, every.cross, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits, every_logits, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="unknown attention kinds"):
+        model.forward_with_attention(src, tgt, kinds=("self",))
+
+
 def test_attention_maps_shapes_and_probabilities(make_model: MakeModel) -> None:
     model = make_model(n_encoder_layers=2, n_decoder_layers=3)
     src, tgt = batch(model)

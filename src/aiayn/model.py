@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,6 +35,10 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,  # not the paper's: for imported models (docs/deviations.md)
     "swish": F.silu,  # x·sigmoid(x), OPUS-MT's Marian models
 }
+
+
+ATTENTION_KINDS = ("encoder", "decoder", "cross")
+"""The attentions whose maps `Transformer.forward_with_attention` can return."""
 
 
 class Dropout(nn.Dropout):
@@ -229,15 +233,18 @@ class DecoderLayer(nn.Module):
         memory: Tensor,
         src_key_mask: Tensor | None,
         need_weights: bool = False,
+        need_self_weights: bool | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """Whole target at once. x (B, T, D), memory (B, S, D) → (B, T, D).
 
         Returns the output and, if asked, self-attention (B, H, T, T) and encoder-decoder
-        attention (B, H, T, S) probabilities.
+        attention (B, H, T, S) probabilities: `need_weights` asks for both, unless
+        `need_self_weights` says otherwise for the self-attention.
         """
+        need_self = need_weights if need_self_weights is None else need_self_weights
         mask = None if src_key_mask is None else src_key_mask[:, None, None, :]
         x, self_probs = self.self_attn_sublayer(
-            x, lambda h: self.self_attn(h, h, is_causal=True, need_weights=need_weights)
+            x, lambda h: self.self_attn(h, h, is_causal=True, need_weights=need_self)
         )
         x, cross_probs = self.cross_attn_sublayer(
             x, lambda h: self.cross_attn(h, memory, mask, need_weights=need_weights)
@@ -300,11 +307,18 @@ class Decoder(nn.Module):
         self.final_norm = final_norm
 
     def forward(
-        self, x: Tensor, memory: Tensor, src_key_mask: Tensor | None, need_weights: bool = False
+        self,
+        x: Tensor,
+        memory: Tensor,
+        src_key_mask: Tensor | None,
+        need_weights: bool = False,
+        need_self_weights: bool | None = None,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         self_maps, cross_maps = [], []
         for layer in self.layers:
-            x, self_probs, cross_probs = layer(x, memory, src_key_mask, need_weights)
+            x, self_probs, cross_probs = layer(
+                x, memory, src_key_mask, need_weights, need_self_weights
+            )
             self_maps.append(self_probs)
             cross_maps.append(cross_probs)
         return self.final_norm(x), self_maps, cross_maps
@@ -449,9 +463,12 @@ class Transformer(nn.Module):
         memory: Tensor,
         src_key_mask: Tensor | None,
         need_weights: bool = False,
+        need_self_weights: bool | None = None,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """Shifted target tokens (B, T) → logits (B, T, V) for the next token at each position."""
-        x, self_maps, cross_maps = self._decode(tgt_tokens, memory, src_key_mask, need_weights)
+        x, self_maps, cross_maps = self._decode(
+            tgt_tokens, memory, src_key_mask, need_weights, need_self_weights
+        )
         return self.output_projection(x), self_maps, cross_maps
 
     def _decode(
@@ -460,10 +477,12 @@ class Transformer(nn.Module):
         memory: Tensor,
         src_key_mask: Tensor | None,
         need_weights: bool = False,
+        need_self_weights: bool | None = None,
     ) -> tuple[Tensor, list[Tensor], list[Tensor]]:
         """The decoder stack's output (B, T, D), before the pre-softmax projection."""
         x = self.tgt_embed(tgt_tokens) + self.positions(tgt_tokens.size(1))
-        return self.decoder(self.embed_dropout(x), memory, src_key_mask, need_weights)
+        x = self.embed_dropout(x)
+        return self.decoder(x, memory, src_key_mask, need_weights, need_self_weights)
 
     def forward(
         self,
@@ -508,17 +527,23 @@ class Transformer(nn.Module):
         )
 
     def forward_with_attention(
-        self, src_tokens: Tensor, tgt_tokens: Tensor
+        self, src_tokens: Tensor, tgt_tokens: Tensor, kinds: Collection[str] = ATTENTION_KINDS
     ) -> tuple[Tensor, AttentionMaps]:
-        """Like `forward` through the explicit attention path, also returning every map."""
-        memory, src_key_mask, enc_maps = self._encode(src_tokens, need_weights=True)
+        """Like `forward`, also returning the attention maps of `kinds` (all by default).
+
+        Only the attentions whose maps are asked for take the explicit path (Eq. 1 with its
+        probabilities); the others take the fused one and their maps are None, never made:
+        the encoder's alone are (L, B, H, S, S), far more than the (L, B, H, T, S) of the
+        cross-attention that alignments and the server show.
+        """
+        if unknown := set(kinds) - set(ATTENTION_KINDS):
+            raise ValueError(f"unknown attention kinds {sorted(unknown)}: {ATTENTION_KINDS}")
+        memory, src_key_mask, enc_maps = self._encode(src_tokens, "encoder" in kinds)
         logits, self_maps, cross_maps = self.decode(
-            tgt_tokens, memory, src_key_mask, need_weights=True
+            tgt_tokens, memory, src_key_mask, "cross" in kinds, "decoder" in kinds
         )
         maps = AttentionMaps(
-            encoder=torch.stack(enc_maps),
-            decoder=torch.stack(self_maps),
-            cross=torch.stack(cross_maps),
+            encoder=_stacked(enc_maps), decoder=_stacked(self_maps), cross=_stacked(cross_maps)
         )
         return logits, maps
 
@@ -557,7 +582,8 @@ class Transformer(nn.Module):
 
 @dataclass
 class AttentionMaps:
-    """Attention probabilities of every layer and head, for pictures and alignments.
+    """Attention probabilities of every layer and head, for pictures and alignments; None for
+    a kind that was not asked for.
 
     Attributes:
         encoder: (L, B, H, S, S) encoder self-attention.
@@ -565,6 +591,11 @@ class AttentionMaps:
         cross: (L, B, H, T, S) encoder-decoder attention.
     """
 
-    encoder: Tensor
-    decoder: Tensor
-    cross: Tensor
+    encoder: Tensor | None
+    decoder: Tensor | None
+    cross: Tensor | None
+
+
+def _stacked(maps: list[Tensor | None]) -> Tensor | None:
+    """One layer's maps after another, (L, ...); None where the layers made none."""
+    return None if maps[0] is None else torch.stack(maps)  # type: ignore[arg-type]

@@ -53,7 +53,8 @@ class Hypothesis:
 
 @dataclass(frozen=True)
 class SentenceAttention:
-    """Every attention map of one sentence, without padding, for pictures and alignments.
+    """The attention maps of one sentence, without padding, for pictures and alignments; a
+    kind not asked for (``Transformer.forward_with_attention``'s ``kinds``) is None.
 
     Computed by one teacher-forced ``Transformer.forward_with_attention`` pass over the source
     and ``[BOS] + output``; because decoder self-attention is causal (§3.2.3), these are the
@@ -66,9 +67,9 @@ class SentenceAttention:
         cross: (L, H, T, S) encoder-decoder attention.
     """
 
-    encoder: Tensor
-    decoder: Tensor
-    cross: Tensor
+    encoder: Tensor | None
+    decoder: Tensor | None
+    cross: Tensor | None
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def translation_result(
         hypotheses=candidates,
         src_tokens=tokenizer.pieces(source_ids),
         tgt_tokens=tokenizer.pieces([*best.token_ids, EOS_ID]),
-        attention=None if maps is None else maps.cross[-1].mean(dim=0),  # (T, S)
+        attention=None if maps is None or maps.cross is None else maps.cross[-1].mean(dim=0),
         attention_maps=maps,
         truncated=truncated,
     )
@@ -172,13 +173,16 @@ def cut_attention(
     maps: AttentionMaps, source_lengths: Sequence[int], output_lengths: Sequence[int]
 ) -> list[SentenceAttention]:
     """Each sentence's maps out of a batch's (L, B, H, ·, ·) ones, padding cut away; lengths
-    as the model read them (sources with EOS, outputs with the leading BOS)."""
-    encoder, decoder, cross = (m.float().cpu() for m in (maps.encoder, maps.decoder, maps.cross))
+    as the model read them (sources with EOS, outputs with the leading BOS). A kind the batch
+    has no maps of is None in every sentence."""
+    encoder, decoder, cross = (
+        None if m is None else m.float().cpu() for m in (maps.encoder, maps.decoder, maps.cross)
+    )
     return [
         SentenceAttention(
-            encoder=encoder[:, row, :, :s, :s],  # (L, H, S, S)
-            decoder=decoder[:, row, :, :t, :t],  # (L, H, T, T)
-            cross=cross[:, row, :, :t, :s],  # (L, H, T, S)
+            encoder=None if encoder is None else encoder[:, row, :, :s, :s],  # (L, H, S, S)
+            decoder=None if decoder is None else decoder[:, row, :, :t, :t],  # (L, H, T, T)
+            cross=None if cross is None else cross[:, row, :, :t, :s],  # (L, H, T, S)
         )
         for row, (s, t) in enumerate(zip(source_lengths, output_lengths, strict=True))
     ]
