@@ -239,7 +239,8 @@ def test_the_settings_page_lists_what_a_resume_may_change() -> None:
 
 
 SOURCE_PATH = re.compile(r"\b(?:bench|recipes|tools|tests|src/aiayn)/[\w/.-]*\w\.(?:py|yaml|sh)\b")
-MAKE = re.compile(r"^\s*(?:sudo )?make ([\w-]+)", re.MULTILINE)
+MAKE = re.compile(r"^\s*(?:sudo )?make ([\w-]+)", re.MULTILINE)  # a command in a block
+INLINE_MAKE = re.compile(r"`(?:sudo )?make ([\w-]+)")  # and in the text
 
 
 @pytest.mark.parametrize("path", DOCS, ids=lambda p: p.name)
@@ -250,5 +251,6 @@ def test_the_scripts_recipes_and_make_targets_the_docs_name_exist(path: Path) ->
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     targets = set(re.findall(r"^([\w-]+):", makefile, re.MULTILINE))
     commands = "\n".join(block.text for block in code_blocks(path))
-    missing += sorted(f"make {t}" for t in set(MAKE.findall(commands)) - targets)
+    named_targets = set(MAKE.findall(commands)) | set(INLINE_MAKE.findall(text))
+    missing += sorted(f"make {t}" for t in named_targets - targets)
     assert not missing, f"{path.name} names what this checkout lacks: {', '.join(missing)}"
