@@ -324,9 +324,9 @@ class TrainConfig:
             torch.cuda.is_bf16_supported), float32 elsewhere; "fp32": float32 everywhere;
             "bf16": bf16 autocast on any device. Weights, Adam and the loss stay float32. On a
             CPU, bf16 changes the numerics and is fast only where the CPU computes in bf16
-            natively (AVX512-BF16, AMX; elsewhere training warns): in the real loop on the
-            Bible recipe as of commit 0529388 (≤ 4096-token batches) ~1.3x the target tokens/s
-            of float32 on an Intel Xeon with AMX (BENCHMARKS.md). With bf16 on a CPU `aiayn
+            natively (AVX512-BF16, AMX; elsewhere training warns): with ≤ 4096-token batches
+            ~1.3x the target tokens/s of float32 on an Intel Xeon with AMX, not measured side
+            by side with the Bible recipe's 2048 (docs/settings.md). With bf16 on a CPU `aiayn
             train` also has oneDNN keep few compiled kernels (peak memory:
             `acceleration.ONEDNN_KERNELS_FOR_BF16_TRAINING`), a setting of the process that it
             makes through `aiayn.runtime.configure`. Replaces bf16 and cpu_bf16 (and
@@ -334,9 +334,9 @@ class TrainConfig:
             fp32, cpu_bf16 true is bf16.
         onednn: On an x86-64 CPU in float32, run the linear layers' products (and the chunked
             loss's) on oneDNN instead of MKL's sgemm (`aiayn.acceleration.OneDNNLinearProducts`):
-            the same function up to float32 rounding, ~5% more tokens/s on the Bible recipe
-            as of commit 0529388 (≤ 4096-token batches), but ~2.9x the peak memory (new batch
-            shapes every step fragment the heap; BENCHMARKS.md), hence opt-in. Ignored under
+            the same function up to float32 rounding, ~5% more tokens/s with the Bible
+            recipe's shapes at ≤ 4096-token batches, but ~2.9x the peak memory (new batch
+            shapes every step fragment the heap), hence opt-in. Ignored under
             bf16 and with `compile`.
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
             compile: aiayn.acceleration). Where compilation fails at the first update,
@@ -570,7 +570,7 @@ def upgrade_train_values(
     values: dict[str, Any], *, source: str = "config", warn: bool = True
 ) -> dict[str, Any]:
     """`TrainConfig` values with the keys of earlier releases replaced by today's:
-    `bf16` and `cpu_bf16` (two booleans) by `precision` (issue 28). A warning names the new
+    `bf16` and `cpu_bf16` (two booleans) by `precision`. A warning names the new
     key; giving both the old and the new key is an error that names them.
 
     bf16 true (the old default) is precision auto, which also checks that a GPU computes in
