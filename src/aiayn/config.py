@@ -546,13 +546,17 @@ class TrainConfig:
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd])")
 _SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MAX_DURATION_DAYS = 366
+"""The longest duration `parse_duration` takes: a year. Longer is a slip of the keyboard, and
+past a float's range (a 400-digit number of hours) it is infinite, which no schedule can use."""
 
 
 def parse_duration(text: str, *, name: str = "duration") -> float:
     """Seconds in a duration such as ``90s``, ``30m``, ``8h``, ``1d`` or ``1h30m``.
 
     Raises:
-        ConfigError: Not a duration, or not positive; the message names `name`.
+        ConfigError: Not a duration, not positive, or longer than `MAX_DURATION_DAYS`; the
+            message names `name`.
     """
     compact = text.strip().lower().replace(" ", "")
     parts = _DURATION_PART.findall(compact)
@@ -563,6 +567,11 @@ def parse_duration(text: str, *, name: str = "duration") -> float:
         )
     seconds = sum(float(number) * _SECONDS[unit] for number, unit in parts)
     _require(seconds > 0, f"{name} ({text!r}) must be longer than 0 s")
+    shown = text if len(text) <= 40 else f"{text[:20]}...{text[-10:]}"
+    _require(
+        seconds <= MAX_DURATION_DAYS * _SECONDS["d"],
+        f"{name} ({shown!r}) must be at most {MAX_DURATION_DAYS}d",
+    )
     return seconds
 
 

@@ -153,6 +153,50 @@ def test_a_choice_outside_the_literal_is_refused(capsys: pytest.CaptureFixture[s
     assert "invalid choice: 'wu'" in capsys.readouterr().err
 
 
+BIG = "9" * 400
+
+
+@pytest.mark.parametrize(
+    ("flags", "said"),
+    [
+        (
+            ["--time-budget", f"{BIG}h"],
+            "time_budget ('99999999999999999999...999999999h') must be at most 366d",
+        ),
+        (["--time-budget", "400d"], "time_budget ('400d') must be at most 366d"),
+        (
+            ["--max-steps", BIG],
+            "argument --max-steps: 99999999999999999999...9999999999 is too large",
+        ),
+        (
+            ["--warmup-steps", str(2**60)],
+            "argument --warmup-steps: 1152921504606846976 is too large",
+        ),
+        (["--lr-scale", "inf"], "argument --lr-scale: inf is not a finite number"),
+        (["--lr-scale", "1e400"], "argument --lr-scale: 1e400 is not a finite number"),
+        (["--label-smoothing", "nan"], "argument --label-smoothing: nan is not a finite number"),
+    ],
+)
+def test_an_infinite_or_absurd_number_is_refused_before_anything_is_written(
+    tmp_path: Path, flags: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A 400-digit number of hours is infinite as a float: refused when the flag is read, one
+    line naming it, exit 2, and no run directory (not a traceback once the run has started)."""
+    (tmp_path / "a.en").write_text("a b\n")
+    (tmp_path / "a.de").write_text("c d\n")
+    run = tmp_path / "run"
+    argv = ["train", "--src", str(tmp_path / "a.en"), "--tgt", str(tmp_path / "a.de")]
+    argv += ["--out-dir", str(run), "--max-steps", "1", "--no-progress", *flags]
+    try:
+        status = main(argv)
+    except SystemExit as exit_info:
+        status = exit_info.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2, err
+    assert err[-1].startswith("aiayn train: error: ") and said in err[-1], err
+    assert not run.exists()
+
+
 def test_train_flags_go_over_the_yaml_file(tmp_path: Path) -> None:
     config = tmp_path / "train.yaml"
     config.write_text("src: a.en\ntgt: a.de\nmax_steps: 10\nprogress: true\nmodel: {d_ff: 64}\n")

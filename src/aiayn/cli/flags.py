@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import importlib
 import inspect
+import math
 import re
 import sys
 import types
@@ -31,6 +32,8 @@ __all__ = [
     "attribute_docs",
     "dataclass_from_args",
     "dataclass_values",
+    "integer",
+    "number",
     "parse_assignments",
 ]
 
@@ -69,9 +72,47 @@ def _plain(text: str) -> str:
     return re.sub(r"(?::\w+:)?`+([^`]+)`+", r"\1", text)
 
 
+MAX_NUMBER = 2**53
+"""The largest magnitude a number flag takes: no count, size or duration aiayn takes comes near
+it, and past it the arithmetic in floats that schedules and budgets do loses the number (a
+400-digit ``--max-steps`` is an OverflowError there, after the run directory is written)."""
+
+
+def integer(text: str) -> int:
+    """An integer flag's value, refused as argparse refuses a bad one (exit 2, naming the flag)
+    if it is not an integer or is larger than `MAX_NUMBER`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {_shown(text)!r}") from None
+    if abs(value) > MAX_NUMBER:
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is too large (at most 2^53)")
+    return value
+
+
+def number(text: str) -> float:
+    """A float flag's value, refused as argparse refuses a bad one if it is not a number, is
+    not finite (``inf``, ``nan``) or is larger than `MAX_NUMBER`."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {_shown(text)!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a finite number")
+    if abs(value) > MAX_NUMBER:
+        raise argparse.ArgumentTypeError(f"{_shown(text)} is too large (at most 2^53)")
+    return value
+
+
+def _shown(text: str) -> str:
+    """``text``, or its ends if it is too long for a one-line message."""
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-10:]}"
+
+
 def _flag_type(name: str, hint: Any) -> dict[str, Any]:
-    """argparse keywords for a field annotated ``hint``: int, float, str, bool (--x/--no-x),
-    a Literal (choices), or one of these ``| None``."""
+    """argparse keywords for a field annotated ``hint``: int or float (`integer`, `number`:
+    finite, within `MAX_NUMBER`), str, bool (--x/--no-x), a Literal (choices), or one of these
+    ``| None``."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
     if hint is bool:
@@ -80,7 +121,7 @@ def _flag_type(name: str, hint: Any) -> dict[str, Any]:
         choices = typing.get_args(hint)
         return {"type": type(choices[0]), "choices": choices}
     if hint in (int, float, str):
-        return {"type": hint}
+        return {"type": {int: integer, float: number, str: str}[hint]}
     raise TypeError(f"no command-line flag for field {name} of type {hint}")
 
 

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiayn.cli.flags import add_dataclass_flags, dataclass_values, parse_assignments
+from aiayn.cli.flags import add_dataclass_flags, dataclass_values, integer, parse_assignments
 from aiayn.errors import UserValueError
 
 if TYPE_CHECKING:
@@ -33,9 +33,9 @@ def _add_info(sub: argparse._SubParsersAction) -> None:
         "--preset", help="preset name (base, big, small, tiny, demo; default base; not with -m)"
     )
     p.add_argument(
-        "--vocab-size", type=int, help="joint vocabulary size (default 37000; not with -m)"
+        "--vocab-size", type=integer, help="joint vocabulary size (default 37000; not with -m)"
     )
-    p.add_argument("--tgt-vocab-size", type=int, help="target vocabulary size if not joint")
+    p.add_argument("--tgt-vocab-size", type=integer, help="target vocabulary size if not joint")
     p.add_argument(
         "--set",
         action="append",
@@ -203,7 +203,9 @@ def _run_train(args: argparse.Namespace) -> int:
 def _add_average(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("average", help="average the last N checkpoints of a run (§6.1)")
     p.add_argument("run_dir", help="run directory (its checkpoints/ are used)")
-    p.add_argument("-n", "--last", type=int, default=5, help="number of checkpoints (default 5)")
+    p.add_argument(
+        "-n", "--last", type=integer, default=5, help="number of checkpoints (default 5)"
+    )
     p.add_argument(
         "-o",
         "--output",
@@ -247,8 +249,8 @@ def _add_demo(sub: argparse._SubParsersAction) -> None:
         help="the whole job offline: numbers in English words → German, trained and evaluated",
     )
     p.add_argument("-o", "--out-dir", default="demo_run", help="output directory (demo_run)")
-    p.add_argument("--max-steps", type=int, default=None, help="optimizer updates")
-    p.add_argument("--seed", type=int, default=1, help="seed (default 1)")
+    p.add_argument("--max-steps", type=integer, default=None, help="optimizer updates")
+    p.add_argument("--seed", type=integer, default=1, help="seed (default 1)")
     p.add_argument(
         "--device",
         default="auto",
