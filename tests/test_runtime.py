@@ -332,6 +332,20 @@ def test_checked_device_resolves_auto_and_keeps_the_cpu() -> None:
     assert runtime.checked_device(torch.device("cpu")) == torch.device("cpu")
 
 
+def test_auto_is_one_rule_for_every_device_question(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ "auto" is the GPU where PyTorch has one, else the CPU, the CPU whatever there is for what
+    runs there alone (int8 decoding); the type of a named device needs no GPU to exist."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert runtime.checked_device("auto") == torch.device("cuda")
+    assert runtime.device_type("auto") == "cuda"
+    assert runtime.checked_device("auto", cpu_only=True) == torch.device("cpu")
+    assert runtime.device_type("auto", cpu_only=True) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runtime.device_type("auto") == "cpu"
+    assert runtime.device_type("cuda:3") == "cuda" and runtime.device_type("cpu") == "cpu"
+    assert runtime.device_type(torch.device("cuda", 1)) == "cuda"
+
+
 def test_checked_device_refuses_a_gpu_index_past_the_last(monkeypatch: pytest.MonkeyPatch) -> None:
     """As on a 1-GPU machine: cuda and cuda:0 exist, cuda:1 does not (torch would say
     "invalid device ordinal" deep inside the first CUDA call)."""

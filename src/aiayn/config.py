@@ -605,7 +605,9 @@ def upgrade_train_values(
             raise ConfigError(f"{source}: {key} ({value!r}) must be true or false")
     bf16, cpu_bf16 = given.get("bf16", True), given.get("cpu_bf16", False)
     if cpu_bf16:
-        on_cpu = _device_type(values.get("device", "auto")) == "cpu"
+        from aiayn.runtime import device_type  # torch only for "auto": reading a config needs none
+
+        on_cpu = device_type(values.get("device", "auto")) == "cpu"
         precision = "bf16" if bf16 or on_cpu else "fp32"
     else:
         precision = "auto" if bf16 else "fp32"
@@ -619,15 +621,6 @@ def upgrade_train_values(
         )
     values["precision"] = precision
     return values
-
-
-def _device_type(device: Any) -> str:
-    """ "cpu" or "cuda" for a `TrainConfig.device` ("auto": CUDA where there is one)."""
-    if device == "auto":
-        import torch  # only here: reading a config imports no torch otherwise
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cpu" if device == "cpu" else "cuda"
 
 
 def load_yaml_config(path: str | Path) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Process-wide settings, made by the entry points and by no library object, how many CPU
-threads a decoding command should take (`decoding_threads`), and whether this machine has the
-device asked for (`checked_device`).
+threads a decoding command should take (`decoding_threads`), and what device ``--device``
+names: "auto" resolved, the one rule for it (`device_type`), and whether this machine has it
+(`checked_device`).
 
 PyTorch's thread count, oneDNN's kernel cache, TorchInductor's error handling, the C library's
 memory allocator and the limit on open files belong to the whole process: a `Translator`, a
@@ -253,11 +254,21 @@ def keep_freed_memory() -> bool:
     )
 
 
-def checked_device(name: str | torch.device) -> torch.device:
+def device_type(name: str | torch.device, *, cpu_only: bool = False) -> str:
+    """The type of device `--device` names ("cpu", "cuda", ...), "auto" resolved as
+    `checked_device` resolves it, without checking that the device exists; torch is imported
+    only for "auto"."""
+    if name == "auto":
+        return checked_device(name, cpu_only=cpu_only).type
+    return str(name).partition(":")[0]
+
+
+def checked_device(name: str | torch.device, *, cpu_only: bool = False) -> torch.device:
     """`--device` as a `torch.device`: "auto" is the first CUDA GPU where there is one, else
-    the CPU. A name PyTorch does not know (a typo), and a CUDA device this machine lacks (CUDA
-    on a CPU-only machine or PyTorch, a GPU index past the last), are refused in one line that
-    says what there is.
+    the CPU (the CPU with ``cpu_only``: for what runs there alone, such as int8 decoding). A
+    name PyTorch does not know (a typo), and a CUDA device this machine lacks (CUDA on a
+    CPU-only machine or PyTorch, a GPU index past the last), are refused in one line that says
+    what there is.
 
     Raises:
         UserValueError: The device does not exist here.
@@ -265,7 +276,7 @@ def checked_device(name: str | torch.device) -> torch.device:
     import torch
 
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return torch.device("cuda" if not cpu_only and torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from aiayn.errors import UserValueError
-from aiayn.runtime import checked_device
+from aiayn.runtime import checked_device, device_type
 
 
 @dataclass
@@ -54,14 +54,6 @@ class Distributed:
         tensor = torch.tensor(values, dtype=torch.float64, device=device)
         dist.all_reduce(tensor)
         return tensor.tolist()
-
-
-def device_type(device_name: str) -> str:
-    """The type of the device that `device_name` (``--device``) trains on: "auto" is CUDA
-    where there is one, else the CPU."""
-    if device_name == "auto":
-        return checked_device("auto").type
-    return torch.device(device_name).type
 
 
 def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
