@@ -15,7 +15,7 @@ import torch
 
 import aiayn
 from aiayn.config import preset
-from aiayn.decode.backends import ExportedModel
+from aiayn.decode.backends import Backend, ExportedModel
 from aiayn.decode.options import DecodingOptions, max_output_length
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translator import Translator
@@ -31,10 +31,10 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
     return train_tokenizer(tmp_path_factory.mktemp("tokenizer"), CORPUS)
 
 
-class EchoBackend:
-    """Answers each source with its own ids (EOS cut), and records what it was asked."""
-
-    returns_attention = False
+class EchoBackend(Backend):
+    """Answers each source with its own ids (EOS cut), and records what it was asked; it
+    states no capability, so it has `Backend`'s defaults: no attention maps, no scoring, one
+    batch at a time."""
 
     def __init__(self, tokenizer: Tokenizer, **config: object) -> None:
         values = {"max_positions": 64, **config}
@@ -56,9 +56,6 @@ class EchoBackend:
     def search(self, sources, options, generator):
         self.batches.append((sources, options))
         return [[Hypothesis(tokens=ids[:-1], score=-1.0, log_prob=-1.0)] for ids in sources]
-
-    def attention(self, sources, outputs):
-        raise AssertionError("never asked: check refused")
 
 
 def test_a_translator_drives_any_backend_through_the_protocol(tokenizer: Tokenizer) -> None:
@@ -145,3 +142,50 @@ def test_a_missing_runtime_gives_the_install_line(
     with pytest.raises(MissingExtra, match=r"pip install -e '\.\[export\]'") as error:
         backend(tmp_path)
     assert runtime in str(error.value) and "\n" not in str(error.value)
+
+
+class SideBySideBackend(EchoBackend):
+    """Decodes `concurrency` batches at once: `submit` starts one, the function it returns
+    waits for it."""
+
+    concurrency = 2
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        super().__init__(tokenizer)
+        self.events: list[str] = []
+
+    def submit(self, sources, options):
+        self.events.append("submit")
+        hypotheses = self.search(sources, options, None)
+
+        def wait():
+            self.events.append("wait")
+            return hypotheses
+
+        return wait
+
+
+def test_a_translator_asks_a_backend_what_it_can_do(tokenizer: Tokenizer) -> None:
+    """Capabilities, not types: batches submitted all at once where the backend decodes
+    several side by side (unless sampling), scoring refused where it does not score."""
+    backend = SideBySideBackend(tokenizer)
+    translator = Translator.from_backend(backend, tokenizer, max_tokens=12)
+    sentences = ["hello world", "the cat sat on the mat", "a dog"]
+    results = translator.translate(sentences, beam_size=2, max_len_b=7)
+    assert [r.text for r in results] == sentences
+    n = len(backend.batches)
+    assert n > 1 and backend.events == ["submit"] * n + ["wait"] * n
+    backend.events.clear()
+    translator.translate(sentences, sampling=True, max_len_b=7)
+    assert backend.events == []  # sampling: one batch at a time, through search
+    assert not backend.supports_scoring
+    with pytest.raises(ValueError, match="scoring needs the PyTorch model"):
+        translator.score(["hello world"], ["hello world"])
+
+
+def test_the_translator_never_asks_a_backend_what_it_is() -> None:
+    package = Path(aiayn.__file__).parent
+    source = (package / "decode" / "translator.py").read_text(encoding="utf-8")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("isinstance", "getattr"):
+            assert "backend" not in ast.unparse(node.args[0]), ast.unparse(node)

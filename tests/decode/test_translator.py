@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from aiayn import acceleration
 from aiayn.attention import MultiHeadAttention, fused_attention
 from aiayn.decode import search
+from aiayn.decode.costs import DecodingCosts
 from aiayn.decode.search import DecodingOptions, gnmt_length_penalty
 from aiayn.decode.translator import Translator, one_line, read_lines
 from aiayn.model import Transformer
@@ -261,31 +262,11 @@ def test_long_sentences_are_truncated_with_a_warning(
     translator: Translator, caplog: pytest.LogCaptureFixture
 ) -> None:
     long = " ".join(CORPUS * 4)
-    with caplog.at_level(logging.WARNING, logger="aiayn.decode.translator"):
+    with caplog.at_level(logging.WARNING, logger="aiayn.decode.sources"):
         results = translator.translate(["the cat", long], beam_size=1, max_len_b=2)
     assert not results[0].truncated and results[1].truncated
     assert len(results[1].src_tokens) == translator.model.config.max_positions  # + </s>
     assert "sentence 2 has" in caplog.text and "first 63 tokens" in caplog.text
-
-
-def test_cost_counts_the_source_tokens_translate_feeds_the_model(translator: Translator) -> None:
-    sentences = ["the cat", " ", " ".join(CORPUS * 4), "  a dog  "]
-    results = translator.translate(sentences, beam_size=1, max_len_b=1)
-    fed = sum(len(r.src_tokens) for r in results if r.src_tokens)  # truncated, with </s>
-    assert translator.cost(sentences, rows_per_sentence=3) == 3 * fed
-    assert translator.cost([" "], rows_per_sentence=4) == 0
-
-
-def test_costs_are_per_sentence_in_the_unit_of_rows_per_sentence(translator: Translator) -> None:
-    sentences = ["the cat", " ", " ".join(CORPUS * 4), "  a dog  "]
-    lengths = {"max_len_a": 0.5, "max_len_b": 3}
-    bounds = translator.search_bounds(sentences, **lengths)
-    assert translator.costs(sentences, 2) == [2 * s for s, _ in bounds]
-    assert translator.costs(sentences, 2, **lengths) == [2 * s * t for s, t in bounds]
-    total = translator.cost(sentences, 2, **lengths)
-    assert total == sum(translator.costs(sentences, 2, **lengths))
-    sampling = DecodingOptions(sampling=True, n_best=3)
-    assert translator.costs(["the cat"], sampling.rows_per_sentence) == [3 * bounds[0][0]]
 
 
 @pytest.mark.parametrize("options", [DecodingOptions(), DecodingOptions(beam_size=1)])
@@ -295,7 +276,8 @@ def test_batches_are_those_translate_runs(tokenizer: Tokenizer, options: Decodin
     translator = Translator.from_model(build_model(tokenizer), tokenizer, max_tokens=40)
     batches = translator.batches(SENTENCES, options)
     assert sorted(i for batch in batches for i in batch) == [0, 2, 3, 5, 6]
-    costs = translator.costs(SENTENCES, options.rows_per_sentence)
+    pricing = DecodingCosts(translator.tokenizer, translator.source_limits)
+    costs = pricing.costs(SENTENCES, options.rows_per_sentence)
     for batch in batches:
         assert len(batch) * max(costs[i] for i in batch) <= 40 or len(batch) == 1
     widths = [costs[batch[0]] for batch in batches]
@@ -306,24 +288,16 @@ def test_batches_are_those_translate_runs(tokenizer: Tokenizer, options: Decodin
     assert calls == [len(batch) for batch in batches]
 
 
-@pytest.mark.parametrize("positions", ["sinusoidal", "learned"])
-def test_search_bounds_are_the_lengths_the_search_runs_to(
-    tokenizer: Tokenizer, positions: str
-) -> None:
-    """Random weights rarely emit EOS, so greedy outputs run to the limit: S and T (with EOS)
-    are what translate fed and produced, including under learned positions' cap."""
-    model = build_model(tokenizer, positional_encoding=positions, max_positions=16)
-    translator = Translator.from_model(model, tokenizer)
-    sentences = ["the cat", " ", " ".join(CORPUS), "a dog"]
-    lengths = {"max_len_a": 0.5, "max_len_b": 3}
-    results = translator.translate(sentences, beam_size=1, **lengths)
-    bounds = translator.search_bounds(sentences, **lengths)
-    assert bounds[1] == (0, 0)
-    for (s, t), result in zip(bounds, results, strict=True):
-        if s:
-            assert s == len(result.src_tokens) and len(result.token_ids) + 1 <= t
-    assert any(len(r.token_ids) + 1 == t for r, (_, t) in zip(results, bounds, strict=True) if t)
-    assert translator.cost(sentences, 3, **lengths) == 3 * sum(s * t for s, t in bounds)
+def test_batches_count_a_long_sentence_as_truncated(tokenizer: Tokenizer) -> None:
+    """A sentence cut to max_positions − 1 tokens is batched by the ids translate feeds the
+    model, not by its length before the cut."""
+    model = build_model(tokenizer, max_positions=16)
+    translator = Translator.from_model(model, tokenizer, max_tokens=40)
+    sentences = [" ".join(CORPUS), "the cat"]  # the first: far more than 15 tokens
+    calls: list[int] = []
+    translator.translate(sentences, beam_size=1, max_len_b=2, progress=calls.append)
+    assert calls == [2]  # 2 × 16 padded ids fit 40: one call
+    assert translator.batches(sentences, DecodingOptions(beam_size=1)) == [[0, 1]]
 
 
 def test_learned_positions_cap_the_output_length(tokenizer: Tokenizer) -> None:

@@ -269,17 +269,28 @@ def test_backend_streams_and_samples(export: Path):
     assert len(samples[0].hypotheses) == 3
 
 
-def test_ctranslate2_translator_is_a_translator_on_the_ctranslate2_backend(export: Path):
-    """The public name builds a plain `Translator` that composes the CTranslate2 backend."""
+def test_a_translator_loads_an_export_on_the_ctranslate2_backend(export: Path):
+    """``Translator(export)`` recognises the export, as it does a model directory or an ONNX
+    export; the public name `CTranslate2Translator` builds the same plain `Translator`."""
     from aiayn import interop
     from aiayn.decode.backends.ctranslate2 import CTranslate2Backend
 
     assert interop.CTranslate2Translator is CTranslate2Translator
-    translator = CTranslate2Translator(export, threads=1)
-    assert type(translator) is Translator
+    translator = Translator(export, threads=1)
     assert isinstance(translator.backend, CTranslate2Backend)
     assert not translator.returns_attention and translator.model_dirs == [export]
     assert translator.model.config.max_positions == 64
+    assert not translator.backend.supports_scoring and translator.backend.concurrency == 1
+    named = CTranslate2Translator(export, threads=1)
+    assert type(named) is Translator and isinstance(named.backend, CTranslate2Backend)
+    assert ids(named.translate(SENTENCES, beam_size=1)) == ids(
+        translator.translate(SENTENCES, beam_size=1)
+    )
+    assert Translator(export, threads=2, workers=2).backend.concurrency == 2
+    with pytest.raises(ValueError, match=r"compute_type='int8'"):
+        Translator(export, int8=True)
+    with pytest.raises(ValueError, match="scoring needs the PyTorch model"):
+        translator.score(["the cat"], ["the cat"])
 
 
 class RecordingAsync:

@@ -28,6 +28,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from aiayn.cli import main
+from aiayn.decode.costs import DecodingCosts
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserValueError
 from aiayn.serve import Decoding, ServerSettings, create_app
@@ -228,7 +229,8 @@ def test_a_text_over_the_call_budget_runs_alone_and_one_over_max_text_cost_is_re
     """The call budget (--max-batch-cost) only decides how texts share calls; what one text may
     cost is --max-text-cost's to say."""
     texts = ["the cat sat", "a dog barked at the moon"]
-    costs = translator.costs(texts, DECODING.rows_per_sentence, max_len_a=0, max_len_b=4)
+    pricing = DecodingCosts(translator.tokenizer, translator.source_limits)
+    costs = pricing.costs(texts, DECODING.rows_per_sentence, max_len_a=0, max_len_b=4)
     settings = replace(SETTINGS, max_batch_cost=1, max_text_cost=max(costs))
     with TestClient(create_app(translator, settings)) as small:
         assert small.get("/info").json()["batching"]["max_batch_cost"] == 1

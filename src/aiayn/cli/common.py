@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from aiayn.cli.flags import add_dataclass_flags, dataclass_from_args
-from aiayn.decode.options import DecodingOptions  # no torch: --help stays fast
+from aiayn.decode.backends import export_kind  # no torch: --help stays fast
+from aiayn.decode.options import DecodingOptions
 from aiayn.errors import UserValueError
 
 if TYPE_CHECKING:
@@ -37,7 +38,6 @@ SEARCH_FIELDS = (
 SAMPLING_FIELDS = ("sampling", "temperature", "top_k", "top_p")
 
 BACKENDS = ("pytorch", "ctranslate2")
-CT2_MARKERS = ("model.bin", "aiayn.json")  # what `export_ctranslate2` writes, among others
 
 
 def add_search_options(
@@ -168,16 +168,11 @@ def add_model_flags(
     )
 
 
-def is_ct2_export(path: str | Path) -> bool:
-    """A directory written by `aiayn.interop.export_ctranslate2`."""
-    return all((Path(path) / name).is_file() for name in CT2_MARKERS)
-
-
 def backend_of(args: argparse.Namespace) -> str:
     """The backend the flags ask for: --backend, or what -m holds."""
     dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]
     backend = getattr(args, "backend", None)
-    exported = [d for d in dirs if is_ct2_export(d)]
+    exported = [d for d in dirs if export_kind(d) == "ctranslate2"]
     if backend is None:
         if exported and not hasattr(args, "backend"):
             raise UserValueError(
@@ -214,7 +209,7 @@ def max_tokens(args: argparse.Namespace, on_cpu: bool) -> int:
     return CPU_MAX_TOKENS if on_cpu else GPU_MAX_TOKENS
 
 
-def decoding_threads(args: argparse.Namespace, on_cpu: bool) -> int:
+def threads_of(args: argparse.Namespace, on_cpu: bool) -> int:
     """``--threads``, or the cores other work leaves idle (`runtime.decoding_threads`); a number
     given by hand beyond those, on a CPU, is taken with a warning
     (`runtime.threads_beyond_free_cores`)."""
@@ -242,16 +237,14 @@ def load_translator(args: argparse.Namespace) -> Translator:
     import torch
 
     from aiayn import runtime
-    from aiayn.decode.backends.onnx import is_onnx_export
     from aiayn.decode.translator import Translator
 
-    device, int8 = args.device, getattr(args, "int8", False)
-    if device == "auto":
-        device = "cpu" if int8 or not torch.cuda.is_available() else "cuda"
-    on_cpu = runtime.checked_device(device).type == "cpu"  # a name it lacks: one line
+    int8 = getattr(args, "int8", False)
+    device = runtime.checked_device(args.device, cpu_only=int8)  # a name it lacks: one line
+    on_cpu = device.type == "cpu"
     dirs = args.model_dir if isinstance(args.model_dir, list) else [args.model_dir]
-    onnx = len(dirs) == 1 and is_onnx_export(dirs[0])
-    threads = decoding_threads(args, on_cpu)
+    onnx = len(dirs) == 1 and export_kind(dirs[0]) == "onnx"
+    threads = threads_of(args, on_cpu)
     total = threads or torch.get_num_threads()  # 0: PyTorch's default
     workers = getattr(args, "workers", 1)  # 1 for the commands without --workers (serve)
     if workers is None:  # one worker per thread where workers can run
@@ -285,8 +278,8 @@ def load_translator(args: argparse.Namespace) -> Translator:
 
 
 def _load_ct2_translator(args: argparse.Namespace) -> Translator:
-    """`CTranslate2Translator` over -m: an export, or an aiayn model directory's export from the
-    cache (`aiayn.interop.ctranslate2.cached_export`: converted the first time only).
+    """A `Translator` over -m's CTranslate2 export, or an aiayn model directory's export from
+    the cache (`aiayn.interop.ctranslate2.cached_export`: converted the first time only).
 
     Nothing here imports torch once the export exists, so the command starts in the time
     CTranslate2's own API does. Converting does import it; PyTorch then gets one thread first,
@@ -299,9 +292,9 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
 
     [ctranslate2] = require("export", "ctranslate2", needed_by="--backend ctranslate2")
     from aiayn.decode.backends.ctranslate2 import DEVICE_ERROR
+    from aiayn.decode.translator import Translator
     from aiayn.errors import CorruptCheckpointError, first_line
     from aiayn.interop.ctranslate2 import (
-        CTranslate2Translator,
         cached_export,
         drop_cached_export,
         export_ctranslate2,
@@ -332,7 +325,7 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
 
     def options(device: str) -> dict:
         on_cpu = device == "cpu"
-        threads = decoding_threads(args, on_cpu)
+        threads = threads_of(args, on_cpu)
         workers = getattr(args, "workers", 1)  # 1 for the commands without --workers (serve)
         if workers is None:  # on a CPU one translator per thread, as PyTorch's workers
             workers = max(threads, 1) if on_cpu else 1
@@ -348,17 +341,17 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
                 logger.info("decoding with %d CPU thread(s); --threads to change", threads)
         return dict(
             device=device,
-            compute_type=args.compute_type or "default",
+            compute_type=args.compute_type,
             max_tokens=max_tokens(args, on_cpu),
             threads=threads,
             workers=workers,
         )
 
-    def load(export: Path) -> CTranslate2Translator:
+    def load(export: Path) -> Translator:
         """The translator on `device`; with --device auto, on the CPU where CTranslate2 counts
         a GPU it cannot use (its wheel built for another CUDA than the machine's)."""
         try:
-            return CTranslate2Translator(export, **options(device))
+            return Translator(export, **options(device))
         except RuntimeError as error:  # what CTranslate2 raises for a GPU it cannot compute on
             reason = first_line(error)
             if device == "cpu" or not DEVICE_ERROR.search(reason):
@@ -368,10 +361,10 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
                     f"--device {device}: CTranslate2 cannot decode there ({reason})"
                 ) from None
             logger.warning(CT2_GPU_FALLBACK, reason)
-            return CTranslate2Translator(export, **options("cpu"))
+            return Translator(export, **options("cpu"))
 
     model_dir = Path(dirs[0])
-    if is_ct2_export(model_dir):
+    if export_kind(model_dir) == "ctranslate2":
         return load(model_dir)
     export = find_cached_export(model_dir)
     translator = None

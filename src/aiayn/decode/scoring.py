@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from aiayn.decode.costs import padded_batches
+from aiayn.decode.sources import SourceLimits
 from aiayn.errors import UserValueError
 from aiayn.model import Transformer
 from aiayn.text.batching import collate
@@ -90,7 +92,8 @@ def score_pairs(
     in input order.
 
     Reads ``chunk_size`` pairs at a time (so a large corpus streams), sorts them by length and
-    cuts batches of at most ``max_tokens`` padded tokens (the longer side of each pair).
+    cuts batches of at most ``max_tokens`` padded tokens (the longer side of each pair:
+    `aiayn.decode.costs.padded_batches`).
 
     Args:
         models: One model, or the models of an ensemble (sharing ``tokenizer``).
@@ -107,15 +110,14 @@ def score_pairs(
     models = [models] if isinstance(models, Transformer) else list(models)
     if not models:
         raise ValueError("no model to score with")
-    max_src = min(m.config.max_positions for m in models) - 1
-    learned = [m.config.max_positions for m in models if m.config.positional_encoding == "learned"]
-    max_tgt = min(learned) - 1 if learned else None
+    limits = SourceLimits.of(m.config for m in models)
+    max_src, max_tgt = limits.max_source_tokens, limits.max_output_tokens
     stream = iter(pairs)
     number = 1
     while chunk := list(itertools.islice(stream, chunk_size)):
         prepared = _prepare(chunk, tokenizer, max_src, max_tgt, number)
         scores: list[PairScore | None] = [None] * len(prepared)
-        for batch in _batches(prepared, max_tokens):
+        for batch in padded_batches(prepared, _width, max_tokens):
             log_probs = _score_batch(models, batch)
             for pair, log_prob in zip(batch, log_probs, strict=True):
                 scores[pair.index] = PairScore(log_prob, len(pair.tgt) + 1, pair.truncated)
@@ -159,18 +161,6 @@ def _prepare(
 
 def _width(pair: _Pair) -> int:
     return max(len(pair.src), len(pair.tgt)) + 1  # + EOS, or + BOS
-
-
-def _batches(pairs: list[_Pair], max_tokens: int) -> Iterator[list[_Pair]]:
-    """Longest first, cut before the padded size (pairs × longest side) exceeds the budget."""
-    batch: list[_Pair] = []
-    for pair in sorted(pairs, key=lambda p: -_width(p)):
-        if batch and (len(batch) + 1) * _width(batch[0]) > max_tokens:
-            yield batch
-            batch = []
-        batch.append(pair)
-    if batch:
-        yield batch
 
 
 @torch.inference_mode()

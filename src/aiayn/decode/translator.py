@@ -14,16 +14,20 @@ with the same tokenizer as one, averaging their next-token probabilities at ever
 (:class:`aiayn.decode.ensemble.Ensemble`).
 
 Backends. What runs the model is a backend (:mod:`aiayn.decode.backends`): PyTorch (a model
-directory, an ensemble, or a model in memory), ONNX Runtime (``Translator(onnx_export_dir)``)
-or CTranslate2 (``aiayn.interop.CTranslate2Translator``). The translator keeps what they share,
-so that every backend tokenizes, truncates, limits output lengths and batches alike.
+directory, an ensemble, or a model in memory), ONNX Runtime or CTranslate2. ``Translator(path)``
+loads whichever ``path`` holds (an aiayn model directory, ``aiayn export --to onnx`` or
+``--to ctranslate2``: `aiayn.decode.backends.loading.load_backend`); :meth:`Translator.from_backend`
+takes a backend already built. The translator keeps what they share, so that every backend
+tokenizes, truncates, limits output lengths and batches alike, and asks the backend what it
+can do (attention maps, scoring, batches side by side) rather than what it is.
 
-How a call runs. Each sentence is encoded with the tokenizer and followed by EOS, exactly as
-training presents sources (``aiayn.text.batching.collate``). Blank sentences get an empty result
-without running the model. The others are sorted by length, so that a batch holds sentences of
-similar length and little padding, grouped into batches of at most ``max_tokens`` padded
-source tokens × rows per sentence (the beam size), decoded by the backend, and returned in
-input order.
+How a call runs. Each sentence becomes a source as :mod:`aiayn.decode.sources` says (ids +
+EOS, cut to what the model accepts, its output-length limit). Blank sentences get an empty
+result without running the model. The others are sorted by length, so that a batch holds
+sentences of similar length and little padding, grouped into batches of at most
+``max_tokens`` padded source tokens × rows per sentence (the beam size;
+`aiayn.decode.costs.padded_batches`), decoded by the backend, and returned in input order.
+What a call will cost, before it runs, is `aiayn.decode.costs.DecodingCosts`'s to say.
 
 Imports. The PyTorch and ONNX backends (and torch) are imported where a translator is built
 on them, so that one over CTranslate2 (``aiayn translate --backend ctranslate2``) starts without
@@ -39,14 +43,15 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import logging
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aiayn.decode.options import DecodingOptions, max_output_length
+from aiayn.decode.backends import Backend
+from aiayn.decode.backends.loading import load_backend
+from aiayn.decode.costs import padded_batches
+from aiayn.decode.options import DecodingOptions
 from aiayn.decode.results import (
     Hypothesis,
     SentenceAttention,
@@ -55,18 +60,16 @@ from aiayn.decode.results import (
     empty_result,
     translation_result,
 )
+from aiayn.decode.sources import Source, SourceLimits, prepare_sources
 from aiayn.errors import CheckpointError, UserValueError
 from aiayn.text.lines import one_line, read_lines
-from aiayn.text.tokenizer import EOS_ID, PAD_ID, SplitTokenizer, Tokenizer
+from aiayn.text.tokenizer import PAD_ID, SplitTokenizer, Tokenizer
 
 if TYPE_CHECKING:
     import torch
 
-    from aiayn.decode.backends import Backend
     from aiayn.decode.scoring import PairScore
     from aiayn.decode.workers import Workers
-
-logger = logging.getLogger(__name__)
 
 __all__ = [
     "SentenceAttention",
@@ -76,27 +79,6 @@ __all__ = [
     "one_line",
     "read_lines",
 ]
-
-
-# --------------------------------------------------------------------------------------------
-# Sources
-# --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Source:
-    """One non-blank input sentence, ready for the model."""
-
-    index: int  # position in the input
-    ids: list[int]  # source ids + EOS
-    max_len_a: float  # output length limit of this sentence (see Translator._length_limit)
-    max_len_b: float
-    truncated: bool
-
-
-# --------------------------------------------------------------------------------------------
-# The translator
-# --------------------------------------------------------------------------------------------
 
 
 class Translator:
@@ -111,6 +93,8 @@ class Translator:
         device: Where the model runs: a `torch.device`, or for CTranslate2 its device name
             ("cpu", "cuda").
         max_tokens: Batch budget: padded source tokens × rows per sentence (beam size).
+        source_limits: What the model accepts (`aiayn.decode.sources.SourceLimits`): the
+            longest source, and with learned positions the longest output.
         metadata: The model directory's ``metadata.json`` (languages, step, ...), or {}; the
             first directory's for an ensemble.
         model_dir: The directory loaded (the first of an ensemble), or None for
@@ -130,21 +114,26 @@ class Translator:
         onednn: bool | None = None,
         workers: int = 1,
         worker_threads: int = 1,
+        compute_type: str | None = None,
     ) -> None:
-        """Loads a model directory (or a run directory's ``model/``), checksums verified.
+        """Loads a model directory (or a run directory's ``model/``, checksums verified) or an
+        export, whichever ``model_dir`` holds (`aiayn.decode.backends.loading.load_backend`).
 
         Args:
-            model_dir: Written by training, ``aiayn average`` or ``save_model_dir``, or an
-                ONNX export (``aiayn.interop.export_onnx``, run by onnxruntime); or a list of
-                model directories, to decode with their ensemble. An ensemble's models must
-                have been trained with the same tokenizer.
+            model_dir: Written by training, ``aiayn average`` or ``save_model_dir``; an ONNX
+                export (``aiayn.interop.export_onnx``, run by onnxruntime); a CTranslate2
+                export (``aiayn.interop.export_ctranslate2``, run by CTranslate2:
+                `aiayn.decode.backends.ctranslate2` says what it refuses); or a list of model
+                directories, to decode with their ensemble. An ensemble's models must have
+                been trained with the same tokenizer.
             device: "cpu", "cuda", "cuda:1", ...
             max_tokens: Batch budget in padded source tokens × beam size. A sentence that alone
                 exceeds it is translated in a batch of its own.
             threads: For an ONNX export, onnxruntime's intra-op threads (its sessions' own);
-                0 leaves onnxruntime's default. PyTorch's threads belong to the process, so a
-                translator leaves them as they are: set them with
-                ``aiayn.runtime.configure(threads=N)`` (as ``aiayn translate`` does).
+                for a CTranslate2 export, its CPU threads in all; 0 leaves the runtime's
+                default. PyTorch's threads belong to the process, so a translator leaves them
+                as they are: set them with ``aiayn.runtime.configure(threads=N)`` (as ``aiayn
+                translate`` does).
             int8: Quantize every linear layer to int8 weights with dynamic int8 activations
                 (``torch.ao.quantization.quantize_dynamic``), CPU only: faster, slightly
                 different outputs (BENCHMARKS.md states the measured difference).
@@ -167,7 +156,11 @@ class Translator:
                 with ``worker_threads`` PyTorch threads each: Marian's and CTranslate2's way
                 of using several cores (``inter_threads``), faster than threads inside one
                 search (BENCHMARKS.md). The outputs are those of one process. Sampling
-                always decodes in this process (its seeded draws follow the batch order).
+                always decodes in this process (its seeded draws follow the batch order). For
+                a CTranslate2 export, the batches it decodes at once in threads of its own
+                (``inter_threads``), sharing ``threads``.
+            compute_type: A CTranslate2 export's compute type ("int8", "float32", ...);
+                None: as the export stores the weights.
 
         Raises:
             CheckpointError: The directory is missing or incomplete (e.g. no model.safetensors),
@@ -175,55 +168,23 @@ class Translator:
                 models do not share their tokenizer and target vocabulary.
             TokenizerError: The tokenizer model cannot be read.
         """
-        if threads < 0:
-            raise UserValueError(f"threads ({threads}) must be >= 0 (0 = the runtime's default)")
-        for name, value in (("workers", workers), ("worker_threads", worker_threads)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UserValueError(f"{name} ({value!r}) must be a positive integer")
-        dirs = [model_dir] if isinstance(model_dir, (str, Path)) else list(model_dir)
-        if not dirs:
-            raise ValueError("no model directory given")
-        import torch
-
-        from aiayn.decode.backends.onnx import OnnxBackend, is_onnx_export, load_onnx_export
-        from aiayn.decode.backends.pytorch import load_model_dirs
-
-        if len(dirs) == 1 and is_onnx_export(dirs[0]):  # written by aiayn.interop.export_onnx
-            if int8 or bf16 or torch.device(device).type != "cpu":
-                raise UserValueError("an ONNX export runs in float32 on the CPU (onnxruntime)")
-            if workers > 1:
-                raise UserValueError("an ONNX export decodes in one process: workers must be 1")
-            onnx_model, tokenizer = load_onnx_export(dirs[0], threads=threads)
-            backend = OnnxBackend(onnx_model)
-            self._setup(backend, tokenizer, max_tokens, onnx_model.metadata, [Path(dirs[0])])
-            return
-        if threads > 0:
-            warnings.warn(
-                f"threads={threads} is not the translator's to set: PyTorch's threads belong "
-                f"to the process; call aiayn.runtime.configure(threads={threads}) instead",
-                stacklevel=2,
-            )
-        for directory in dirs:
-            if (Path(directory) / "model.bin").is_file():
-                raise CheckpointError(
-                    f"{directory} is a CTranslate2 export: load it with "
-                    "aiayn.interop.CTranslate2Translator"
-                )
-        if workers > 1:
-            from aiayn.decode.workers import fork_missing
-            from aiayn.runtime import checked_device
-
-            if checked_device(device).type != "cpu":
-                raise UserValueError(f"workers decode on the CPU, not on {device}: use 1")
-            if (reason := fork_missing()) is not None:
-                raise UserValueError(f"workers={workers}: {reason}; use 1")
-        pytorch, tokenizer, loaded = load_model_dirs(
-            dirs, device=device, int8=int8, bf16=bf16, onednn=onednn
+        per_worker = worker_threads
+        if isinstance(per_worker, bool) or not isinstance(per_worker, int) or per_worker < 1:
+            raise UserValueError(f"worker_threads ({per_worker!r}) must be a positive integer")
+        loaded = load_backend(
+            model_dir,
+            device=device,
+            threads=threads,
+            int8=int8,
+            bf16=bf16,
+            onednn=onednn,
+            workers=workers,
+            compute_type=compute_type,
         )
         self._setup(
-            pytorch, tokenizer, max_tokens, loaded[0].metadata, [one.directory for one in loaded]
+            loaded.backend, loaded.tokenizer, max_tokens, loaded.metadata, loaded.model_dirs
         )
-        self.workers, self.worker_threads = workers, worker_threads
+        self.workers, self.worker_threads = loaded.worker_processes, worker_threads
 
     @classmethod
     def from_model(
@@ -253,8 +214,8 @@ class Translator:
         metadata: dict[str, Any] | None = None,
         model_dirs: Sequence[str | Path] = (),
     ) -> Translator:
-        """A translator over any backend (:mod:`aiayn.decode.backends`), e.g.
-        ``aiayn.interop.CTranslate2Translator``'s.
+        """A translator over a backend already built (:mod:`aiayn.decode.backends`); the
+        constructor builds the one a directory holds.
 
         Args:
             backend: Runs the model.
@@ -298,6 +259,7 @@ class Translator:
         self.model_dirs = list(model_dirs)
         self.model_dir = self.model_dirs[0] if self.model_dirs else None
         self.device = backend.device
+        self.source_limits = SourceLimits.of(model.config for model in self.models)
         self.workers, self.worker_threads = 1, 1  # the constructor's may differ
 
     @property
@@ -305,50 +267,6 @@ class Translator:
         """Whether ``translate(..., return_attention=True)`` can give attention maps: one
         PyTorch model can; an ensemble, an ONNX or a CTranslate2 export cannot."""
         return self.backend.returns_attention
-
-    @property
-    def max_source_tokens(self) -> int:
-        """Longest source the model accepts, in subword tokens before EOS: max_positions − 1
-        (the smallest of an ensemble's)."""
-        return min(model.config.max_positions for model in self.models) - 1
-
-    def cost(
-        self,
-        sentences: Sequence[str],
-        rows_per_sentence: int,
-        *,
-        max_len_a: float | None = None,
-        max_len_b: float | None = None,
-    ) -> int:
-        """The sum of :meth:`costs`: what a batch of these sentences costs."""
-        return sum(
-            self.costs(sentences, rows_per_sentence, max_len_a=max_len_a, max_len_b=max_len_b)
-        )
-
-    def costs(
-        self,
-        sentences: Sequence[str],
-        rows_per_sentence: int,
-        *,
-        max_len_a: float | None = None,
-        max_len_b: float | None = None,
-    ) -> list[int]:
-        """Each sentence's cost: source tokens the model will see (after truncation, EOS
-        included) × decoder rows per sentence (``DecodingOptions.rows_per_sentence``: the beam
-        size, or the samples), the unit of ``max_tokens``. With ``max_len_a`` or
-        ``max_len_b``, also × the most output tokens (EOS included) the search may run: a
-        bound on the work of a call, whatever the model prefers (the server's unit).
-
-        It follows :meth:`_prepare`'s rules (blank sentences cost nothing, long ones count
-        as truncated) and the search's length limit (:meth:`search_bounds`), so that a caller
-        that budgets work, such as the server, cannot drift from what :meth:`translate` runs.
-        """
-        a = DecodingOptions.max_len_a if max_len_a is None else max_len_a
-        b = DecodingOptions.max_len_b if max_len_b is None else max_len_b
-        bounds = self.search_bounds(sentences, max_len_a=a, max_len_b=b)
-        if max_len_a is None and max_len_b is None:
-            return [rows_per_sentence * s for s, _ in bounds]
-        return [rows_per_sentence * s * t for s, t in bounds]
 
     def batches(
         self, sentences: Sequence[str], options: DecodingOptions | None = None
@@ -359,32 +277,6 @@ class Translator:
         options = options or DecodingOptions()
         sources = self._prepare(list(sentences), options, first_number=1, warn=False)
         return [[source.index for source in batch] for batch in self._batches(sources, options)]
-
-    def search_bounds(
-        self,
-        sentences: Sequence[str],
-        *,
-        max_len_a: float = DecodingOptions.max_len_a,
-        max_len_b: float = DecodingOptions.max_len_b,
-    ) -> list[tuple[int, int]]:
-        """(S, T) per sentence, as the search will see it: source tokens after truncation and
-        the most output tokens, both with EOS; (0, 0) for a blank sentence.
-
-        T is ``int(a * S + b)`` (at least 0) plus EOS, the rule of the search
-        (:func:`aiayn.decode.options.max_output_length`), under :meth:`_length_limit`'s cap.
-        S × T bounds a sentence's attention map, and S × T × rows the work of its search.
-        """
-        texts = [s.strip() for s in sentences]
-        encoded = iter(self.tokenizer.encode_batch([text for text in texts if text]))
-        bounds = []
-        for text in texts:
-            if not text:
-                bounds.append((0, 0))
-                continue
-            src_len = min(len(next(encoded)), self.max_source_tokens) + 1
-            a, b = self._length_limit(src_len, max_len_a, max_len_b)
-            bounds.append((src_len, max_output_length(src_len, a, b) + 1))
-        return bounds
 
     # -- the public API ------------------------------------------------------------------------
 
@@ -511,16 +403,11 @@ class Translator:
             raise TypeError("score() takes lists of sentences, not single strings")
         if len(sources) != len(targets):
             raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
-        from aiayn.decode.backends.pytorch import PyTorchBackend
-        from aiayn.decode.scoring import score_pairs
-
-        if not isinstance(self.backend, PyTorchBackend):
+        if not self.backend.supports_scoring:
             raise UserValueError("scoring needs the PyTorch model: load the aiayn model directory")
         pairs = zip(sources, targets, strict=True)
         return list(
-            score_pairs(
-                self.models, self.tokenizer, pairs, max_tokens=self.max_tokens, progress=progress
-            )
+            self.backend.score(self.tokenizer, pairs, max_tokens=self.max_tokens, progress=progress)
         )
 
     # -- one call --------------------------------------------------------------------------------
@@ -553,7 +440,7 @@ class Translator:
         runs: Iterable[list[TranslationResult]]
         if workers is not None:
             runs = workers.map(batches)
-        elif getattr(self.backend, "concurrency", 1) > 1 and not options.sampling:
+        elif self.backend.concurrency > 1 and not options.sampling:
             runs = self._side_by_side(batches, options)
         else:
             runs = (self._run(batch, options, return_attention, generator) for batch in batches)
@@ -566,67 +453,29 @@ class Translator:
 
     def _prepare(
         self, sentences: list[str], options: DecodingOptions, first_number: int, warn: bool = True
-    ) -> list[_Source]:
-        """Encodes the non-blank sentences, + EOS, truncated to what the model accepts (with
-        a warning naming each truncated one, counted from ``first_number``, unless not
-        ``warn``)."""
-        texts = [s.strip() for s in sentences]
-        indices = [i for i, text in enumerate(texts) if text]
-        encoded = self.tokenizer.encode_batch([texts[i] for i in indices])
-        limit = self.max_source_tokens
-        sources = []
-        for i, ids in zip(indices, encoded, strict=True):
-            truncated = len(ids) > limit
-            if truncated and warn:
-                logger.warning(
-                    "sentence %d has %d tokens, more than the model accepts "
-                    "(max_positions - 1 = %d); translating only its first %d tokens",
-                    first_number + i,
-                    len(ids),
-                    limit,
-                    limit,
-                )
-                ids = ids[:limit]
-            src_ids = [*ids, EOS_ID]
-            max_len_a, max_len_b = self._length_limit(
-                len(src_ids), options.max_len_a, options.max_len_b
-            )
-            sources.append(_Source(i, src_ids, max_len_a, max_len_b, truncated))
-        return sources
+    ) -> list[Source]:
+        """The non-blank sentences as sources (`aiayn.decode.sources.prepare_sources`)."""
+        return prepare_sources(
+            self.tokenizer,
+            self.source_limits,
+            sentences,
+            options.max_len_a,
+            options.max_len_b,
+            first_number=first_number,
+            warn=warn,
+        )
 
-    def _length_limit(self, src_len: int, a: float, b: float) -> tuple[float, float]:
-        """(max_len_a, max_len_b) for one source: the caller's, or a hard cap of
-        max_positions − 1 output tokens when learned positions could not go further (the
-        decoder then sees BOS + max_positions − 1 tokens = max_positions positions)."""
-        learned = [m.config for m in self.models if m.config.positional_encoding == "learned"]
-        if not learned:
-            return a, b
-        cap = min(config.max_positions for config in learned) - 1
-        if max_output_length(src_len, a, b) > cap:
-            return 0.0, float(cap)
-        return a, b
-
-    def _batches(self, sources: list[_Source], options: DecodingOptions) -> Iterator[list[_Source]]:
-        """Longest first, cut when the padded budget (sentences × the longest's cost, see
-        :meth:`costs`) would pass ``max_tokens`` or the length limit changes (search takes one
+    def _batches(self, sources: list[Source], options: DecodingOptions) -> Iterator[list[Source]]:
+        """Longest first, cut when the padded budget (sentences × the longest's ids × rows
+        per sentence) would pass ``max_tokens`` or the length limit changes (search takes one
         ``max_len_a``/``max_len_b`` per batch)."""
         rows = options.rows_per_sentence
-        ordered = sorted(sources, key=lambda s: -len(s.ids))
-        batch: list[_Source] = []
-        for source in ordered:
-            if batch:
-                width = len(batch[0].ids)  # the longest, since sorted
-                over = (len(batch) + 1) * width * rows > self.max_tokens
-                limit_changed = (source.max_len_a, source.max_len_b) != (
-                    batch[0].max_len_a,
-                    batch[0].max_len_b,
-                )
-                if over or limit_changed:
-                    yield batch
-                    batch = []
-            batch.append(source)
-        if batch:
-            yield batch
+        return padded_batches(
+            sources,
+            lambda source: len(source.ids) * rows,
+            self.max_tokens,
+            key=lambda source: (source.max_len_a, source.max_len_b),
+        )
 
     def _workers(
         self, options: DecodingOptions, return_attention: bool
@@ -637,13 +486,13 @@ class Translator:
             return contextlib.nullcontext()
         from aiayn.decode.workers import Workers
 
-        def run(batch: list[_Source]) -> list[TranslationResult]:
+        def run(batch: list[Source]) -> list[TranslationResult]:
             return self._run(batch, options, return_attention, None)
 
         return Workers(run, workers=self.workers, threads=self.worker_threads)
 
     def _side_by_side(
-        self, batches: list[list[_Source]], options: DecodingOptions
+        self, batches: list[list[Source]], options: DecodingOptions
     ) -> Iterator[list[TranslationResult]]:
         """Every batch submitted at once to a backend that decodes several side by side
         (CTranslate2 with ``workers``: `CTranslate2Backend.submit`); results in batch order."""
@@ -654,13 +503,13 @@ class Translator:
         for batch, wait in zip(batches, waits, strict=True):
             yield self._results(batch, wait(), None)
 
-    def _batch_options(self, batch: list[_Source], options: DecodingOptions) -> DecodingOptions:
+    def _batch_options(self, batch: list[Source], options: DecodingOptions) -> DecodingOptions:
         """`options` with the batch's length limit (one per batch: see `_batches`)."""
         return replace(options, max_len_a=batch[0].max_len_a, max_len_b=batch[0].max_len_b)
 
     def _results(
         self,
-        batch: list[_Source],
+        batch: list[Source],
         nbest: list[list[Hypothesis]],
         maps: Sequence[SentenceAttention | None] | None,
     ) -> list[TranslationResult]:
@@ -673,7 +522,7 @@ class Translator:
 
     def _run(
         self,
-        batch: list[_Source],
+        batch: list[Source],
         options: DecodingOptions,
         return_attention: bool,
         generator: torch.Generator | None,

@@ -1,13 +1,14 @@
 """Models that travel: aiayn model directories to and from other runtimes and formats.
 
-- `export_ctranslate2` / `CTranslate2Translator` (`aiayn.interop.ctranslate2`)
+- `export_ctranslate2` / `CTranslate2Translator` (`aiayn.interop.ctranslate2`): a directory
+  CTranslate2 runs, which `Translator` loads like a model directory
 - `export_hf`, `import_marian` (`aiayn.interop.marian`): Hugging Face `MarianMTModel`
 - `export_onnx` / `OnnxModel` (`aiayn.interop.onnx`): encoder and decoder step as ONNX graphs,
   which `Translator` loads like a model directory
 
 Exporters and importers only: decoding an export is decoding's business
-(`aiayn.decode.backends`): `CTranslate2Translator` only builds a `Translator` on the
-CTranslate2 backend, and `OnnxModel` is the ONNX backend's, named here too.
+(`aiayn.decode.backends`): `CTranslate2Translator` is ``Translator(export_dir)``, and
+`OnnxModel` is the ONNX backend's, named here too.
 
 The peer runtimes are optional: `pip install -e '.[export]'`. Names are imported lazily, so
 that `import aiayn.interop` needs none of them.

@@ -14,9 +14,9 @@ The weights go into a CTranslate2 ``TransformerSpec``: post- or pre-norm, the mo
 activation, LayerNorm ε and sinusoidal table, embeddings ×√d_model; CTranslate2 decodes the
 very same function (tests: fp32 greedy and beam outputs equal aiayn's).
 
-`CTranslate2Translator` builds a plain `aiayn.decode.translator.Translator` over such a
-directory, on the CTranslate2 backend (`aiayn.decode.backends.ctranslate2`): the same
-`translate` options and results, CTranslate2's search underneath. What CTranslate2 cannot do
+``Translator(DIR)`` (or `CTranslate2Translator`, the same) translates with such a directory, on
+the CTranslate2 backend (`aiayn.decode.backends.ctranslate2`): the same `translate` options and
+results, CTranslate2's search underneath. What CTranslate2 cannot do
 is refused with a clear error: per-head attention maps, and the GNMT length penalty (it
 divides by ``|Y| ** α``: pass ``length_penalty_kind="power"``).
 
@@ -45,12 +45,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aiayn import __version__
-from aiayn.decode.backends import AIAYN_FILE
-from aiayn.decode.backends.ctranslate2 import CTranslate2Backend, vocabulary
+from aiayn.decode.backends import AIAYN_FILE, CTRANSLATE2_FILE, EXTRA_POSITIONS
+from aiayn.decode.backends.ctranslate2 import vocabulary
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserValueError
 from aiayn.extras import require
-from aiayn.interop import EXTRA_POSITIONS
 from aiayn.text.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -299,7 +298,7 @@ def _cache_key(model_dir: Path) -> str | None:
 
 def _is_export(directory: Path) -> bool:
     try:
-        return all((directory / name).is_file() for name in (AIAYN_FILE, "model.bin"))
+        return all((directory / name).is_file() for name in (AIAYN_FILE, CTRANSLATE2_FILE))
     except OSError:  # an unreadable cache: nothing in it
         return False
 
@@ -428,9 +427,9 @@ def CTranslate2Translator(
     threads: int = 0,
     workers: int = 1,
 ) -> Translator:
-    """A `Translator` over a directory written by `export_ctranslate2`: the same `translate`
-    options and `TranslationResult`s, decoded by CTranslate2
-    (`aiayn.decode.backends.ctranslate2`, which says what it refuses).
+    """A `Translator` over a directory written by `export_ctranslate2`, decoded by CTranslate2
+    (`aiayn.decode.backends.ctranslate2`, which says what it refuses): the same as
+    ``Translator(ct2_dir, ...)``, with CTranslate2's defaults spelled out.
 
     Args:
         ct2_dir: Written by `export_ctranslate2`.
@@ -442,15 +441,13 @@ def CTranslate2Translator(
         workers: Batches decoded at once (CTranslate2's ``inter_threads``), sharing
             ``threads``; the outputs are the same.
     """
-    backend = CTranslate2Backend(
-        ct2_dir, device=device, compute_type=compute_type, threads=threads, workers=workers
-    )
-    return Translator.from_backend(
-        backend,
-        backend.tokenizer,
+    return Translator(
+        ct2_dir,
+        device=device,
+        compute_type=compute_type,
         max_tokens=max_tokens,
-        metadata=backend.metadata,
-        model_dirs=[Path(ct2_dir)],
+        threads=threads,
+        workers=workers,
     )
 
 

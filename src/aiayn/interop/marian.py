@@ -48,9 +48,9 @@ import torch
 from torch import Tensor
 
 from aiayn.config import ModelConfig
+from aiayn.decode.backends import EXTRA_POSITIONS
 from aiayn.errors import UserValueError
 from aiayn.extras import require
-from aiayn.interop import EXTRA_POSITIONS
 from aiayn.model import Transformer
 from aiayn.model_dir import LoadedModel, load_model_dir, save_model_dir
 from aiayn.text.tokenizer import (

@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from aiayn.config import ModelConfig
-from aiayn.decode.backends import AIAYN_FILE
+from aiayn.decode.backends import AIAYN_FILE, EXTRA_POSITIONS
 from aiayn.decode.backends.onnx import (  # OnnxModel re-exported: aiayn.interop.OnnxModel
     DECODER_STEP_FILE,
     ENCODER_FILE,
@@ -41,7 +41,6 @@ from aiayn.decode.backends.onnx import (  # OnnxModel re-exported: aiayn.interop
 )
 from aiayn.errors import UserValueError
 from aiayn.extras import require
-from aiayn.interop import EXTRA_POSITIONS
 from aiayn.model import Transformer, sinusoidal_positional_encoding
 from aiayn.model_dir import TOKENIZER_FILE as TOKENIZER_FILE_NAME
 from aiayn.model_dir import load_model_dir

@@ -75,6 +75,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from uvicorn.config import LOGGING_CONFIG
 
 from aiayn import __version__, runtime
+from aiayn.decode.costs import DecodingCosts
 from aiayn.decode.results import TranslationResult
 from aiayn.decode.translator import Translator
 from aiayn.serve import libretranslate
@@ -116,7 +117,8 @@ STATIC_DIR = Path(__file__).parent / "static"
 
 
 class Service:
-    """What the routes share: the translator behind its batcher, the settings, the key rate
+    """What the routes share: the translator behind its batcher, what its work costs
+    (`aiayn.decode.costs.DecodingCosts`: the unit of the budgets), the settings, the key rate
     limiter, and the model's languages. One per application, on ``app.state.service``, so that
     routes are plain module functions (in :data:`router` and
     :data:`aiayn.serve.libretranslate.router`), not closures.
@@ -124,10 +126,11 @@ class Service:
 
     def __init__(self, translator: Translator, settings: ServerSettings) -> None:
         self.translator = translator
+        self.costs = costs = DecodingCosts(translator.tokenizer, translator.source_limits)
         self.settings = settings
         self.batcher: Batcher[TranslationResult] = Batcher(
             lambda texts, decoding: translator.translate(texts, **asdict(decoding)),
-            lambda texts, d: translator.cost(
+            lambda texts, d: costs.cost(
                 texts, d.rows_per_sentence, max_len_a=d.max_len_a, max_len_b=d.max_len_b
             ),
             max_wait_ms=settings.batch_wait_ms,
@@ -216,7 +219,7 @@ class Service:
     ) -> list[int]:
         """Each text's cost, after refusing a request over the cost and attention budgets."""
         lengths = {"max_len_a": decoding.max_len_a, "max_len_b": decoding.max_len_b}
-        costs = self.translator.costs(texts, decoding.rows_per_sentence, **lengths)
+        costs = self.costs.costs(texts, decoding.rows_per_sentence, **lengths)
         limits = self.settings
         unit = "source tokens × beam size × output-length limit"
         for i, cost in enumerate(costs):
@@ -236,7 +239,7 @@ class Service:
                 "or ask for a smaller beam",
             )
         if decoding.return_attention:
-            bounds = self.translator.search_bounds(texts, **lengths)
+            bounds = self.costs.search_bounds(texts, **lengths)
             per_map = sum(s * t for s, t in bounds)
             values = per_map * (self.maps_per_text if full_attention else 1)
             if values > limits.max_attention_values:

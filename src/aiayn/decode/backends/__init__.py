@@ -1,35 +1,58 @@
-"""The runtimes a `Translator` decodes on, behind one small protocol.
+"""The runtimes a `Translator` decodes on, behind one small interface, and the one way to load
+them from a directory.
 
 A `Translator` owns what every runtime shares: tokenizing, truncating long sources, the
 output-length limit, sorting and batching sentences by length, and turning hypotheses into
-results. A backend owns what differs: running a batch of source ids to n-best hypotheses.
+results. A backend owns what differs: running a batch of source ids to n-best hypotheses, and
+says what else it can do (`Backend`: attention maps, scoring, batches side by side).
 
 - `aiayn.decode.backends.pytorch`: an aiayn `Transformer`, or an ensemble of them, under
-  `aiayn.decode.search` (the default; the only backend that can return attention maps).
+  `aiayn.decode.search` (the default; the only backend that can return attention maps or score).
 - `aiayn.decode.backends.onnx`: the graphs of ``aiayn export --to onnx`` run by onnxruntime,
   under the same search.
 - `aiayn.decode.backends.ctranslate2`: a directory of ``aiayn export --to ctranslate2``,
   decoded by CTranslate2's own search.
 
+`aiayn.decode.backends.loading.load_backend` tells them apart by the files a directory holds
+(`export_kind`) and loads the one it is: what ``Translator(directory)`` runs.
+
 The peer runtimes are optional (``pip install -e '.[export]'``): their modules import them only
-when a backend is built, through `aiayn.extras.require`.
+when a backend is built, through `aiayn.extras.require`. Nothing here imports torch: the
+CTranslate2 backend decodes without it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, Protocol
 
-if TYPE_CHECKING:  # no torch is imported here: the CTranslate2 backend decodes without it
+if TYPE_CHECKING:
     import torch
 
     from aiayn.config import ModelConfig
     from aiayn.decode.options import DecodingOptions
     from aiayn.decode.results import Hypothesis, SentenceAttention
+    from aiayn.decode.scoring import PairScore
+    from aiayn.text.tokenizer import SplitTokenizer, Tokenizer
 
-__all__ = ["AIAYN_FILE", "EXTRA_POSITIONS", "Backend", "ExportedModel", "HasConfig"]
+__all__ = [
+    "AIAYN_FILE",
+    "CTRANSLATE2_FILE",
+    "DECODER_STEP_FILE",
+    "ENCODER_FILE",
+    "EXTRA_POSITIONS",
+    "Backend",
+    "ExportedModel",
+    "HasConfig",
+    "export_kind",
+]
 
 AIAYN_FILE = "aiayn.json"  # what an export adds for aiayn: the ModelConfig and metadata
+ENCODER_FILE = "encoder.onnx"  # an ONNX export's graphs (`aiayn.interop.onnx.export_onnx`)
+DECODER_STEP_FILE = "decoder_step.onnx"
+CTRANSLATE2_FILE = "model.bin"  # CTranslate2's weights (`aiayn.interop.export_ctranslate2`)
 
 EXTRA_POSITIONS = 512
 """Rows of an export's positional table past ``max_positions``. aiayn extends its sinusoids
@@ -43,12 +66,15 @@ class HasConfig(Protocol):
     config: ModelConfig
 
 
-class Backend(Protocol):
-    """What `Translator` needs from a runtime.
+class Backend(ABC):
+    """What `Translator` needs from a runtime, and what the runtime can do beyond decoding.
 
     Sources reach a backend as lists of token ids ending with EOS, already truncated to what
     the model accepts and grouped into batches that share one output-length limit
     (``options.max_len_a`` and ``options.max_len_b``), so a backend only decodes.
+
+    Every backend states its capabilities; the defaults here are those of a backend that only
+    decodes, one batch at a time.
 
     Attributes:
         models: The model (or an ensemble's models), each with the ``config`` from which
@@ -59,29 +85,29 @@ class Backend(Protocol):
             decodes without importing torch.
         returns_attention: Whether `attention` gives maps: one PyTorch model does; an
             ensemble or an exported model does not.
-
-    A backend that decodes several batches side by side (CTranslate2 with ``workers``) also
-    has ``concurrency`` (how many) and ``submit(sources, options)``, which starts a batch and
-    returns a function that waits for its hypotheses: `Translator` then submits every batch
-    of a call at once, unless it samples.
+        supports_scoring: Whether `score` scores given translations (the PyTorch models).
+        concurrency: How many batches `submit` decodes side by side (CTranslate2 with
+            ``workers``); `Translator` then submits every batch of a call at once, unless it
+            samples.
     """
 
     models: Sequence[HasConfig]
     device: torch.device | str
+    returns_attention: bool = False
+    supports_scoring: bool = False
+    concurrency: int = 1
 
-    @property
-    def returns_attention(self) -> bool: ...
-
+    @abstractmethod
     def check(self, options: DecodingOptions, *, return_attention: bool) -> None:
         """Called once per call, before any batch: raises ValueError, naming the option, for
         what this backend cannot decode (so nothing is half done)."""
-        ...
 
+    @abstractmethod
     def seed(self, seed: int) -> torch.Generator | None:
         """Seeds sampling for one call; returns the generator that `search` is then given, or
         None where the runtime keeps its own (CTranslate2)."""
-        ...
 
+    @abstractmethod
     def search(
         self,
         sources: list[list[int]],
@@ -90,14 +116,34 @@ class Backend(Protocol):
     ) -> list[list[Hypothesis]]:
         """Each source's n-best hypotheses (tokens without BOS and EOS), best first, in the
         order of ``sources``."""
-        ...
+
+    def submit(
+        self, sources: list[list[int]], options: DecodingOptions
+    ) -> Callable[[], list[list[Hypothesis]]]:
+        """Starts decoding a batch (as `search` does, unseeded) and returns a function that
+        waits for its hypotheses; batches submitted one after another are decoded
+        `concurrency` at a time. Here: decoded at once."""
+        hypotheses = self.search(sources, options, None)
+        return lambda: hypotheses
 
     def attention(
         self, sources: list[list[int]], outputs: list[list[int]]
     ) -> list[SentenceAttention]:
         """The attention maps of each source and its output (tokens without BOS and EOS);
-        only where `returns_attention`."""
-        ...
+        only where `returns_attention` (`check` refuses the call otherwise)."""
+        raise NotImplementedError(f"{type(self).__name__} returns no attention maps")
+
+    def score(
+        self,
+        tokenizer: Tokenizer | SplitTokenizer,
+        pairs: Iterable[tuple[str, str]],
+        *,
+        max_tokens: int,
+        progress: Callable[[int], None] | None,
+    ) -> Iterator[PairScore]:
+        """Each (source, target) pair's log-probability, teacher-forced
+        (`aiayn.decode.scoring`); only where `supports_scoring`."""
+        raise NotImplementedError(f"{type(self).__name__} does not score")
 
 
 class ExportedModel:
@@ -107,3 +153,14 @@ class ExportedModel:
     def __init__(self, config: ModelConfig, device: torch.device | str) -> None:
         self.config = config
         self.device = device
+
+
+def export_kind(path: str | Path) -> Literal["onnx", "ctranslate2"] | None:
+    """What `path` holds: an ONNX export ("onnx"), a CTranslate2 export ("ctranslate2"), or
+    neither (None: an aiayn model or run directory, or nothing)."""
+    directory = Path(path)
+    if (directory / DECODER_STEP_FILE).is_file():
+        return "onnx"
+    if (directory / CTRANSLATE2_FILE).is_file():  # without aiayn.json: refused when loaded
+        return "ctranslate2"
+    return None

@@ -2,7 +2,7 @@
 CTranslate2's own search.
 
 `Translator` drives it like any backend: the same ``translate`` options and
-`TranslationResult`s (``aiayn.interop.CTranslate2Translator`` builds such a Translator).
+`TranslationResult`s (``Translator(export_dir)`` builds such a Translator).
 Sources go in as pieces, without ``</s>`` (the export sets CTranslate2's ``add_source_eos``);
 hypotheses come back as pieces, mapped to aiayn's ids through the export's vocabulary.
 
@@ -44,9 +44,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiayn.config import ModelConfig
-from aiayn.decode.backends import AIAYN_FILE, EXTRA_POSITIONS, ExportedModel
+from aiayn.decode.backends import AIAYN_FILE, EXTRA_POSITIONS, Backend, ExportedModel
 from aiayn.decode.options import DecodingOptions, max_output_length
-from aiayn.decode.results import Hypothesis, SentenceAttention
+from aiayn.decode.results import Hypothesis
 from aiayn.errors import CheckpointError, CorruptCheckpointError, UserValueError, first_line
 from aiayn.extras import require
 from aiayn.text.tokenizer import (
@@ -77,7 +77,7 @@ DEVICE_ERROR = re.compile(r"cuda|cublas|cudnn", re.IGNORECASE)
 CUDA than the machine's), as opposed to an export it cannot load."""
 
 
-class CTranslate2Backend:
+class CTranslate2Backend(Backend):
     """A `ctranslate2.Translator` over an export, with the export's tokenizer and config.
 
     Attributes:
@@ -86,9 +86,8 @@ class CTranslate2Backend:
         metadata: The exported model directory's metadata.
         models: One stand-in (`ExportedModel`) holding the exported `ModelConfig`.
         device: The device it runs on ("cpu", "cuda", "cuda:N"), a string: no torch here.
+        concurrency: ``workers``: batches decoded side by side (`submit`).
     """
-
-    returns_attention = False
 
     def __init__(
         self,
@@ -119,7 +118,9 @@ class CTranslate2Backend:
         """
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise UserValueError(f"workers ({workers!r}) must be a positive integer")
-        [self._ctranslate2] = require("export", "ctranslate2", needed_by="CTranslate2Translator")
+        [self._ctranslate2] = require(
+            "export", "ctranslate2", needed_by="running a CTranslate2 export"
+        )
         directory = Path(ct2_dir)
         try:
             aiayn = json.loads((directory / AIAYN_FILE).read_text())
@@ -273,11 +274,6 @@ class CTranslate2Backend:
             return hyps
 
         return hypotheses
-
-    def attention(
-        self, sources: list[list[int]], outputs: list[list[int]]
-    ) -> list[SentenceAttention]:
-        raise NotImplementedError("CTranslate2 returns no attention maps (see check)")
 
     def _cut_to_limits(
         self, tokens: list[list[str]], outputs: list[Any], limits: list[int], alpha: float

@@ -25,9 +25,15 @@ import torch
 from torch import Tensor
 
 from aiayn.config import ModelConfig
-from aiayn.decode.backends import AIAYN_FILE, ExportedModel
+from aiayn.decode.backends import (
+    AIAYN_FILE,
+    DECODER_STEP_FILE,
+    ENCODER_FILE,
+    Backend,
+    ExportedModel,
+)
 from aiayn.decode.options import DecodingOptions
-from aiayn.decode.results import Hypothesis, SentenceAttention
+from aiayn.decode.results import Hypothesis
 from aiayn.decode.search import search_with
 from aiayn.errors import CorruptCheckpointError, UserValueError, first_line
 from aiayn.extras import require
@@ -40,12 +46,8 @@ __all__ = [
     "OnnxBackend",
     "OnnxCache",
     "OnnxModel",
-    "is_onnx_export",
     "load_onnx_export",
 ]
-
-ENCODER_FILE = "encoder.onnx"
-DECODER_STEP_FILE = "decoder_step.onnx"
 
 
 class OnnxCache:
@@ -168,15 +170,8 @@ def load_onnx_export(
     return model, tokenizer
 
 
-def is_onnx_export(path: str | Path) -> bool:
-    """A directory written by `aiayn.interop.onnx.export_onnx`."""
-    return (Path(path) / DECODER_STEP_FILE).is_file()
-
-
-class OnnxBackend:
+class OnnxBackend(Backend):
     """An `OnnxModel` decoded by aiayn's search (`Translator`'s backend for an ONNX export)."""
-
-    returns_attention = False
 
     def __init__(self, model: OnnxModel) -> None:
         self.model = model
@@ -200,8 +195,3 @@ class OnnxBackend:
         generator: torch.Generator | None,
     ) -> list[list[Hypothesis]]:
         return search_with(self.model, sources, options, generator, self.device)
-
-    def attention(
-        self, sources: list[list[int]], outputs: list[list[int]]
-    ) -> list[SentenceAttention]:
-        raise NotImplementedError("an ONNX export has no attention maps (see check)")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -28,10 +28,12 @@ from aiayn.acceleration import (
     using_cpu_attention,
 )
 from aiayn.decode import search
+from aiayn.decode.backends import Backend
 from aiayn.decode.ensemble import Ensemble, check_same_vocabulary
 from aiayn.decode.options import DecodingOptions
 from aiayn.decode.packing import pack_for_decoding
 from aiayn.decode.results import Hypothesis, SentenceAttention, cut_attention
+from aiayn.decode.scoring import PairScore, score_pairs
 from aiayn.decode.search import pad, search_with
 from aiayn.errors import UserValueError
 from aiayn.model import Transformer
@@ -44,9 +46,10 @@ logger = logging.getLogger(__name__)
 __all__ = ["PyTorchBackend", "load_model_dirs"]
 
 
-class PyTorchBackend:
+class PyTorchBackend(Backend):
     """One model, or an ensemble (`aiayn.decode.ensemble.Ensemble`: the mean of the models'
-    probabilities at every step), decoded by `aiayn.decode.search`.
+    probabilities at every step), decoded by `aiayn.decode.search`; the backend that scores
+    given translations (`aiayn.decode.scoring`).
 
     Attributes:
         models: The Transformers.
@@ -71,8 +74,10 @@ class PyTorchBackend:
             self.models[0] if len(self.models) == 1 else Ensemble(self.models)
         )
 
+    supports_scoring = True
+
     @property
-    def returns_attention(self) -> bool:
+    def returns_attention(self) -> bool:  # type: ignore[override]
         return len(self.models) == 1
 
     def check(self, options: DecodingOptions, *, return_attention: bool) -> None:
@@ -110,6 +115,16 @@ class PyTorchBackend:
         with _evaluating(self.models), torch.inference_mode():
             _, maps = self.models[0].forward_with_attention(src, tgt)
             return cut_attention(maps, [len(s) for s in sources], [len(t) + 1 for t in outputs])
+
+    def score(
+        self,
+        tokenizer: Tokenizer | SplitTokenizer,
+        pairs: Iterable[tuple[str, str]],
+        *,
+        max_tokens: int,
+        progress: Callable[[int], None] | None,
+    ) -> Iterator[PairScore]:
+        return score_pairs(self.models, tokenizer, pairs, max_tokens=max_tokens, progress=progress)
 
 
 @contextlib.contextmanager
