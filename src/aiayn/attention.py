@@ -96,7 +96,10 @@ def fused_attention(
     per shape. The switch is PyTorch's process-wide one, turned off for the call and back on
     after it: a thread decoding beside it at that moment may get cuDNN's kernel once, at worst
     slower, never wrong. Under `torch.compile`, the compiler traces `sdpa_kernel` with every
-    backend but cuDNN's instead, which also allows those the caller had turned off.
+    backend but cuDNN's instead, which also allows those the caller had turned off. PyTorch
+    offers no narrower choice outside the compiler (`sdpa_kernel` sets the same process-wide
+    switch, torch 2.13), so this stays in the default kernel rather than behind a hook
+    (tests/test_layers.py: `PLATFORM_CODE_IN_THE_PAPER`).
     """
     if not query.is_cuda:  # the CPU's hot path: the call alone
         return F.scaled_dot_product_attention(
