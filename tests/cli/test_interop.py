@@ -71,6 +71,35 @@ def test_a_ctranslate2_export_translates_as_pytorch(ct2_dir, model_dir, source, 
         assert ended(model_dir, theirs) == ended(model_dir, ours)
 
 
+def test_min_len_is_ctranslate2s_min_decoding_length(model_dir, source, tmp_path) -> None:
+    """--min-len holds EOS back on CTranslate2 as in aiayn's search, on a model whose most
+    probable token is always EOS: empty outputs with --min-len 0, else outputs of that many
+    pieces, the same from both."""
+    pytest.importorskip("ctranslate2", reason="optional: pip install -e '.[export]'")
+    from aiayn.model_dir import load_model_dir, save_model_dir, tokenizer_file_of
+    from aiayn.text.tokenizer import EOS_ID
+
+    loaded = load_model_dir(model_dir)
+    model, d = loaded.model, loaded.config.d_model
+    with torch.no_grad():  # the decoder's output ≈ 10·u, and EOS's output row 5·u
+        u = torch.randn(d, generator=torch.Generator().manual_seed(0))
+        u /= u.norm()
+        norm = model.decoder.layers[-1].feed_forward_sublayer.norm
+        norm.weight.fill_(0.1)
+        norm.bias.copy_(10 * u)
+        model.output_projection.weight[EOS_ID] = 5 * u
+    eos_first = save_model_dir(
+        tmp_path / "eos-first", model, tokenizer_file=tokenizer_file_of(model_dir)
+    )
+    ct2 = export(eos_first, "ctranslate2", tmp_path / "ct2")
+    for min_len in ("0", "3"):
+        flags = ["--beam-size", "1", "--min-len", min_len]
+        ours = translate(eos_first, source, *flags)
+        assert translate(ct2, source, *flags) == ours
+        outputs = [line for line, text in zip(ours, SENTENCES, strict=True) if text]
+        assert all(outputs) if min_len == "3" else not any(outputs), outputs
+
+
 def test_backend_ctranslate2_converts_a_model_directory(ct2_dir, model_dir, source) -> None:
     # Beam search on CTranslate2 ranks by log_prob / |Y|^α unless told otherwise.
     pytorch = ended(model_dir, translate(model_dir, source, "--length-penalty-kind", "power"))

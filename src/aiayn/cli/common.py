@@ -33,6 +33,7 @@ SEARCH_FIELDS = (
     "length_penalty_kind",
     "max_len_a",
     "max_len_b",
+    "min_len",
     "stopping",
 )
 SAMPLING_FIELDS = ("sampling", "temperature", "top_k", "top_p")

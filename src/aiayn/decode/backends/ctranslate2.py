@@ -236,6 +236,7 @@ class CTranslate2Backend(Backend):
         tokens = [self.tokenizer.pieces(ids[:-1]) for ids in sources]  # CTranslate2 adds </s>
         kwargs: dict[str, Any] = dict(
             max_decoding_length=max(limits) + 1,  # + EOS
+            min_decoding_length=options.min_len,  # tokens before EOS may come, as aiayn's
             return_scores=True,
             max_batch_size=0,
             suppress_sequences=[[piece] for piece in self.tokenizer.pieces([PAD_ID, BOS_ID])],
