@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: size demo test test-fast test-avx2 gpu-check lint format bench bench-peers bench-decode bench-train-vs-fairseq browser-deps bible-deps docs clean
+.PHONY: size demo test test-fast test-avx2 gpu-check lint format bench bench-train bench-translate \
+	bench-serve bench-study benchmarks-page browser-deps bible-deps docs clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -61,13 +62,53 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests bench tools
 	$(BIN)/ruff check --fix src tests bench tools
 
-bench: $(STAMP)
-	$(BIN)/python bench/bench_train_step.py
+# Benchmarks (bench/, BENCHMARKS.md): each target runs one entry point over bench/runner.py, on an
+# otherwise idle machine (it refuses a busy one), and appends one record a run to
+# bench/results/TASK.jsonl; `make benchmarks-page` turns the records into BENCHMARKS.md, and
+# tests/test_benchmarks_page.py fails until it has. DATA: a folder made by `aiayn prepare
+# bible-en-es DATA` (train.*, valid.*); MODEL: a trained model directory (the recipe's, say);
+# FAIRSEQ_BIN: the bin/ of a fairseq 0.12.2 install (a tool, not a dependency: without it the
+# fairseq row says "not measured"); BENCH_ARGS: more options of the entry point, e.g.
+# `--machine NAME --setup NAME` to name the record's table.
+#   make bench            the three CPU tasks below, ~30 min (DATA and MODEL)
+#   make bench-train      aiayn train vs fairseq-train, 2 rounds of 210 s each (bench/train.py)
+#   make bench-translate  aiayn translate vs CTranslate2 (both thread layouts), 3 rounds
+#   make bench-serve      aiayn serve under 1, 8 and 32 clients, batching on and off
+#   make bench-study      the recipe's own run, or the small-data study's (RUNS=NAME ...)
+FAIRSEQ_BIN ?= /tmp/peers/fairseq/bin
+DATA ?=
+MODEL ?=
+RUNS ?= recipe
+STUDY_DIR ?= runs/study
+BENCH_ARGS ?=
+ifneq ($(filter bench bench-train bench-translate bench-serve bench-study,$(MAKECMDGOALS)),)
+ifeq ($(DATA),)
+$(error give DATA=DIR, a folder made by `aiayn prepare bible-en-es DIR`)
+endif
+endif
+ifneq ($(filter bench bench-translate bench-serve,$(MAKECMDGOALS)),)
+ifeq ($(MODEL),)
+$(error give MODEL=DIR, a trained model directory)
+endif
+endif
+bench: bench-train bench-translate bench-serve
 
-# aiayn against nn.Transformer, HF Marian and CTranslate2 (the optional `bench` extra).
-bench-peers: $(STAMP)
-	$(BIN)/pip install --quiet -e '.[bench]'
-	$(BIN)/python bench/bench_peers.py --compile --profile
+bench-train: $(STAMP)
+	$(BIN)/python bench/train.py --data $(DATA) --fairseq-bin $(FAIRSEQ_BIN) $(BENCH_ARGS)
+
+bench-translate: $(STAMP)
+	$(BIN)/python bench/translate.py -m $(MODEL) --data $(DATA) --variant int8=--int8 \
+		--one-line $(BENCH_ARGS)
+
+bench-serve: $(STAMP)
+	$(BIN)/python bench/serve.py -m $(MODEL) --texts $(DATA)/valid.en --requests 200 \
+		--max-seconds 60 $(BENCH_ARGS)
+
+bench-study: $(STAMP)
+	$(BIN)/python bench/study.py run $(DATA) $(STUDY_DIR) $(RUNS) $(BENCH_ARGS)
+
+benchmarks-page: $(STAMP)
+	$(BIN)/python bench/page.py
 
 # Debian's Chromium and chromedriver for tests/integration/test_browser.py (which skips, saying
 # so, where they are missing). Installs with apt-get (as root) only if either is missing.
@@ -105,38 +146,20 @@ docs: $(STAMP)
 	$(BIN)/aiayn attention -m $(DEMO_MODEL) "$(EXAMPLE)" --kind cross -o $(FIG)/encoder-decoder-attention.png
 	$(BIN)/python tools/web_page_figure.py -m $(DEMO_MODEL) -o $(FIG)/web-page.png
 
-bench-decode: $(STAMP)
-	$(BIN)/python bench/bench_decode.py
-
-# `aiayn train` against `fairseq-train` on the Bible corpus, side by side (issue #17): ~16 min,
-# needs an otherwise idle machine. DATA: a directory with train.en / train.es (made by `aiayn
-# prepare bible-en-es`); FAIRSEQ_BIN: the bin/ of a fairseq 0.12.2 install (a tool, not a
-# dependency: without it the fairseq row says "not measured"); BENCH_ARGS: more options, e.g.
-# `--with-bf16 --update-benchmarks`.
-FAIRSEQ_BIN ?= /tmp/peers/fairseq/bin
-DATA ?=
-BENCH_ARGS ?=
-ifneq ($(filter bench-train-vs-fairseq,$(MAKECMDGOALS)),)
-ifeq ($(DATA),)
-$(error give DATA=DIR holding train.en and train.es, e.g. make bench-train-vs-fairseq DATA=data/bible-en-es)
-endif
-endif
-bench-train-vs-fairseq: $(STAMP)
-	$(BIN)/python bench/bench_train_vs_fairseq.py --src $(DATA)/train.en --tgt $(DATA)/train.es \
-		--fairseq-bin $(FAIRSEQ_BIN) $(BENCH_ARGS)
-
 # The GPU path proved on a lent GPU machine in at most 8 minutes (bench/gpu_check.py): the CUDA
 # tests, training throughput of `base` at 25k tokens per update against nn.Transformer, torchrun
 # and DDP over NCCL, decoding; the report into OUT. No .venv: the machine's own python3 with a
 # CUDA PyTorch runs this tree's src/ (PYTHONPATH keeps what it held, e.g. carried wheels).
-# Without CUDA it says so in one line and exits 0.
+# Without CUDA it says so in one line and exits 0. OUT/records.jsonl holds its records: where the
+# machine's copy of the tree had no git, `python bench/page.py --stamp OUT/records.jsonl --commit
+# C` adds the source hashes of the commit it ran; then append them to bench/results/gpu.jsonl.
 ifneq ($(filter gpu-check,$(MAKECMDGOALS)),)
 ifeq ($(OUT),)
 $(error give OUT=DIR for the report, e.g. make gpu-check OUT=/tmp/gpu-check)
 endif
 endif
 gpu-check:
-	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) bench/gpu_check.py --out $(OUT)
+	PYTHONPATH=src$${PYTHONPATH:+:$$PYTHONPATH} $(PYTHON) bench/gpu_check.py --out $(OUT) $(GPU_ARGS)
 
 # Module and function sizes: what the ~600-line guideline for a module flags.
 size: $(STAMP)

@@ -13,7 +13,7 @@ left:
 3. **train**: updates of the `base` preset at the paper's ~25,000 target tokens per update
    (§5.1), on sentences of real lengths (`real_lengths`) in the trainer's own length-bucketed
    batches: aiayn as `aiayn train` runs an update (`aiayn.train.update.optimizer_update`), and
-   `torch.nn.Transformer` wrapped to the same model (`bench_train_step.ReferenceTransformer`,
+   `torch.nn.Transformer` wrapped to the same model (`peers.ReferenceTransformer`,
    with `F.cross_entropy` and the same fused Adam), each in bf16 autocast (aiayn's default on
    CUDA), TF32 and float32: target tokens/s, peak memory, MFU against the bf16 rate; and from
    aiayn's bf16 row, the wall time of the paper's base run (100k updates) on this one GPU
@@ -26,7 +26,7 @@ left:
    `no_sync` accumulation, all-reduces and barriers over NCCL, at world size 1. Both runs'
    losses must agree;
 5. **decode**: beam 4 and greedy for `base` (random weights, every output forced to
-   `--decode-len` tokens as in bench_peers.py) on a batch of sentences of real lengths, aiayn
+   `--decode-len` tokens, `peers.FixedLength`) on a batch of sentences of real lengths, aiayn
    float32 and bf16, and CTranslate2 on the same GPU where `import ctranslate2` works.
 6. **job**: the user's job on this GPU, each a whole command timed from launch to exit:
    `aiayn demo` (the README's `make demo`: corpus, vocabulary, 1,200 updates in the default
@@ -40,8 +40,9 @@ left:
    traceback), then `--device auto` in the rounds (the GPU, or the CPU with a warning where
    CTranslate2 cannot compute on this GPU, e.g. a wheel built for another CUDA).
 
-It writes DIR/gpu-check.md (the tables; `--update-benchmarks` also puts them into
-BENCHMARKS.md's GPU section) and DIR/gpu-check.json (every number), and the logs pytest.log,
+It writes DIR/gpu-check.md (the tables), DIR/gpu-check.json (every number), DIR/records.jsonl
+(the training and job tables as bench/runner.py's records; `--record` also appends them to
+bench/results/gpu.jsonl, for `make benchmarks-page`), and the logs pytest.log,
 torchrun.log, torchrun-ddp.log, demo.log and translate.log (every `aiayn translate` run, one
 after another; 7 files: a lent machine gives back at most 8). The exit status is 0 when
 every stage ran and passed.
@@ -84,6 +85,7 @@ try:  # what is missing is named by main(), in one line, rather than raised here
     import torch.nn.functional as F
 
     import peers
+    import runner
     from aiayn.cli import main as aiayn_main
     from aiayn.config import preset
     from aiayn.model import Transformer
@@ -93,9 +95,7 @@ try:  # what is missing is named by main(), in one line, rather than raised here
     from aiayn.train import distributed, setup
     from aiayn.train.runlog import read_metrics
     from aiayn.train.update import autocast, optimizer_update
-    from bench_peers import _aiayn_search, _same, forward_flops
-    from bench_train_step import ReferenceTransformer, machine_info
-    from benchmarks_md import BENCHMARKS_MD, replace_section
+    from peers import ReferenceTransformer, aiayn_search, forward_flops, same_outputs
 except ImportError as error:
     IMPORT_ERROR: ImportError | None = error
 else:
@@ -117,7 +117,6 @@ PAPER_UPDATES = 100_000  # §5.2: the base models trained for 100,000 steps ...
 PAPER_HOURS = 12.0  # ... or 12 hours, on 8 P100 GPUs
 # bf16 autocast (aiayn's default on CUDA), float32 products on TF32 tensor cores, IEEE float32
 MATMUL_PRECISION = {"bf16": "highest", "tf32": "high", "fp32": "highest"}
-START, END = "<!-- gpu_check:start -->", "<!-- gpu_check:end -->"
 DEMO_EXACT_MATCH = re.compile(r"exact match ([\d.]+)%")  # in `aiayn demo`'s report
 CT2_ROW = "CTranslate2 (--backend ctranslate2 --device auto)"  # a row of the job stage
 PYTEST_SUMMARY = re.compile(r"\d+ (passed|failed|skipped|errors?|deselected)\b.* in [\d.]+s")
@@ -225,7 +224,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--decode-len", type=int, default=Sizes.decode_len)
     parser.add_argument("--smoke", action="store_true", help="the CPU smoke run, even on a GPU")
     parser.add_argument(
-        "--update-benchmarks", action="store_true", help="also write BENCHMARKS.md's GPU section"
+        "--record", action="store_true", help="also append the records to bench/results/gpu.jsonl"
     )
     args = parser.parse_args(argv)
     for name in ("budget", *SIZE_FLAGS):
@@ -318,16 +317,28 @@ def run_stages(
     text = markdown(report)
     (args.out / "gpu-check.md").write_text(text + "\n", encoding="utf-8")
     (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    if args.update_benchmarks and not report["smoke"]:
-        replace_section(BENCHMARKS_MD, START, END, text)
+    if not report["smoke"]:
+        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records(report))
+        (args.out / "records.jsonl").write_text(lines, encoding="utf-8")
+        if args.record:
+            with (runner.RESULTS / "gpu.jsonl").open("a", encoding="utf-8") as f:
+                f.write(lines)
     return report
 
 
 def machine(device: torch.device) -> dict[str, Any]:
-    info = {**machine_info(device), "cuda": torch.version.cuda}
+    info = {
+        **runner.machine(),
+        **runner.versions(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+    }
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         info |= {
+            "gpu": torch.cuda.get_device_name(device),
             "capability": f"{props.major}.{props.minor}",
             "multiprocessors": props.multi_processor_count,
             "memory_gib": round(props.total_memory / 2**30, 1),
@@ -448,7 +459,7 @@ def training_updates(sizes: Sizes) -> tuple[list[tuple[Any, Any]], list[list[Any
 
 
 def update_flops(config: Any, data: list, group: list[Any]) -> int:
-    """FLOPs of one update as computed: 3 × the forward pass (bench_peers.forward_flops) of
+    """FLOPs of one update as computed: 3 × the forward pass (peers.forward_flops) of
     every padded batch."""
     total = 0
     for indices in group:
@@ -734,8 +745,8 @@ def stage_decode(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
         src[row, : len(ids)] = torch.tensor(ids)
     src = src.to(device)
     systems = {
-        "aiayn fp32": lambda: _aiayn_search(copy.deepcopy(model).to(device), src, sizes.decode_len),
-        "aiayn bf16": lambda: _aiayn_search(
+        "aiayn fp32": lambda: aiayn_search(copy.deepcopy(model).to(device), src, sizes.decode_len),
+        "aiayn bf16": lambda: aiayn_search(
             copy.deepcopy(model).to(device, torch.bfloat16), src, sizes.decode_len
         ),
         "CTranslate2 fp32": lambda: ctranslate2_search(ctx, model, sources, "float32"),
@@ -791,7 +802,9 @@ def stage_decode(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
             outputs.get((row["system"], row["mode"])),
         )
         if ours and theirs and row["system"] != "aiayn fp32":
-            row["same_as_aiayn_fp32"] = _same(ours, theirs, prefix="CTranslate2" in row["system"])
+            row["same_as_aiayn_fp32"] = same_outputs(
+                ours, theirs, prefix="CTranslate2" in row["system"]
+            )
     return {
         "status": "ok",
         "preset": sizes.preset,
@@ -940,7 +953,7 @@ def markdown(report: dict[str, Any]) -> str:
         else []
     )
     lines.append(
-        f"- {m.get('gpu', m['cpu'])} (compute capability {m.get('capability')}, "
+        f"- {m.get('gpu') or m['cpu']} (compute capability {m.get('capability')}, "
         f"{m.get('memory_gib')} GiB, driver {m.get('driver')}); torch {m['torch']}, "
         f"CUDA {m['cuda']}, Python {m['python']}; `make gpu-check` in {report['seconds']:.0f} s."
     )
@@ -1038,6 +1051,70 @@ def markdown(report: dict[str, Any]) -> str:
         detail = job.get("summary") or job.get("error")
         lines.append(f"- the user's job: **{job['status']}**, {detail}")
     return "\n".join(lines)
+
+
+def records(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The training and job tables as bench/runner.py's records (task "gpu")."""
+    stages, found = report["stages"], []
+    say = {"command": "make gpu-check OUT=DIR", "peers": ("ctranslate2",)}
+    train = [r for r in stages.get("train", {}).get("rows", []) if "tokens_per_s" in r]
+    if train:
+        ours = next((r for r in train if r["model"] == "aiayn"), train[0])
+        paper = stages["train"].get("paper_run", {})
+        summary = (
+            f"`{stages['train']['preset']}` in {ours['precision']}: "
+            f"{ours['tokens_per_s']:,.0f} target tokens/s: the paper's 100,000-update base run "
+            f"in {paper.get('hours_on_this_gpu', 0):.1f} h on this one GPU, against "
+            f"{PAPER_HOURS:.0f} h on 8 P100s"
+        )
+        rows = [
+            {
+                "model": r["model"],
+                "precision": r["precision"],
+                "tokens_per_s": round(r["tokens_per_s"]),
+                "range": "–".join(f"{x:.0f}" for x in r["tokens_per_s_range"]),
+                "update_s": round(r["median_update_s"], 3),
+                "peak_gib": None
+                if r["peak_memory_gib"] is None
+                else round(r["peak_memory_gib"], 1),
+                "mfu": f"{100 * r['mfu']:.0f}%" if "mfu" in r else None,
+            }
+            for r in train
+        ]
+        columns = [("model", "model"), ("precision", "precision"), ("tokens_per_s", "target tok/s"),
+                   ("range", "min–max"), ("update_s", "s/update"), ("peak_gib", "peak GiB"),
+                   ("mfu", "MFU")]  # fmt: skip
+        tokens = ours["target_tokens_per_update"]
+        table = f"training `{stages['train']['preset']}`, updates of ~{tokens:,} target tokens"
+        found.append(
+            runner.record("gpu", table=table, setup=f"`{stages['train']['preset']}`, random data "
+                          "of real lengths", columns=columns, rows=rows, summary=summary, **say)
+        )  # fmt: skip
+    job = stages.get("job", {})
+    if job.get("translate"):
+        rows = [
+            {
+                "decoding": r["precision"] + (f", on {r['ran_on']}" if "ran_on" in r else ""),
+                "wall_s": runner.figures(r["seconds"], 1),
+                "exact_match": f"{100 * r['exact_match']:.1f}%",
+            }
+            for r in job["translate"]
+        ]
+        columns = [("decoding", "decoding"), ("wall_s", "wall time, s (rounds)"),
+                   ("exact_match", "exact match")]  # fmt: skip
+        found.append(
+            runner.record(
+                "gpu",
+                table="the user's job: `aiayn demo`, then `aiayn translate` of its "
+                f"{job['sentences']} held-out numbers",
+                setup="the demo's model",
+                columns=columns,
+                rows=rows,
+                summary=f"`aiayn demo` trains and evaluates in {job['demo_s']:.0f} s",
+                **say,
+            )
+        )
+    return found
 
 
 STAGE_FUNCTIONS = {

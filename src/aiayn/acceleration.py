@@ -141,7 +141,7 @@ def _few_queries_on_cpu(q: Tensor, dropout_p: float) -> bool:
 def _bf16_training_on_cpu(q: Tensor, k: Tensor, v: Tensor) -> bool:
     """bf16 inputs on a CPU with gradients wanted. There the fused kernel is 1.6-1.8x as
     slow forward + backward in bf16 as in float32 (its backward above all;
-    `bench/bench_train_kernels.py`), so training under `--cpu-bf16` runs it in float32, which
+    an A/B of the two), so training under `--cpu-bf16` runs it in float32, which
     is also the more precise. Forward only (decoding), bf16 is as fast or faster and stays."""
     return (
         q.device.type == "cpu"
@@ -223,7 +223,7 @@ MIN_PACKED_FEATURES = 256
 this many features (and `OneDNNLinearProducts` sends only such products to oneDNN).
 
 Below it the call's fixed cost outweighs the faster product. Measured with beam 4 over 20
-batches of 1–32 sentences of varying length on 1 thread (`bench/bench_decode.py --varied`): the
+batches of 1–32 sentences of varying length on 1 thread: the
 `tiny` preset's 64-wide layers ran slower packed, `small` (256 wide) and `base` faster (when
 measured on an AMD EPYC; the beam-4 rows are to be re-measured at the current search)."""
 
@@ -234,7 +234,7 @@ class _OneDNNLinear(torch.autograd.Function):
     Measured at the batch shapes of the Bible recipe as of commit 0529388 (2,500–4,096 rows,
     `small`'s layers, AMD EPYC): oneDNN is faster than MKL's sgemm for the forward product and
     for dL/dx = dL/dy · W, and slower for dL/dW = dL/dyᵀ · x (whose inner dimension is the
-    rows), which stays with `torch.mm` (`bench/bench_train_kernels.py`). Row counts are not
+    rows), which stays with `torch.mm`. Row counts are not
     padded as in `aiayn.decode.packing.PackedLinear`: at these sizes a new one costs oneDNN
     about a millisecond, and padding to 8 sizes per octave cost more than it saved when tried.
     The weight is used as stored (its transpose a view), so a weight updated by the optimizer

@@ -46,9 +46,9 @@ class Dropout(nn.Dropout):
 
     `nn.Dropout` with its distribution and scaling, but on a CPU while training the keep-mask is
     drawn as U[0, 1) ≥ p (`torch.rand`, kept as a float mask): forward and backward together
-    1.5-1.9x faster than `F.dropout`, whose `bernoulli_` is slow to draw on a CPU
-    (`bench/bench_train_kernels.py`). It keeps a float mask where `F.dropout` keeps a bool one:
-    3 more bytes per element until the backward. In evaluation it returns x itself, as
+    1.5-1.9x faster than `F.dropout`, whose `bernoulli_` is slow to draw on a CPU (an A/B of
+    the two at the Bible recipe's shapes). It keeps a float mask where `F.dropout` keeps a bool
+    one: 3 more bytes per element until the backward. In evaluation it returns x itself, as
     `nn.Dropout` does, without a call into PyTorch (decoding calls it four times per layer per
     step); elsewhere (CUDA, p = 0 or 1) it is `nn.Dropout`.
     """

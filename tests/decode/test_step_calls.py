@@ -1,4 +1,4 @@
-"""How many calls into PyTorch a search step makes (`bench/bench_step_calls.py` counts them):
+"""How many calls into PyTorch a search step makes (`bench/step_calls.py` counts them):
 none per sentence, and a bounded number per decoder layer, so that the search loop stays as
 lean as issue 29 asks. Counts are exact and the same on every machine, unlike timings."""
 
@@ -25,9 +25,9 @@ SOURCE_LENGTH = 7
 @pytest.fixture
 def bench_step_calls(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.syspath_prepend(str(BENCH))
-    import bench_step_calls
+    import step_calls
 
-    return bench_step_calls
+    return step_calls
 
 
 @pytest.fixture

@@ -36,7 +36,7 @@ def padded_rows(m: int) -> int:
 
     oneDNN builds a kernel for every new shape it sees (measured on 1 thread: 0.7 ms more than a
     call at a known row count for a 64→256 layer, 4.6 ms more for 512→2048;
-    `bench/bench_gemm.py --new-shapes`), and keeps a cache of 1,024. Decoding meets many row
+    a microbenchmark), and keeps a cache of 1,024. Decoding meets many row
     counts (sentences × beams, batches of varying length), and a server meets new ones all day
     long; rounding them up bounds the kernels to 8 per octave per layer shape, which the cache
     holds, at the cost of a few padded rows.
@@ -66,17 +66,17 @@ class PackedLinear(nn.Module):
     - ``"onednn"``: oneDNN's matrix product on a weight reordered once into its blocked layout
       (`torch.ops.mkldnn`, the kernels TorchInductor's frozen CPU graphs call). PyTorch's own
       float32 `nn.Linear` calls MKL's sgemm, which on AMD CPUs runs slower than oneDNN at 32
-      to 4,096 rows (BENCHMARKS.md, bench/bench_gemm.py); CTranslate2 calls oneDNN on AMD
+      to 4,096 rows (a microbenchmark); CTranslate2 calls oneDNN on AMD
       CPUs for the same reason.
     - ``"mkl"``: MKL's sgemm on Wᵀ stored contiguous, (in, out). `nn.Linear` hands MKL a
       transposed view of W (its "NT" product); the same product on Wᵀ as stored ("NN") took
       0.6-0.9x the time at decoding shapes on an Intel Xeon, one thread (4 to 128 rows, the
-      Bible recipe's layers: a microbenchmark, BENCHMARKS.md).
+      Bible recipe's layers: a microbenchmark).
 
     Results differ from `nn.Linear` only by float32 rounding (another summation order, for
     some shapes).
 
-    Two fusions save a little of a beam-4 step (`bench/bench_decode.py --fusions` measures it):
+    Two fusions save a little of a beam-4 step:
     several layers that read the same input are one product of their stacked weights (their
     outputs side by side: self-attention's W^Q, W^K, W^V), and with `relu=True` the product
     applies the ReLU of Eq. 2 itself (oneDNN's post-op; after MKL's product, in place),
@@ -242,10 +242,10 @@ def decoding_kernels(onednn: bool | None = None) -> DecodingKernels | None:
       pre-softmax projection and MKL for the rest, else MKL for all. On an AMD EPYC with AVX2
       the products that keep or narrow the width (d_model → d_model, d_ff → d_model) ran
       faster on MKL's and the projection onto the vocabulary faster on oneDNN's (one thread,
-      at decoding's row counts: a microbenchmark, BENCHMARKS.md). Decoding the 809 Bible dev
+      at decoding's row counts: a microbenchmark). Decoding the 809 Bible dev
       sentences, beam 4, with the same outputs: whole `aiayn translate` commands on two cores
       took 0.83x (2+2 layers) and 0.92x (3+3) the time of oneDNN for all; one thread, in one
-      process (`bench/bench_kernels_ab.py`), 0.90-0.95x; for a random-weight `base`, within
+      process, 0.90-0.95x; for a random-weight `base`, within
       2%.
     """
     mkl = mkl_missing() is None

@@ -4,7 +4,7 @@ no clock.
 At a decoding step's few rows, every call into PyTorch (an operator, a view, a copy) costs a few
 microseconds of Python, PyTorch's bindings and its dispatch, however little it computes: on
 the 2-core AMD EPYC, 16-18% of aiayn's CPU time where CTranslate2's C++ spends almost none
-(`bench/bench_cpu_time.py`, BENCHMARKS.md). This script counts those calls while a model
+(a `perf` profile of both). This module counts those calls while a model
 translates real sentences as `aiayn translate` loads and runs it (`Translator`: the decoding
 copy, packed on a CPU), through a `TorchDispatchMode` that sees every operator PyTorch
 dispatches. Each call is put down to the decoding step of the model (`decode_step`, per decoder
@@ -12,7 +12,7 @@ layer) or to the innermost aiayn function that made it outside the step (the sea
 work). Counts depend on the code and the sentences, not on the machine: they compare two
 commits exactly where timings on these shared machines move by ±10%.
 
-    .venv/bin/python bench/bench_step_calls.py -m MODEL --src DATA/dev.en --lines 30 --beam 4
+    python bench/translate.py -m MODEL --data DATA --step-calls 30
 
 The counts describe one process decoding on one thread (what each worker of `aiayn translate`
 runs). Decoding under the counter is slow: the counts are the result, not the time.
@@ -20,7 +20,6 @@ runs). Decoding under the counter is slow: the counts are the result, not the ti
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
 import sys
@@ -29,7 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import aiayn
@@ -134,37 +132,3 @@ def markdown(counted: StepCalls, layers: int, caption: str) -> str:
         f"{counted.most_in_one_step}."
     )
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("-m", "--model", required=True, help="a model directory")
-    parser.add_argument("--src", required=True, help="source sentences, one a line")
-    parser.add_argument("--lines", type=int, default=30, help="how many of them (default 30)")
-    parser.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
-    parser.add_argument("--int8", action="store_true", help="the model's int8 copy")
-    parser.add_argument("--markdown", help="also write the table here")
-    args = parser.parse_args(argv)
-
-    from aiayn.decode.translator import Translator
-
-    torch.set_num_threads(1)  # what each decoding worker runs
-    lines = Path(args.src).read_text(encoding="utf-8").splitlines()[: args.lines]
-    translator = Translator(args.model, int8=args.int8)
-    translator.translate(lines, beam_size=args.beam)  # the first call's one-time work
-    with torch.inference_mode(), count_step_calls() as counted:
-        translator.translate(lines, beam_size=args.beam)
-    caption = (
-        f"Calls into PyTorch per decoding step: {len(lines)} sentences of `{Path(args.src).name}`,"
-        f" beam {args.beam}{', int8' if args.int8 else ''}, model `{args.model}`"
-        f" ({translator.model.config.n_decoder_layers} decoder layers)."
-    )
-    table = markdown(counted, translator.model.config.n_decoder_layers, caption)
-    print(table)
-    if args.markdown:
-        Path(args.markdown).write_text(table + "\n", encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,6 +1,6 @@
-"""`aiayn train` against `fairseq-train`: the real training loops, same data, model and settings.
+"""`aiayn train` against `fairseq-train`: the real training loops, same data, model, settings.
 
-Issue #17. Both trainers run as the commands users run, in child processes, one after the
+`make bench-train`. Both trainers run as the commands users run, in child processes, one after the
 other in interleaved rounds (aiayn, fairseq, aiayn, fairseq, ...: noise from other processes
 hits both alike), each for the same wall time (`--seconds`), and each is measured by its *own*
 log:
@@ -59,11 +59,13 @@ The same work on both sides, by construction:
 A run is stopped at the end of its window with SIGTERM to its process group (aiayn then saves
 a checkpoint and exits, outside the window), or ends by itself at `--max-updates`.
 
-    .venv/bin/python bench/bench_train_vs_fairseq.py --src DATA/train.en --tgt DATA/train.es \\
-        --fairseq-bin /tmp/peers/fairseq/bin               # ~16 min (2 × 2 × 210 s), idle
-    .venv/bin/python bench/bench_train_vs_fairseq.py ... --with-bf16 --update-benchmarks
-    .venv/bin/python bench/bench_train_vs_fairseq.py --src ... --tgt ... --fairseq-bin ... \\
-        --rounds 1 --seconds 120 --max-updates 3 --log-every 1    # a smoke run
+    python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN    # ~16 min (2 × 2 × 210 s)
+    python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN --with-bf16
+    python bench/train.py --data DATA --rounds 1 --seconds 60 --max-updates 3 --log-every 1 \\
+        --no-record                                                  # a smoke run
+
+DATA is a folder made by `aiayn prepare bible-en-es` (train.en, train.es; valid.* for fairseq's
+valid split). The run appends one record to bench/results/train.jsonl (bench/runner.py).
 
 fairseq is a tool here, never a dependency: without `--fairseq-bin` (a directory holding
 `fairseq-preprocess` and `fairseq-train`, e.g. the venv made by an install script) its rows say
@@ -90,8 +92,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
+import runner
 from aiayn.acceleration import native_bf16_cpu
 from aiayn.config import ModelConfig, TrainConfig, load_yaml_config
 from aiayn.optim import learning_rate
@@ -99,17 +100,7 @@ from aiayn.text.corpus import ParallelDataset, load_or_build, read_parallel
 from aiayn.text.tokenizer import SPECIAL_PIECES, Tokenizer
 from aiayn.train.runlog import read_metrics
 
-# bench/ scripts import each other: running one puts bench/ on sys.path
-from bench_train_run import MODEL_LINE, aiayn_command
-from bench_train_step import _load_average, machine_info
-from benchmarks_md import BENCHMARKS_MD, replace_section
-
-MARKERS = "bench_train_vs_fairseq"
-"""BENCHMARKS.md's table markers: `<!-- bench_train_vs_fairseq:start -->` ... `:end -->`."""
-HEADING = "## Training run: `aiayn train` vs `fairseq-train`, side by side"
 FAIRSEQ = "fairseq-train"
-BF16_DEFAULT_KERNELS = "aiayn train --precision bf16, oneDNN's 1024 kernels"
-ONEDNN_DEFAULT_KERNELS = 1024  # oneDNN's default; aiayn limits bf16 training to 16
 STOP_GRACE_S = 120  # after SIGTERM: aiayn finishes its update and saves
 
 FAIRSEQ_INNER = re.compile(r"\| train_inner \| (\{.*\})\s*$")
@@ -118,6 +109,8 @@ FAIRSEQ_PAIRS = re.compile(r"loaded ([\d,]+) examples from: \S*train\.")
 FAIRSEQ_DICT = re.compile(r"\[(\S+)\] Dictionary: (\d+) types")
 FAIRSEQ_UNK = re.compile(r"\[(\S+)\] (\S+): (\d+) sents, (\d+) tokens, ([\d.]+)% replaced")
 AIAYN_CACHE = re.compile(r"(building|reusing) data cache")
+MODEL_LINE = re.compile(r"model: ([\d,]+) parameters, (\d+) train pairs.* on (\S+)$")
+AIAYN = [sys.executable, "-m", "aiayn"]
 
 
 @dataclass
@@ -455,11 +448,10 @@ def run_aiayn(
     prepared: Prepared,
     run_dir: Path,
     bf16: bool,
-    kernel_cache: int | None = None,
 ) -> tuple[Window, list[Interval], int | None, int | None]:
     # The binarised corpus, as if this run had built it (its key: paths, sizes, tokenizer).
     shutil.copytree(prepared.cache_root, run_dir / "data")
-    command = [*aiayn_command(), "train", "-c", args.config, "--src", c.src, "--tgt", c.tgt]
+    command = [*AIAYN, "train", "-c", args.config, "--src", c.src, "--tgt", c.tgt]
     command += ["--tokenizer", str(prepared.tokenizer.model_file), "--out-dir", str(run_dir)]
     command += ["--time-budget", "none", "--schedule", c.schedule]
     command += ["--max-steps", str(args.max_updates or c.max_steps), "--log-every"]
@@ -467,8 +459,6 @@ def run_aiayn(
     command += ["--valid-every", "0", "--device", "cpu", "--threads", str(args.threads)]
     command += ["--no-progress", "--precision", "bf16" if bf16 else "fp32"]
     env = child_env(args.threads)
-    if kernel_cache is not None:
-        env["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] = str(kernel_cache)
     print("  " + shlex.join(command), flush=True)
     window = run_window(command, env, args.seconds, run_dir / "train.log")
     cache = _first_match(AIAYN_CACHE, window.lines)
@@ -534,8 +524,7 @@ def one_run(
         window, intervals, params, pairs = run_fairseq(args, c, prepared, run_dir)
     else:
         bf16 = "bf16" in trainer.name
-        cache = ONEDNN_DEFAULT_KERNELS if trainer.name == BF16_DEFAULT_KERNELS else None
-        window, intervals, params, pairs = run_aiayn(args, c, prepared, run_dir, bf16, cache)
+        window, intervals, params, pairs = run_aiayn(args, c, prepared, run_dir, bf16)
     logged = [t for t, line in window.lines if _is_interval_line(trainer.name, line)]
     if len(logged) == len(intervals):  # an update under way at SIGTERM ends outside the window
         intervals = [i for i, t in zip(intervals, logged, strict=True) if t <= args.seconds]
@@ -580,41 +569,41 @@ def _fmt_mib(value: float | None) -> str:
     return "?" if value is None else f"{value:.0f} MiB"
 
 
-def table(trainers: list[Trainer]) -> str:
-    lines = [
-        "| trainer | target tok/s: median of intervals | min–max | vs fairseq-train "
-        "| median per run | intervals | updates per run | first log (s) | peak RSS |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
+COLUMNS = [
+    ("trainer", "trainer"), ("tokens_per_s", "target tok/s: median of intervals (per run)"),
+    ("range", "min–max"), ("vs_fairseq", "× fairseq-train"), ("updates", "updates per run"),
+    ("peak_rss", "peak RSS"),
+]  # fmt: skip
+
+
+def rows(trainers: list[Trainer]) -> list[dict[str, Any]]:
+    """The record's rows: each trainer's tokens/s (pooled intervals' median, each run's median),
+    range, ratio to fairseq-train's median, updates and peak memory."""
     fairseq = next((t for t in trainers if t.name == FAIRSEQ and t.rates()), None)
     reference = statistics.median(fairseq.rates()) if fairseq else None
+    found = []
     for t in trainers:
-        if t.missing is not None:
-            lines.append(f"| {t.name} | not measured: {t.missing} | | | | | | | |")
-            continue
         rates = t.rates()
-        if not rates:
-            lines.append(f"| {t.name} | no steady interval: raise --seconds | | | | | | | |")
+        if t.missing is not None or not rates:
+            why = t.missing or "no steady interval: raise --seconds"
+            found.append({"trainer": t.name, "tokens_per_s": f"not measured: {why}"})
             continue
         median = statistics.median(rates)
-        ratio = f"{median / reference:.2f}×" if reference else ""
-        per_run = ", ".join(
-            f"{statistics.median(i.tokens_per_s for i in r.steady):.0f}" if r.steady else "–"
-            for r in t.runs
-        )
-        updates = ", ".join(str(r.updates) for r in t.runs)
-        first = ", ".join(f"{r.first_log_s:.0f}" if r.first_log_s else "?" for r in t.runs)
+        per_run = [statistics.median(i.tokens_per_s for i in r.steady) for r in t.runs if r.steady]
         peaks = [r.peak_rss_mib for r in t.runs if r.peak_rss_mib is not None]
         workers = [r.worker_rss_mib for r in t.runs if r.worker_rss_mib]
         rss = _fmt_mib(max(peaks) if peaks else None)
         if workers:
             rss += f" (+ worker {max(workers):.0f} MiB)"
-        name = t.name if t.name == FAIRSEQ else f"**{t.name}**"
-        lines.append(
-            f"| {name} | **{median:.0f}** | {min(rates):.0f}–{max(rates):.0f} | {ratio} "
-            f"| {per_run} | {len(rates)} | {updates} | {first} | {rss} |"
-        )
-    return "\n".join(lines)
+        found.append({
+            "trainer": t.name,
+            "tokens_per_s": {"median": round(median), "rounds": [round(x) for x in per_run]},
+            "range": f"{min(rates):.0f}–{max(rates):.0f}",
+            "vs_fairseq": f"{median / reference:.2f}×" if reference else None,
+            "updates": ", ".join(str(r.updates) for r in t.runs),
+            "peak_rss": rss,
+        })  # fmt: skip
+    return found
 
 
 def fairseq_inference_copies(m: ModelConfig) -> int:
@@ -647,8 +636,7 @@ def notes(
     c: TrainConfig,
     prepared: Prepared,
     trainers: list[Trainer],
-    info: dict[str, Any],
-    versions: dict[str, str],
+    load_after: float | None,
 ) -> list[str]:
     m = c.model_config(prepared.tokenizer.vocab_size)
     pairs = {t.name: {r.pairs for r in t.runs} - {None} for t in trainers}
@@ -680,46 +668,10 @@ def notes(
         f"fairseq `wps`: target tokens / interval wall time) every {args.log_every} updates, "
         "the first interval of each run left out; peak RSS = `VmHWM` of the trainer process "
         "at the end of its window (max over runs).",
-        f"- Machine: {info['cpu']}, {info['cores']} cores; "
-        + ", ".join(f"{k} {v}" for k, v in versions.items())
-        + f", Python {info['python']}; native bf16: {'yes' if native_bf16_cpu() else 'no'}.",
-        f"- 1-minute load average {info['load_average']} (the machine may be shared).",
-        "- Command: `.venv/bin/python bench/bench_train_vs_fairseq.py "
-        + shlex.join(args.argv)
-        + "`",
-        f"- Run on {time.strftime('%Y-%m-%d %H:%M %Z')}.",
+        f"- Native bf16: {'yes' if native_bf16_cpu() else 'no'}; 1-minute load average "
+        f"{load_after} after (the record keeps the one before).",
     ]
-    return out
-
-
-EXPLANATION = f"""{HEADING}
-
-`bench/bench_train_vs_fairseq.py` (`make bench-train-vs-fairseq`) runs the real `aiayn train` and
-`fairseq-train` (0.12.2) on the same data, one after the other in interleaved rounds of equal
-wall time, with the same subword segmentation (aiayn's joint BPE vocabulary, given to fairseq
-as its dictionary), the same pairs, the same model (the recipe's `ModelConfig` as fairseq's
-`transformer` flags) and the same training settings (token budget, label smoothing, Adam,
-inverse-sqrt warm-up and peak rate, dropout, threads, no validation or checkpoints in the
-window), and reads each trainer's own tokens/s log (target tokens per second of each logged
-interval). fairseq is not a dependency: the script takes its `bin/` directory
-(`--fairseq-bin`); without it, its row says "not measured".
-
-```sh
-.venv/bin/python bench/bench_train_vs_fairseq.py --src DATA/train.en --tgt DATA/train.es \\
-    --fairseq-bin /tmp/peers/fairseq/bin --update-benchmarks
-```
-"""
-
-
-def render_section(
-    args: argparse.Namespace,
-    c: TrainConfig,
-    prepared: Prepared,
-    trainers: list[Trainer],
-    info: dict[str, Any],
-    versions: dict[str, str],
-) -> str:
-    return "\n".join([table(trainers), "", *notes(args, c, prepared, trainers, info, versions)])
+    return [line.removeprefix("- ") for line in out]
 
 
 # --------------------------------------------------------------------------------------------
@@ -736,9 +688,9 @@ def fairseq_missing(fairseq_bin: Path | None) -> str | None:
     return None
 
 
-def fairseq_versions(fairseq_bin: Path) -> str:
+def fairseq_version(fairseq_bin: Path) -> str:
     python = fairseq_bin / "python"
-    code = "import fairseq, torch; print(f'{fairseq.__version__} (torch {torch.__version__})')"
+    code = "import fairseq; print(fairseq.__version__)"
     try:
         done = subprocess.run(
             [str(python), "-c", code], capture_output=True, text=True, timeout=120
@@ -750,8 +702,9 @@ def fairseq_versions(fairseq_bin: Path) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--src", required=True, help="training source text, one line per pair")
-    parser.add_argument("--tgt", required=True, help="training target text, line-aligned")
+    parser.add_argument("--data", type=Path, help="an `aiayn prepare` folder: train.*, valid.*")
+    parser.add_argument("--src", help="training source text (default DATA/train.en)")
+    parser.add_argument("--tgt", help="training target text, line-aligned (DATA/train.es)")
     parser.add_argument(
         "--valid-src", help="dev source, fairseq's valid split (loaded, never evaluated)"
     )
@@ -769,53 +722,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-updates", type=int, help="also stop a run here (smoke runs)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--with-bf16", action="store_true", help="add aiayn --precision bf16")
-    parser.add_argument(
-        "--with-bf16-default-kernels",
-        action="store_true",
-        help="add aiayn --precision bf16 with oneDNN's default kernel cache (1024), as before "
-        "it was limited for bf16 training",
-    )
     parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: temporary)")
-    parser.add_argument("--json", type=Path, help="also write the results here")
-    parser.add_argument(
-        "--update-benchmarks",
-        action="store_true",
-        help=f"rewrite the bench_train_vs_fairseq section of {BENCHMARKS_MD.name}",
-    )
-    parser.add_argument(
-        "--markers",
-        default=MARKERS,
-        help="with --update-benchmarks: the section between <!-- MARKERS:start --> and "
-        "<!-- MARKERS:end --> (default %(default)s; another CPU's table has markers of its own)",
-    )
+    parser.add_argument("--json", type=Path, help="also write every run's intervals here")
+    runner.add_arguments(parser)
     args = parser.parse_args(argv)
-    args.argv = sys.argv[1:] if argv is None else list(argv)
+    if args.data is not None:
+        args.src = args.src or str(args.data / "train.en")
+        args.tgt = args.tgt or str(args.data / "train.es")
+        if args.valid_src is None and (args.data / "valid.en").is_file():
+            args.valid_src, args.valid_tgt = (
+                str(args.data / "valid.en"),
+                str(args.data / "valid.es"),
+            )
+    if args.src is None or args.tgt is None:
+        parser.error("give --data DIR (an `aiayn prepare` folder), or --src and --tgt")
     if (args.valid_src is None) != (args.valid_tgt is None):
         parser.error("--valid-src and --valid-tgt go together")
     if args.rounds < 1 or args.seconds <= 0 or args.log_every < 1 or args.threads < 1:
         parser.error("--rounds, --seconds, --log-every and --threads must be positive")
-    if args.update_benchmarks and (args.max_updates or args.seconds < 60):
-        parser.error("a smoke run (--max-updates, or --seconds < 60) does not go in BENCHMARKS.md")
+    if not args.no_record and (args.max_updates or args.seconds < 60):
+        parser.error("a smoke run (--max-updates, or --seconds < 60) is not recorded: --no-record")
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     c = train_config(args)
+    load = runner.check_idle(args.busy_ok)
     missing = fairseq_missing(args.fairseq_bin)
     trainers = [Trainer("aiayn train"), Trainer(FAIRSEQ, missing=missing)]
     if args.with_bf16:
         trainers.append(Trainer("aiayn train --precision bf16"))
-    if args.with_bf16_default_kernels:
-        trainers.append(Trainer(BF16_DEFAULT_KERNELS))
-    info = machine_info(torch.device("cpu"))
-    versions = {"torch": torch.__version__}
-    versions["fairseq"] = "missing" if missing else fairseq_versions(args.fairseq_bin)
-    print(f"{info['cpu']}, {info['cores']} cores, {args.threads} threads; {versions}", flush=True)
     if missing:
         print(f"fairseq-train: not measured ({missing})", flush=True)
-    load_before = _load_average()
-    with tempfile.TemporaryDirectory(prefix="bench_train_vs_fairseq-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
         work = args.work_dir or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         prepared = prepare(args, c, work, None if missing else args.fairseq_bin)
@@ -823,26 +763,33 @@ def main(argv: list[str] | None = None) -> None:
         for round_ in range(1, args.rounds + 1):
             for trainer in live:
                 trainer.runs.append(one_run(args, c, prepared, trainer, round_, work))
-    info["load_average"] = f"{load_before} before, {_load_average()} after"
-    text = table(trainers)
-    print(f"\n{text}\n")
-    for line in notes(args, c, prepared, trainers, info, versions):
-        print(line)
+    found = rows(trainers)
+    ours, theirs = found[0], found[1]
+    summary = f"`aiayn train` {ours['tokens_per_s']['median']:,} target tokens/s" + (
+        f" against `fairseq-train`'s {theirs['tokens_per_s']['median']:,} ({ours['vs_fairseq']})"
+        if isinstance(theirs["tokens_per_s"], dict)
+        else ""
+    )
+    m = c.model_config(prepared.tokenizer.vocab_size)
+    rec = runner.record(
+        "train",
+        table=f"the recipe's model and settings, {args.rounds} rounds of {args.seconds:.0f} s",
+        setup=args.setup
+        or f"`{Path(args.config).name}`, {m.n_encoder_layers}+"
+        f"{m.n_decoder_layers} layers, ≤ {c.max_tokens} tokens, Eq. 3's schedule on both sides",
+        columns=COLUMNS,
+        rows=found,
+        summary=summary,
+        notes=notes(args, c, prepared, trainers, runner.load_average()),
+        machine_name=args.machine,
+        load=load,
+    )
+    if not missing:
+        rec["versions"]["fairseq"] = fairseq_version(args.fairseq_bin)
     if args.json is not None:
-        result = {
-            "machine": info,
-            "versions": versions,
-            "trainers": [
-                {"name": t.name, "missing": t.missing, "runs": [vars(r) for r in t.runs]}
-                for t in trainers
-            ],
-        }
-        args.json.write_text(json.dumps(result, indent=2, default=vars))
-    if args.update_benchmarks:
-        section = render_section(args, c, prepared, trainers, info, versions)
-        start, end = f"<!-- {args.markers}:start -->", f"<!-- {args.markers}:end -->"
-        replace_section(BENCHMARKS_MD, start, end, section, EXPLANATION)
-        print(f"updated {BENCHMARKS_MD}")
+        runs = [{"name": t.name, "runs": [vars(r) for r in t.runs]} for t in trainers]
+        args.json.write_text(json.dumps(runs, indent=2, default=vars), encoding="utf-8")
+    runner.write(rec, args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,6 @@
-"""HTTP serving under load: requests/s and latency of `aiayn serve`, with and without batching.
+"""Serving under load: requests/s and latency of `aiayn serve`, with and without batching.
+
+`make bench-serve`; each run appends one record to bench/results/serve.jsonl (bench/runner.py).
 
 Starts `aiayn serve` as a subprocess on 127.0.0.1 (so the load generator does not share its
 Python interpreter), then, for each setting (server-side batching on, then off) and each number
@@ -19,9 +21,8 @@ the run fails if there is one), and how many requests the server put in each mod
 average (from `GET /health`). Each cell is bounded in count (`--requests`) and time
 (`--max-seconds`: no new requests after that).
 
-    .venv/bin/python bench/bench_server.py                        # 1000 requests per cell
-    .venv/bin/python bench/bench_server.py -m MODEL --texts DATA/dev.en --requests 300 \
-        --update-benchmarks
+    python bench/serve.py -m MODEL --texts DATA/valid.en --requests 200 --max-seconds 60
+    python bench/serve.py --no-record                     # random weights, 1000 requests a cell
 
 ``--hammer N`` measures fairness instead: the latency of one client's short requests (one
 sentence, the server's default beam) while N clients hammer the server with costly requests
@@ -29,7 +30,7 @@ sentence, the server's default beam) while N clients hammer the server with cost
 ``--hammer-hangup-s``, as a hostile client would; the options are ones that both the old and
 the new server accept, so runs before and after a change compare:
 
-    .venv/bin/python bench/bench_server.py --hammer 2 --max-seconds 30
+    python bench/serve.py -m MODEL --texts DATA/valid.en --hammer 2 --max-seconds 30
 
 ``--hostile`` measures what one request of at most ``--max-body-bytes`` (4 MiB) can cost the
 server at its default limits: hostile bodies of millions of values or escapes, the largest
@@ -39,7 +40,7 @@ bodies it accepts, and the largest answer (every layer's and head's attention, a
 resident memory above its resident memory before the request (``VmHWM`` reset through
 ``/proc/PID/clear_refs``; Linux). About 40 s; the numbers are in docs/serving.md:
 
-    .venv/bin/python bench/bench_server.py --hostile --beam-size 1
+    python bench/serve.py --hostile --beam-size 1
 """
 
 from __future__ import annotations
@@ -48,8 +49,6 @@ import argparse
 import asyncio
 import http.client
 import json
-import os
-import platform
 import random
 import re
 import socket
@@ -59,7 +58,6 @@ import sys
 import tempfile
 import threading
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
@@ -67,17 +65,15 @@ import httpx
 import torch
 from num2words import num2words
 
+import runner
 from aiayn.config import preset
+from aiayn.decode.costs import DecodingCosts
 from aiayn.decode.translator import Translator
 from aiayn.errors import CheckpointError, UserError
 from aiayn.model import Transformer
 from aiayn.model_dir import resolve_model_dir, save_model_dir, tokenizer_file_of
 from aiayn.text.lines import read_lines
 from aiayn.text.tokenizer import Tokenizer, load_tokenizer
-from benchmarks_md import BENCHMARKS_MD, replace_section
-
-START, END = "<!-- bench_server:start -->", "<!-- bench_server:end -->"
-HEADING = "## Serving: HTTP requests with and without server-side batching"
 
 
 def build_model_dir(directory: Path, preset_name: str) -> Path:
@@ -279,7 +275,7 @@ async def hammered(url: str, args: argparse.Namespace) -> dict:
     return {"latencies": latencies, "errors": errors, "hangups": hangups}
 
 
-def run_hammered(args: argparse.Namespace, model_dir: Path) -> None:
+def run_hammered(args: argparse.Namespace, model_dir: Path) -> dict:
     process, url = start_server(model_dir, args, batching=True)
     try:
         result = asyncio.run(hammered(url, args))
@@ -298,6 +294,12 @@ def run_hammered(args: argparse.Namespace, model_dir: Path) -> None:
     )
     for error in result["errors"][:5]:
         print("   ", error, file=sys.stderr)
+    return {
+        "budget": "the default" if args.max_batch_cost is None else str(args.max_batch_cost),
+        "answered": len(lat),
+        "median": f"{statistics.median(lat):.1f} s",
+        "slowest": f"{max(lat):.1f} s",
+    }
 
 
 def hostile_requests(model_dir: Path, args: argparse.Namespace) -> dict[str, tuple[str, bytes]]:
@@ -320,7 +322,8 @@ def hostile_requests(model_dir: Path, args: argparse.Namespace) -> dict[str, tup
     translator = Translator(model_dir)
     long_text = " ".join(sentences(args, 400, seed=5))[:chars]
     config = translator.model.config
-    [(s, t)] = translator.search_bounds([long_text], max_len_a=0, max_len_b=args.out_len)
+    costs = DecodingCosts(translator.tokenizer, translator.source_limits)
+    [(s, t)] = costs.search_bounds([long_text], max_len_a=0, max_len_b=args.out_len)
     maps = config.n_decoder_layers * config.n_heads
     fitting = attention_values // (s * t * maps)
     attention = {"texts": [long_text] * fitting, "return_attention": True, "full_attention": True}
@@ -415,81 +418,58 @@ def run_hostile(args: argparse.Namespace, model_dir: Path) -> None:
     finally:
         process.terminate()
         process.wait(30)
-    print(f"\nMachine: {machine(args.threads)}; 1-minute load average {os.getloadavg()[0]:.1f}")
+    print(f"\nMachine: {runner.machine()['name']}; 1-minute load average {runner.load_average()}")
 
 
-def machine(threads: int) -> str:
-    cpu = platform.processor() or "unknown CPU"
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.exists():
-        found = re.search(r"model name\s*:\s*(.+)", cpuinfo.read_text())
-        cpu = found.group(1).strip() if found else cpu
-    return (
-        f"{cpu}, {os.cpu_count()} cores, server with {threads} torch thread(s); "
-        f"torch {torch.__version__}, Python {platform.python_version()}"
-    )
+COLUMNS = [
+    ("batching", "server-side batching"), ("clients", "concurrent clients"),
+    ("requests", "requests"), ("errors", "errors"), ("requests_per_s", "requests/s"),
+    ("p50_ms", "p50 latency, ms"), ("p99_ms", "p99 latency, ms"),
+    ("per_call", "requests per model call"),
+]  # fmt: skip
 
 
-def markdown(rows: list[dict], args: argparse.Namespace, load_before: float) -> str:
-    search = "greedy search" if args.beam_size == 1 else f"beam search (beam {args.beam_size})"
-    src_lens = [n for r in rows for n in r["src_lens"]]
+def record(rows: list[dict], args: argparse.Namespace, load: float | None) -> dict:
+    """The run's record: a row per setting and number of clients, the workload in its notes."""
+    search = "greedy search" if args.beam_size == 1 else f"beam {args.beam_size}"
     out_lens = [n for r in rows for n in r["out_lens"]]
-    at_limit = sum(n == args.out_len for n in out_lens) / max(len(out_lens), 1)
-    lines = [
-        "| server-side batching | concurrent clients | requests | errors | requests/s "
-        "| p50 latency (ms) | p99 latency (ms) | requests per model call |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {'on' if r['batching'] else 'off'} | {r['concurrency']} | {r['requests']} "
-            f"| {r['errors']} | {r['req_s']:.1f} | {r['p50_ms']:.0f} | {r['p99_ms']:.0f} "
-            f"| {r['per_call']:.1f} |"
-        )
-    load_after = os.getloadavg()[0]
-    workload = (
-        f"-m MODEL --texts {args.texts.name}"
-        if args.model is not None
-        else f"--preset {args.preset} --out-len {args.out_len}"
-    )
-    command = (
-        f"python bench/bench_server.py {workload} --requests {args.requests} "
-        f"--concurrency {' '.join(map(str, args.concurrency))} --max-seconds {args.max_seconds:g} "
-        f"--beam-size {args.beam_size} "
-        f"--threads {args.threads} --batch-wait-ms {args.batch_wait_ms}"
-        + (f" --max-batch-cost {args.max_batch_cost}" if args.max_batch_cost is not None else "")
-        + " --update-benchmarks"
-    )
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     if args.model is not None:
-        model = (
-            f"- Model: the trained model directory `{args.model.resolve().name}`, {search} "
-            "with the server's own length limit (input length + 50, §6.1): outputs of "
-            f"{min(out_lens)}–{max(out_lens)} tokens (median {statistics.median(out_lens):.0f}). "
-            f"One line of `{args.texts.name}` per request, drawn at random from its "
-            f"{len(args.lines)} sentences ({min(src_lens)}–{max(src_lens)} subword tokens, "
-            f"median {statistics.median(src_lens):.0f})."
-        )
+        setup = args.setup or args.model.resolve().name
+        median = statistics.median(out_lens)
+        workload = (f"One line of `{args.texts.name}` a request; outputs of {min(out_lens)}–"
+                    f"{max(out_lens)} tokens (median {median:.0f}).")  # fmt: skip
     else:
-        model = (
-            f"- Model: preset `{args.preset}` with **random weights** (vocabulary 1000), {search} "
-            f"with the output limited to {args.out_len} tokens, which random weights run into "
-            f"({100 * at_limit:.0f}% of the outputs had {args.out_len} tokens), so every "
-            "request does about the same work (a microbenchmark). One English number sentence "
-            f"per request (`num2words` of 1–99,999: {min(src_lens)}–{max(src_lens)} subword "
-            "tokens)."
-        )
-    lines += [
-        "",
-        model,
-        f"- Server: `aiayn serve` in its own process, `--batch-wait-ms {args.batch_wait_ms}` "
-        "when batching; load generator: asyncio + httpx in another process, on the same "
-        "machine (it takes CPU from the server too).",
-        f"- Machine: {machine(args.threads)}; 1-minute load average {load_before:.1f} before, "
-        f"{load_after:.1f} after (the machine may be shared: compare rows of one run).",
-        f"- Command: `{command}`; run on {when}.",
+        setup = f"`{args.preset}` with random weights, outputs of {args.out_len} tokens"
+        workload = "One English number sentence a request (a microbenchmark)."
+    found = [
+        {
+            "batching": "on" if r["batching"] else "off",
+            "clients": r["concurrency"],
+            "requests": r["requests"],
+            "errors": r["errors"],
+            "requests_per_s": round(r["req_s"], 1),
+            "p50_ms": round(r["p50_ms"]),
+            "p99_ms": round(r["p99_ms"]),
+            "per_call": round(r["per_call"], 1),
+        }
+        for r in rows
     ]
-    return "\n".join(lines)
+    most = max(args.concurrency)
+    on, off = (next(r for r in found if r["clients"] == most and r["batching"] == b)
+               for b in ("on", "off"))  # fmt: skip
+    return runner.record(
+        "serve",
+        table=f"one text a request, {search}, server on {args.threads} thread(s)",
+        setup=setup,
+        columns=COLUMNS,
+        rows=found,
+        summary=f"{on['requests_per_s']} requests/s with {most} clients and server-side "
+        f"batching against {off['requests_per_s']} without",
+        peers=("httpx",),
+        machine_name=args.machine,
+        load=load,
+        notes=[workload, "The load generator runs on the same machine as the server."],
+    )
 
 
 def main() -> None:
@@ -516,7 +496,6 @@ def main() -> None:
     parser.add_argument(
         "--max-batch-cost", type=int, help="the server's budget of one model call (its default)"
     )
-    parser.add_argument("--update-benchmarks", action="store_true")
     parser.add_argument("--hammer", type=int, default=0, help="costly clients (fairness run)")
     parser.add_argument(
         "--hostile", action="store_true", help="what one request can cost (see above)"
@@ -530,6 +509,7 @@ def main() -> None:
     parser.add_argument("--hammer-texts", type=int, default=8, help="texts per costly request")
     parser.add_argument("--hammer-chars", type=int, default=400, help="characters per text")
     parser.add_argument("--hammer-hangup-s", type=float, default=2.0)
+    runner.add_arguments(parser)
     args = parser.parse_args()
     if args.model is not None:
         for flag, value in (("--preset", args.preset), ("--out-len", args.out_len)):
@@ -551,23 +531,31 @@ def main() -> None:
     args.out_len = 16 if args.out_len is None else args.out_len
     args.lines = read_texts(args.texts) if args.texts is not None else []
     args.short_lines = sorted(args.lines, key=len)[: max(1, len(args.lines) // 4)]
-    load_before = os.getloadavg()[0]
+    load = runner.check_idle(args.busy_ok)
     with tempfile.TemporaryDirectory(prefix="bench_server_") as tmp:
         model_dir = (
             args.model_dir if args.model is not None else build_model_dir(Path(tmp), args.preset)
         )
         if args.hammer:
-            run_hammered(args, model_dir)
+            row = run_hammered(args, model_dir)
+            columns = [("budget", "call budget (`--max-batch-cost`)"),
+                       ("answered", "short requests answered"), ("median", "median latency"),
+                       ("slowest", "slowest")]  # fmt: skip
+            table = (f"a short request while {args.hammer} clients send costly requests "
+                     "and hang up")  # fmt: skip
+            setup = args.setup or (args.model.resolve().name if args.model else args.preset)
+            rec = runner.record("serve", table=table, setup=setup, columns=columns, rows=[row],
+                                summary="", machine_name=args.machine, load=load)  # fmt: skip
+            runner.write(rec, args)
             return
         if args.hostile:
             run_hostile(args, model_dir)
             return
         rows = run(args, model_dir)
     errors = sum(r["errors"] for r in rows)
-    if args.update_benchmarks:
-        replace_section(BENCHMARKS_MD, START, END, markdown(rows, args, load_before), HEADING)
     if errors:
         sys.exit(f"{errors} requests failed")
+    runner.write(record(rows, args, load), args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,223 @@
+"""BENCHMARKS.md from the records in bench/results/: `make benchmarks-page`.
+
+    python bench/page.py           # rewrite BENCHMARKS.md
+    python bench/page.py --check   # exit 1 where BENCHMARKS.md is not what the records make
+    python bench/page.py --stamp OUT/records.jsonl --commit C   # add the source hashes of
+        # commit C to records made where git could not say (a copy of the tree on a GPU machine)
+
+The page opens with what to expect (one line a table), then the commands that reproduce every
+table, then per task one table per machine and kind of run, its rows from the latest record of
+each setup. A row whose source has changed since it was measured (the git hash of a folder the
+task exercises, stored in the record, differs from this tree's) says "older source".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from runner import RESULTS, ROOT, markdown_table, source_hashes
+
+PAGE = ROOT / "BENCHMARKS.md"
+OLDER = "older source"
+UNKNOWN = "source not recorded"
+UNCOMMITTED = "uncommitted source"
+
+TASKS = {
+    "train": (
+        "Training: `aiayn train` against `fairseq-train`",
+        "Both trainers on the same BPE segmentation, pairs, model and settings, one after the "
+        "other in interleaved rounds of equal wall time, each read from its own tokens/s log.",
+        "make bench-train DATA=DATA FAIRSEQ_BIN=FAIRSEQ_BIN",
+    ),
+    "recipe": (
+        "Quality: the CPU recipe in its time budget",
+        "`aiayn train -c recipes/bible-en-es-cpu.yaml` until its budget ends it, then "
+        "`aiayn evaluate` on the validation set (beam 4).",
+        "make bench-study DATA=DATA RUNS=recipe",
+    ),
+    "translate": (
+        "Translating a file: `aiayn translate` against CTranslate2",
+        "Each system translates the same file in a process of its own, timed from launch to exit "
+        "(start-up, loading, decoding, writing), rounds interleaved. CTranslate2 runs its API on "
+        "`aiayn export --to ctranslate2` both ways: its threads inside each batch "
+        "(`intra_threads`) and one batch per thread (`inter_threads`, as aiayn's workers do).",
+        "make bench-translate MODEL=MODEL DATA=DATA",
+    ),
+    "serve": (
+        "Serving: `aiayn serve` under load",
+        "`aiayn serve` in its own process, a load generator in another, one verse a request.",
+        "make bench-serve MODEL=MODEL DATA=DATA",
+    ),
+    "gpu": (
+        "GPU",
+        "`make gpu-check`: training `base` at the paper's ~25,000 target tokens per update "
+        "against `torch.nn.Transformer`, and the user's job as whole commands.",
+        "make gpu-check OUT=DIR",
+    ),
+    "study": (
+        "The small-data study",
+        "The runs of docs/small-data.md, each changing one setting of the recipe.",
+        "python bench/study.py run DATA runs/study",
+    ),
+}
+"""Per task: the heading, what it measures, and the command that reproduces its tables."""
+
+
+def load(results: Path = RESULTS) -> list[dict[str, Any]]:
+    """Every record of every results file, in file order."""
+    return [
+        json.loads(line)
+        for path in sorted(results.glob("*.jsonl"))
+        for line in path.read_text(encoding="utf-8").splitlines()
+        if line.strip()
+    ]
+
+
+def current_hashes(records: list[dict[str, Any]]) -> dict[str, str] | None:
+    """This tree's hash of every path a record stored; None without git."""
+    paths = sorted({p for r in records for p in r.get("sources") or {} if p != "src"})
+    return source_hashes(paths) if paths else {}
+
+
+def older(rec: dict[str, Any], current: dict[str, str]) -> bool:
+    """Whether a folder the record's task exercises has changed since it was measured."""
+    stored = {p: h for p, h in (rec.get("sources") or {}).items() if p != "src"}
+    return any(current.get(p) != h for p, h in stored.items())
+
+
+def tables(records: list[dict[str, Any]]) -> dict[str, list[list[dict[str, Any]]]]:
+    """Per task, its tables (one per machine and kind of run, the latest first), each the
+    latest record of every setup, in the order the setups were first measured."""
+    latest: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for rec in sorted(records, key=lambda r: r["date"]):
+        key = (rec["task"], rec["machine"]["name"], rec["table"])
+        latest[key].pop(rec["setup"], None)
+        latest[key][rec["setup"]] = rec
+    by_task: dict[str, list[list[dict]]] = defaultdict(list)
+    for (task, *_), setups in latest.items():
+        by_task[task].append(sorted(setups.values(), key=lambda r: r.get("order", 0)))
+    for found in by_task.values():
+        found.sort(key=lambda t: max(r["date"] for r in t), reverse=True)
+    return by_task
+
+
+def measured(rec: dict[str, Any], current: dict[str, str]) -> str:
+    if not rec.get("sources"):
+        return f"{rec['date'][:10]}, {UNKNOWN}"
+    if rec.get("uncommitted"):
+        return f"{rec['date'][:10]}, {UNCOMMITTED}"
+    return rec["date"][:10] + (f", {OLDER}" if older(rec, current) else "")
+
+
+def stamp(path: Path, commit: str) -> None:
+    """Give the records of `path` that lack them `commit`'s hash and source hashes."""
+    from runner import SOURCES, git
+
+    full = git("rev-parse", "--verify", f"{commit}^{{commit}}")
+    if full is None:
+        sys.exit(f"page: git does not know commit {commit!r}")
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    for rec in records:
+        if not rec.get("sources"):
+            hashes = source_hashes(("src", *SOURCES[rec["task"]]), full)
+            rec.update(commit=full, sources=hashes, uncommitted=False)
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+    path.write_text(lines, encoding="utf-8")
+
+
+def peer_versions(rec: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in rec["versions"].items() if v)
+
+
+def table_text(found: list[dict[str, Any]], current: dict[str, str]) -> list[str]:
+    """One table per machine and kind of run: per setup, its command and versions, its rows
+    (each saying when it was measured, and whether on an older source) and its notes."""
+    first = found[0]
+    title = first["table"][:1].upper() + first["table"][1:]
+    lines = [f"### {title}: {first['machine']['name']}", ""]
+    for rec in found:
+        columns = [*rec["columns"], ["measured", "measured"]]
+        rows = [{**row, "measured": measured(rec, current)} for row in rec["rows"]]
+        lines += [f"{rec['setup'][:1].upper() + rec['setup'][1:]}: `{rec['command']}`; "
+                  f"{peer_versions(rec)}.", ""]  # fmt: skip
+        lines += [markdown_table(columns, rows), ""]
+        lines += [f"- {note}" for note in rec.get("notes", [])]
+        lines += [""] if rec.get("notes") else []
+    return lines
+
+
+HEADER = """\
+# Benchmarks
+
+What to expect from aiayn on a machine like yours, against the tools you would otherwise use.
+This page is generated by `make benchmarks-page` from the records in `bench/results/` (one line
+of JSON a run: the command, the machine, the versions, every round's figures); edit those, not
+this page. Each table names its machine, date, command and versions. The machines are shared
+cloud machines whose speed varies from run to run: compare the rows of one table. A row marked
+"older source" was measured before a folder its task exercises last changed: its command
+measures it again.
+
+## What to expect
+"""
+COMMANDS = """\
+The commands, from the repository root after the README's Install (`DATA`: a folder made by
+`aiayn prepare bible-en-es DATA`, which holds `train.*` and `valid.*`; `MODEL`: a trained model
+directory; `make bench DATA=DATA MODEL=MODEL` runs the three CPU tasks):"""
+
+
+def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
+    by_task = tables(records)
+    lines = [HEADER, "| task | machine | measured | result |", "| --- | --- | --- | --- |"]
+    for task, (heading, *_) in TASKS.items():
+        for found in by_task.get(task, []):
+            for rec in found:
+                if rec.get("summary"):
+                    lines.append(
+                        f"| {heading.split(':')[0]} | {rec['machine']['name']} "
+                        f"| {measured(rec, current)} | {rec['summary']} |"
+                    )
+    lines += ["", COMMANDS, "", "```sh"]
+    lines += [f"{spec[2]:<56}# {spec[0].split(':')[0]}" for spec in TASKS.values()]
+    lines += ["```", ""]
+    for task, (heading, what, _) in TASKS.items():
+        if task not in by_task:
+            continue
+        lines += [f"## {heading}", "", what, ""]
+        for found in by_task[task]:
+            lines += table_text(found, current)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only say whether it is current")
+    parser.add_argument("--stamp", type=Path, help="a records file to give source hashes")
+    parser.add_argument("--commit", help="with --stamp: the commit the records measured")
+    args = parser.parse_args(argv)
+    if args.stamp:
+        if not args.commit:
+            parser.error("--stamp needs --commit")
+        return stamp(args.stamp, args.commit) or 0
+    records = load()
+    current = current_hashes(records)
+    if current is None:
+        print("page: git cannot say this tree's source hashes (no repository here)")
+        return 2
+    text = render(records, current)
+    if args.check:
+        if PAGE.read_text(encoding="utf-8") != text:
+            print("BENCHMARKS.md is not what bench/results/ makes: run `make benchmarks-page`")
+            return 1
+        return 0
+    PAGE.write_text(text, encoding="utf-8")
+    print(f"wrote {PAGE} ({text.count(chr(10))} lines)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""The harness every benchmark runs on: the machine, whole commands in rounds, one record a run.
+
+A benchmark here times what a user runs, whole commands each in a process of its own, in
+interleaved rounds (a slow minute of a shared machine then hurts every system alike), on a
+machine that is otherwise idle (`check_idle` reads the load average first). Each run appends
+one record, a line of JSON, to `bench/results/TASK.jsonl`:
+
+- what was measured (`task`, `table`, `setup`), the command that reproduces it, the date;
+- the machine (`machine`: CPU model, its AVX2 / AVX-512 / AMX flags, the cores used, the GPU),
+  the versions of Python, torch and the peers;
+- the commit and the git hash of each source folder the task exercises (`sources`: `git
+  rev-parse HEAD:src/aiayn/decode` and so on): `bench/page.py` marks a row whose folder has
+  changed since it was measured;
+- the figures: `columns` (key, heading) and `rows`, each round's value beside the median, and a
+  `summary` line for the first screen of BENCHMARKS.md.
+
+History lives in these records and in git; `make benchmarks-page` turns them into BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+IDLE_LOAD = 0.5
+"""The 1-minute load average per core above which a machine counts as busy."""
+
+SOURCES = {
+    "translate": (
+        "src/aiayn/decode", "src/aiayn/model.py", "src/aiayn/attention.py",
+        "src/aiayn/cache.py", "src/aiayn/acceleration.py", "src/aiayn/cli",
+    ),
+    "train": (
+        "src/aiayn/train", "src/aiayn/model.py", "src/aiayn/attention.py", "src/aiayn/loss.py",
+        "src/aiayn/optim.py", "src/aiayn/acceleration.py", "src/aiayn/text",
+    ),
+    "recipe": ("recipes/bible-en-es-cpu.yaml", "src/aiayn/train", "src/aiayn/model.py"),
+    "serve": ("src/aiayn/serve", "src/aiayn/decode", "src/aiayn/model.py"),
+    "gpu": ("src/aiayn",),
+    "study": ("src/aiayn/train", "src/aiayn/model.py", "src/aiayn/text"),
+}  # fmt: skip
+"""Per task, the folders (and files) whose change can move its figures."""
+
+
+# --------------------------------------------------------------------------------------------
+# The machine
+# --------------------------------------------------------------------------------------------
+
+
+def cpu() -> dict[str, Any]:
+    """The CPU's model name, its vector flags that decide the kernels, and the cores used."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8")
+    except OSError:
+        text = ""
+    if found := re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE):
+        name = found.group(1).strip()
+    if found := re.search(r"^flags\s*:\s*(.+)$", text, re.MULTILINE):
+        flags = set(found.group(1).split())
+    named = {"avx2": "AVX2", "avx512f": "AVX-512", "avx512_bf16": "AVX512-BF16", "amx_tile": "AMX"}
+    try:
+        cores = len(os.sched_getaffinity(0))  # what taskset leaves this process
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return {"cpu": name, "flags": [v for k, v in named.items() if k in flags], "cores": cores}
+
+
+def gpu() -> str | None:
+    """The NVIDIA GPUs by nvidia-smi, or None (also where CUDA_VISIBLE_DEVICES hides them)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
+        return None
+    try:
+        done = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    names = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    return ", ".join(names) if done.returncode == 0 and names else None
+
+
+def version(distribution: str) -> str | None:
+    """The installed version of `distribution`, without importing it; None if missing."""
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def machine(name: str | None = None) -> dict[str, Any]:
+    """The machine as a record names it: `name` (say "AMD EPYC with AVX2, 2 cores"; by default
+    the CPU's model name, its widest flag and the cores), CPU, flags, cores and GPU."""
+    m = {**cpu(), "gpu": gpu()}
+    widest = m["flags"][-1] if m["flags"] else "no AVX2"
+    m["name"] = name or (f"{m['gpu']} beside " if m["gpu"] else "") + (
+        f"{m['cpu']} ({widest}), {m['cores']} cores"
+    )
+    return m
+
+
+def versions(*peers: str) -> dict[str, str | None]:
+    """Python's, torch's and each peer distribution's version (None: not installed)."""
+    return {"python": platform.python_version(), "torch": version("torch")} | {
+        peer: version(peer) for peer in peers
+    }
+
+
+def git(*args: str, stdin: str | None = None) -> str | None:
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), *args], input=stdin, capture_output=True, text=True,
+            timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.SubprocessError):  # no git, or a hung one
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def source_hashes(paths: Sequence[str], commit: str = "HEAD") -> dict[str, str] | None:
+    """The git object hash of each path at `commit` (a folder's tree, a file's blob; a path
+    missing there is left out), in one call; None where git cannot say (no git, or a copy of
+    the tree without its repository)."""
+    out = git("cat-file", "--batch-check", stdin="".join(f"{commit}:{p}\n" for p in paths))
+    if out is None:
+        return None
+    found = [line.split()[0] for line in out.splitlines()]
+    return {p: h for p, h in zip(paths, found, strict=True) if not h.endswith(":" + p)}
+
+
+def provenance(task: str) -> dict[str, Any]:
+    """The commit measured and the hashes of `src` and the task's folders; `uncommitted` where
+    the working tree differs from the commit in them (the record then says so)."""
+    paths = ("src", *SOURCES[task])
+    return {
+        "commit": git("rev-parse", "HEAD"),
+        "sources": source_hashes(paths),
+        "uncommitted": bool(git("status", "--porcelain", "--", *paths)),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+
+
+def load_average() -> float | None:
+    try:
+        return float(Path("/proc/loadavg").read_text(encoding="utf-8").split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def check_idle(force: bool = False) -> float | None:
+    """The 1-minute load average; exits with one line where the machine is busy (above
+    `IDLE_LOAD` per core), unless `force` (the record then keeps the load it ran under)."""
+    load, cores = load_average(), cpu()["cores"]
+    if load is not None and load > IDLE_LOAD * cores and not force:
+        sys.exit(
+            f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): "
+            "wait until it is idle, or pass --busy-ok to measure anyway"
+        )
+    return load
+
+
+@dataclass
+class Command:
+    """One system's whole command; `{out}` in it is replaced by the round's output file."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # on top of the run's
+    seconds: list[float] = field(default_factory=list)
+    output: Path | None = None  # the first round's
+
+    def argv_for(self, out: Path, swap: Mapping[str, str] | None = None) -> list[str]:
+        swap = {"{out}": str(out), **(swap or {})}
+        return [swap.get(part, part) for part in self.argv]
+
+
+def timed(command: Command, out: Path, env: Mapping[str, str], **swap: str) -> float:
+    """Seconds from launch to exit of `command` writing `out`; a failure raises with the end
+    of its standard error."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        command.argv_for(out, swap), env={**env, **command.env}, capture_output=True, text=True
+    )
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise RuntimeError(f"{command.name} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return seconds
+
+
+def rounds(
+    commands: list[Command],
+    n: int,
+    work: Path,
+    env: Mapping[str, str],
+    alternate: bool = False,
+    after: Callable[[int, Command], None] | None = None,
+) -> None:
+    """`n` interleaved rounds of every command (in reverse order every other round where
+    `alternate`), each round's seconds appended to its `seconds`; `after(round, command)`
+    runs, untimed, after each."""
+    for r in range(n):
+        for i, command in enumerate(commands[::-1] if alternate and r % 2 else commands):
+            out = work / f"round{r}-{i}.out"
+            command.seconds.append(timed(command, out, env))
+            command.output = command.output or out
+            print(f"round {r + 1}: {command.name}: {command.seconds[-1]:.2f} s", flush=True)
+            if after:
+                after(r, command)
+
+
+def figures(values: Sequence[float], digits: int = 2) -> dict[str, Any]:
+    """The median and every round's value."""
+    return {
+        "median": round(statistics.median(values), digits),
+        "rounds": [round(v, digits) for v in values],
+    }
+
+
+def with_src_on_path(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` with this checkout's src/ first on PYTHONPATH (what was there stays after it:
+    packages installed with `pip --target`, say)."""
+    paths = [str(ROOT / "src"), *filter(None, environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return {**environ, "PYTHONPATH": os.pathsep.join(paths)}
+
+
+# --------------------------------------------------------------------------------------------
+# Records
+# --------------------------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every entry point shares."""
+    parser.add_argument("--machine", help="the machine's name in the record (default: its CPU)")
+    parser.add_argument("--setup", help="what this run's rows stand for, e.g. the model's name")
+    parser.add_argument("--busy-ok", action="store_true", help="measure on a busy machine too")
+    parser.add_argument(
+        "--record", type=Path, help="append the record here (default bench/results/TASK.jsonl)"
+    )
+    parser.add_argument("--no-record", action="store_true", help="print the table only")
+
+
+def record(
+    task: str,
+    *,
+    table: str,
+    setup: str,
+    columns: list[tuple[str, str]],
+    rows: list[dict[str, Any]],
+    summary: str,
+    peers: Sequence[str] = (),
+    machine_name: str | None = None,
+    load: float | None = None,
+    notes: Sequence[str] = (),
+    command: str | None = None,
+) -> dict[str, Any]:
+    """One run's record: what, how, where, on which source, and the figures; `command` is
+    the one that reproduces it (by default this process's own)."""
+    return {
+        "task": task,
+        "table": table,
+        "setup": setup,
+        "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        "command": command or shlex.join(["python", *sys.argv]),
+        "machine": machine(machine_name),
+        "load_average": load,
+        "versions": versions(*peers),
+        **provenance(task),
+        "columns": [list(c) for c in columns],
+        "rows": rows,
+        "summary": summary,
+        "notes": list(notes),
+    }
+
+
+def write(rec: dict[str, Any], args: argparse.Namespace) -> None:
+    """Print the record's table, and append the record to its file unless --no-record."""
+    print(markdown_table(rec["columns"], rec["rows"]))
+    if args.no_record:
+        return
+    path = args.record or RESULTS / f"{rec['task']}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as f:
+        f.write(json.dumps(rec, ensure_ascii=False) + "\n")
+    print(f"record appended to {path}")
+
+
+def cell(value: Any) -> str:
+    """A figure as a table shows it: a median with its rounds, a number, or text."""
+    if isinstance(value, dict) and "median" in value:
+        values = [value["median"], *value["rounds"]]
+        digits = max((len(repr(v).partition(".")[2]) for v in values if isinstance(v, float)),
+                     default=0)  # fmt: skip
+        median, *rounds_ = (f"{v:.{digits}f}" for v in values)
+        return f"{median} ({', '.join(rounds_)})" if len(rounds_) > 1 else median
+    return "" if value is None else str(value)
+
+
+def markdown_table(columns: Sequence[Sequence[str]], rows: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["| " + " | ".join(h for _, h in columns) + " |", "|" + " --- |" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(cell(row.get(k)) for k, _ in columns) + " |")
+    return "\n".join(lines)

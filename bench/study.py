@@ -1,0 +1,398 @@
+"""The small-data study of docs/small-data.md, and the recipe's own run: `make bench-study`.
+
+`run` trains `aiayn train -c recipes/bible-en-es-cpu.yaml` once per run, each changing one
+setting of a common base (`RUNS`), then scores its model with `aiayn evaluate` on the
+validation set (beam 4): whole commands, each in a process of its own, one after another (they
+share the CPU otherwise: run nothing beside them). Each run appends one record to
+bench/results/study.jsonl, and the run `recipe` (the recipe exactly as a user runs it, its
+30-minute budget included) to bench/results/recipe.jsonl; a run whose STUDY_DIR/NAME/
+valid.bleu.json exists is skipped. Every study run has a step count and a linear decay to 0 at
+its last update, so what it learns does not depend on how busy the machine is; its wall time
+does.
+
+    python bench/study.py run DATA runs/study                      # every run of RUNS
+    python bench/study.py run DATA runs/study I0-xavier I1-fairseq
+    python bench/study.py run DATA runs/recipe recipe              # the recipe's own run
+
+DATA is a folder made by `aiayn prepare bible-en-es` (train.*, valid.*).
+
+`plot` draws the learning curves of runs that differ in one setting. Each run NAME is a run
+directory STUDY_DIR/NAME (its metrics.jsonl, train_config.yaml and, once evaluated,
+valid.bleu.json). Into OUT_DIR:
+
+* PREFIX-ppl-updates.png: dev perplexity (log scale) against updates, one colour per run; the
+  raw weights solid, their moving average (`ema_decay`) dashed where the run kept one.
+* PREFIX-ppl-time.png: the same against the run's wall time. A validation record has no time
+  of its own: it takes the `elapsed_s` of the train record at its step (the trainer logs one
+  there when `valid_every` is a multiple of `log_every`, and at the last update), else the
+  time interpolated between the neighbouring ones; the validation's own time falls into the
+  train interval that follows it.
+* PREFIX-table.md, also printed: per run the settings of its train_config.yaml that differ from
+  the reference run's (the first, or --reference; data files compared by name), updates done,
+  wall minutes at the last train record (the final validation and save not included), the last
+  validation perplexity of the raw and averaged weights, the weights model/ holds (the run log's
+  "model" record), BLEU and chrF (– until valid.bleu.json is there) and the median of the
+  trainer's target tokens/s per logged interval (the first left out). A run still training
+  can be drawn: only complete lines of its log are read.
+
+    python bench/study.py plot runs/study --runs S1-base:base S2-tok2048 ... \\
+        --out-dir docs/figures --prefix study
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure  # drawn without pyplot: the Agg canvas, no window
+from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+import runner
+from aiayn.train.rundir import read_config
+from aiayn.train.runlog import read_metrics
+
+# train_config.yaml keys that differ between runs without making them different runs.
+NOT_COMPARED = {"out_dir", "progress", "tensorboard", "log_every"}
+DATA_KEYS = {"src", "tgt", "tsv", "valid_src", "valid_tgt", "valid_tsv", "tokenizer"}
+NONE = "–"
+RECIPE = "recipes/bible-en-es-cpu.yaml"
+
+# Every study run gives each setting that differs from the recipe as it is now: the recipe took
+# S5's settings, then fairseq's initialisation (the S runs drew tensor2tensor's: init=xavier),
+# then S12's 2+2 layers (the S runs have the `small` preset's 3+3 unless they say otherwise).
+# bf16 (a CPU with AMX or AVX512-BF16) learns the same per update as float32.
+COMMON = [
+    "--precision",
+    "bf16",
+    "--ema-decay",
+    "0.999",
+    "--schedule",
+    "linear",
+    "--time-budget",
+    "none",
+    "--valid-every",
+    "100",
+    "--save-every",
+    "0",
+]
+LAYERS3 = ["--model", "n_encoder_layers=3", "--model", "n_decoder_layers=3"]
+BASE = [
+    "--max-tokens",
+    "4096",
+    "--lr-scale",
+    "0.5",
+    "--model",
+    "norm_first=false",
+    "--model",
+    "init=xavier",
+    *LAYERS3,
+]  # the recipe before the study
+S5 = [
+    "--max-steps",
+    "1200",
+    "--warmup-steps",
+    "400",
+    "--max-tokens",
+    "2048",
+    "--lr-scale",
+    "1.0",
+    "--model",
+    "norm_first=true",
+    "--model",
+    "init=xavier",
+    *LAYERS3,
+]
+S8 = [*S5, "--model", "init=fairseq"]  # the base of S9-S13, each changing one of its settings
+# The initialisation runs: S5's model and batches, 500 updates of Eq. 3 in float32 without an
+# average, as fairseq-train ran beside the recipe.
+INIT = [
+    *S5,
+    "--max-steps",
+    "500",
+    "--schedule",
+    "inverse_sqrt",
+    "--precision",
+    "fp32",
+    "--ema-decay",
+    "0",
+]
+# A greedy search: the first runs change one setting of the base, the later ones one setting
+# of the best run so far (S2, then S5, then S8).
+RUNS = {
+    "S1-base": ["--max-steps", "600", "--warmup-steps", "200", *BASE],
+    "S2-tok2048": ["--max-steps", "1200", "--warmup-steps", "400", *BASE, "--max-tokens", "2048"],
+    "S3-lr1": ["--max-steps", "600", "--warmup-steps", "200", *BASE, "--lr-scale", "1.0"],
+    "S5-tok2048-prenorm-lr1": S5,
+    "S4-bpe4k": [*S5, "--vocab-size", "4000"],
+    "S6-lr2": [*S5, "--lr-scale", "2.0"],
+    "S7-dropout03": [*S5, "--model", "dropout=0.3"],
+    "I0-xavier": INIT,
+    "I1-fairseq": [*INIT, "--model", "init=fairseq"],
+    "S8-fairseq-init": S8,
+    "S9-warmup200": [*S8, "--warmup-steps", "200"],
+    "S10-ls02": [*S8, "--label-smoothing", "0.2"],
+    "S11-bpe2k": [*S8, "--vocab-size", "2000"],
+    "S12-layers2": [*S8, "--model", "n_encoder_layers=2", "--model", "n_decoder_layers=2"],
+    "S13-width384": [*S8, "--model", "d_model=384", "--model", "d_ff=1536"],
+}  # fmt: skip
+STUDY_COLUMNS = [("run", "run"), ("flags", "settings changed"), ("updates", "updates"),
+                 ("minutes", "minutes"), ("valid_ppl", "validation perplexity"),
+                 ("bleu", "BLEU"), ("chrf", "chrF")]  # fmt: skip
+RECIPE_COLUMNS = [("budget", "time budget"), ("updates", "updates"),
+                  ("valid_ppl", "validation perplexity"), ("bleu", "BLEU"), ("chrf", "chrF"),
+                  ("peak_rss", "peak RSS")]  # fmt: skip
+
+
+def differences(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """The settings of `config` that differ from `reference`'s (data files by name; the
+    fields of `model` one by one, as `model.dropout`)."""
+
+    def flat(values: dict[str, Any]) -> dict[str, Any]:
+        nested = {f"model.{k}": v for k, v in (values.get("model") or {}).items()}
+        return {**{k: v for k, v in values.items() if k != "model"}, **nested}
+
+    def comparable(key: str, value: Any) -> Any:
+        return Path(value).name if key in DATA_KEYS and value else value
+
+    config, reference = flat(config), flat(reference)
+    keys = [*config, *(k for k in reference if k not in config)]
+    return {
+        key: config.get(key)
+        for key in keys
+        if key not in NOT_COMPARED
+        and comparable(key, config.get(key)) != comparable(key, reference.get(key))
+    }
+
+
+def read_scores(path: Path) -> dict[str, Any]:
+    """valid.bleu.json, or {} while it is missing, empty or half written (evaluation running)."""
+    try:
+        scores = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return scores if isinstance(scores, dict) else {}
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """What the figures and the table need from one run directory."""
+    records = read_metrics(run_dir)
+    train = [r for r in records if r.get("type") == "train"]
+    valid = [r for r in records if r.get("type") == "valid"]
+    model = [r for r in records if r.get("type") == "model"]
+    config = read_config(run_dir) or {}
+    timed = [r for r in train if r.get("elapsed_s") is not None]  # none in old logs
+    steps = [r["step"] for r in valid]
+    minutes = None
+    if timed and steps:
+        seconds = np.interp(steps, [r["step"] for r in timed], [r["elapsed_s"] for r in timed])
+        minutes = [float(t) / 60 for t in seconds]
+    # No "model" record: without an average model/ holds the raw weights; with one, the run
+    # has not ended yet.
+    kept = model[-1]["weights"] if model else NONE if config.get("ema_decay") else "raw"
+    rates = [r["tokens_per_s"] for r in train]
+    return {
+        "config": config,
+        "steps": steps,
+        "minutes": minutes,
+        "raw": [r["valid_ppl"] for r in valid],
+        "ema": [r.get("valid_ema_ppl") for r in valid],
+        "updates": max((r.get("step", 0) for r in records), default=0),
+        "wall_minutes": timed[-1]["elapsed_s"] / 60 if timed else None,
+        "kept": kept,
+        "tokens_per_s": statistics.median(rates[1:] or rates) if rates else None,
+        "scores": read_scores(run_dir / "valid.bleu.json"),
+    }
+
+
+def draw(runs: dict[str, dict[str, Any]], x_key: str, xlabel: str, title: str) -> Figure:
+    figure = Figure(figsize=(7, 4.5), layout="constrained")
+    ax = figure.add_subplot()
+    any_ema = False
+    for i, (label, run) in enumerate(runs.items()):
+        x = run[x_key]
+        if x is None or not run["steps"]:
+            print(f"{label}: no {xlabel} to draw", file=sys.stderr)
+            continue
+        ax.plot(x, run["raw"], "-", color=f"C{i}", marker=".", label=label)
+        ema = [j for j, ppl in enumerate(run["ema"]) if ppl is not None]
+        if ema:
+            any_ema = True
+            ax.plot([x[j] for j in ema], [run["ema"][j] for j in ema], "--", color=f"C{i}")
+    if any_ema:  # say once what the line styles mean
+        ax.plot([], [], "-", color="grey", label="raw weights")
+        ax.plot([], [], "--", color="grey", label="moving average (EMA)")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 3.0, 5.0)))
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set(xlabel=xlabel, ylabel="dev perplexity (log scale)", title=title)
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(loc="best", fontsize="small")
+    return figure
+
+
+def fmt(value: float | None, spec: str) -> str:
+    return NONE if value is None else format(value, spec)
+
+
+def markdown(runs: dict[str, dict[str, Any]], reference: str) -> str:
+    head = (
+        "| run | settings that differ from the reference's | updates | wall (min) "
+        "| dev ppl raw | dev ppl EMA | model/ holds | dev BLEU | dev chrF | tok/s (median) |"
+    )
+    lines = [head, "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
+    base = runs[reference]["config"]
+    for label, run in runs.items():
+        changed = differences(run["config"], base)
+        settings = ", ".join(f"{k} {v}" for k, v in changed.items()) or "none"
+        if label == reference:
+            settings = "(reference)"
+        last_raw = run["raw"][-1] if run["raw"] else None
+        last_ema = run["ema"][-1] if run["ema"] else None
+        scores = run["scores"]
+        cells = [
+            label,
+            settings,
+            str(run["updates"]),
+            fmt(run["wall_minutes"], ".1f"),
+            fmt(last_raw, ".2f"),
+            fmt(last_ema, ".2f"),
+            run["kept"],
+            fmt(scores.get("bleu"), ".2f"),
+            fmt(scores.get("chrf"), ".2f"),
+            fmt(run["tokens_per_s"], ".0f"),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
+    """Train and evaluate run `name` in processes of their own; append its record."""
+    out = args.study_dir / name
+    if (out / "valid.bleu.json").is_file():
+        print(f"{name}: done, skipped")
+        return
+    data = args.data
+    flags = [] if name == "recipe" else [*COMMON, *RUNS[name]]
+    train = [
+        sys.executable,
+        "-m",
+        "aiayn",
+        "train",
+        "-c",
+        RECIPE,
+        "--src",
+        str(data / "train.en"),
+        "--tgt",
+        str(data / "train.es"),
+        "--valid-src",
+        str(data / "valid.en"),
+        "--valid-tgt",
+        str(data / "valid.es"),
+        "--out-dir",
+        str(out),
+        "--no-progress",
+        "--threads",
+        str(args.threads),
+        *flags,
+    ]
+    evaluate = [sys.executable, "-m", "aiayn", "evaluate", "-m", str(out / "model"),
+                "--src", str(data / "valid.en"), "--ref", str(data / "valid.es"),
+                "-o", str(out / "valid.hyp"), "--json", "--no-progress",
+                "--threads", str(args.threads)]  # fmt: skip
+    env = runner.with_src_on_path(os.environ)
+    print(f"{time.strftime('%H:%M')} {name}: {' '.join(flags)}", flush=True)
+    args.study_dir.mkdir(parents=True, exist_ok=True)
+    with open(args.study_dir / f"{name}.train.log", "w", encoding="utf-8") as log:
+        subprocess.run(train, stdout=log, stderr=subprocess.STDOUT, env=env, check=True)
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB → GiB
+    scores = subprocess.run(evaluate, capture_output=True, text=True, env=env, check=True).stdout
+    (out / "valid.bleu.json").write_text(scores, encoding="utf-8")
+    got = read_run(out)
+    ppl = round(got["raw"][-1], 2) if got["raw"] else None
+    bleu, chrf = got["scores"].get("bleu"), got["scores"].get("chrf")
+    row = {"updates": got["updates"], "valid_ppl": ppl, "minutes": fmt(got["wall_minutes"], ".1f"),
+           "bleu": bleu and round(bleu, 2), "chrf": chrf and round(chrf, 2)}  # fmt: skip
+    if name == "recipe":
+        row |= {"budget": f"ended at {row.pop('minutes')} min", "peak_rss": f"{peak:.1f} GiB"}
+        task, columns, table, setup = (
+            "recipe",
+            RECIPE_COLUMNS,
+            "the recipe, 2 threads",
+            (f"`aiayn prepare`'s corpus ({data.name})"),
+        )
+        summary = f"the recipe for its 30 minutes: BLEU {row['bleu']} ({row['updates']} updates)"
+    else:
+        row |= {"run": name, "flags": " ".join(RUNS[name])}
+        task, columns, table, setup = "study", STUDY_COLUMNS, "the small-data study", name
+        summary = ""
+    rec = runner.record(task, table=table, setup=setup, columns=columns, rows=[row],
+                        summary=summary, machine_name=args.machine, load=load,
+                        command=f"python bench/study.py run DATA RUNS {name}")  # fmt: skip
+    runner.write(rec, args)
+
+
+def plot(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    names = dict(spec.partition(":")[::2] for spec in args.runs)
+    labels = {name: label or name for name, label in names.items()}
+    reference = args.reference or next(iter(names))
+    if reference not in names:
+        p.error(f"--reference {reference} is not one of --runs")
+    missing = [n for n in names if not (args.study_dir / n / "metrics.jsonl").is_file()]
+    if missing:
+        p.error(f"no metrics.jsonl in {', '.join(str(args.study_dir / n) for n in missing)}")
+    runs = {labels[name]: read_run(args.study_dir / name) for name in names}
+
+    valid_tgt = runs[labels[reference]]["config"].get("valid_tgt") or ""
+    where = f"{args.study_dir.name}: {Path(valid_tgt).parent.name}/{Path(valid_tgt).name}"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    for x_key, xlabel, what, suffix in (
+        ("steps", "updates", "updates", "updates"),
+        ("minutes", "wall time (min)", "wall time", "time"),
+    ):
+        figure = draw(runs, x_key, xlabel, f"Dev perplexity against {what} ({where})")
+        path = args.out_dir / f"{args.prefix}-ppl-{suffix}.png"
+        figure.savefig(path, dpi=110)
+        print(f"wrote {path}", file=sys.stderr)
+    table = markdown(runs, labels[reference])
+    (args.out_dir / f"{args.prefix}-table.md").write_text(table, encoding="utf-8")
+    print(table, end="")
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = p.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="train and evaluate runs, one record each")
+    run.add_argument("data", type=Path, help="an `aiayn prepare` folder: train.*, valid.*")
+    run.add_argument("study_dir", type=Path, help="the folder for one run directory per run")
+    run.add_argument("names", nargs="*", metavar="RUN", help=f"of: recipe {' '.join(RUNS)}")
+    run.add_argument("--threads", type=int, default=2)
+    runner.add_arguments(run)
+    draw_ = commands.add_parser("plot", help="draw the runs' learning curves and a table")
+    draw_.add_argument("study_dir", type=Path, help="the folder holding one directory per run")
+    draw_.add_argument("--runs", nargs="+", required=True, metavar="NAME[:LABEL]")
+    draw_.add_argument("--out-dir", type=Path, default=Path("docs/figures"))
+    draw_.add_argument("--prefix", default="study")
+    draw_.add_argument("--reference", metavar="NAME", help="the run settings are compared to")
+    args = p.parse_args(argv)
+    if args.command == "plot":
+        return plot(args, p)
+    unknown = [n for n in args.names if n != "recipe" and n not in RUNS]
+    if unknown:
+        p.error(f"unknown run(s) {unknown}: the runs are recipe, {', '.join(RUNS)}")
+    load = runner.check_idle(args.busy_ok)
+    for name in args.names or RUNS:
+        run_one(args, name, load)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,541 @@
+"""Translating a file as a user does, against CTranslate2 and Hugging Face: `make bench-translate`.
+
+Each system translates the same file in a process of its own, started fresh for every round,
+and is timed from launch to exit (Python start-up, imports, loading, packing, decoding,
+writing), in interleaved rounds (bench/runner.py):
+
+- ``aiayn translate -m MODEL -i SRC -o OUT`` as the README shows it, once per variant asked
+  (``--variant NAME='--int8'``, ``--variant finished='--stopping finished'``, ...);
+- CTranslate2's own Python API on ``aiayn export --to ctranslate2`` (fp32 and int8 exports):
+  SentencePiece in, ``translate_batch`` (beam W, batches of 1,024 tokens, the same length limit
+  and banned tokens as aiayn), SentencePiece out, what a CTranslate2 user writes; in both
+  thread layouts: the threads inside one batch (``intra_threads`` N × ``inter_threads`` 1, its
+  default) and one batch per thread (``inter_threads`` N × ``intra_threads`` 1, what aiayn's
+  decoding workers do);
+- ``aiayn translate --backend ctranslate2`` on the same export, and on the model directory
+  (its export converted once, before the rounds, into the cache the command reads);
+- Hugging Face ``generate`` on ``aiayn export --to hf`` (``--with-hf``; slow; post-norm models
+  only, as MarianMTModel is);
+
+For each: wall time (median and every round), sentences/s, BLEU and chrF (sacreBLEU) of the
+first round's output, for aiayn's own search the decoder rows per sentence (counted in a
+separate, untimed pass), and how many outputs differ from the first system's. The run appends
+one record to bench/results/translate.jsonl (`make benchmarks-page` shows it).
+
+With ``--one-line``, each round also times each system on the file's first line alone: what a
+command costs around its decoding. ``--only`` / ``--skip`` keep or leave out systems by name,
+``--alternate`` reverses their order every other round (an A/B of two).
+
+Tools for decoding work, no timing of whole commands: ``--profile`` splits aiayn's search on
+one thread into encoder, decoder steps and the search between them, and the operators' shares
+(torch.profiler); ``--step-calls N`` counts the calls into PyTorch per decoding step over the
+first N sentences (bench/step_calls.py: exact counts, the same on every machine).
+
+    python bench/translate.py -m MODEL --data DATA --variant int8=--int8 --one-line
+    python bench/translate.py -m MODEL --data DATA --step-calls 30
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import runner
+from runner import Command
+
+AIAYN = [sys.executable, "-m", "aiayn"]
+
+CT2_SCRIPT = r"""
+import sys, json
+import ctranslate2, sentencepiece as spm
+export, src, out, beam, threads, alpha, max_a, max_b, inter = sys.argv[1:10]
+beam, threads, inter = int(beam), int(threads), int(inter)
+alpha, max_a, max_b = float(alpha), float(max_a), float(max_b)
+sp = spm.SentencePieceProcessor(model_file=f"{export}/source.spm")
+target = spm.SentencePieceProcessor(model_file=f"{export}/target.spm")
+lines = open(src, encoding="utf-8").read().split("\n")[:-1]
+pieces = [sp.encode(line, out_type=str) for line in lines]
+translator = ctranslate2.Translator(
+    export, device="cpu", intra_threads=max(1, threads // inter), inter_threads=inter
+)
+limit = max(int(max_a * (len(p) + 1) + max_b) for p in pieces) if pieces else 1
+results = translator.translate_batch(
+    pieces, beam_size=beam, length_penalty=alpha, max_batch_size=1024, batch_type="tokens",
+    max_decoding_length=limit, suppress_sequences=[["<pad>"], ["<s>"]],
+)
+with open(out, "w", encoding="utf-8") as f:
+    for r in results:
+        f.write(target.decode(r.hypotheses[0]) + "\n")
+"""
+
+HF_SCRIPT = r"""
+import sys
+import torch
+from transformers import MarianMTModel, MarianTokenizer
+export, src, out, beam, threads = sys.argv[1:6]
+torch.set_num_threads(int(threads))
+tokenizer = MarianTokenizer.from_pretrained(export)
+model = MarianMTModel.from_pretrained(export).eval()
+lines = open(src, encoding="utf-8").read().split("\n")[:-1]
+order = sorted(range(len(lines)), key=lambda i: -len(lines[i]))
+outputs = [""] * len(lines)
+with torch.inference_mode():
+    for start in range(0, len(order), 32):
+        rows = order[start:start + 32]
+        batch = tokenizer([lines[i] for i in rows], return_tensors="pt", padding=True)
+        generated = model.generate(**batch, num_beams=int(beam), max_new_tokens=256)
+        for i, text in zip(rows, tokenizer.batch_decode(generated, skip_special_tokens=True)):
+            outputs[i] = text
+open(out, "w", encoding="utf-8").write("".join(o + "\n" for o in outputs))
+"""
+
+
+def count_rows(model: str, src: Path, options: dict) -> float:
+    """Decoder rows per sentence of aiayn's search with these options: every row fed to the
+    decoder (each live beam of each unfinished sentence, at every step), over the sentences.
+    Counted in a separate process through the Python API, untimed."""
+    code = f"""
+import json
+from aiayn.decode.translator import Translator
+from aiayn.model import Transformer
+rows = []
+real = Transformer.decode_step
+def counted(self, tokens, cache):
+    rows.append(tokens.numel())
+    return real(self, tokens, cache)
+Transformer.decode_step = counted
+lines = open({str(src)!r}, encoding="utf-8").read().split("\\n")[:-1]
+Translator({model!r}).translate(lines, **json.loads({json.dumps(json.dumps(options))}))
+print(sum(rows) / max(1, len(lines)))
+"""
+    env = runner.with_src_on_path(os.environ)
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+PROFILE_SCRIPT = r"""
+import json, sys, time
+import torch
+from torch.profiler import ProfilerActivity, profile
+from aiayn.decode.translator import Translator
+from aiayn.model import Transformer
+model, src, beam = sys.argv[1], sys.argv[2], int(sys.argv[3])
+torch.set_num_threads(1)  # as each decoding worker runs
+translator = Translator(model)
+lines = open(src, encoding="utf-8").read().split("\n")[:-1]
+translator.translate(lines[:64], beam_size=beam)  # warm-up: oneDNN / MKL first calls
+spent = {"encode": 0.0, "decoder step": 0.0}  # from here on
+steps = [0]
+def timed(name, real):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            spent[name] += time.perf_counter() - start
+            steps[0] += name == "decoder step"
+    return wrapper
+Transformer.encode = timed("encode", Transformer.encode)
+Transformer.decode_step = timed("decoder step", Transformer.decode_step)
+start = time.perf_counter()
+translator.translate(lines, beam_size=beam)  # the wall-clock split: no profiler
+total = time.perf_counter() - start
+wall = dict(spent, steps=steps[0])
+with profile(activities=[ProfilerActivity.CPU]) as prof:  # the operators' shares
+    translator.translate(lines, beam_size=beam)
+ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
+groups = {
+    "matrix products of the linear layers": (
+        "aten::addmm", "aten::mm", "mkldnn::_linear_pointwise"
+    ),
+    "attention's batched products (Q Kᵀ, P V)": ("aten::bmm",),
+    "log_softmax over the vocabulary": ("aten::_log_softmax",),
+}
+out = {"total_s": total, "steps": wall["steps"], "encode_s": wall["encode"],
+       "decoder_step_s": wall["decoder step"], "ops_s": sum(ops.values()),
+       "groups": {g: sum(ops.get(k, 0.0) for k in keys) for g, keys in groups.items()}}
+print(json.dumps(out))
+"""
+
+
+def profile_translation(model: str, src: Path, beam: int) -> str:
+    """Where the time of aiayn's search goes, on one thread as each worker runs it: a markdown
+    table from one untimed in-process pass under torch.profiler (which slows it down)."""
+    env = runner.with_src_on_path(os.environ)
+    done = subprocess.run(
+        [sys.executable, "-c", PROFILE_SCRIPT, model, str(src), str(beam)],
+        capture_output=True, text=True, check=True, env=env,
+    )  # fmt: skip
+    p = json.loads(done.stdout.strip().splitlines()[-1])
+    total, ops = p["total_s"], p["ops_s"]
+    search = total - p["encode_s"] - p["decoder_step_s"]
+    lines = [
+        f"Profile: aiayn's search on one thread (as each worker runs it), in one process, "
+        f"{p['steps']} decoder steps. Wall clock (no profiler), {total:.1f} s:",
+        "",
+        "| where | seconds | share |",
+        "| --- | ---: | ---: |",
+        f"| encoder | {p['encode_s']:.2f} | {p['encode_s'] / total:.0%} |",
+        f"| decoder steps | {p['decoder_step_s']:.2f} | {p['decoder_step_s'] / total:.0%} |",
+        f"| search between steps (selection, finishing, cache reorder), results | {search:.2f} "
+        f"| {search / total:.0%} |",
+        "",
+        "The operators' own time, under torch.profiler (a second pass), by share of all "
+        "operators' time:",
+        "",
+        "| operators | share |",
+        "| --- | ---: |",
+    ]
+    for group, seconds in p["groups"].items():
+        lines.append(f"| {group} | {seconds / ops:.0%} |")
+    rest = ops - sum(p["groups"].values())
+    lines.append(
+        f"| every other operator (element-wise, selections, copies, norms) | {rest / ops:.0%} |"
+    )
+    return "\n".join(lines)
+
+
+def scores(hyp: Path, ref: Path) -> tuple[float, float]:
+    import sacrebleu
+
+    hyps = hyp.read_text(encoding="utf-8").split("\n")[:-1]
+    refs = ref.read_text(encoding="utf-8").split("\n")[:-1]
+    return (
+        sacrebleu.corpus_bleu(hyps, [refs]).score,
+        sacrebleu.corpus_chrf(hyps, [refs]).score,
+    )
+
+
+def as_installed(environ: Mapping[str, str], pycache: Path) -> dict[str, str]:
+    """``environ`` for the timed commands as a user's install runs them, with Python's compiled
+    modules cached (in ``pycache``) even where ``PYTHONDONTWRITEBYTECODE`` is set, as on the
+    machines these tables come from: pip compiles an installed package's modules once, while
+    this checkout's src/ would be compiled anew in every process, ~0.14 s of each
+    ``aiayn translate`` and none of CTranslate2's (a cProfile of one line). The first command
+    that imports a module writes its cache (`warm_up`)."""
+    environ = {k: v for k, v in environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**environ, "PYTHONPYCACHEPREFIX": str(pycache)}
+
+
+def first_line(src: Path, work: Path) -> Path:
+    """A file holding the first line of ``src``."""
+    first = work / "first-line.txt"
+    first.write_text(src.read_text(encoding="utf-8").split("\n")[0] + "\n", encoding="utf-8")
+    return first
+
+
+def warm_up(
+    systems: list[Command], src: Path, first: Path, work: Path, env: dict[str, str]
+) -> None:
+    """Each system once, untimed, on ``first``, the first line of ``src``: Python's module
+    caches (`as_installed`) and the page cache then hold what every timed round reads."""
+    for system in systems:
+        command = system.argv_for(work / "warm-up-out.txt", {str(src): str(first)})
+        subprocess.run(command, env={**env, **system.env}, capture_output=True, check=False)
+
+
+def search_options(extra: list[str]) -> dict:
+    """The DecodingOptions fields a variant's flags set (for the step count)."""
+    options: dict = {}
+    names = {
+        "--stopping": ("stopping", str),
+        "--beam-size": ("beam_size", int),
+        "--length-penalty": ("length_penalty", float),
+        "--length-penalty-kind": ("length_penalty_kind", str),
+        "--max-len-a": ("max_len_a", float),
+        "--max-len-b": ("max_len_b", float),
+    }
+    for flag, value in itertools.pairwise(extra):
+        if flag in names:
+            key, kind = names[flag]
+            options[key] = kind(value)
+    return options
+
+
+COLUMNS = [
+    ("system", "system"), ("wall_s", "wall time, s (rounds)"), ("sentences_per_s", "sentences/s"),
+    ("bleu", "BLEU"), ("chrf", "chrF"), ("differ", "outputs ≠ first"),
+    ("vs_ct2", "× CTranslate2 fp32"), ("vs_ct2_inter", "× CTranslate2 inter_threads"),
+    ("one_line_s", "one line, s"), ("rows_per_sentence", "decoder rows/sentence"),
+]  # fmt: skip
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("-m", "--model", required=True, help="aiayn model directory")
+    p.add_argument("--data", type=Path, help="an `aiayn prepare` folder: valid.en, valid.es")
+    p.add_argument("--src", type=Path, help="source sentences (default DATA/valid.en)")
+    p.add_argument("--ref", type=Path, help="their references (default DATA/valid.es)")
+    p.add_argument("--beam", type=int, default=4)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME=FLAGS",
+        help="another aiayn translate run with these extra flags (repeatable)",
+    )
+    p.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
+    p.add_argument(
+        "--only",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="time only the systems whose name holds TEXT (repeatable)",
+    )
+    p.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="TEXT",
+        help="leave out the systems whose name holds TEXT (repeatable)",
+    )
+    p.add_argument(
+        "--alternate",
+        action="store_true",
+        help="run the systems in reverse order every other round (an A/B of two)",
+    )
+    p.add_argument(
+        "--one-line",
+        action="store_true",
+        help="also time each system on the first line alone, every round",
+    )
+    p.add_argument("--with-hf", action="store_true", help="also Hugging Face generate (slow)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile aiayn's search on one thread instead (untimed, no record)",
+    )
+    p.add_argument(
+        "--step-calls",
+        type=int,
+        metavar="N",
+        help="count the calls into PyTorch per decoding step over N sentences instead",
+    )
+    runner.add_arguments(p)
+    args = p.parse_args(argv)  # fmt: skip
+    args.src = args.src or (args.data / "valid.en" if args.data else None)
+    args.ref = args.ref or (args.data / "valid.es" if args.data else None)
+    if args.src is None or (args.ref is None and not (args.profile or args.step_calls)):
+        p.error("give --data DIR (an `aiayn prepare` folder), or --src and --ref")
+    return args
+
+
+def exported(args: argparse.Namespace, work: Path, env: dict, to: str, *extra: str) -> Path:
+    """The model exported by `aiayn export --to TO` into `work`."""
+    export = work / f"{to}{'-'.join(('', *extra[1:]))}"
+    command = [*AIAYN, "export", args.model, "--to", to, "-o", str(export), *extra]
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{shlex.join(command)} failed: {done.stderr.strip()[-2000:]}")
+    return export
+
+
+def systems(args: argparse.Namespace, work: Path, env: dict) -> list[Command]:
+    """Every system asked for, as whole commands writing `{out}`."""
+    common = ["--beam-size", str(args.beam), "--threads", str(args.threads), "--no-progress"]
+    translate = [*AIAYN, "translate", "-m", args.model, "-i", str(args.src), "-o", "{out}"]
+    found = [Command("aiayn translate", [*translate, *common])]
+    for spec in args.variant:
+        flags = spec.partition("=")[2]
+        found.append(
+            Command(f"aiayn translate {flags}", [*translate, *common, *shlex.split(flags)])
+        )
+    # Each system ranks as its users get by default: CTranslate2 by log_prob / |Y|^1 (its
+    # length_penalty 1), aiayn by the paper's GNMT penalty, α = 0.6.
+    power = ["--length-penalty-kind", "power", "--length-penalty", "1.0"]
+    for quantization in () if args.no_ct2 else (None, "int8"):
+        export = exported(
+            args,
+            work,
+            env,
+            "ctranslate2",
+            *(("--quantization", quantization) if quantization else ()),
+        )
+        label = quantization or "fp32"
+        for inter in sorted({1, args.threads}):  # threads in one batch; one batch per thread
+            layout = "" if inter == 1 else f", inter_threads {inter}"
+            found.append(
+                Command(
+                    f"CTranslate2 {label} (Python API{layout})",
+                    [
+                        sys.executable,
+                        "-c",
+                        CT2_SCRIPT,
+                        str(export),
+                        str(args.src),
+                        "{out}",
+                        str(args.beam),
+                        str(args.threads),
+                        "1.0",
+                        "1.0",
+                        "50",
+                        str(inter),
+                    ],
+                )
+            )
+        if not quantization:
+            found.append(
+                Command(
+                    "aiayn translate --backend ctranslate2",
+                    [
+                        *AIAYN,
+                        "translate",
+                        "-m",
+                        str(export),
+                        "-i",
+                        str(args.src),
+                        "-o",
+                        "{out}",
+                        *common,
+                        *power,
+                    ],
+                )
+            )
+            cached = [*translate[:-2], "--backend", "ctranslate2", "-o", "{out}", *common, *power]
+            warm = [part.replace("{out}", str(work / "warm.txt")) for part in cached]
+            subprocess.run(warm, env=env, check=True, capture_output=True)  # converts once
+            found.append(Command("aiayn translate -m MODEL --backend ctranslate2", cached))
+    if args.with_hf:
+        export = exported(args, work, env, "hf")
+        found.append(
+            Command(
+                "HF generate (Python API)",
+                [
+                    sys.executable,
+                    "-c",
+                    HF_SCRIPT,
+                    str(export),
+                    str(args.src),
+                    "{out}",
+                    str(args.beam),
+                    str(args.threads),
+                ],
+            )
+        )
+    if args.only:
+        found = [x for x in found if any(text in x.name for text in args.only)]
+    if args.skip:
+        found = [x for x in found if not any(text in x.name for text in args.skip)]
+    if not found:
+        sys.exit(f"--only {args.only} / --skip {args.skip}: no system left")
+    return found
+
+
+def model_name(model: str) -> str:
+    """A model directory's name, or its run's where it is a run's model/."""
+    path = Path(model).resolve()
+    return path.parent.name if path.name == "model" else path.name
+
+
+def step_calls(args: argparse.Namespace) -> None:
+    """Calls into PyTorch per decoding step, as one decoding worker makes them."""
+    import torch
+
+    from aiayn.decode.translator import Translator
+    from step_calls import count_step_calls, markdown
+
+    torch.set_num_threads(1)
+    lines = args.src.read_text(encoding="utf-8").splitlines()[: args.step_calls]
+    translator = Translator(args.model)
+    translator.translate(lines, beam_size=args.beam)  # the first call's one-time work
+    with torch.inference_mode(), count_step_calls() as counted:
+        translator.translate(lines, beam_size=args.beam)
+    layers = translator.model.config.n_decoder_layers
+    print(markdown(counted, layers, f"{len(lines)} sentences, beam {args.beam}, {layers} layers"))
+
+
+def rows_of(args: argparse.Namespace, found: list[Command], one_line: dict) -> list[dict]:
+    """The record's rows: times, speed, scores and the ratios against CTranslate2 fp32."""
+    n = len(args.src.read_text(encoding="utf-8").split("\n")) - 1
+    first = found[0].output.read_text(encoding="utf-8").split("\n")
+    ct2 = {
+        c.name: statistics.median(c.seconds) for c in found if c.name.startswith("CTranslate2 fp32")
+    }
+    intra = next((v for k, v in ct2.items() if "inter" not in k), None)
+    inter = next((v for k, v in ct2.items() if "inter" in k), None)
+    rows = []
+    for command in found:
+        median = statistics.median(command.seconds)
+        bleu, chrf = scores(command.output, args.ref)
+        lines = command.output.read_text(encoding="utf-8").split("\n")
+        row = {
+            "system": command.name,
+            "wall_s": runner.figures(command.seconds, 1),
+            "sentences_per_s": round(n / median, 1),
+            "bleu": round(bleu, 2),
+            "chrf": round(chrf, 2),
+            "differ": sum(a != b for a, b in zip(lines, first, strict=False)),
+            "vs_ct2": intra and f"{intra / median:.2f}×",
+            "vs_ct2_inter": inter and f"{inter / median:.2f}×",
+        }
+        if command.name in one_line:
+            row["one_line_s"] = round(statistics.median(one_line[command.name]), 2)
+        plain = command.name.startswith("aiayn translate") and "backend" not in command.name
+        extra = command.argv[command.argv.index("--no-progress") + 1 :] if plain else []
+        if plain and "--int8" not in extra and "--bf16" not in extra:
+            options = {"beam_size": args.beam, **search_options(extra)}
+            row["rows_per_sentence"] = round(count_rows(args.model, args.src, options), 1)
+        rows.append(row)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.step_calls:
+        return step_calls(args)
+    if args.profile:
+        return print(profile_translation(args.model, args.src, args.beam))
+    load = runner.check_idle(args.busy_ok)
+    work = Path(tempfile.mkdtemp(prefix="bench-translate-"))
+    # --backend ctranslate2 on a model directory converts it once, into this cache
+    env = {
+        **as_installed(runner.with_src_on_path(os.environ), work / "pycache"),
+        "AIAYN_CT2_CACHE": str(work / "cache"),
+    }
+    found = systems(args, work, env)
+    first = first_line(args.src, work)
+    warm_up(found, args.src, first, work, env)
+    one_line: dict[str, list[float]] = {}
+
+    def time_one_line(_: int, command: Command) -> None:
+        seconds = runner.timed(command, work / "one-line.out", env, **{str(args.src): str(first)})
+        one_line.setdefault(command.name, []).append(seconds)
+
+    after = time_one_line if args.one_line else None
+    runner.rounds(found, args.rounds, work, env, alternate=args.alternate, after=after)
+    rows = rows_of(args, found, one_line)
+    ours = rows[0]
+    ct2 = next((r for r in rows if r["system"] == "CTranslate2 fp32 (Python API)"), None)
+    summary = f"{ours['system']} {ours['wall_s']['median']} s, BLEU {ours['bleu']}" + (
+        f"; CTranslate2 fp32 {ct2['wall_s']['median']} s ({ours['vs_ct2']})" if ct2 else ""
+    )
+    n = len(args.src.read_text(encoding="utf-8").splitlines())
+    rec = runner.record(
+        "translate",
+        table=f"{n} sentences, beam {args.beam}, {args.threads} threads",
+        setup=args.setup or model_name(args.model),
+        columns=[c for c in COLUMNS if any(c[0] in r for r in rows)],
+        rows=rows,
+        summary=summary,
+        peers=("ctranslate2", "transformers", "sacrebleu"),
+        machine_name=args.machine,
+        load=load,
+    )
+    runner.write(rec, args)
+
+
+if __name__ == "__main__":
+    main()

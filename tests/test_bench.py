@@ -1,0 +1,86 @@
+"""The benchmark entry points of bench/ run end to end on a tiny model and write their record
+(bench/runner.py), so that what `make bench-translate` and `make bench-serve` run on an idle
+machine has not rotted; their arguments are refused in one line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from model_dirs import tiny_model_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench(script: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    return subprocess.run(
+        [sys.executable, str(ROOT / "bench" / script), *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_translate_times_aiayn_and_both_ctranslate2_thread_layouts(tmp_path: Path) -> None:
+    pytest.importorskip("ctranslate2")
+    model = tiny_model_dir(tmp_path, eos_scale=4.0)
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "valid.en").write_text("the cat sat on the mat\nhello world\n", encoding="utf-8")
+    (data / "valid.es").write_text("el gato\nhola mundo\n", encoding="utf-8")
+    record = tmp_path / "translate.jsonl"
+    done = bench(
+        "translate.py", "-m", str(model), "--data", str(data), "--rounds", "1", "--busy-ok",
+        "--skip", "int8", "--skip=-m MODEL", "--record", str(record), "--setup", "tiny",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    [line] = record.read_text(encoding="utf-8").splitlines()
+    rec = json.loads(line)
+    assert (rec["task"], rec["setup"], rec["table"]) == (
+        "translate", "tiny", "2 sentences, beam 4, 2 threads"
+    )  # fmt: skip
+    assert [r["system"] for r in rec["rows"]] == [
+        "aiayn translate",
+        "CTranslate2 fp32 (Python API)",
+        "CTranslate2 fp32 (Python API, inter_threads 2)",
+        "aiayn translate --backend ctranslate2",
+    ]
+    ours = rec["rows"][0]
+    assert ours["wall_s"]["median"] > 0 and ours["rows_per_sentence"] > 0
+    assert rec["machine"]["cores"] >= 1 and rec["versions"]["ctranslate2"]
+
+
+@pytest.mark.slow
+def test_serve_measures_batching_on_and_off_under_load(tmp_path: Path) -> None:
+    for module in ("httpx", "num2words", "fastapi", "uvicorn"):
+        pytest.importorskip(module)
+    record = tmp_path / "serve.jsonl"
+    done = bench(
+        "serve.py", "--requests", "4", "--concurrency", "1", "2", "--max-seconds", "30",
+        "--busy-ok", "--record", str(record),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    rec = json.loads(record.read_text(encoding="utf-8"))
+    cells = [(r["batching"], r["clients"], r["errors"]) for r in rec["rows"]]
+    assert cells == [("on", 1, 0), ("on", 2, 0), ("off", 1, 0), ("off", 2, 0)]
+    assert "requests/s with 2 clients" in rec["summary"]
+
+
+@pytest.mark.parametrize(
+    ("script", "args", "message"),
+    [
+        ("translate.py", ["-m", "MODEL"], "give --data DIR (an `aiayn prepare` folder)"),
+        ("train.py", [], "give --data DIR (an `aiayn prepare` folder), or --src and --tgt"),
+        ("train.py", ["--data", "D", "--max-updates", "3"], "a smoke run"),
+        ("study.py", ["run", "D", "S", "S99-nothing"], "unknown run(s) ['S99-nothing']"),
+    ],
+)
+def test_arguments_are_refused_in_one_line(script: str, args: list[str], message: str) -> None:
+    done = bench(script, *args, timeout=120)
+    assert done.returncode == 2
+    assert message in done.stderr.splitlines()[-1]

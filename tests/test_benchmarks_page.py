@@ -1,0 +1,106 @@
+"""BENCHMARKS.md is what bench/page.py makes of the records in bench/results/ (`make
+benchmarks-page`), and the page marks a row whose source changed since it was measured."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+import page  # noqa: E402
+import runner  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def records() -> list[dict[str, Any]]:
+    return page.load()
+
+
+@pytest.fixture(scope="module")
+def current(records: list[dict[str, Any]]) -> dict[str, str]:
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("no git checkout: the page's markers need this tree's source hashes")
+    hashes = page.current_hashes(records)
+    if hashes is None:
+        pytest.skip("git cannot say this tree's source hashes")
+    return hashes
+
+
+def test_benchmarks_md_is_what_the_records_make(
+    records: list[dict[str, Any]], current: dict[str, str]
+) -> None:
+    made = page.render(records, current)
+    assert (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8") == made, (
+        "BENCHMARKS.md is not what bench/results/ makes: run `make benchmarks-page`"
+    )
+
+
+def test_the_page_is_short_and_states_the_present(
+    records: list[dict[str, Any]], current: dict[str, str]
+) -> None:
+    text = page.render(records, current)
+    assert len(text.splitlines()) <= 300
+    assert "## What to expect" in "\n".join(text.splitlines()[:20])
+    assert not re.search(r"\b[0-9a-f]{7,40}\b", text), "a commit hash on the page"
+    assert not re.search(r"\bissue #?\d+|#\d+\b", text, re.IGNORECASE), "an issue number"
+    assert not re.search(r"DATA/dev\.", text), "`aiayn prepare` writes valid.*, not dev.*"
+
+
+def test_every_record_names_what_the_page_shows(records: list[dict[str, Any]]) -> None:
+    for rec in records:
+        assert rec["task"] in page.TASKS and rec["task"] in runner.SOURCES
+        assert rec["machine"]["name"] and rec["date"] and rec["command"]
+        assert rec["rows"] and all(len(c) == 2 for c in rec["columns"])
+        assert set(rec["sources"] or {}) <= {"src", *runner.SOURCES[rec["task"]]}
+
+
+def test_a_row_whose_source_changed_is_marked(current: dict[str, str]) -> None:
+    paths = runner.SOURCES["translate"]
+    fresh = {
+        "task": "translate", "table": "a file", "setup": "a model", "date": "2030-01-01 00:00",
+        "command": "python bench/translate.py -m MODEL --data DATA", "notes": [],
+        "machine": {"name": "a CPU"}, "versions": {"torch": "2"}, "summary": "fast",
+        "sources": {"src": "x", **runner.source_hashes(paths)},
+        "columns": [["system", "system"], ["wall_s", "wall time, s (rounds)"]],
+        "rows": [{"system": "aiayn translate", "wall_s": runner.figures([2.0, 1.0, 3.0])}],
+    }  # fmt: skip
+    text = page.render([fresh], page.current_hashes([fresh]))
+    assert "| a file | a CPU | 2030-01-01 | fast |" not in text  # the task's name, not the table's
+    assert "| aiayn translate | 2.0 (2.0, 1.0, 3.0) | 2030-01-01 |" in text
+    changed = copy.deepcopy(fresh)
+    changed["sources"]["src/aiayn/decode"] = "0" * 40
+    text = page.render([changed], page.current_hashes([changed]))
+    assert f"| aiayn translate | 2.0 (2.0, 1.0, 3.0) | 2030-01-01, {page.OLDER} |" in text
+    later = {**copy.deepcopy(fresh), "date": "2030-02-01 00:00"}  # the latest of a setup wins
+    text = page.render([changed, later], current)
+    assert "2030-02-01 |" in text and f", {page.OLDER} |" not in text
+
+
+def test_a_record_is_one_line_of_json_with_the_machine_and_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sys, "argv", ["bench/translate.py", "-m", "MODEL"])
+    rec = runner.record(
+        "translate", table="t", setup="s", columns=[("system", "system")],
+        rows=[{"system": "aiayn translate"}], summary="", peers=("no-such-peer",),
+    )  # fmt: skip
+    assert rec["command"] == "python bench/translate.py -m MODEL"
+    assert rec["machine"]["cores"] >= 1 and set(rec["machine"]["flags"]) <= {
+        "AVX2", "AVX-512", "AVX512-BF16", "AMX"
+    }  # fmt: skip
+    assert rec["versions"]["no-such-peer"] is None and rec["versions"]["torch"]
+    if rec["sources"] is not None:  # a git checkout
+        assert set(rec["sources"]) == {"src", *runner.SOURCES["translate"]}
+    args = type("Args", (), {"no_record": False, "record": tmp_path / "r.jsonl"})()
+    runner.write(rec, args)
+    runner.write(rec, args)
+    lines = (tmp_path / "r.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line) for line in lines] == [rec, rec]
