@@ -19,7 +19,7 @@ import torch
 from aiayn.decode import search
 from aiayn.decode.options import LengthPenaltyKind
 from aiayn.decode.search import (
-    MAX_LENGTH_PENALTY,
+    MAX_FINITE_LENGTH_PENALTY,
     DecodingOptions,
     Hypothesis,
     beam_search,
@@ -230,7 +230,7 @@ def test_decoding_options_bounds() -> None:
     assert DecodingOptions(beam_size=5).rows_per_sentence == 5
     # The largest α accepted cannot overflow a length penalty, even for very long outputs.
     for penalty in (gnmt_length_penalty, power_length_penalty):
-        assert math.isfinite(penalty(100_000, MAX_LENGTH_PENALTY))
+        assert math.isfinite(penalty(100_000, MAX_FINITE_LENGTH_PENALTY))
     with pytest.raises(OverflowError):
         power_length_penalty(5, 500.0)  # what an unbounded α did
 

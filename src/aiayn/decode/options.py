@@ -18,7 +18,7 @@ from aiayn.errors import UserValueError
 
 __all__ = [
     "LENGTH_PENALTIES",
-    "MAX_LENGTH_PENALTY",
+    "MAX_FINITE_LENGTH_PENALTY",
     "DecodingOptions",
     "LengthPenalty",
     "LengthPenaltyKind",
@@ -70,9 +70,11 @@ def length_penalty_fn(kind: str) -> LengthPenalty:
     return LENGTH_PENALTIES[kind]
 
 
-MAX_LENGTH_PENALTY = 10.0
-"""Largest α accepted. Useful values lie in 0–2; far beyond, ``length ** α`` overflows a float
-(α ≈ 400 for a length of 5)."""
+MAX_FINITE_LENGTH_PENALTY = 10.0
+"""Largest α `DecodingOptions` accepts: a guard of the arithmetic, not a policy. Useful values
+lie in 0–2; far beyond, ``length ** α`` overflows a float (α ≈ 400 for a length of 5), and up
+to 10 the penalty of a 100,000-token output stays finite. (A server allows its requests less:
+``aiayn.serve.settings.SERVER_MAX_LENGTH_PENALTY``.)"""
 
 
 def max_output_length(src_len: int, max_len_a: float, max_len_b: float) -> int:
@@ -156,9 +158,10 @@ class DecodingOptions:
                 "raise the beam size or use sampling"
             )
         alpha = self.length_penalty
-        if not (_is_number(alpha) and 0 <= alpha <= MAX_LENGTH_PENALTY):
+        if not (_is_number(alpha) and 0 <= alpha <= MAX_FINITE_LENGTH_PENALTY):
             raise UserValueError(
-                f"length_penalty ({alpha!r}) must be a number between 0 and {MAX_LENGTH_PENALTY}"
+                f"length_penalty ({alpha!r}) must be a number between 0 and "
+                f"{MAX_FINITE_LENGTH_PENALTY}"
             )
         kinds = get_args(LengthPenaltyKind)
         if self.length_penalty_kind not in kinds:

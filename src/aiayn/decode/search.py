@@ -47,7 +47,7 @@ from torch import Tensor
 
 from aiayn.decode.options import (
     LENGTH_PENALTIES,
-    MAX_LENGTH_PENALTY,
+    MAX_FINITE_LENGTH_PENALTY,
     DecodingOptions,
     LengthPenalty,
     gnmt_length_penalty,
@@ -61,7 +61,7 @@ from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 __all__ = [
     "LENGTH_PENALTIES",
-    "MAX_LENGTH_PENALTY",
+    "MAX_FINITE_LENGTH_PENALTY",
     "DecodingOptions",
     "Hypothesis",
     "IncrementalModel",

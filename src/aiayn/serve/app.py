@@ -98,7 +98,7 @@ from aiayn.serve.schemas import (
 )
 from aiayn.serve.settings import (
     INTEGER_LIMITS,
-    MAX_REQUEST_LENGTH_PENALTY,
+    SERVER_MAX_LENGTH_PENALTY,
     Decoding,
     ServerSettings,
     call_budget,
@@ -490,7 +490,7 @@ def _info(service: Service) -> dict[str, Any]:
     limits: dict[str, Any] = {name: getattr(settings, name) for name in INTEGER_LIMITS}
     limits.update(
         max_body_values=settings.max_body_values,
-        max_length_penalty=MAX_REQUEST_LENGTH_PENALTY,
+        max_length_penalty=SERVER_MAX_LENGTH_PENALTY,
         busy_after_s=settings.busy_after_s,
         timeout_keep_alive_s=settings.timeout_keep_alive_s,
         timeout_head_s=settings.timeout_head_s,

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from aiayn.decode.results import TranslationHypothesis, TranslationResult
-from aiayn.serve.settings import MAX_REQUEST_LENGTH_PENALTY
+from aiayn.serve.settings import SERVER_MAX_LENGTH_PENALTY
 from aiayn.text.tokenizer import stripped
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ class TranslateRequest(BaseModel):
     beam_size: int | None = Field(None, ge=1, description="1 = greedy search.")
     n_best: int | None = Field(None, ge=1, description="Hypotheses per text (<= beam_size).")
     length_penalty: float | None = Field(
-        None, ge=0, le=MAX_REQUEST_LENGTH_PENALTY, allow_inf_nan=False, description="α."
+        None, ge=0, le=SERVER_MAX_LENGTH_PENALTY, allow_inf_nan=False, description="α."
     )
     return_attention: bool = Field(
         False,

@@ -18,7 +18,7 @@ __all__ = [
     "BODY_VALUES_FOR_OPTIONS",
     "CALL_OUTPUT_TOKENS",
     "INTEGER_LIMITS",
-    "MAX_REQUEST_LENGTH_PENALTY",
+    "SERVER_MAX_LENGTH_PENALTY",
     "Decoding",
     "ServerSettings",
     "call_budget",
@@ -27,9 +27,10 @@ __all__ = [
 # Bounds of the decoding options a request may set, whatever the server's settings. Limits that
 # depend on the server (--max-beam-size, --max-texts, --max-chars) are added to the OpenAPI
 # schema per app.
-# The largest α a request may ask for: a server's policy, tighter than what DecodingOptions
-# accepts (decode.options.MAX_LENGTH_PENALTY, 10); GNMT tuned 0.6-1.0.
-MAX_REQUEST_LENGTH_PENALTY = 5.0
+# The largest α a request to the server may ask for, and the server's default may be: a policy,
+# tighter than the arithmetic's guard that DecodingOptions applies
+# (decode.options.MAX_FINITE_LENGTH_PENALTY, 10); GNMT tuned 0.6-1.0.
+SERVER_MAX_LENGTH_PENALTY = 5.0
 # Values a request body may hold beyond its texts: every option of either API, with room to spare.
 BODY_VALUES_FOR_OPTIONS = 32
 
@@ -131,10 +132,10 @@ class ServerSettings:
                 f"the default beam size ({self.decoding.beam_size}) must be between 1 and "
                 f"max_beam_size ({self.max_beam_size})"
             )
-        if not 0 <= self.decoding.length_penalty <= MAX_REQUEST_LENGTH_PENALTY:
+        if not 0 <= self.decoding.length_penalty <= SERVER_MAX_LENGTH_PENALTY:
             raise UserValueError(
                 f"the default length penalty ({self.decoding.length_penalty}) must be between "
-                f"0 and {MAX_REQUEST_LENGTH_PENALTY}"
+                f"0 and {SERVER_MAX_LENGTH_PENALTY}"
             )
         if self.require_api_key and not self.api_keys:
             raise UserValueError("require_api_key needs api_keys (--api-keys or $AIAYN_API_KEYS)")
