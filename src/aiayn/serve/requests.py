@@ -221,15 +221,16 @@ def _parse_multipart(content_type: str, body: bytes, max_values: int) -> dict[st
     boundary = params.get(b"boundary")
     if not boundary:
         raise ApiError(400, "the multipart Content-Type has no boundary")
+    delimiter = "--" + boundary.decode("latin-1")
     pairs: list[tuple[str, str]] = []
-    headers: dict[bytes, bytes] = {}
-    header = [b"", b""]
-    data: list[bytes] = []
+    headers: dict[bytes, bytes] = {}  # the part's, names lowercased
+    field, value, data = bytearray(), bytearray(), bytearray()  # as the parser reads them
     ended = False
 
     def header_end() -> None:
-        headers[header[0].lower()] = header[1]
-        header[:] = [b"", b""]
+        headers[bytes(field).lower()] = bytes(value)
+        field.clear()
+        value.clear()
 
     def headers_finished() -> None:
         if len(pairs) >= max_values:
@@ -244,7 +245,7 @@ def _parse_multipart(content_type: str, body: bytes, max_values: int) -> dict[st
 
     def part_end() -> None:
         name = pairs[-1][0]
-        pairs[-1] = (name, _decode_utf8(b"".join(data), f"multipart field {name!r}"))
+        pairs[-1] = (name, _decode_utf8(bytes(data), f"multipart field {name!r}"))
         headers.clear()
         data.clear()
 
@@ -253,11 +254,11 @@ def _parse_multipart(content_type: str, body: bytes, max_values: int) -> dict[st
         ended = True
 
     callbacks: Any = {
-        "on_header_field": lambda chunk, i, j: header.__setitem__(0, header[0] + chunk[i:j]),
-        "on_header_value": lambda chunk, i, j: header.__setitem__(1, header[1] + chunk[i:j]),
+        "on_header_field": lambda chunk, start, end: field.extend(chunk[start:end]),
+        "on_header_value": lambda chunk, start, end: value.extend(chunk[start:end]),
         "on_header_end": header_end,
         "on_headers_finished": headers_finished,
-        "on_part_data": lambda chunk, i, j: data.append(chunk[i:j]),
+        "on_part_data": lambda chunk, start, end: data.extend(chunk[start:end]),
         "on_part_end": part_end,
         "on_end": end,
     }
@@ -265,13 +266,13 @@ def _parse_multipart(content_type: str, body: bytes, max_values: int) -> dict[st
         parser = MultipartParser(boundary, callbacks)
         parser.write(body)
         parser.finalize()
-    except MultipartParseError as error:
-        raise ApiError(400, f"cannot read the multipart form data: {error}") from None
-    if not ended:
-        delimiter = "--" + boundary.decode("latin-1") + "--"
+    except MultipartParseError as error:  # python-multipart's words: "Expected boundary ..."
         raise ApiError(
-            400,
-            f"the multipart form data ends before its closing boundary {delimiter!r}",
+            400, f"cannot read the multipart form data (boundary {delimiter!r}): {error}"
+        ) from None
+    if not ended:
+        raise ApiError(
+            400, f"the multipart form data ends before its closing boundary '{delimiter}--'"
         )
     return _fields(pairs)
 
