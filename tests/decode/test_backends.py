@@ -15,13 +15,14 @@ import torch
 
 import aiayn
 from aiayn.config import preset
-from aiayn.decode.backends import Backend, ExportedModel
+from aiayn.decode.backends import Backend, ExportedModel, export_kind
 from aiayn.decode.options import DecodingOptions, max_output_length
 from aiayn.decode.search import Hypothesis
 from aiayn.decode.translator import Translator
+from aiayn.errors import CheckpointError
 from aiayn.extras import MissingExtra
 from aiayn.text.tokenizer import EOS_ID, Tokenizer
-from model_dirs import train_tokenizer
+from model_dirs import tiny_model_dir, train_tokenizer
 
 CORPUS = ["the cat sat on the mat", "a dog barked at the moon all night", "hello world"]
 
@@ -189,3 +190,22 @@ def test_the_translator_never_asks_a_backend_what_it_is() -> None:
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and ast.unparse(node.func) in ("isinstance", "getattr"):
             assert "backend" not in ast.unparse(node.args[0]), ast.unparse(node)
+
+
+def test_a_directory_is_loaded_as_what_its_files_say_it_is(tmp_path: Path) -> None:
+    """One loader for every kind: what a directory holds decides the backend, and an option the
+    kind does not take is refused before anything runs."""
+    model_dir = tiny_model_dir(tmp_path / "aiayn")
+    onnx, ct2 = tmp_path / "onnx", tmp_path / "ct2"
+    for directory, marker in ((onnx, "decoder_step.onnx"), (ct2, "model.bin")):
+        directory.mkdir()
+        (directory / marker).write_bytes(b"")
+    assert [export_kind(d) for d in (model_dir, onnx, ct2)] == [None, "onnx", "ctranslate2"]
+    translator = Translator(model_dir)
+    assert translator.backend.supports_scoring and translator.backend.concurrency == 1
+    with pytest.raises(ValueError, match="compute_type is CTranslate2's"):
+        Translator(model_dir, compute_type="int8")
+    with pytest.raises(CheckpointError, match="is a CTranslate2 export: an ensemble takes aiayn"):
+        Translator([model_dir, ct2])
+    with pytest.raises(ValueError, match="an ONNX export runs in float32 on the CPU"):
+        Translator(onnx, bf16=True)

@@ -167,6 +167,8 @@ class Translator:
                 a file is corrupt, the tokenizer does not fit the model, or an ensemble's
                 models do not share their tokenizer and target vocabulary.
             TokenizerError: The tokenizer model cannot be read.
+            UserValueError: An option out of range, or one this kind of model does not take
+                (int8 for an export, compute_type for an aiayn model directory, ...).
         """
         per_worker = worker_threads
         if isinstance(per_worker, bool) or not isinstance(per_worker, int) or per_worker < 1:
