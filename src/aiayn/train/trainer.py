@@ -46,11 +46,12 @@ from aiayn.acceleration import ONEDNN_KERNELS_FOR_BF16_TRAINING
 from aiayn.config import TrainConfig
 from aiayn.loss import perplexity
 from aiayn.model_dir import DiskFullError, save_model_dir
+from aiayn.runtime import device_type
 from aiayn.text.corpus import ParallelDataset
 from aiayn.train import checkpoint as ckpt
 from aiayn.train import finetune, rundir
 from aiayn.train.budget import MARGIN_S, MARGIN_S_DISTRIBUTED, Pace, RunClock, TimeBudget
-from aiayn.train.distributed import device_type, init_distributed
+from aiayn.train.distributed import init_distributed
 from aiayn.train.ema import WEIGHTS_NAMES, averaged_fields, better_weights
 from aiayn.train.runlog import (
     ModelRecord,
