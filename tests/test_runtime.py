@@ -31,7 +31,7 @@ from aiayn.runtime import (
     threads_beyond_free_cores,
 )
 from aiayn.train import trainer
-from interop_models import tiny_model_dir
+from model_dirs import tiny_model_dir
 from train.test_trainer import make_config, write_copy_corpus
 
 LOGGERS = ("", "aiayn", "uvicorn", "uvicorn.error", "uvicorn.access", "uvicorn.asgi")

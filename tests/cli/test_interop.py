@@ -17,7 +17,8 @@ import torch
 
 from aiayn.cli import main
 from aiayn.errors import UserError
-from interop_models import SENTENCES, tiny_model_dir
+from interop_models import INTEROP_MODEL, SENTENCES
+from model_dirs import tiny_model_dir
 
 FAST = ["--threads", "1", "--no-progress"]
 TEXTS = [s for s in SENTENCES if s][:3]
@@ -25,7 +26,7 @@ TEXTS = [s for s in SENTENCES if s][:3]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_model_dir(tmp_path_factory.mktemp("cli-interop"))
+    return tiny_model_dir(tmp_path_factory.mktemp("cli-interop"), **INTEROP_MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from aiayn.cli import main
 from aiayn.cli.output_dir import KINDS, check_output_dir
 from aiayn.model_dir import CheckpointError
 from aiayn.train.rundir import OWN_DIRS
-from interop_models import tiny_model_dir
+from model_dirs import tiny_model_dir
 
 
 def _run_dir(path: Path) -> Path:

@@ -21,7 +21,8 @@ from aiayn.decode.translator import TranslationResult
 from aiayn.model import Transformer
 from aiayn.model_dir import load_model_dir
 from aiayn.text.tokenizer import BOS_ID, EOS_ID
-from interop_models import SENTENCES, tiny_model_dir
+from interop_models import INTEROP_MODEL, SENTENCES
+from model_dirs import tiny_model_dir
 
 pytestmark = pytest.mark.cuda
 
@@ -36,7 +37,7 @@ MORE_SENTENCES = [
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_model_dir(tmp_path_factory.mktemp("cuda-search"))
+    return tiny_model_dir(tmp_path_factory.mktemp("cuda-search"), **INTEROP_MODEL)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import pytest
 
 from aiayn.decode.translator import Translator
-from interop_models import PAIRS, SENTENCES, tiny_model_dir, trained_model_dir
+from interop_models import INTEROP_MODEL, PAIRS, SENTENCES, trained_model_dir
+from model_dirs import tiny_model_dir
 
 ctranslate2 = pytest.importorskip("ctranslate2", reason="optional: pip install -e '.[export]'")
 
@@ -24,7 +25,7 @@ from aiayn.interop.ctranslate2 import (  # noqa: E402
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_model_dir(tmp_path_factory.mktemp("ct2"))
+    return tiny_model_dir(tmp_path_factory.mktemp("ct2"), **INTEROP_MODEL)
 
 
 @pytest.fixture(scope="module")

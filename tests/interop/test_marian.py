@@ -15,7 +15,8 @@ import torch
 
 from aiayn.decode.translator import Translator
 from aiayn.model_dir import load_model_dir, read_model_config
-from interop_models import CORPUS, SENTENCES, split_spm_files, spm_pieces, tiny_model_dir
+from interop_models import CORPUS, INTEROP_MODEL, SENTENCES, split_spm_files, spm_pieces
+from model_dirs import tiny_model_dir
 
 transformers = pytest.importorskip("transformers", reason="optional: pip install -e '.[export]'")
 
@@ -26,7 +27,7 @@ from aiayn.interop.marian import MarianFormatError, export_hf, import_marian  # 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_model_dir(tmp_path_factory.mktemp("marian"))
+    return tiny_model_dir(tmp_path_factory.mktemp("marian"), **INTEROP_MODEL)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,7 @@ def test_export_runs_in_the_translation_pipeline(hf_dir: Path, reference):
     ],
 )
 def test_export_refuses_what_marian_cannot_represent(tmp_path: Path, overrides, field):
-    model_dir = tiny_model_dir(tmp_path, **overrides)
+    model_dir = tiny_model_dir(tmp_path, **{**INTEROP_MODEL, **overrides})
     with pytest.raises(MarianFormatError, match=rf"^{field} \("):
         export_hf(model_dir, tmp_path / "hf")
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from aiayn.decode.translator import Translator
-from interop_models import SENTENCES, tiny_model_dir
+from interop_models import INTEROP_MODEL, SENTENCES
+from model_dirs import tiny_model_dir
 
 onnx = pytest.importorskip("onnx", reason="optional: pip install -e '.[export]'")
 pytest.importorskip("onnxruntime", reason="optional: pip install -e '.[export]'")
@@ -23,7 +24,7 @@ from aiayn.interop.onnx import OPSET, export_onnx  # noqa: E402
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tiny_model_dir(tmp_path_factory.mktemp("onnx"))
+    return tiny_model_dir(tmp_path_factory.mktemp("onnx"), **INTEROP_MODEL)
 
 
 @pytest.fixture(scope="module")
