@@ -32,13 +32,14 @@ left:
    `aiayn demo` (the README's `make demo`: corpus, vocabulary, 1,200 updates in the default
    precision, evaluation), then `aiayn translate` of the demo's 500 held-out numbers with the
    model it trained, float32 and `--bf16`, twice each in turn: wall time and exact match. The
-   decode stage's one batch, repeated, hid a cost that every new shape paid (BENCHMARKS.md, GPU);
-   commands on real data, one after another, do not. `aiayn demo` needs `num2words` (carry its
-   wheel; without it the stage says so and is skipped). Where `import ctranslate2` works, the
-   same with `--backend ctranslate2`: first `--device cuda` (it converts the model and caches
-   the export; it must decode on the GPU or stop with one line naming why, never a
-   traceback), then `--device auto` in the rounds (the GPU, or the CPU with a warning where
-   CTranslate2 cannot compute on this GPU, e.g. a wheel built for another CUDA).
+   decode stage's one batch, repeated, can hide a cost that every new shape pays (cuDNN's
+   attention built a graph per shape); commands on real data, one after another, do not.
+   `aiayn demo` needs `num2words` (carry its wheel; without it the stage says so and is
+   skipped). Where `import ctranslate2` works, the same with `--backend ctranslate2`: first
+   `--device cuda` (it converts the model and caches the export; it must decode on the GPU or
+   stop with one line naming why, never a traceback), then `--device auto` in the rounds (the
+   GPU, or the CPU with a warning where CTranslate2 cannot compute on this GPU, e.g. a wheel
+   built for another CUDA).
 
 It writes DIR/gpu-check.md (the tables), DIR/gpu-check.json (every number), DIR/records.jsonl
 (the training and job tables as bench/runner.py's records; `--record` also appends them to
@@ -1062,7 +1063,7 @@ def records(report: dict[str, Any]) -> list[dict[str, Any]]:
         ours = next((r for r in train if r["model"] == "aiayn"), train[0])
         paper = stages["train"].get("paper_run", {})
         summary = (
-            f"`{stages['train']['preset']}` in {ours['precision']}: "
+            f"{ours['precision']}: "
             f"{ours['tokens_per_s']:,.0f} target tokens/s: the paper's 100,000-update base run "
             f"in {paper.get('hours_on_this_gpu', 0):.1f} h on this one GPU, against "
             f"{PAPER_HOURS:.0f} h on 8 P100s"

@@ -179,7 +179,7 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
                 if rec.get("summary"):
                     lines.append(
                         f"| {heading.split(':')[0]} | {rec['machine']['name']} "
-                        f"| {measured(rec, current)} | {rec['summary']} |"
+                        f"| {measured(rec, current)} | {rec['setup']}: {rec['summary']} |"
                     )
     lines += ["", COMMANDS, "", "```sh"]
     lines += [f"{spec[2]:<56}# {spec[0].split(':')[0]}" for spec in TASKS.values()]

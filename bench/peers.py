@@ -172,11 +172,6 @@ def ct2_convert(model: Transformer, output_dir: Path, quantization: str | None) 
     return convert_model(model, output_dir, quantization)
 
 
-def ct2_tokens(src: torch.Tensor, size: int) -> list[list[str]]:
-    names = vocabulary(size)
-    return [[names[i] for i in row] for row in src.tolist()]
-
-
 def ct2_ids(outputs, size: int) -> list[list[int]]:
     index = {name: i for i, name in enumerate(vocabulary(size))}
     return [[index[t] for t in out.hypotheses[0]] for out in outputs]

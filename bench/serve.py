@@ -463,8 +463,8 @@ def record(rows: list[dict], args: argparse.Namespace, load: float | None) -> di
         setup=setup,
         columns=COLUMNS,
         rows=found,
-        summary=f"{on['requests_per_s']} requests/s with {most} clients and server-side "
-        f"batching against {off['requests_per_s']} without",
+        summary=f"one text a request: {on['requests_per_s']} requests/s with {most} clients "
+        f"and server-side batching against {off['requests_per_s']} without",
         peers=("httpx",),
         machine_name=args.machine,
         load=load,

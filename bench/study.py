@@ -330,7 +330,7 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
             "the recipe, 2 threads",
             (f"`aiayn prepare`'s corpus ({data.name})"),
         )
-        summary = f"the recipe for its 30 minutes: BLEU {row['bleu']} ({row['updates']} updates)"
+        summary = f"its time budget: BLEU {row['bleu']} ({row['updates']} updates)"
     else:
         row |= {"run": name, "flags": " ".join(RUNS[name])}
         task, columns, table, setup = "study", STUDY_COLUMNS, "the small-data study", name

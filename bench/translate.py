@@ -519,10 +519,11 @@ def main(argv: list[str] | None = None) -> None:
     rows = rows_of(args, found, one_line)
     ours = rows[0]
     ct2 = next((r for r in rows if r["system"] == "CTranslate2 fp32 (Python API)"), None)
-    summary = f"{ours['system']} {ours['wall_s']['median']} s, BLEU {ours['bleu']}" + (
+    n = len(args.src.read_text(encoding="utf-8").splitlines())
+    summary = f"{n} sentences, beam {args.beam}: {ours['system']} {ours['wall_s']['median']} s, "
+    summary += f"BLEU {ours['bleu']}" + (
         f"; CTranslate2 fp32 {ct2['wall_s']['median']} s ({ours['vs_ct2']})" if ct2 else ""
     )
-    n = len(args.src.read_text(encoding="utf-8").splitlines())
     rec = runner.record(
         "translate",
         table=f"{n} sentences, beam {args.beam}, {args.threads} threads",
