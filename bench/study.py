@@ -144,7 +144,7 @@ RUNS = {
     "S12-layers2": [*S8, "--model", "n_encoder_layers=2", "--model", "n_decoder_layers=2"],
     "S13-width384": [*S8, "--model", "d_model=384", "--model", "d_ff=1536"],
 }  # fmt: skip
-STUDY_COLUMNS = [("run", "run"), ("flags", "settings changed"), ("updates", "updates"),
+STUDY_COLUMNS = [("run", "run"), ("flags", "settings on top of the recipe"), ("updates", "updates"),
                  ("minutes", "minutes"), ("valid_ppl", "validation perplexity"),
                  ("bleu", "BLEU"), ("chrf", "chrF")]  # fmt: skip
 RECIPE_COLUMNS = [("budget", "time budget"), ("updates", "updates"),
@@ -330,7 +330,7 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
             "the recipe, 2 threads",
             (f"`aiayn prepare`'s corpus ({data.name})"),
         )
-        summary = f"its time budget: BLEU {row['bleu']} ({row['updates']} updates)"
+        summary = f"BLEU {row['bleu']} after its time budget ({row['updates']} updates)"
     else:
         row |= {"run": name, "flags": " ".join(RUNS[name])}
         task, columns, table, setup = "study", STUDY_COLUMNS, "the small-data study", name
