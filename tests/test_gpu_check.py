@@ -218,3 +218,50 @@ def test_the_job_stage_reads_exact_match_from_the_demo_report(
     )  # fmt: skip
     match = gpu_check.DEMO_EXACT_MATCH.search(report)
     assert match is not None and float(match.group(1)) == 99.8
+
+
+def test_the_training_and_job_tables_become_records_for_the_page(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU run's records (OUT/records.jsonl) carry the tables BENCHMARKS.md shows, in the
+    columns bench/page.py renders."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import gpu_check
+    import runner
+
+    train = {
+        "status": "ok", "preset": "base", "vocab": 37000, "max_tokens": 12500,
+        "batches_per_update": 2, "paper_run": {"hours_on_this_gpu": 5.4},
+        "rows": [
+            {"model": "aiayn", "precision": "bf16", "target_tokens_per_update": 17659,
+             "median_update_s": 0.1351, "tokens_per_s": 129087.4,
+             "tokens_per_s_range": [91242.1, 157368.0], "tflops": 56.6, "peak_memory_gib": 4.31,
+             "mfu": 0.075},
+            {"model": "nn.Transformer", "precision": "bf16", "error": "not measured: out of time"},
+        ],
+    }  # fmt: skip
+    job = {
+        "status": "ok", "demo_s": 41.2, "sentences": 500,
+        "translate": [{"precision": "fp32", "seconds": [5.72, 4.71], "median_s": 5.2,
+                       "exact_match": 1.0}],
+    }  # fmt: skip
+    report = {"smoke": False, "machine": {}, "seconds": 1.0, "stages": {"train": train, "job": job}}
+    trained, translated = gpu_check.records(report)
+    assert trained["task"] == translated["task"] == "gpu"
+    assert trained["table"] == "training `base`, updates of ~17,659 target tokens"
+    assert trained["rows"] == [
+        {"model": "aiayn", "precision": "bf16", "tokens_per_s": 129087, "range": "91242–157368",
+         "update_s": 0.135, "peak_gib": 4.3, "mfu": "8%"}
+    ]  # fmt: skip
+    assert "129,087 target tokens/s" in trained["summary"] and "5.4 h" in trained["summary"]
+    assert translated["rows"] == [
+        {
+            "decoding": "fp32",
+            "wall_s": {"median": 5.2, "rounds": [5.7, 4.7]},
+            "exact_match": "100.0%",
+        }
+    ]
+    assert translated["command"] == "make gpu-check OUT=DIR"
+    assert "| fp32 | 5.2 (5.7, 4.7) | 100.0% |" in runner.markdown_table(
+        translated["columns"], translated["rows"]
+    )
