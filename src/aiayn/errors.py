@@ -17,8 +17,8 @@ The classes of the family keep the built-in base their callers catch (``ValueErr
 ``DecodingOptions(beam_size=0)`` and ``pytest.raises(ValueError)`` keep working. A module's own
 error class (``aiayn.config.ConfigError``, ``aiayn.text.corpus.DataError``,
 ``aiayn.extras.MissingExtra``, ...) derives from ``UserError`` and that base (so does
-:class:`CheckpointError`, defined here rather than in `aiayn.model_dir`, which imports torch,
-so that decoding an export needs none); a one-off check raises :class:`UserValueError` or
+:class:`CheckpointError`, defined here: model directories, exports and checkpoints all raise
+it); a one-off check raises :class:`UserValueError` or
 :class:`UserFileNotFoundError`.
 """
 
