@@ -979,22 +979,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"Training `{train['preset']}` (vocabulary {train['vocab']}), updates of "
             f"{train['batches_per_update']} batches of ≤ {train['max_tokens']} tokens:",
             "",
-            "| model | precision | target tok/update | s/update | target tok/s | min–max "
-            "| peak GiB | TFLOP/s | MFU |",
-            "| --- | --- |" + " ---: |" * 7,
+            runner.markdown_table(TRAIN_COLUMNS, train_rows(train)),
         ]
-        for r in train["rows"]:
-            if "error" in r:
-                lines.append(f"| {r['model']} | {r['precision']} | {r['error']} |" + " |" * 6)
-                continue
-            memory = "" if r["peak_memory_gib"] is None else f"{r['peak_memory_gib']:.1f}"
-            mfu = f"{100 * r['mfu']:.0f}%" if "mfu" in r else ""
-            lo, hi = r["tokens_per_s_range"]
-            lines.append(
-                f"| {r['model']} | {r['precision']} | {r['target_tokens_per_update']} "
-                f"| {r['median_update_s']:.3f} | {r['tokens_per_s']:.0f} | {lo:.0f}–{hi:.0f} "
-                f"| {memory} | {r['tflops']:.1f} | {mfu} |"
-            )
         if paper := train.get("paper_run"):
             lines += [
                 "",
@@ -1033,15 +1019,8 @@ def markdown(report: dict[str, Any]) -> str:
             f"exact match {'?' if exact is None else f'{100 * exact:.1f}%'}); `aiayn translate` "
             f"of its {job['sentences']} held-out numbers with the model it trained:",
             "",
-            "| decoding | wall time (median) | runs | exact match |",
-            "| --- | ---: | --- | ---: |",
+            runner.markdown_table(JOB_COLUMNS, job_rows(job)),
         ]
-        for r in job["translate"]:
-            runs = ", ".join(f"{x:.1f}" for x in r["seconds"])
-            name = r["precision"] + (f", on {r['ran_on']}" if "ran_on" in r else "")
-            lines.append(
-                f"| {name} | {r['median_s']:.1f} s | {runs} | {100 * r['exact_match']:.1f}% |"
-            )
         if probe := job.get("ctranslate2_device"):
             lines += ["", f"- `aiayn translate --backend ctranslate2 --device "
                       f"{probe.get('device', 'cuda')}`: **{probe['status']}**, "
@@ -1054,67 +1033,77 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+TRAIN_COLUMNS = [
+    ("model", "model"), ("precision", "precision"), ("tokens_per_update", "target tok/update"),
+    ("update_s", "s/update"), ("tokens_per_s", "target tok/s"), ("range", "min–max"),
+    ("peak_gib", "peak GiB"), ("tflops", "TFLOP/s"), ("mfu", "MFU"),
+]  # fmt: skip
+JOB_COLUMNS = [("decoding", "decoding"), ("wall_s", "wall time, s (rounds)"),
+               ("exact_match", "exact match")]  # fmt: skip
+
+
+def train_rows(train: dict[str, Any]) -> list[dict[str, Any]]:
+    """The train stage's rows as its table (and its record) shows them."""
+    rows = []
+    for r in train.get("rows", []):
+        if "error" in r:
+            rows.append({"model": r["model"], "precision": r["precision"],
+                         "tokens_per_update": r["error"]})  # fmt: skip
+            continue
+        memory = r["peak_memory_gib"]
+        rows.append({
+            "model": r["model"],
+            "precision": r["precision"],
+            "tokens_per_update": r["target_tokens_per_update"],
+            "update_s": round(r["median_update_s"], 3),
+            "tokens_per_s": round(r["tokens_per_s"]),
+            "range": "–".join(f"{x:.0f}" for x in r["tokens_per_s_range"]),
+            "peak_gib": None if memory is None else round(memory, 1),
+            "tflops": round(r["tflops"], 1),
+            "mfu": f"{100 * r['mfu']:.0f}%" if "mfu" in r else None,
+        })  # fmt: skip
+    return rows
+
+
+def job_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
+    """The job stage's `aiayn translate` rows as its table (and its record) shows them."""
+    return [
+        {
+            "decoding": r["precision"] + (f", on {r['ran_on']}" if "ran_on" in r else ""),
+            "wall_s": runner.figures(r["seconds"], 1),
+            "exact_match": f"{100 * r['exact_match']:.1f}%",
+        }
+        for r in job.get("translate", [])
+    ]
+
+
 def records(report: dict[str, Any]) -> list[dict[str, Any]]:
     """The training and job tables as bench/runner.py's records (task "gpu")."""
     stages, found = report["stages"], []
     say = {"command": "make gpu-check OUT=DIR", "peers": ("ctranslate2",)}
-    train = [r for r in stages.get("train", {}).get("rows", []) if "tokens_per_s" in r]
-    if train:
-        ours = next((r for r in train if r["model"] == "aiayn"), train[0])
-        paper = stages["train"].get("paper_run", {})
+    train = stages.get("train", {})
+    measured = [r for r in train.get("rows", []) if "tokens_per_s" in r]
+    if measured:
+        ours = next((r for r in measured if r["model"] == "aiayn"), measured[0])
+        hours = train.get("paper_run", {}).get("hours_on_this_gpu", 0)
         summary = (
-            f"{ours['precision']}: "
-            f"{ours['tokens_per_s']:,.0f} target tokens/s: the paper's 100,000-update base run "
-            f"in {paper.get('hours_on_this_gpu', 0):.1f} h on this one GPU, against "
+            f"{ours['precision']}: {ours['tokens_per_s']:,.0f} target tokens/s: the paper's "
+            f"100,000-update base run in {hours:.1f} h on this one GPU, against "
             f"{PAPER_HOURS:.0f} h on 8 P100s"
         )
-        rows = [
-            {
-                "model": r["model"],
-                "precision": r["precision"],
-                "tokens_per_s": round(r["tokens_per_s"]),
-                "range": "–".join(f"{x:.0f}" for x in r["tokens_per_s_range"]),
-                "update_s": round(r["median_update_s"], 3),
-                "peak_gib": None
-                if r["peak_memory_gib"] is None
-                else round(r["peak_memory_gib"], 1),
-                "mfu": f"{100 * r['mfu']:.0f}%" if "mfu" in r else None,
-            }
-            for r in train
-        ]
-        columns = [("model", "model"), ("precision", "precision"), ("tokens_per_s", "target tok/s"),
-                   ("range", "min–max"), ("update_s", "s/update"), ("peak_gib", "peak GiB"),
-                   ("mfu", "MFU")]  # fmt: skip
         tokens = ours["target_tokens_per_update"]
-        table = f"training `{stages['train']['preset']}`, updates of ~{tokens:,} target tokens"
-        found.append(
-            runner.record("gpu", table=table, setup=f"`{stages['train']['preset']}`, random data "
-                          "of real lengths", columns=columns, rows=rows, summary=summary, **say)
-        )  # fmt: skip
+        table = f"training `{train['preset']}`, updates of ~{tokens:,} target tokens"
+        setup = f"`{train['preset']}`, random data of real lengths"
+        found.append(runner.record("gpu", table=table, setup=setup, columns=TRAIN_COLUMNS,
+                                   rows=train_rows(train), summary=summary, **say))  # fmt: skip
     job = stages.get("job", {})
     if job.get("translate"):
-        rows = [
-            {
-                "decoding": r["precision"] + (f", on {r['ran_on']}" if "ran_on" in r else ""),
-                "wall_s": runner.figures(r["seconds"], 1),
-                "exact_match": f"{100 * r['exact_match']:.1f}%",
-            }
-            for r in job["translate"]
-        ]
-        columns = [("decoding", "decoding"), ("wall_s", "wall time, s (rounds)"),
-                   ("exact_match", "exact match")]  # fmt: skip
-        found.append(
-            runner.record(
-                "gpu",
-                table="the user's job: `aiayn demo`, then `aiayn translate` of its "
-                f"{job['sentences']} held-out numbers",
-                setup="the demo's model",
-                columns=columns,
-                rows=rows,
-                summary=f"`aiayn demo` trains and evaluates in {job['demo_s']:.0f} s",
-                **say,
-            )
-        )
+        table = (f"the user's job: `aiayn demo`, then `aiayn translate` of its "
+                 f"{job['sentences']} held-out numbers")  # fmt: skip
+        summary = f"`aiayn demo` trains and evaluates in {job['demo_s']:.0f} s"
+        found.append(runner.record("gpu", table=table, setup="the demo's model",
+                                   columns=JOB_COLUMNS, rows=job_rows(job), summary=summary,
+                                   **say))  # fmt: skip
     return found
 
 
