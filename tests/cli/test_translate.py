@@ -677,3 +677,13 @@ def test_score_writes_one_line_per_pair_and_the_corpus_totals(
     short = write_lines(tmp_path / "short.de", targets[:2])
     err = run_error(["score", "-m", str(model_dir), "--src", str(src), "--tgt", str(short)], capsys)
     assert "s.en has 3 lines but" in err and "short.de has 2 lines" in err
+
+
+def test_a_line_of_only_format_characters_is_a_blank_line(model_dir: Path, tmp_path: Path) -> None:
+    """Zero-width characters (Unicode Cf: U+200B, U+200D, U+FEFF) show nothing: a line of
+    them is blank, its output line empty, as an empty line's (they were translated into
+    invented words)."""
+    src = write_lines(tmp_path / "in.txt", ["the cat", "\u200b", "\ufeff\u200d \u2060", ""])
+    out = tmp_path / "out.txt"
+    assert main(["translate", "-m", str(model_dir), "-i", str(src), "-o", str(out), *FAST]) == 0
+    assert out.read_text(encoding="utf-8").split("\n")[1:] == ["", "", "", ""]

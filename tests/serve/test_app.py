@@ -113,6 +113,29 @@ def test_full_attention_gives_every_layer_and_head(
     assert len(compact) < 7.5 * cross.numel()  # 4 decimals: "0.0203," is 7 characters
 
 
+def test_the_server_makes_the_cross_attention_maps_only(
+    client: TestClient, translator: Translator, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer holds cross-attention only; the encoder's (L, H, S, S) maps, which
+    --max-attention-values does not count, were made and kept for every such answer."""
+    made = []
+    attention = translator.backend.attention
+
+    def recorded(sources, outputs, kinds=None):
+        maps = attention(sources, outputs, kinds)
+        made.extend(maps)
+        return maps
+
+    monkeypatch.setattr(translator.backend, "attention", recorded)
+    for full in (False, True):
+        body = {"text": "a dog barked", "return_attention": True, "full_attention": full}
+        assert client.post("/translate", json=body).status_code == 200
+    assert len(made) == 2
+    assert all(m.encoder is None and m.decoder is None and m.cross is not None for m in made)
+    [result] = translator.translate(["a dog barked"], return_attention=True)
+    assert result.attention_maps.encoder is not None  # a library call still gets every map
+
+
 def test_a_long_text_is_truncated_and_says_so(client: TestClient) -> None:
     long = " ".join(CORPUS)[:200]  # within --max-chars, beyond max_positions - 1 tokens
     [answer] = client.post("/translate", json={"text": long}).json()["translations"]

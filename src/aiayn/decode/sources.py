@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from aiayn.config import ModelConfig
 from aiayn.decode.options import max_output_length
-from aiayn.text.tokenizer import EOS_ID, SplitTokenizer, Tokenizer
+from aiayn.text.tokenizer import EOS_ID, SplitTokenizer, Tokenizer, stripped
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def prepare_sources(
     """The non-blank sentences as sources, in input order: encoded, + EOS, cut to
     ``limits.max_source_tokens`` (with a warning naming each cut one, counted from
     ``first_number``, unless not ``warn``), each with its output-length limit."""
-    texts = [s.strip() for s in sentences]
+    texts = [stripped(s) for s in sentences]
     indices = [i for i, text in enumerate(texts) if text]
     encoded = tokenizer.encode_batch([texts[i] for i in indices])
     limit = limits.max_source_tokens

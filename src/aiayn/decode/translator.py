@@ -535,7 +535,8 @@ class Translator:
         nbest = self.backend.search(sources, self._batch_options(batch, options), generator)
         maps = None
         if return_attention:
-            maps = self.backend.attention(sources, [hyps[0].tokens for hyps in nbest])
+            kinds = None if return_attention is True else tuple(return_attention)
+            maps = self.backend.attention(sources, [hyps[0].tokens for hyps in nbest], kinds)
         return self._results(batch, nbest, maps)
 
     def __repr__(self) -> str:

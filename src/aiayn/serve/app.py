@@ -129,7 +129,11 @@ class Service:
         self.costs = costs = DecodingCosts(translator.tokenizer, translator.source_limits)
         self.settings = settings
         self.batcher: Batcher[TranslationResult] = Batcher(
-            lambda texts, decoding: translator.translate(texts, **asdict(decoding)),
+            lambda texts, decoding: translator.translate(
+                texts,
+                # an answer holds cross-attention only: the encoder's maps are never made
+                **asdict(decoding) | {"return_attention": decoding.return_attention and ["cross"]},
+            ),
             lambda texts, d: costs.cost(
                 texts, d.rows_per_sentence, max_len_a=d.max_len_a, max_len_b=d.max_len_b
             ),

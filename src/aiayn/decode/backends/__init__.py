@@ -127,10 +127,14 @@ class Backend(ABC):
         return lambda: hypotheses
 
     def attention(
-        self, sources: list[list[int]], outputs: list[list[int]]
+        self,
+        sources: list[list[int]],
+        outputs: list[list[int]],
+        kinds: Sequence[str] | None = None,
     ) -> list[SentenceAttention]:
-        """The attention maps of each source and its output (tokens without BOS and EOS);
-        only where `returns_attention` (`check` refuses the call otherwise)."""
+        """The attention maps of each source and its output (tokens without BOS and EOS): of
+        `kinds` ("encoder", "decoder", "cross"; None: all), None for the others; only where
+        `returns_attention` (`check` refuses the call otherwise)."""
         raise NotImplementedError(f"{type(self).__name__} returns no attention maps")
 
     def score(

@@ -36,7 +36,7 @@ from aiayn.decode.results import Hypothesis, SentenceAttention, cut_attention
 from aiayn.decode.scoring import PairScore, score_pairs
 from aiayn.decode.search import pad, search_with
 from aiayn.errors import UserValueError
-from aiayn.model import Transformer
+from aiayn.model import ATTENTION_KINDS, Transformer
 from aiayn.model_dir import LoadedModel, load_model_dir
 from aiayn.runtime import checked_device
 from aiayn.text.tokenizer import BOS_ID, SplitTokenizer, Tokenizer, load_tokenizer
@@ -102,7 +102,10 @@ class PyTorchBackend(Backend):
             return search_with(self._decoder, sources, options, generator, self.device)
 
     def attention(
-        self, sources: list[list[int]], outputs: list[list[int]]
+        self,
+        sources: list[list[int]],
+        outputs: list[list[int]],
+        kinds: Sequence[str] | None = None,
     ) -> list[SentenceAttention]:
         """One teacher-forced pass over ``[BOS] + output`` for the whole batch, cut per
         sentence.
@@ -113,7 +116,7 @@ class PyTorchBackend(Backend):
         src = pad(sources, self.device)  # (B, S)
         tgt = pad([[BOS_ID, *tokens] for tokens in outputs], self.device)  # (B, T)
         with _evaluating(self.models), torch.inference_mode():
-            _, maps = self.models[0].forward_with_attention(src, tgt)
+            _, maps = self.models[0].forward_with_attention(src, tgt, kinds or ATTENTION_KINDS)
             return cut_attention(maps, [len(s) for s in sources], [len(t) + 1 for t in outputs])
 
     def score(
