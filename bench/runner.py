@@ -167,15 +167,18 @@ def load_average() -> float | None:
         return None
 
 
-def check_idle(force: bool = False) -> float | None:
-    """The 1-minute load average; exits with one line where the machine is busy (above
-    `IDLE_LOAD` per core), unless `force` (the record then keeps the load it ran under)."""
-    load, cores = load_average(), cpu()["cores"]
-    if load is not None and load > IDLE_LOAD * cores and not force:
-        sys.exit(
-            f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): "
-            "wait until it is idle, or pass --busy-ok to measure anyway"
-        )
+def check_idle(force: bool = False, wait_s: float = 180.0) -> float | None:
+    """The 1-minute load average, once it is at most `IDLE_LOAD` per core: waits up to `wait_s`
+    for it to fall (a benchmark just before leaves it high for a minute or two), then exits
+    with one line, unless `force` (the record then keeps the load it ran under)."""
+    cores, deadline = cpu()["cores"], time.monotonic() + wait_s
+    while (load := load_average()) is not None and load > IDLE_LOAD * cores and not force:
+        if time.monotonic() > deadline:
+            sys.exit(
+                f"the machine is busy (1-minute load average {load:.1f} on {cores} cores): "
+                "wait until it is idle, or pass --busy-ok to measure anyway"
+            )
+        time.sleep(10)
     return load
 
 

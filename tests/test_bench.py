@@ -84,3 +84,19 @@ def test_arguments_are_refused_in_one_line(script: str, args: list[str], message
     done = bench(script, *args, timeout=120)
     assert done.returncode == 2
     assert message in done.stderr.splitlines()[-1]
+
+
+def test_a_busy_machine_is_refused_in_one_line_unless_asked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import runner
+
+    monkeypatch.setattr(runner, "load_average", lambda: 64.0)
+    with pytest.raises(SystemExit) as refused:
+        runner.check_idle(wait_s=0)
+    assert str(refused.value).startswith("the machine is busy (1-minute load average 64.0 on ")
+    assert "--busy-ok" in str(refused.value)
+    assert runner.check_idle(force=True) == 64.0
+    monkeypatch.setattr(runner, "load_average", lambda: 0.0)
+    assert runner.check_idle(wait_s=0) == 0.0
