@@ -47,8 +47,8 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
         ),
     ),
     (
-        "platform: speed-ups, process settings, optional dependencies",
-        ("aiayn.acceleration", "aiayn.extras", "aiayn.runtime"),
+        "platform: speed-ups, process settings, optional dependencies, writers' parts",
+        ("aiayn.acceleration", "aiayn.extras", "aiayn.runtime", "aiayn.parts"),
     ),
     ("text", ("aiayn.text",)),
     ("saved models", ("aiayn.model_dir",)),

@@ -13,9 +13,10 @@ A *model directory* is self-describing and is all inference needs:
 Training writes them (its checkpoints, `aiayn.train.checkpoint`, are model directories with a
 training state beside), decoding and the exporters read them. Every directory is written under a
 temporary name and renamed into place, so a killed save never leaves a half-written one; what a
-kill does leave (temporary names, a directory moved aside while being replaced) is found by
-`leftovers` and `stranded_copy`, read from where it lies by `resolve_model_dir`, and put back by
-`aiayn.train.rundir.remove_debris` when the run starts again. A full disk is reported as such
+kill does leave (the parts of `aiayn.parts`: temporary names, a directory moved aside while being
+replaced) is removed by the next save to the same place, found by `stranded_copy`, read from
+where it lies by `resolve_model_dir`, and put back by `aiayn.train.rundir.remove_debris` when
+the run starts again. A full disk is reported as such
 (`DiskFullError`: where, what the save needs, what is free), with the partial directory removed.
 The same weights saved twice are the same bytes, and a config.json is checked against its
 weights' shapes before a model is built from it (`read_model_config`). PyTorch is imported by
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from safetensors import SafetensorError, safe_open
 
-from aiayn import __version__
+from aiayn import __version__, parts
 from aiayn.config import ConfigError, ModelConfig
 from aiayn.errors import CheckpointError, CorruptCheckpointError
 from aiayn.text.tokenizer import SPLIT_TOKENIZER_FILES, VOCAB_FILE, tokenizer_files
@@ -115,8 +116,8 @@ def save_model_dir(
     """
     directory = Path(directory)
     model = unwrap(model)
-    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp = parts.part(directory)
+    parts.remove_dead(directory)
     try:
         tmp.mkdir(parents=True)
         _write_model_files(tmp, model, tokenizer_file, metadata, extra_files)
@@ -139,6 +140,7 @@ def save_model_dir(
             f"{_size(free)} free; partial {what} removed"
         ) from None
     _replace_dir(tmp, directory)
+    parts.remove_dead(directory)  # a moved-aside copy a kill left, now that `directory` is back
     return directory
 
 
@@ -177,38 +179,10 @@ def _write_model_files(
     _fsync_dir(tmp)
 
 
-_LEFTOVER = re.compile(r"\.(?P<name>.+)\.(?:tmp|old)-(?P<pid>\d+)")
-
-
-def leftovers(parent: Path) -> list[tuple[Path, str]]:
-    """`save_model_dir`'s temporary and moved-aside entries in `parent` whose writer is gone
-    (or is this process, which starts no save before it has looked), with their target names."""
-    if not parent.is_dir():
-        return []
-    found = []
-    for path in sorted(parent.iterdir()):
-        match = _LEFTOVER.fullmatch(path.name)
-        if match and not _other_live_process(int(match["pid"])):
-            found.append((path, match["name"]))
-    return found
-
-
-def _other_live_process(pid: int) -> bool:
-    if pid == os.getpid():
-        return False
-    try:
-        os.kill(pid, 0)  # signal 0: only asks whether the process exists
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
-
-
 def stranded_copy(target: Path) -> Path | None:
     """The newest complete, verified copy of `target` that a killed replacement left."""
     complete = []
-    for path, name in leftovers(target.parent):
+    for path, name in parts.dead_parts(target.parent):
         if name == target.name:
             try:
                 verify(path)
@@ -560,7 +534,7 @@ def _replace_dir(new: Path, target: Path) -> None:
     """Move `new` to `target`; an existing `target` is moved aside first, then deleted."""
     old = None
     if target.exists():
-        old = target.with_name(f".{target.name}.old-{os.getpid()}")
+        old = parts.part(target, "old")
         shutil.rmtree(old, ignore_errors=True)
         os.replace(target, old)
     os.replace(new, target)

@@ -8,6 +8,7 @@ and the files beside its output.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -128,3 +129,77 @@ def test_a_killed_worker_is_one_line_with_exit_status_1(
     assert lines[-1].startswith("aiayn translate: error: a decoding worker process died"), lines
     assert "Traceback" not in stderr.decode() and "bug" not in stderr.decode()
     assert list(tmp_path.iterdir()) == []
+
+
+def dead_pid() -> int:
+    """The PID of a process that has ended."""
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+def dot_files(directory: Path) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("."))
+
+
+def test_a_translate_killed_while_writing_leaves_a_part_the_next_run_removes(
+    model_dir: Path, big_input: Path, tmp_path: Path
+) -> None:
+    """``aiayn translate -o OUT`` killed mid-work: OUT is as it was, and its temporary file,
+    which the kill left, is removed by the next run to OUT."""
+    out = tmp_path / "out.txt"
+    out.write_text("kept\n")
+    process = aiayn(
+        "translate", "-m", str(model_dir), "-i", str(big_input), "-o", str(out),
+        "--workers", "1", "--threads", "1", "--max-tokens", "64", "--no-progress",
+    )  # fmt: skip
+    try:
+        wait_for(lambda: dot_files(tmp_path), 120, "the output to be opened")
+        time.sleep(0.5)  # decoding, the output open
+    finally:
+        kill(process)
+    assert out.read_text() == "kept\n"
+    assert len(dot_files(tmp_path)) == 1  # the temporary file: nothing removes it at a SIGKILL
+    small = tmp_path / "small.txt"
+    small.write_text("the cat\n")
+    again = aiayn("translate", "-m", str(model_dir), "-i", str(small), "-o", str(out))
+    assert again.wait(timeout=120) == 0, again.stderr.read() if again.stderr else ""
+    assert dot_files(tmp_path) == []
+    assert len(out.read_text().splitlines()) == 1
+
+
+def test_average_and_export_remove_what_killed_writers_of_their_output_left(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    """A temporary directory and a moved-aside one that a killed ``average`` or ``export`` left
+    beside ``-o`` (made here by hand, under the PID of a process that has ended) are removed by
+    the next run to it; a live process's part is kept."""
+    from aiayn.cli import main
+    from aiayn.model_dir import save_model_dir, tokenizer_file_of
+    from aiayn.text.tokenizer import Tokenizer
+    from model_dirs import tiny_model
+
+    run = tmp_path / "run"
+    tokenizer = Tokenizer.load(tokenizer_file_of(model_dir))
+    for step, seed in ((1, 1), (2, 2)):
+        save_model_dir(
+            run / "checkpoints" / f"step_{step:08d}",
+            tiny_model(tokenizer, seed=seed),
+            tokenizer_file=tokenizer.model_file,
+            metadata={"step": step},
+        )
+    outputs = tmp_path / "outputs"
+    commands = {"averaged": ["average", str(run), "-n", "2"]}
+    if importlib.util.find_spec("ctranslate2") is not None:
+        commands["ct2"] = ["export", str(model_dir), "--to", "ctranslate2"]
+    for name, argv in commands.items():
+        output = outputs / name
+        assert main([*argv, "-o", str(output)]) == 0
+        dead, live = dead_pid(), os.getppid()
+        for kind, pid in (("tmp", dead), ("old", dead), ("tmp", live)):
+            (outputs / f".{name}.{kind}-{pid}").mkdir()
+            (outputs / f".{name}.{kind}-{pid}" / "junk").write_text("partial")
+        assert main([*argv, "-o", str(output)]) == 0
+        assert dot_files(outputs) == [f".{name}.tmp-{live}"], name
+        (outputs / f".{name}.tmp-{live}" / "junk").unlink()
+        (outputs / f".{name}.tmp-{live}").rmdir()

@@ -249,15 +249,20 @@ def test_incomplete_cache_is_rebuilt(parallel: tuple[Path, Path], tmp_path: Path
     assert len(second) == 5
 
 
-def test_concurrent_builders_share_one_cache(parallel: tuple[Path, Path], tmp_path: Path) -> None:
+def test_concurrent_builders_share_one_cache(
+    parallel: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cache = tmp_path / "cache"
 
     class RacingEncoder(WordEncoder):
-        """Lets a second process (here: a nested call) finish the same cache first."""
+        """Lets a second process (here: a nested call, under another running process's PID, as
+        its temporary directory is named) finish the same cache first."""
 
         def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
             if self.calls == 0:
-                load_or_build(*parallel, None, WordEncoder(), cache, max_len=10)
+                with monkeypatch.context() as other_process:
+                    other_process.setattr(os, "getpid", os.getppid)
+                    load_or_build(*parallel, None, WordEncoder(), cache, max_len=10)
             return super().encode_batch(texts)
 
     dataset, stats = load_or_build(*parallel, None, RacingEncoder(), cache, max_len=10)

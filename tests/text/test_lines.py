@@ -31,7 +31,7 @@ def test_a_file_is_replaced_only_when_the_block_ends_well(tmp_path: Path) -> Non
     out.chmod(0o600)
     with pytest.raises(RuntimeError), output_lines(out) as writer:
         writer.write("new\n")
-        assert stat.S_IMODE(next(tmp_path.glob(".out.txt.*.part")).stat().st_mode) == 0o600
+        assert stat.S_IMODE(next(tmp_path.glob(".out.txt.tmp-*")).stat().st_mode) == 0o600
         raise RuntimeError("a bad line")
     assert out.read_text(encoding="utf-8") == "old\n"
     assert [p.name for p in tmp_path.iterdir()] == ["out.txt"]
@@ -83,10 +83,10 @@ def test_when_nothing_can_put_the_output_in_place_it_is_kept_and_named(
 
     monkeypatch.setattr(lines.os, "replace", refused)
     monkeypatch.setattr(lines.shutil, "copyfileobj", refused)
-    kept_in = r"the output is kept in .*out\.txt\..*\.part"
+    kept_in = r"the output is kept in .*\.out\.txt\.tmp-\d+"
     with pytest.raises(OutputError, match=kept_in), output_lines(out) as writer:
         writer.write("new\n")
-    [kept] = tmp_path.glob(".out.txt.*.part")
+    [kept] = tmp_path.glob(".out.txt.tmp-*")
     assert kept.read_text(encoding="utf-8") == "new\n"
 
 

@@ -14,16 +14,18 @@ and anything inside them), present yet or not. A directory of its own inside a r
 
 The output is written next to its place under a temporary name and then swapped in
 (`aiayn.model_dir.save_model_dir` for a model directory, `write_replacing` for the rest), so
-a failed write leaves an earlier output as it was.
+a failed write leaves an earlier output as it was, and what a killed one leaves (`aiayn.parts`)
+is removed by the next write to the same place.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from aiayn.parts import part, remove, remove_dead
 
 
 @dataclass(frozen=True)
@@ -155,14 +157,14 @@ def write_replacing(output: Path, write: Callable[[Path], object]) -> None:
     symbolic link is written through: its target is replaced and the link stays."""
     output = Path(os.path.realpath(output))
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp = output.parent / f".{output.name}.tmp-{os.getpid()}"
-    old = output.parent / f".{output.name}.old-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    tmp, old = part(output), part(output, "old")
+    remove_dead(output)  # what killed writers of it left (this process's too)
     try:
         write(tmp)
         if output.exists():
             output.rename(old)
         tmp.rename(output)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+        remove(tmp)
+        remove(old)
+    remove_dead(output)  # a moved-aside copy a kill left, now that `output` is back

@@ -38,7 +38,6 @@ import os
 import re
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +49,7 @@ from aiayn.decode.backends.ctranslate2 import vocabulary
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserValueError
 from aiayn.extras import require
+from aiayn.parts import dead_parts, part, remove, remove_dead
 from aiayn.text.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -255,7 +255,6 @@ exports made by earlier code are converted again."""
 
 CHECKSUMS_FILE = "checksums.json"  # aiayn.model_dir's, named here so that no torch is imported
 _KEY = re.compile(r"[0-9a-f]{32}")  # an entry's name; nothing else in the cache is ever removed
-_STALE_SECONDS = 24 * 3600  # a conversion's temporary directory this old was killed
 
 
 def cache_dir() -> Path:
@@ -348,9 +347,11 @@ def cached_export(model_dir: str | Path) -> Path | None:
     entry = root / key
     if _is_export(entry):
         return _used(entry)
+    tmp = part(entry)
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+        remove_dead(entry)
+        tmp.mkdir()
     except OSError as error:
         logger.warning("cannot write the CTranslate2 cache %s (%s): not kept", root, error)
         return None
@@ -366,7 +367,7 @@ def cached_export(model_dir: str | Path) -> Path | None:
             return None
         _put(tmp / "model", entry)
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        remove(tmp)
     _evict(root, keep=entry)
     return entry
 
@@ -385,25 +386,25 @@ def _put(export: Path, entry: Path) -> None:
 
 
 def _remove(path: Path) -> None:
-    """Out of the cache's view in one step (renamed to a dot name), then deleted."""
-    gone = path.with_name(f".gone-{path.name}-{os.getpid()}")
+    """Out of the cache's view in one step (renamed to a dot name, a part), then deleted."""
+    gone = part(path, "old")
     try:
         path.rename(gone)
     except OSError:  # already gone (another process), or not ours to move
         return
-    shutil.rmtree(gone, ignore_errors=True)
+    remove(gone)
 
 
 def _evict(root: Path, keep: Path) -> None:
     """Remove the least recently used exports beyond `CACHE_ENTRIES` (never `keep`, never a
-    name that is not a cache key), and temporary directories of conversions killed long ago."""
+    name that is not a cache key), and what killed conversions and removals left (`aiayn.parts`:
+    in a cache, no part is the only copy of anything)."""
+    for path, _ in dead_parts(root):
+        remove(path)
     entries = []
     for path in root.iterdir():
         try:
-            if path.name.startswith("."):
-                if time.time() - path.stat().st_mtime > _STALE_SECONDS:
-                    shutil.rmtree(path, ignore_errors=True)
-            elif _KEY.fullmatch(path.name) and _is_export(path):
+            if _KEY.fullmatch(path.name) and _is_export(path):
                 entries.append((path.stat().st_mtime, path))
         except OSError:  # removed meanwhile by another process
             continue

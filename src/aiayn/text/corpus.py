@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import shutil
-import tempfile
 import time
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
@@ -43,6 +42,7 @@ from typing import Any, Protocol, TypeVar
 import numpy as np
 
 from aiayn.errors import UserValueError
+from aiayn.parts import part, remove, remove_dead
 
 logger = logging.getLogger(__name__)
 
@@ -494,7 +494,9 @@ def load_or_build(
     else:
         logger.info("building data cache %s for %s", cache_dir, source)
         cache_root.mkdir(parents=True, exist_ok=True)
-        tmp_dir = Path(tempfile.mkdtemp(dir=cache_root, prefix=f".{cache_dir.name}.tmp-"))
+        tmp_dir = part(cache_dir)
+        remove_dead(cache_dir)  # what killed builds left (this process's too)
+        tmp_dir.mkdir()
         try:
             pairs = read_tsv(inputs[0]) if tsv_path is not None else read_parallel(*inputs)
             binarize(
@@ -510,7 +512,7 @@ def load_or_build(
             )
             _publish(tmp_dir, cache_dir, key)
         finally:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
+            remove(tmp_dir)
 
     dataset = ParallelDataset(cache_dir)
     return dataset, dataset.stats

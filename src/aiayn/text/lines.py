@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import shutil
 import stat
 import sys
@@ -15,6 +14,7 @@ from pathlib import Path
 from typing import BinaryIO, TextIO
 
 from aiayn.errors import UserError, UserFileNotFoundError, UserValueError
+from aiayn.parts import part, remove_dead
 from aiayn.text.corpus import decode_line
 
 __all__ = [
@@ -132,10 +132,11 @@ _WRITE_ERRNOS = frozenset(
 def output_lines(path: str | Path | None) -> Iterator[LineWriter]:
     """A `LineWriter` for standard output (``path`` None or "") or for the file ``path``.
 
-    The file is written beside ``path`` under a temporary name and renamed over it when the
-    block ends without an error. So a command that fails or is stopped part way (a bad line
-    found in its input, a full disk, Ctrl-C) leaves an existing file as it was and no partial
-    one, and output written over a hard link of the input, or over the file the input is
+    The file is written beside ``path`` under a temporary name (`aiayn.parts.part`) and renamed
+    over it when the block ends without an error. So a command that fails or is stopped part way
+    (a bad line found in its input, a full disk, Ctrl-C) leaves an existing file as it was and no
+    partial one (a killed one, its temporary file, which the next run to ``path`` removes), and
+    output written over a hard link of the input, or over the file the input is
     redirected from, no longer empties the input before it is read. A symbolic link is written
     through; an existing file keeps its permissions (its owner, group and other hard links
     are a new file's), and one that is not writable is refused, as ``open`` refuses it.
@@ -162,7 +163,8 @@ def output_lines(path: str | Path | None) -> Iterator[LineWriter]:
         return
     if kept is not None and not os.access(target, os.W_OK):
         raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(path))
-    temporary = target.with_name(f".{target.name}.{secrets.token_hex(4)}.part")
+    temporary = part(target)
+    remove_dead(target)  # what killed runs to the same output left (this process's too)
     try:  # 0o666 less the umask, as open() would make it
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     except OSError:  # no such directory, a directory not ours: open() says so, naming `path`

@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import unicodedata
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,6 +33,7 @@ from typing import Any
 import sentencepiece as spm
 
 from aiayn.errors import UserValueError
+from aiayn.parts import part, remove, remove_dead
 from aiayn.text.corpus import read_parallel, read_tsv
 
 logger = logging.getLogger(__name__)
@@ -383,9 +383,13 @@ def _train_on_corpus(
     training, not after it (the error would cost minutes). A TSV corpus is checked by the one
     pass that splits its columns, which SentencePiece needs as lines without tabs."""
     logger.info("training a joint BPE vocabulary of %d pieces", vocab_size)
-    with tempfile.TemporaryDirectory(dir=model_file.parent) as tmp:
+    columns = model_file.with_name(model_file.name + ".corpus")  # the TSV's, split in two
+    scratch = part(columns)
+    remove_dead(columns)  # what killed runs left (a part: see aiayn.parts)
+    scratch.mkdir(parents=True)
+    try:
         if tsv is not None:
-            files = [Path(tmp) / "src.txt", Path(tmp) / "tgt.txt"]
+            files = [scratch / "src.txt", scratch / "tgt.txt"]
             with (
                 open(files[0], "w", encoding="utf-8") as src_out,
                 open(files[1], "w", encoding="utf-8") as tgt_out,
@@ -399,6 +403,8 @@ def _train_on_corpus(
                 pass
             files = [src, tgt]
         Tokenizer.train(files, model_file, vocab_size=vocab_size, seed=seed)
+    finally:
+        remove(scratch)
 
 
 def check_given_tokenizer(model_file: Path, vocab_size: int) -> None:
@@ -463,13 +469,13 @@ def _training_error(
 def _write_atomically(path: Path, data: bytes) -> None:
     """Writes via a temporary file and a rename, so readers never see a half-written model."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = part(path)
+    remove_dead(path)  # what killed writers of it left (this process's too)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        tmp.write_bytes(data)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

@@ -36,7 +36,6 @@ import errno
 import json
 import logging
 import os
-import shutil
 import socket
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -47,7 +46,8 @@ import yaml
 
 from aiayn.config import TrainConfig, load_yaml_config, upgrade_train_values
 from aiayn.errors import UserError
-from aiayn.model_dir import DiskFullError, leftovers, stranded_copy
+from aiayn.model_dir import DiskFullError, stranded_copy
+from aiayn.parts import dead_parts, remove
 from aiayn.train import checkpoint as ckpt
 from aiayn.train.runlog import METRICS_FILE
 
@@ -278,14 +278,14 @@ def remove_debris(run_dir: str | Path) -> None:
     """Clean up after saves that were killed, first putting back what they were replacing.
 
     A save writes `.NAME.tmp-PID` and, to replace an existing NAME, moves it to
-    `.NAME.old-PID` for an instant: a kill there leaves no NAME at all (no `model/` for
-    `aiayn translate`, or no latest checkpoint). The newest complete, verified copy is moved
-    back into place; every other leftover is deleted, since nothing reads them and they grow
-    with the model. Leftovers of another live process (a concurrent writer) are kept.
+    `.NAME.old-PID` for an instant (`aiayn.parts`): a kill there leaves no NAME at all (no
+    `model/` for `aiayn translate`, or no latest checkpoint). The newest complete, verified copy
+    is moved back into place; every other part is deleted, since nothing reads them and they
+    grow with the model. Parts of another live process (a concurrent writer) are kept.
     """
     run_dir = Path(run_dir)
     for parent in (run_dir, run_dir / "checkpoints"):
-        for name in sorted({name for _, name in leftovers(parent)}):
+        for name in sorted({name for _, name in dead_parts(parent)}):
             target = parent / name
             if not target.exists() and (copy := stranded_copy(target)) is not None:
                 os.replace(copy, target)
@@ -294,10 +294,7 @@ def remove_debris(run_dir: str | Path) -> None:
                     target,
                     copy.name,
                 )
-        for path, _ in leftovers(parent):
+        for path, _ in dead_parts(parent):
             logger.info("removing %s, left by a killed save", path)
-            if path.is_dir() and not path.is_symlink():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+            remove(path)
     (run_dir / METRICS_FILE).with_suffix(".tmp").unlink(missing_ok=True)

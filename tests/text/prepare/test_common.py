@@ -60,7 +60,7 @@ def test_write_corpus_cleans_drops_and_counts(tmp_path: Path) -> None:
     assert (train_report["read"], train_report["pairs"]) == (4, 1)
     assert train_report["dropped"] == {"empty_de": 1, "empty_en": 1, "too_long": 1}
     assert manifest["splits"]["valid"]["dropped"] == {}
-    assert not list(tmp_path.glob("*.partial"))
+    assert not list(tmp_path.glob(".*.tmp-*"))
 
 
 def test_pairs_with_a_reference_write_a_ref_file(tmp_path: Path) -> None:

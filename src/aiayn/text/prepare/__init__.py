@@ -36,6 +36,7 @@ from typing import Any
 
 from aiayn import __version__
 from aiayn.errors import UserValueError
+from aiayn.parts import part, remove_dead
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +161,9 @@ def _write_split(
     if split.refs:
         names["ref"] = f"{split.name}.ref"
     paths = {key: out_dir / name for key, name in names.items()}
-    partial = {key: path.with_name(path.name + ".partial") for key, path in paths.items()}
+    partial = {key: part(path) for key, path in paths.items()}
+    for path in paths.values():
+        remove_dead(path)  # what killed runs left (this process's too)
     dropped: Counter[str] = Counter(split.dropped)
     read = kept = 0
     handles = {key: path.open("w", encoding="utf-8", newline="\n") for key, path in partial.items()}

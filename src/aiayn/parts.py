@@ -1,0 +1,89 @@
+"""Parts: what a writer puts beside its output while it writes it, named after the writer's
+process, so that what a killed writer left is found and removed by the next writer.
+
+Every file or directory aiayn writes in place of another (a translation's ``-o``, a model
+directory, a checkpoint, an export, a tokenizer, a data cache, a prepared corpus) is written as
+``.NAME.tmp-PID`` beside NAME and renamed over it once complete; a directory being replaced is
+first moved aside as ``.NAME.old-PID``. Nothing runs after a SIGKILL, so these may stay: before
+it writes NAME (and again once NAME is in place), a writer calls :func:`remove_dead`, which
+removes the parts of NAME whose process has ended. One exception: a moved-aside ``.old`` part
+while NAME is missing (a kill between the two renames) may be the only copy, and is kept until
+NAME is written again (:func:`aiayn.model_dir.resolve_model_dir` reads it meanwhile,
+:func:`aiayn.train.rundir.remove_debris` puts it back).
+
+A part whose process is running is kept, even where that process is not aiayn's (its PID was
+reused): a later writer removes it once that process has ended. A PID is this machine's, so two
+machines writing the same NAME at once over a shared file system may each take the other's part
+for a dead one; the writer that loses its part then fails with an error rather than writing a
+wrong file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+from pathlib import Path
+
+__all__ = ["dead_parts", "part", "remove", "remove_dead"]
+
+_PART = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)")
+
+
+def part(target: Path, kind: str = "tmp") -> Path:
+    """This process's part of ``target``: ``.NAME.tmp-PID`` (being written) or, with ``kind``
+    "old", ``.NAME.old-PID`` (the replaced ``target``, moved aside)."""
+    assert kind in ("tmp", "old"), kind
+    return target.with_name(f".{target.name}.{kind}-{os.getpid()}")
+
+
+def dead_parts(parent: Path) -> list[tuple[Path, str]]:
+    """The parts in ``parent`` whose writer has ended (or is this process, which looks before
+    it writes), each with the name of its target, sorted."""
+    try:
+        entries = sorted(parent.iterdir())
+    except OSError:  # no such directory, or not ours to read: nothing of ours in it
+        return []
+    found = []
+    for path in entries:
+        match = _PART.fullmatch(path.name)
+        if match and not _running(int(match["pid"])):
+            found.append((path, match["name"]))
+    return found
+
+
+def remove_dead(target: Path) -> None:
+    """Remove the parts of ``target`` that ended writers left, but a moved-aside ``.old`` one
+    while ``target`` is missing (see the module docstring)."""
+    target = Path(target)
+    for path, name in dead_parts(target.parent):
+        if name == target.name and not (_kind(path) == "old" and not target.exists()):
+            remove(path)
+
+
+def remove(path: Path) -> None:
+    """Remove a file, link or directory tree, quietly (already gone, or not ours to remove)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def _kind(path: Path) -> str:
+    match = _PART.fullmatch(path.name)
+    return match["kind"] if match else ""
+
+
+def _running(pid: int) -> bool:
+    """Whether another process than this one has the PID ``pid``."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except (ProcessLookupError, OverflowError):  # none, or no PID at all
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
