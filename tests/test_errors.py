@@ -454,6 +454,61 @@ def test_the_aiayn_executable_loses_nothing_by_ending_at_once(tmp_path: Path) ->
     assert out.read_text(encoding="utf-8") == to_pipe.stdout
 
 
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(errno.ENOSPC, "No space left on device"),
+        OSError(errno.EDQUOT, "Disk quota exceeded"),
+        OSError(errno.EFBIG, "File too large"),
+    ],
+    ids=lambda error: errno.errorcode[error.errno],
+)
+def test_a_full_disk_or_quota_that_names_no_file_is_one_line_too(
+    translate_argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    error: OSError,
+) -> None:
+    """A failed ``write`` names no file: a full disk, a quota or a size limit is still the
+    user's to fix, and the line says what it is."""
+    load_raising(monkeypatch, _raise(error))
+    assert main(translate_argv) == 2
+    assert capsys.readouterr().err == (
+        f"aiayn translate: error: {error.strerror}: a file could not be written (the disk is "
+        "full, or a quota or a file size limit is reached)\n"
+    )
+
+
+def test_a_write_limit_reached_by_train_is_one_line(tmp_path: Path) -> None:
+    """``aiayn train`` under a file size limit (RLIMIT_FSIZE, as a quota): the tokenizer it
+    writes is over it, and the write's OSError, which names no file, is one line, exit 2."""
+    import resource
+
+    from model_dirs import CORPUS
+
+    (tmp_path / "a.en").write_text("\n".join(CORPUS[:3] * 20) + "\n")
+    (tmp_path / "a.de").write_text("\n".join(CORPUS[3:6] * 20) + "\n")
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    argv = ["train", "--src", "a.en", "--tgt", "a.de", "--out-dir", "run", "--vocab-size", "300"]
+    run = subprocess.run(
+        [sys.executable, "-m", "aiayn", *argv, "--preset", "tiny", "--no-progress"],
+        preexec_fn=limit,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.splitlines()[-1] == (
+        "aiayn train: error: File too large: a file could not be written (the disk is full, or "
+        "a quota or a file size limit is reached)"
+    )
+    assert "Traceback" not in run.stderr
+
+
 def test_a_closed_standard_output_ends_the_command_quietly_with_status_141(tmp_path: Path) -> None:
     """``aiayn translate ... | head``: once the reader has gone, the command stops without a
     traceback or a report of a bug, with the status a shell gives ``yes | head`` (141), as the

@@ -64,7 +64,8 @@ MODEL_FILES = (CONFIG_FILE, WEIGHTS_FILE, TOKENIZER_FILE, METADATA_FILE)
 
 
 class DiskFullError(CheckpointError):
-    """A save ran out of disk space or quota; what it had written was removed."""
+    """A save ran out of disk space, quota or file size limit; what it had written was
+    removed."""
 
 
 @dataclass
@@ -168,15 +169,40 @@ def _write_model_files(
     (tmp / METADATA_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     for name, obj in (extra_files or {}).items():
         # On a full disk torch's zip writer swallows the file's OSError(ENOSPC) and raises
-        # "RuntimeError: [enforce fail at inline_container.cc] ... unexpected pos" (closing
-        # the file may raise the OSError again, or not): `save_model_dir` compares the free
-        # space with what the save needs to tell a full disk from another failure.
+        # "RuntimeError: [enforce fail at inline_container.cc] ... unexpected pos": the file
+        # it writes through keeps that OSError, raised in its place (a quota's EDQUOT, which
+        # the free space does not show, included). `save_model_dir` also compares the free
+        # space with what the save needs, for a writer that hides the cause otherwise.
         with open(tmp / name, "wb") as f:
-            torch.save(obj, f)
+            kept = _KeptWriteError(f)
+            try:
+                torch.save(obj, kept)
+            except RuntimeError as error:
+                if kept.error is not None:
+                    raise kept.error from error
+                raise
     names = sorted(p.name for p in tmp.iterdir())
     checksums = {name: sha256_of(tmp / name) for name in names}
     (tmp / CHECKSUMS_FILE).write_text(json.dumps(checksums, indent=2) + "\n")
     _fsync_dir(tmp)
+
+
+class _KeptWriteError:
+    """A binary file whose ``write`` keeps the OSError it raises, for a writer (torch's) that
+    reports only that the write failed."""
+
+    def __init__(self, file: Any) -> None:
+        self.file, self.error = file, None
+
+    def write(self, data: bytes) -> int:
+        try:
+            return self.file.write(data)
+        except OSError as error:
+            self.error = error
+            raise
+
+    def flush(self) -> None:
+        self.file.flush()
 
 
 def stranded_copy(target: Path) -> Path | None:
@@ -449,12 +475,13 @@ def sha256_of(path: Path, stop: threading.Event | None = None) -> str:
     return digest.hexdigest()
 
 
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a quota, a size limit
 _WRITE_ERRORS = (OSError, RuntimeError, SafetensorError)  # what the writers raise
 
 
 def _disk_full_errno(error: BaseException) -> int | None:
-    """ENOSPC/EDQUOT if `error` comes from a full disk or quota, else None.
+    """ENOSPC, EDQUOT or EFBIG if `error` comes from a full disk, a quota or a file size
+    limit, else None.
 
     safetensors (Rust) reports I/O errors as a SafetensorError whose text ends with
     "(os error N)" rather than as an OSError.

@@ -606,3 +606,42 @@ def test_weights_get_the_same_mode_as_the_other_files(
         os.umask(previous)
     modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()}
     assert modes == dict.fromkeys(modes, 0o666 & ~umask)
+
+
+def test_a_write_limit_torch_hides_is_reported_as_such(tmp_path: Path) -> None:
+    """torch's zip writer reports a failed write as "unexpected pos": the OSError under it is
+    what the save reports, whatever the free space says, as a quota (EDQUOT) is not seen in
+    the free space. A real file size limit (RLIMIT_FSIZE: EFBIG) plays it: the weights fit,
+    the training state does not."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import resource, sys, torch
+        from pathlib import Path
+        from aiayn.model_dir import DiskFullError, save_model_dir
+        from model_dirs import tiny_model, train_tokenizer
+        directory = Path(sys.argv[1])
+        tokenizer = train_tokenizer(directory / "tok")
+        limit = 3_000_000  # over the tokenizer and the weights, under the 4 MiB state
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+        try:
+            save_model_dir(
+                directory / "ckpt", tiny_model(tokenizer), tokenizer_file=tokenizer.model_file,
+                extra_files={"training_state.pt": {"m": torch.zeros(1 << 20)}},
+            )
+        except DiskFullError as error:
+            print(error)
+    """
+    tests = str(Path(__file__).parents[1])
+    run = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": tests},
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith(f"File too large writing {tmp_path / '.ckpt.tmp-'}"), run.stdout
+    assert "partial checkpoint removed" in run.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tok"]

@@ -79,6 +79,12 @@ _PATH_ERRNOS = frozenset(
     if hasattr(errno, name)
 )  # fmt: skip
 
+# What an OSError may say of the disk, with or without a path: it is full, or a quota or a file
+# size limit is reached. Never aiayn's to fix, wherever the write was.
+_DISK_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EFBIG") if hasattr(errno, name)
+)
+
 _REPORT = (
     "this is a bug in aiayn, not a mistake of yours: please report it with the traceback above"
 )
@@ -91,13 +97,29 @@ def _is_user_error(error: BaseException) -> bool:
     should a command check it after parsing; errors found while parsing already exit 2 through
     argparse); or an ``OSError`` *about a path*, its ``filename`` set and its errno one of
     :data:`_PATH_ERRNOS` (``open("missing.txt")``, a directory given as a file, a file that is
-    not the user's to read, a full disk). Everything else, a plain ``ValueError`` or
-    ``FileNotFoundError`` without a file name included, is a bug: where aiayn checks what a user
-    gave, it raises a ``UserError``.
+    not the user's to read, a full disk); or an ``OSError`` of a full disk, a quota or a file
+    size limit (:data:`_DISK_ERRNOS`) with no path (a ``write`` names none). Everything else,
+    a plain ``ValueError`` or ``FileNotFoundError`` without a file name included, is a bug:
+    where aiayn checks what a user gave, it raises a ``UserError``.
     """
     if isinstance(error, (UserError, argparse.ArgumentError)):
         return True
-    return isinstance(error, OSError) and error.filename is not None and error.errno in _PATH_ERRNOS
+    if not isinstance(error, OSError):
+        return False
+    return error.errno in _DISK_ERRNOS or (
+        error.filename is not None and error.errno in _PATH_ERRNOS
+    )
+
+
+def _message(error: BaseException) -> str:
+    """The one line of an error the user can fix: its own text, but for a full disk, a quota
+    or a file size limit, which a failed ``write`` reports without saying where or why."""
+    if isinstance(error, OSError) and error.errno in _DISK_ERRNOS and error.filename is None:
+        return (
+            f"{error.strerror}: a file could not be written (the disk is full, or a quota or a "
+            "file size limit is reached)"
+        )
+    return str(error)
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -152,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         if args.verbose:
             traceback.print_exc()
-        print(f"aiayn {args.command}: error: {error}", file=sys.stderr)
+        print(f"aiayn {args.command}: error: {_message(error)}", file=sys.stderr)
         return 1 if killed else 2
 
 
