@@ -148,8 +148,9 @@ docs: $(STAMP)
 
 # The GPU path proved on a lent GPU machine in at most 8 minutes (bench/gpu_check.py): the CUDA
 # tests, training throughput of `base` at 25k tokens per update against nn.Transformer, torchrun
-# and DDP over NCCL, decoding; the report into OUT. No .venv: the machine's own python3 with a
-# CUDA PyTorch runs this tree's src/ (PYTHONPATH keeps what it held, e.g. carried wheels).
+# and DDP over NCCL, the user's job as whole commands; its tables printed, the logs into OUT.
+# No .venv: the machine's own python3 with a CUDA PyTorch runs this tree's src/ (PYTHONPATH
+# keeps what it held, e.g. carried wheels).
 # Without CUDA it says so in one line and exits 0. OUT/records.jsonl holds its records: where the
 # machine's copy of the tree had no git, `python bench/page.py --stamp OUT/records.jsonl --commit
 # C` adds the source hashes of the commit it ran; then append them to bench/results/gpu.jsonl.

@@ -25,15 +25,12 @@ left:
    starts the NCCL group itself and opens `Distributed.enabled` (`--ddp-worker`): DDP's wrapper,
    `no_sync` accumulation, all-reduces and barriers over NCCL, at world size 1. Both runs'
    losses must agree;
-5. **decode**: beam 4 and greedy for `base` (random weights, every output forced to
-   `--decode-len` tokens, `peers.FixedLength`) on a batch of sentences of real lengths, aiayn
-   float32 and bf16, and CTranslate2 on the same GPU where `import ctranslate2` works.
-6. **job**: the user's job on this GPU, each a whole command timed from launch to exit:
+5. **job**: the user's job on this GPU, each a whole command timed from launch to exit:
    `aiayn demo` (the README's `make demo`: corpus, vocabulary, 1,200 updates in the default
    precision, evaluation), then `aiayn translate` of the demo's 500 held-out numbers with the
-   model it trained, float32 and `--bf16`, twice each in turn: wall time and exact match. The
-   decode stage's one batch, repeated, can hide a cost that every new shape pays (cuDNN's
-   attention built a graph per shape); commands on real data, one after another, do not.
+   model it trained, float32 and `--bf16`, twice each in turn: wall time and exact match.
+   Whole commands on real data pay what every new shape costs (cuDNN's attention built a
+   graph per shape), which one batch decoded again and again would hide.
    `aiayn demo` needs `num2words` (carry its wheel; without it the stage says so and is
    skipped). Where `import ctranslate2` works, the same with `--backend ctranslate2`: first
    `--device cuda` (it converts the model and caches the export; it must decode on the GPU or
@@ -41,12 +38,12 @@ left:
    GPU, or the CPU with a warning where CTranslate2 cannot compute on this GPU, e.g. a wheel
    built for another CUDA).
 
-It writes DIR/gpu-check.md (the tables), DIR/gpu-check.json (every number), DIR/records.jsonl
-(the training and job tables as bench/runner.py's records; `--record` also appends them to
-bench/results/gpu.jsonl, for `make benchmarks-page`), and the logs pytest.log,
-torchrun.log, torchrun-ddp.log, demo.log and translate.log (every `aiayn translate` run, one
-after another; 7 files: a lent machine gives back at most 8). The exit status is 0 when
-every stage ran and passed.
+It prints the training and job tables as BENCHMARKS.md shows them (bench/page.py), the
+checks in their notes, and writes their records to DIR/records.jsonl (bench/runner.py's;
+`--record` also appends them to bench/results/gpu.jsonl, for `make benchmarks-page`), every
+number to DIR/gpu-check.json, and the logs pytest.log, torchrun.log, torchrun-ddp.log,
+demo.log and translate.log (every `aiayn translate` run, one after another; 7 files: a lent
+machine gives back at most 8). The exit status is 0 when every stage ran and passed.
 
 Without CUDA it says so in one line and exits 0, after a smoke run of every stage's code at the
 smallest sizes on the CPU (pytest and the job aside; ~20 s on 2 cores), so that CI proves the
@@ -59,7 +56,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import copy
 import gc
 import importlib.util
 import json
@@ -75,7 +71,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -85,25 +80,25 @@ try:  # what is missing is named by main(), in one line, rather than raised here
     import torch.distributed as dist
     import torch.nn.functional as F
 
-    import peers
+    import page
     import runner
     from aiayn.cli import main as aiayn_main
     from aiayn.config import preset
     from aiayn.model import Transformer
     from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
     from aiayn.text.batching import accumulation, collate, epoch_updates
-    from aiayn.text.tokenizer import EOS_ID, PAD_ID
+    from aiayn.text.tokenizer import PAD_ID
     from aiayn.train import distributed, setup
     from aiayn.train.runlog import read_metrics
     from aiayn.train.update import autocast, optimizer_update
-    from peers import ReferenceTransformer, aiayn_search, forward_flops, same_outputs
+    from peers import ReferenceTransformer, forward_flops
 except ImportError as error:
     IMPORT_ERROR: ImportError | None = error
 else:
     IMPORT_ERROR = None
 
 ROOT = Path(__file__).resolve().parent.parent
-STAGES = ("tests", "peak", "train", "torchrun", "decode", "job")
+STAGES = ("tests", "peak", "train", "torchrun", "job")
 REQUIRED = {  # module → where it comes from
     "aiayn": "this tree's src/: run with PYTHONPATH=src, as `make gpu-check` does",
     "torch": "pip: torch, a CUDA build",
@@ -135,29 +130,17 @@ class Sizes:
     updates: int = 8
     precisions: tuple[str, ...] = ("bf16", "tf32", "fp32")
     peak_n: int = 8192
-    decode_batch: int = 64
-    decode_len: int = 28
-    decode_repeats: int = 5
     torchrun_steps: int = 6
-    demo_steps: int | None = None  # `aiayn demo`'s own 1,200 updates
     job_rounds: int = 2
     job_precisions: tuple[str, ...] = ("fp32", "bf16")
 
 
 SMOKE = Sizes(
     preset="tiny", vocab=64, tokens_per_update=256, max_tokens=128, warmup=1, updates=1,
-    precisions=("bf16", "fp32"), peak_n=64, decode_batch=3, decode_len=4, decode_repeats=1,
-    torchrun_steps=2,
+    precisions=("bf16", "fp32"), peak_n=64, torchrun_steps=2,
 )  # fmt: skip
-SIZE_FLAGS = (
-    "vocab",
-    "tokens_per_update",
-    "max_tokens",
-    "warmup",
-    "updates",
-    "decode_batch",
-    "decode_len",
-)  # the fields of `Sizes` that flags set
+SIZE_FLAGS = ("vocab", "tokens_per_update", "max_tokens", "warmup", "updates")
+"""The fields of `Sizes` that flags set."""
 
 
 @dataclass
@@ -221,8 +204,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=Sizes.max_tokens, help="per batch")
     parser.add_argument("--updates", type=int, default=Sizes.updates, help="timed, per row")
     parser.add_argument("--warmup", type=int, default=Sizes.warmup, help="untimed, per row")
-    parser.add_argument("--decode-batch", type=int, default=Sizes.decode_batch)
-    parser.add_argument("--decode-len", type=int, default=Sizes.decode_len)
     parser.add_argument("--smoke", action="store_true", help="the CPU smoke run, even on a GPU")
     parser.add_argument(
         "--record", action="store_true", help="also append the records to bench/results/gpu.jsonl"
@@ -263,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes = replace(Sizes(), **{name: getattr(args, name) for name in SIZE_FLAGS})
     report = run_stages(args, sizes, device, say=lambda line: print(line, flush=True))
-    print("\n" + markdown(report))
+    finish(args, report)
     return 0 if all(s["status"] in ("ok", "skipped") for s in report["stages"].values()) else 1
 
 
@@ -297,7 +278,7 @@ def run_stages(
     args: argparse.Namespace, sizes: Sizes, device: torch.device, say: Callable[[str], None]
 ) -> dict[str, Any]:
     """Every stage asked for, in order, each in the time the earlier ones left; the report,
-    also written to OUT/gpu-check.md and OUT/gpu-check.json."""
+    also written to OUT/gpu-check.json."""
     start = time.monotonic()
     args.out.mkdir(parents=True, exist_ok=True)
     report: dict[str, Any] = {"smoke": device.type != "cuda", "machine": machine(device)}
@@ -315,15 +296,7 @@ def run_stages(
                 say(f"  {name} broke: {stages[name]['error']}")
             stages[name]["seconds"] = round(time.monotonic() - began, 1)
     report["seconds"] = round(time.monotonic() - start, 1)
-    text = markdown(report)
-    (args.out / "gpu-check.md").write_text(text + "\n", encoding="utf-8")
     (args.out / "gpu-check.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    if not report["smoke"]:
-        lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records(report))
-        (args.out / "records.jsonl").write_text(lines, encoding="utf-8")
-        if args.record:
-            with (runner.RESULTS / "gpu.jsonl").open("a", encoding="utf-8") as f:
-                f.write(lines)
     return report
 
 
@@ -694,130 +667,7 @@ def stage_torchrun(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------------------------
-# Stage 5: decoding
-# --------------------------------------------------------------------------------------------
-
-
-def ctranslate2_search(
-    ctx: Context, model: Transformer, sources: list[list[int]], compute_type: str
-) -> Callable[[str], list[list[int]]]:
-    """run(mode) of CTranslate2 on this device over our model's weights (converted as in
-    bench/peers.py), every output forced to `decode_len` tokens."""
-    import ctranslate2  # optional: not on a bare GPU machine
-
-    directory = ctx.work / "ct2"
-    if not (directory / "model.bin").is_file():
-        peers.ct2_convert(model, directory, None)
-    if ctx.device.type == "cuda" and ctranslate2.get_cuda_device_count() == 0:
-        raise RuntimeError("ctranslate2 sees no CUDA device (a wheel without CUDA?)")
-    translator = ctranslate2.Translator(
-        str(directory),
-        device=ctx.device.type,
-        device_index=ctx.device.index or 0,
-        compute_type=compute_type,
-    )
-    names = peers.vocabulary(model.config.tgt_vocab_size)
-    tokens = [[names[i] for i in row] for row in sources]
-    n = ctx.sizes.decode_len
-
-    def run(mode: str) -> list[list[int]]:
-        out = translator.translate_batch(
-            tokens,
-            beam_size=4 if mode == "beam4" else 1,
-            length_penalty=0.6,
-            min_decoding_length=n,
-            max_decoding_length=n,
-            max_batch_size=len(tokens),
-        )
-        return peers.ct2_ids(out, model.config.tgt_vocab_size)
-
-    return run
-
-
-def stage_decode(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
-    sizes, device = ctx.sizes, ctx.device
-    torch.manual_seed(0)
-    model = Transformer(preset(sizes.preset, src_vocab_size=sizes.vocab, dropout=0.0)).eval()
-    rng = np.random.default_rng(2)  # sources of real lengths (at most 120 tokens) + EOS
-    lengths = sorted(real_lengths(rng, sizes.decode_batch, max_len=120)[0], reverse=True)
-    sources = [[*rng.integers(4, sizes.vocab, n).tolist(), EOS_ID] for n in lengths]
-    src = torch.full((len(sources), len(sources[0])), PAD_ID, dtype=torch.long)
-    for row, ids in enumerate(sources):
-        src[row, : len(ids)] = torch.tensor(ids)
-    src = src.to(device)
-    systems = {
-        "aiayn fp32": lambda: aiayn_search(copy.deepcopy(model).to(device), src, sizes.decode_len),
-        "aiayn bf16": lambda: aiayn_search(
-            copy.deepcopy(model).to(device, torch.bfloat16), src, sizes.decode_len
-        ),
-        "CTranslate2 fp32": lambda: ctranslate2_search(ctx, model, sources, "float32"),
-        "CTranslate2 bf16": lambda: ctranslate2_search(ctx, model, sources, "bfloat16"),
-    }
-    rows, outputs = [], {}
-    for name, build in systems.items():
-        missing, run = None, None
-        if name.startswith("CTranslate2") and importlib.util.find_spec("ctranslate2") is None:
-            missing = "ctranslate2 is not installed here (carry its wheel)"
-        elif ctx.smoke and name == "CTranslate2 bf16":
-            missing = "not in the CPU smoke"
-        elif ctx.left() < 30:
-            missing = "out of time"
-        else:
-            try:
-                run = build()
-            except Exception as error:  # a peer that cannot run here is a row, not a crash
-                missing = f"{type(error).__name__}: {error}"
-        for mode in ("beam4", "greedy"):
-            row: dict[str, Any] = {"system": name, "mode": mode}
-            if run is None:
-                rows.append({**row, "error": missing})
-                continue
-            try:  # CTranslate2 opens cuBLAS at its first product, not when it loads
-                runs = [timed(device, partial(run, mode)) for _ in range(1 + sizes.decode_repeats)]
-            except Exception as error:  # a peer that cannot run here is a row, not a crash
-                if not name.startswith("CTranslate2"):
-                    raise  # aiayn's own failure breaks the stage
-                missing, run = f"{type(error).__name__}: {error}", None
-                rows.append({**row, "error": missing})
-                continue
-            outputs[name, mode] = runs[-1][1]
-            median = statistics.median(seconds for seconds, _ in runs[1:])  # after a warm-up
-            rows.append(
-                {
-                    **row,
-                    "seconds": median,
-                    "sentences_per_s": len(sources) / median,
-                    "tokens_per_s": len(sources) * sizes.decode_len / median,
-                }
-            )
-        ctx.say(
-            f"  {name}: "
-            + ", ".join(
-                row.get("error") or f"{row['mode']} {row['tokens_per_s']:.0f} tok/s"
-                for row in rows[-2:]
-            )
-        )
-    for row in rows:
-        ours, theirs = (
-            outputs.get(("aiayn fp32", row["mode"])),
-            outputs.get((row["system"], row["mode"])),
-        )
-        if ours and theirs and row["system"] != "aiayn fp32":
-            row["same_as_aiayn_fp32"] = same_outputs(
-                ours, theirs, prefix="CTranslate2" in row["system"]
-            )
-    return {
-        "status": "ok",
-        "preset": sizes.preset,
-        "batch": len(sources),
-        "output_len": sizes.decode_len,
-        "mean_source_len": statistics.mean(map(len, sources)),
-        "rows": rows,
-    }
-
-
-# --------------------------------------------------------------------------------------------
-# Stage 6: the user's job, whole commands
+# Stage 5: the user's job, whole commands
 # --------------------------------------------------------------------------------------------
 
 
@@ -830,10 +680,9 @@ def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
             "summary": "not run: aiayn demo needs num2words (carry its wheel)",
         }
     demo_dir, sizes = ctx.work / "demo", ctx.sizes
-    steps = [] if sizes.demo_steps is None else ["--max-steps", str(sizes.demo_steps)]
     began = time.perf_counter()
     code, output = ctx.run_logged(
-        [sys.executable, "-m", "aiayn", "demo", "-o", str(demo_dir), *steps],
+        [sys.executable, "-m", "aiayn", "demo", "-o", str(demo_dir)],
         "demo.log",
         timeout=max(30.0, min(300.0, ctx.left() - 60)),
     )
@@ -945,94 +794,6 @@ def _ct2_device_probe(device: str, code: int | None, output: str, seconds: float
 # --------------------------------------------------------------------------------------------
 
 
-def markdown(report: dict[str, Any]) -> str:
-    """The report as Markdown: a machine line, the checks, the training and decoding tables."""
-    m, stages = report["machine"], report["stages"]
-    lines = (
-        ["**CPU smoke run, no CUDA: the code ran, these numbers measure nothing.**", ""]
-        if report["smoke"]
-        else []
-    )
-    lines.append(
-        f"- {m.get('gpu') or m['cpu']} (compute capability {m.get('capability')}, "
-        f"{m.get('memory_gib')} GiB, driver {m.get('driver')}); torch {m['torch']}, "
-        f"CUDA {m['cuda']}, Python {m['python']}; `make gpu-check` in {report['seconds']:.0f} s."
-    )
-    if "bf16_tflops" in (peak := stages.get("peak", {})):
-        rates = ", ".join(f"{k.split('_')[0]} {v:.0f}" for k, v in peak.items() if "tflops" in k)
-        lines.append(
-            f"- Matrix products {peak['n']}³, TFLOP/s: {rates}. MFU below is against bf16's."
-        )
-    if tests := stages.get("tests"):
-        detail = tests.get("summary") or tests.get("error")
-        lines.append(f"- `pytest tests/cuda`: **{tests['status']}**, {detail}")
-    if run := stages.get("torchrun"):
-        detail = run.get("error") or (
-            f"max |Δloss| {run['max_loss_difference']:.1e} between "
-            "`torchrun --nproc_per_node=1 -m aiayn train` and the DDP run"
-        )
-        lines.append(f"- torchrun and DDP over NCCL: **{run['status']}**, {detail}")
-    train = stages.get("train", {})
-    if train.get("rows"):
-        lines += [
-            "",
-            f"Training `{train['preset']}` (vocabulary {train['vocab']}), updates of "
-            f"{train['batches_per_update']} batches of ≤ {train['max_tokens']} tokens:",
-            "",
-            runner.markdown_table(TRAIN_COLUMNS, train_rows(train)),
-        ]
-        if paper := train.get("paper_run"):
-            lines += [
-                "",
-                f"The paper's base run, {PAPER_UPDATES:,} updates of "
-                f"{PAPER_TOKENS_PER_UPDATE:,} target tokens, at aiayn's {paper['precision']} "
-                f"rate: **{paper['hours_on_this_gpu']:.1f} h on this one GPU**, against "
-                f"{PAPER_HOURS:.0f} h on 8 P100s (§5.2).",
-            ]
-    decode = stages.get("decode", {})
-    if decode.get("rows"):
-        lines += [
-            "",
-            f"Decoding `{decode['preset']}` (random weights): {decode['batch']} sentences "
-            f"of {decode['mean_source_len']:.0f} tokens on average in one batch, every output "
-            f"{decode['output_len']} tokens:",
-            "",
-            "| system | search | sentences/s | target tok/s | output = aiayn fp32's |",
-            "| --- | --- | ---: | ---: | ---: |",
-        ]
-        for r in decode["rows"]:
-            if "error" in r:
-                lines.append(f"| {r['system']} | {r['mode']} | not measured: {r['error']} | | |")
-                continue
-            same = r.get("same_as_aiayn_fp32")
-            same = "" if same is None else f"{100 * same:.0f}%"
-            lines.append(
-                f"| {r['system']} | {r['mode']} | {r['sentences_per_s']:.1f} "
-                f"| {r['tokens_per_s']:.0f} | {same} |"
-            )
-    job = stages.get("job", {})
-    if job.get("translate"):  # measured rows are shown, also when a later run failed
-        exact = job.get("demo_exact_match")
-        lines += [
-            "",
-            f"The user's job, whole commands: `aiayn demo` {job['demo_s']:.0f} s (held-out "
-            f"exact match {'?' if exact is None else f'{100 * exact:.1f}%'}); `aiayn translate` "
-            f"of its {job['sentences']} held-out numbers with the model it trained:",
-            "",
-            runner.markdown_table(JOB_COLUMNS, job_rows(job)),
-        ]
-        if probe := job.get("ctranslate2_device"):
-            lines += ["", f"- `aiayn translate --backend ctranslate2 --device "
-                      f"{probe.get('device', 'cuda')}`: **{probe['status']}**, "
-                      f"{probe['summary']}"]  # fmt: skip
-        if job.get("status") != "ok":
-            lines.append(f"- the user's job: **{job['status']}**, {job.get('error')}")
-    elif job:
-        detail = job.get("summary") or job.get("error")
-        lines.append(f"- the user's job: **{job['status']}**, {detail}")
-    return "\n".join(lines)
-
-
 TRAIN_COLUMNS = [
     ("model", "model"), ("precision", "precision"), ("tokens_per_update", "target tok/update"),
     ("update_s", "s/update"), ("tokens_per_s", "target tok/s"), ("range", "min–max"),
@@ -1077,8 +838,39 @@ def job_rows(job: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
+def checks(stages: dict[str, Any]) -> list[str]:
+    """What the stages without a table found, as notes of the first record."""
+    notes = []
+    if "bf16_tflops" in (peak := stages.get("peak", {})):
+        rates = ", ".join(f"{k.split('_')[0]} {v:.0f}" for k, v in peak.items() if "tflops" in k)
+        notes.append(f"Matrix products {peak['n']}³, TFLOP/s: {rates}; MFU against bf16's.")
+    if tests := stages.get("tests"):
+        notes.append(f"`pytest tests/cuda`: {tests['status']}, "
+                     f"{tests.get('summary') or tests.get('error')}.")  # fmt: skip
+    if run := stages.get("torchrun"):
+        detail = run.get("error") or (
+            f"max |Δloss| {run['max_loss_difference']:.1e} between "
+            "`torchrun --nproc_per_node=1 -m aiayn train` and the DDP run"
+        )
+        notes.append(f"torchrun and DDP over NCCL: {run['status']}, {detail}.")
+    return notes
+
+
+def job_notes(job: dict[str, Any]) -> list[str]:
+    exact = job.get("demo_exact_match")
+    notes = [f"`aiayn demo` {job['demo_s']:.0f} s, held-out exact match "
+             f"{'?' if exact is None else f'{100 * exact:.1f}%'}."]  # fmt: skip
+    if probe := job.get("ctranslate2_device"):
+        command = f"aiayn translate --backend ctranslate2 --device {probe.get('device', 'cuda')}"
+        notes.append(f"`{command}`: {probe['status']}, {probe['summary']}.")
+    if job.get("status") != "ok":
+        notes.append(f"The user's job: {job['status']}, {job.get('error')}.")
+    return notes
+
+
 def records(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """The training and job tables as bench/runner.py's records (task "gpu")."""
+    """The training and job tables as bench/runner.py's records (task "gpu"), the checks in
+    the notes of the first."""
     stages, found = report["stages"], []
     say = {"command": "make gpu-check OUT=DIR", "peers": ("ctranslate2",)}
     train = stages.get("train", {})
@@ -1097,14 +889,42 @@ def records(report: dict[str, Any]) -> list[dict[str, Any]]:
         found.append(runner.record("gpu", table=table, setup=setup, columns=TRAIN_COLUMNS,
                                    rows=train_rows(train), summary=summary, **say))  # fmt: skip
     job = stages.get("job", {})
-    if job.get("translate"):
+    if job.get("translate"):  # measured rows are kept, also when a later run failed
         table = (f"the user's job: `aiayn demo`, then `aiayn translate` of its "
                  f"{job['sentences']} held-out numbers")  # fmt: skip
         summary = f"`aiayn demo` trains and evaluates in {job['demo_s']:.0f} s"
         found.append(runner.record("gpu", table=table, setup="the demo's model",
                                    columns=JOB_COLUMNS, rows=job_rows(job), summary=summary,
-                                   **say))  # fmt: skip
+                                   notes=job_notes(job), **say))  # fmt: skip
+    if found:
+        found[0]["notes"][:0] = checks(stages)
+    for rec in found:
+        rec["versions"]["cuda"] = torch.version.cuda
     return found
+
+
+def finish(args: argparse.Namespace, report: dict[str, Any]) -> None:
+    """A GPU run's records into OUT/records.jsonl (and bench/results/gpu.jsonl with
+    --record); printed, a line per stage, then the tables as BENCHMARKS.md shows them."""
+    found = records(report)
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in found)
+    (args.out / "records.jsonl").write_text(lines, encoding="utf-8")
+    if args.record:
+        with (runner.RESULTS / "gpu.jsonl").open("a", encoding="utf-8") as f:
+            f.write(lines)
+    print("\n" + "\n".join(stage_lines(report)))
+    current = page.current_hashes(found) or {}
+    for rec in found:
+        print("\n" + "\n".join(page.table_text([rec], current)).rstrip())
+
+
+def stage_lines(report: dict[str, Any]) -> list[str]:
+    """A line per stage: its status, and its error or summary."""
+    lines = []
+    for name, stage in report["stages"].items():
+        detail = stage.get("error") or stage.get("summary")
+        lines.append(f"{name}: {stage['status']}" + (f", {detail}" if detail else ""))
+    return lines
 
 
 STAGE_FUNCTIONS = {
@@ -1112,7 +932,6 @@ STAGE_FUNCTIONS = {
     "peak": stage_peak,
     "train": stage_train,
     "torchrun": stage_torchrun,
-    "decode": stage_decode,
     "job": stage_job,
 }
 

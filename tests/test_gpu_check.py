@@ -1,6 +1,7 @@
 """bench/gpu_check.py (`make gpu-check`) where there is no GPU, as in CI: one line and exit 0,
 after a CPU smoke run of every stage's code, so that the script a lent GPU will run has not
-rotted; arguments and missing modules are refused in one line before anything runs."""
+rotted; arguments and missing modules are refused in one line before anything runs; what a GPU
+run measures becomes the records BENCHMARKS.md is made from."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ def gpu_check(*args: str) -> subprocess.CompletedProcess:
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with CUDA, gpu_check measures")
 def test_without_cuda_it_says_so_in_one_line_and_exits_0_after_a_cpu_smoke(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "report"
     result = gpu_check("--out", str(out))
@@ -50,7 +51,6 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0_after_a_cpu_smoke(
         "peak": "ok",
         "train": "ok",
         "torchrun": "ok",
-        "decode": "ok",
         "job": "skipped",
     }
     rows = stages["train"]["rows"]
@@ -65,10 +65,19 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0_after_a_cpu_smoke(
     # The DDP worker wrapped the model (over gloo here) and matched the plain run.
     assert stages["torchrun"]["ddp"] is True
     assert stages["torchrun"]["max_loss_difference"] <= 1e-3
-    decoded = {(r["system"], r["mode"]) for r in stages["decode"]["rows"] if "tokens_per_s" in r}
-    assert {("aiayn fp32", "beam4"), ("aiayn fp32", "greedy")} <= decoded
-    assert (out / "gpu-check.md").read_text(encoding="utf-8").startswith("**CPU smoke run")
     assert (out / "torchrun-ddp.log").is_file()
+    assert not (out / "records.jsonl").exists()  # a smoke run measures nothing
+    # What a GPU run would record of these stages: the training table, the checks in its notes.
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    from gpu_check import records
+
+    [trained] = records(report)
+    assert [(r["model"], r["precision"]) for r in trained["rows"]][:2] == [
+        ("aiayn", "bf16"), ("nn.Transformer", "bf16")
+    ]  # fmt: skip
+    assert trained["notes"][0].startswith("Matrix products 64³, TFLOP/s: bf16 ")
+    assert trained["notes"][1] == "`pytest tests/cuda`: skipped, not run in the CPU smoke."
+    assert trained["notes"][2].startswith("torchrun and DDP over NCCL: ok, max |Δloss| ")
 
 
 @pytest.mark.parametrize(
@@ -109,12 +118,21 @@ def test_a_missing_module_is_named_in_one_line(
     assert not (tmp_path / "report").exists()
 
 
+def printed(report: dict) -> str:
+    """What a GPU run prints after its stages: a line per stage, then each record's table as
+    BENCHMARKS.md shows it (bench/page.py), its notes under it."""
+    import gpu_check
+    import page
+
+    found = gpu_check.records(report)
+    tables = ["\n".join(page.table_text([rec], page.current_hashes(found) or {})) for rec in found]
+    return "\n".join([*gpu_check.stage_lines(report), *tables])
+
+
 def test_the_job_stage_reports_whole_commands_in_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
     """The job stage (`aiayn demo`, then `aiayn translate` per precision) runs on a GPU only;
-    its report is checked here."""
+    its record and what is printed of it are checked here."""
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import gpu_check
-
     job = {
         "status": "ok",
         "demo_s": 61.2,
@@ -125,23 +143,16 @@ def test_the_job_stage_reports_whole_commands_in_a_table(monkeypatch: pytest.Mon
             {"precision": "bf16", "seconds": [5.5], "median_s": 5.5, "exact_match": 0.998},
         ],
     }
-    machine = {"cpu": "x", "torch": "2", "cuda": "13.0", "python": "3.12"}
-    text = gpu_check.markdown(
-        {"smoke": False, "machine": machine, "seconds": 1.0, "stages": {"job": job}}
-    )
-    assert "`aiayn demo` 61 s (held-out exact match 100.0%)" in text
+    text = printed({"stages": {"job": job}})
+    assert "job: ok\n" in text
+    assert "- `aiayn demo` 61 s, held-out exact match 100.0%." in text
     assert "| fp32 | 4.5 (5.0, 4.0) | 100.0% |" in text
     assert "| bf16 | 5.5 | 99.8% |" in text
     failed = {"status": "failed", "demo_s": 61.2, "error": "aiayn translate: exit 1 (x.log)"}
-    text = gpu_check.markdown(
-        {"smoke": False, "machine": machine, "seconds": 1.0, "stages": {"job": failed}}
-    )
-    assert "- the user's job: **failed**, aiayn translate: exit 1 (x.log)" in text
+    assert printed({"stages": {"job": failed}}) == "job: failed, aiayn translate: exit 1 (x.log)"
     skipped = {"status": "skipped", "summary": "not run: aiayn demo needs num2words"}
-    text = gpu_check.markdown(
-        {"smoke": False, "machine": machine, "seconds": 1.0, "stages": {"job": skipped}}
-    )
-    assert "- the user's job: **skipped**, not run: aiayn demo needs num2words" in text
+    text = printed({"stages": {"job": skipped}})
+    assert text == "job: skipped, not run: aiayn demo needs num2words"
 
 
 def test_the_job_stage_reports_ctranslate2_s_device_and_fallback(
@@ -185,22 +196,17 @@ def test_the_job_stage_reports_ctranslate2_s_device_and_fallback(
             },
         ],
     }
-    machine = {"cpu": "x", "torch": "2", "cuda": "13.0", "python": "3.12"}
-    text = gpu_check.markdown(
-        {"smoke": False, "machine": machine, "seconds": 1.0, "stages": {"job": job}}
-    )
+    text = printed({"stages": {"job": job}})
     assert (
         "| CTranslate2 (--backend ctranslate2 --device auto), on the CPU (Library "
         "libcublas.so.12 is not found) | 2.5 (3.0, 2.0) | 100.0% |"
     ) in text
-    assert "- `aiayn translate --backend ctranslate2 --device cuda:1`: **ok**, exit 2" in text
+    assert "- `aiayn translate --backend ctranslate2 --device cuda:1`: ok, exit 2" in text
     # A run that fails after others were measured keeps their rows, and says what failed.
     failed = {**job, "status": "failed", "error": "aiayn translate --bf16: exit 1 (translate.log)"}
-    text = gpu_check.markdown(
-        {"smoke": False, "machine": machine, "seconds": 1.0, "stages": {"job": failed}}
-    )
+    text = printed({"stages": {"job": failed}})
     assert "| fp32 | 5.0 | 100.0% |" in text
-    assert "- the user's job: **failed**, aiayn translate --bf16: exit 1 (translate.log)" in text
+    assert "- The user's job: failed, aiayn translate --bf16: exit 1 (translate.log)." in text
 
 
 def test_the_job_stage_reads_exact_match_from_the_demo_report(
