@@ -44,8 +44,9 @@ test: $(STAMP) $(HF4)/.installed
 	PYTHONPATH=$(HF4) $(BIN)/python -c 'import transformers as t; assert t.__version__.startswith("4."), t.__version__'
 	PYTHONPATH=$(HF4) $(BIN)/python -m pytest -q -p no:cacheprovider tests/interop/test_marian.py tests/cli/test_interop.py
 
-# The inner loop: ruff, then the tests not marked slow, tests/integration left out (`make test`
-# runs them all, as CI does).
+# The inner loop: ruff, then the suite less what needs minutes: the tests marked slow (training
+# end to end, the demo, the benchmark scripts) and tests/integration (`make test` runs them all,
+# as CI does). Time on a 2-core machine: not measured.
 test-fast: $(STAMP)
 	$(BIN)/ruff check src tests bench tools
 	$(BIN)/ruff format --check src tests bench tools
