@@ -21,7 +21,7 @@ from aiayn.cli import build_parser
 from aiayn.config import ModelConfig, TrainConfig
 from aiayn.decode.options import DecodingOptions
 from aiayn.text.prepare.hf import STANDARD_SPLITS
-from integration.doc_blocks import ROOT, aiayn_commands, code_blocks
+from integration.doc_blocks import ROOT, CodeBlock, aiayn_commands, code_blocks
 
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 PAGES = DOCS + [p for p in [ROOT / "BENCHMARKS.md"] if p.exists()]
@@ -115,7 +115,13 @@ def is_prepared_file(corpus: str, name: str) -> bool:
 def test_every_aiayn_command_in_the_docs_parses_and_names_prepared_files(path: Path) -> None:
     """Flags that were renamed or never existed, and corpus files that `aiayn prepare` does not
     write (`DATA/dev.en`), fail here, without running anything."""
-    for block in code_blocks(path):
+    shown = [  # a command shown with its output: `$ .venv/bin/aiayn ...` in a text block
+        line[2:]
+        for b in code_blocks(path, "text")
+        for line in b.text.splitlines()
+        if line[:2] == "$ "
+    ]
+    for block in [*code_blocks(path), *(CodeBlock("sh", line, "") for line in shown)]:
         for args in aiayn_commands(block.text):
             try:
                 build_parser().parse_args(args)
