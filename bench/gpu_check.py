@@ -170,9 +170,7 @@ class Context:
         """Run `command` in the tree's root, its output into OUT/`log` (with `append`, after
         what the log holds, under the command's line); (exit status or None on a timeout,
         output). `env`: variables set for the command beside the process's own."""
-        paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)  # absolute: cwd may change
-        path = os.pathsep.join(str(Path(p).resolve()) for p in paths if p)
-        env = {**os.environ, **(env or {}), "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
+        env = {**runner.with_src_on_path(os.environ), **(env or {}), "PYTHONUNBUFFERED": "1"}
         try:
             done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=timeout)
             code, output = done.returncode, done.stdout + done.stderr
@@ -195,7 +193,7 @@ class Context:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", type=Path, required=True, help="directory for the report")
+    parser.add_argument("--out", type=Path, required=True, help="directory for records and logs")
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for everything")
     parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES))
     parser.add_argument("--device", default="cuda", help="cuda or cuda:N")

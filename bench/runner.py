@@ -240,10 +240,22 @@ def figures(values: Sequence[float], digits: int = 2) -> dict[str, Any]:
 
 
 def with_src_on_path(environ: Mapping[str, str]) -> dict[str, str]:
-    """`environ` with this checkout's src/ first on PYTHONPATH (what was there stays after it:
-    packages installed with `pip --target`, say)."""
-    paths = [str(ROOT / "src"), *filter(None, environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**environ, "PYTHONPATH": os.pathsep.join(paths)}
+    """`environ` with this checkout's src/ first on PYTHONPATH (what was there stays after it,
+    made absolute for a command run elsewhere: packages installed with `pip --target`, say)."""
+    kept = [Path(p) for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    paths = [ROOT / "src", *kept]
+    return {**environ, "PYTHONPATH": os.pathsep.join(str(p.resolve()) for p in paths)}
+
+
+def proc_kib(pid: int, field: str) -> int | None:
+    """A memory figure of a live process from /proc/PID/status, in KiB: `VmRSS` (resident
+    now), `VmHWM` (its peak); None once the process is gone, or off Linux."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    found = re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE)
+    return int(found.group(1)) if found else None
 
 
 # --------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ bodies it accepts, and the largest answer (every layer's and head's attention, a
 ``--max-attention-values``). For each: the answer, the server's time to answer, the longest
 ``GET /health`` took meanwhile (how long the event loop was held), and the server's peak
 resident memory above its resident memory before the request (``VmHWM`` reset through
-``/proc/PID/clear_refs``; Linux). About 40 s; the numbers are in docs/serving.md:
+``/proc/PID/clear_refs``; Linux). About 40 s; docs/serving.md quotes its record:
 
     python bench/serve.py --hostile --beam-size 1
 """
@@ -50,7 +50,6 @@ import asyncio
 import http.client
 import json
 import random
-import re
 import socket
 import statistics
 import subprocess
@@ -350,11 +349,6 @@ def hostile_requests(model_dir: Path, args: argparse.Namespace) -> dict[str, tup
     }
 
 
-def _proc_kib(pid: int, field: str) -> int:
-    status = Path(f"/proc/{pid}/status").read_text()
-    return int(re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE).group(1))
-
-
 def measure_one(pid: int, port: int, content_type: str, body: bytes) -> dict:
     """One request's answer, time, longest /health wait meanwhile, and peak memory."""
     longest = 0.0
@@ -372,7 +366,7 @@ def measure_one(pid: int, port: int, content_type: str, body: bytes) -> dict:
         health.close()
 
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS
-    before = _proc_kib(pid, "VmRSS")
+    before = runner.proc_kib(pid, "VmRSS")
     prober = threading.Thread(target=probe)
     prober.start()
     time.sleep(0.05)
@@ -388,39 +382,44 @@ def measure_one(pid: int, port: int, content_type: str, body: bytes) -> dict:
     connection.close()
     error = json.loads(answer).get("error", "") if response.status != 200 else ""
     return {
-        "status": response.status,
-        "error": error,
-        "body_mb": len(body) / 1e6,
-        "answer_kb": len(answer) / 1e3,
-        "seconds": elapsed,
-        "health_ms": 1000 * longest,
-        "peak_mib": (_proc_kib(pid, "VmHWM") - before) / 1024,
+        "body_mb": round(len(body) / 1e6, 2),
+        "answer": str(response.status) + (f" {error[:60]}…" if error else ""),
+        "answer_kb": round(len(answer) / 1e3, 1),
+        "seconds": round(elapsed, 2),
+        "health_ms": round(1000 * longest),
+        "peak_mib": round((runner.proc_kib(pid, "VmHWM") - before) / 1024),
     }
 
 
-def run_hostile(args: argparse.Namespace, model_dir: Path) -> None:
+def run_hostile(args: argparse.Namespace, model_dir: Path) -> list[dict]:
+    """A row per request of `hostile_requests`, each sent once to a server at its defaults."""
     requests = hostile_requests(model_dir, args)
     process, url = start_server(model_dir, args, batching=True)
     port = int(url.rsplit(":", 1)[1])
+    rows = []
     try:
         measure_one(process.pid, port, "application/json", b'{"text": "one two"}')  # warm
-        print("| request | body (MB) | answer | answer (kB) | time (s) | longest /health (ms) "
-              "| peak memory above idle (MiB) |")  # fmt: skip
-        print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
         for name, (content_type, body) in requests.items():
-            row = measure_one(process.pid, port, content_type, body)
-            what = str(row["status"]) + (f" {row['error'][:60]}…" if row["error"] else "")
-            print(
-                f"| {name} | {row['body_mb']:.2f} | {what} | {row['answer_kb']:.1f} "
-                f"| {row['seconds']:.2f} | {row['health_ms']:.0f} | {row['peak_mib']:.0f} |",
-                flush=True,
-            )
+            rows.append({"request": name, **measure_one(process.pid, port, content_type, body)})
+            print(f"{name}: {rows[-1]['answer']}, {rows[-1]['seconds']} s", flush=True)
     finally:
         process.terminate()
         process.wait(30)
-    print(f"\nMachine: {runner.machine()['name']}; 1-minute load average {runner.load_average()}")
+    return rows
 
 
+HAMMER_COLUMNS = [("budget", "call budget (`--max-batch-cost`)"),
+                  ("answered", "short requests answered"), ("median", "median latency"),
+                  ("slowest", "slowest")]  # fmt: skip
+HOSTILE_COLUMNS = [("request", "request"), ("body_mb", "body (MB)"), ("answer", "answer"),
+                   ("answer_kb", "answer (kB)"), ("seconds", "time (s)"),
+                   ("health_ms", "longest /health (ms)"),
+                   ("peak_mib", "peak memory above idle (MiB)")]  # fmt: skip
+HOSTILE_NOTE = (
+    "Each request sent once while another thread asks `GET /health` every 5 ms and keeps its "
+    "longest wait (how long the event loop was held); peak memory: the server's `VmHWM` above "
+    "its resident memory before the request."
+)
 COLUMNS = [
     ("batching", "server-side batching"), ("clients", "concurrent clients"),
     ("requests", "requests"), ("errors", "errors"), ("requests_per_s", "requests/s"),
@@ -536,21 +535,19 @@ def main() -> None:
         model_dir = (
             args.model_dir if args.model is not None else build_model_dir(Path(tmp), args.preset)
         )
-        if args.hammer:
-            row = run_hammered(args, model_dir)
-            columns = [("budget", "call budget (`--max-batch-cost`)"),
-                       ("answered", "short requests answered"), ("median", "median latency"),
-                       ("slowest", "slowest")]  # fmt: skip
-            table = (f"a short request while {args.hammer} clients send costly requests "
-                     "and hang up")  # fmt: skip
+        if args.hammer or args.hostile:
+            if args.hammer:
+                table = (f"a short request while {args.hammer} clients send costly requests "
+                         "and hang up")  # fmt: skip
+                columns, rows, notes = HAMMER_COLUMNS, [run_hammered(args, model_dir)], []
+            else:
+                table = "what one request of at most 4 MiB costs a server at its default limits"
+                columns, rows, notes = HOSTILE_COLUMNS, run_hostile(args, model_dir), [HOSTILE_NOTE]
             setup = args.setup or (args.model.resolve().name if args.model else args.preset)
-            rec = runner.record("serve", table=table, setup=setup, columns=columns, rows=[row],
-                                summary="", machine_name=args.machine, load=load)  # fmt: skip
-            runner.write(rec, args)
-            return
-        if args.hostile:
-            run_hostile(args, model_dir)
-            return
+            rec = runner.record("serve", table=table, setup=setup, columns=columns, rows=rows,
+                                summary="", machine_name=args.machine, load=load,
+                                notes=notes)  # fmt: skip
+            return runner.write(rec, args)
         rows = run(args, model_dir)
     errors = sum(r["errors"] for r in rows)
     if errors:

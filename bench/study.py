@@ -244,35 +244,30 @@ def fmt(value: float | None, spec: str) -> str:
     return NONE if value is None else format(value, spec)
 
 
+PLOT_COLUMNS = [("run", "run"), ("settings", "settings that differ from the reference's"),
+                ("updates", "updates"), ("minutes", "wall (min)"), ("raw", "dev ppl raw"),
+                ("ema", "dev ppl EMA"), ("kept", "model/ holds"), ("bleu", "dev BLEU"),
+                ("chrf", "dev chrF"), ("tokens_per_s", "tok/s (median)")]  # fmt: skip
+
+
 def markdown(runs: dict[str, dict[str, Any]], reference: str) -> str:
-    head = (
-        "| run | settings that differ from the reference's | updates | wall (min) "
-        "| dev ppl raw | dev ppl EMA | model/ holds | dev BLEU | dev chrF | tok/s (median) |"
-    )
-    lines = [head, "| --- | --- | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |"]
-    base = runs[reference]["config"]
+    rows, base = [], runs[reference]["config"]
     for label, run in runs.items():
         changed = differences(run["config"], base)
         settings = ", ".join(f"{k} {v}" for k, v in changed.items()) or "none"
-        if label == reference:
-            settings = "(reference)"
-        last_raw = run["raw"][-1] if run["raw"] else None
-        last_ema = run["ema"][-1] if run["ema"] else None
-        scores = run["scores"]
-        cells = [
-            label,
-            settings,
-            str(run["updates"]),
-            fmt(run["wall_minutes"], ".1f"),
-            fmt(last_raw, ".2f"),
-            fmt(last_ema, ".2f"),
-            run["kept"],
-            fmt(scores.get("bleu"), ".2f"),
-            fmt(scores.get("chrf"), ".2f"),
-            fmt(run["tokens_per_s"], ".0f"),
-        ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append({
+            "run": label,
+            "settings": "(reference)" if label == reference else settings,
+            "updates": run["updates"],
+            "minutes": fmt(run["wall_minutes"], ".1f"),
+            "raw": fmt(run["raw"][-1] if run["raw"] else None, ".2f"),
+            "ema": fmt(run["ema"][-1] if run["ema"] else None, ".2f"),
+            "kept": run["kept"],
+            "bleu": fmt(run["scores"].get("bleu"), ".2f"),
+            "chrf": fmt(run["scores"].get("chrf"), ".2f"),
+            "tokens_per_s": fmt(run["tokens_per_s"], ".0f"),
+        })  # fmt: skip
+    return runner.markdown_table(PLOT_COLUMNS, rows) + "\n"
 
 
 def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:

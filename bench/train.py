@@ -126,17 +126,12 @@ class Interval:
 class Run:
     """One trainer's run in one round."""
 
-    trainer: str
-    round: int
-    wall_s: float
     updates: int
     intervals: list[Interval]
     peak_rss_mib: float | None
     worker_rss_mib: float | None
-    first_log_s: float | None  # from launch to the first logged interval
     params: int | None
     pairs: int | None
-    log: str
 
     @property
     def steady(self) -> list[Interval]:
@@ -239,11 +234,8 @@ def prepare(
     c: TrainConfig,
     work: Path,
     fairseq_bin: Path | None,
-    *,
-    reuse_fairseq_data: bool = False,
 ) -> Prepared:
-    """The vocabulary, aiayn's data cache and (with fairseq) fairseq's binarised data;
-    `reuse_fairseq_data` keeps binarised data already in `work` (a finished run's)."""
+    """The vocabulary, aiayn's data cache and (with fairseq) fairseq's binarised data."""
     src, tgt = Path(c.src), Path(c.tgt)
     print(f"vocabulary: joint BPE, {c.vocab_size} pieces requested, seed {c.seed}", flush=True)
     tokenizer = Tokenizer.train_or_reuse(
@@ -258,9 +250,7 @@ def prepare(
     prepared = Prepared(tokenizer, cache_root, len(dataset))
     if fairseq_bin is not None:
         prepared.fairseq_data = work / "fairseq-data"
-        fairseq_preprocess(
-            args, c, tokenizer, dataset, work, fairseq_bin, prepared, reuse=reuse_fairseq_data
-        )
+        fairseq_preprocess(args, c, tokenizer, dataset, work, fairseq_bin, prepared)
     return prepared
 
 
@@ -272,8 +262,6 @@ def fairseq_preprocess(
     work: Path,
     fairseq_bin: Path,
     prepared: Prepared,
-    *,
-    reuse: bool = False,
 ) -> None:
     """The cached pairs as piece strings, aiayn's pieces as the joint dictionary, binarised."""
     names = tokenizer.pieces(range(tokenizer.vocab_size))
@@ -314,19 +302,12 @@ def fairseq_preprocess(
                 tgt_out.write(" ".join(names[t] for t in tgt_ids) + "\n")
     command += ["--validpref", str(text / "valid")]
     command += ["--joined-dictionary", "--srcdict", str(text / "dict.txt"), "--workers", "1"]
-    log = work / "fairseq-preprocess.log"
-    if reuse and (prepared.fairseq_data / f"dict.{sl}.txt").is_file() and log.is_file():
-        # the finished run's binarised data, which its checkpoint was trained on (and which
-        # fairseq-preprocess will not overwrite)
-        print(f"reusing {prepared.fairseq_data} and {log.name}", flush=True)
-        output = log.read_text(encoding="utf-8")
-    else:
-        print("running: " + shlex.join(command), flush=True)
-        done = subprocess.run(command, capture_output=True, text=True, env=child_env(args.threads))
-        output = done.stdout + done.stderr
-        log.write_text(output, encoding="utf-8")
-        if done.returncode != 0:
-            raise SystemExit(f"fairseq-preprocess failed:\n{output[-3000:]}")
+    print("running: " + shlex.join(command), flush=True)
+    done = subprocess.run(command, capture_output=True, text=True, env=child_env(args.threads))
+    output = done.stdout + done.stderr
+    (work / "fairseq-preprocess.log").write_text(output, encoding="utf-8")
+    if done.returncode != 0:
+        raise SystemExit(f"fairseq-preprocess failed:\n{output[-3000:]}")
     prepared.fairseq_dict = {lang: int(n) for lang, n in FAIRSEQ_DICT.findall(output)}
     # The check that both sides train on the same tokens: fairseq's counts of the train files
     # (EOS included) against aiayn's cache.
@@ -362,16 +343,6 @@ def child_env(threads: int) -> dict[str, str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     return env
-
-
-def _vm_hwm_kib(pid: int) -> int | None:
-    """Peak resident set of a live process (`VmHWM`), in KiB."""
-    try:
-        text = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return None
-    found = re.search(r"^VmHWM:\s+(\d+) kB", text, re.MULTILINE)
-    return int(found.group(1)) if found else None
 
 
 def _children(pid: int) -> list[int]:
@@ -413,13 +384,14 @@ def run_window(command: list[str], env: dict[str, str], seconds: float, log: Pat
     peak = worker = None
     deadline = started + seconds
     while child.poll() is None and time.perf_counter() < deadline:
-        peak = _vm_hwm_kib(child.pid) or peak  # VmHWM only grows: the last read is the peak
-        workers = [_vm_hwm_kib(p) or 0 for p in _children(child.pid)]
+        # VmHWM only grows: the last read is the peak
+        peak = runner.proc_kib(child.pid, "VmHWM") or peak
+        workers = [runner.proc_kib(p, "VmHWM") or 0 for p in _children(child.pid)]
         worker = max([*workers, worker or 0]) or None
         time.sleep(0.5)
     stopped = child.poll() is None
     if stopped:
-        peak = _vm_hwm_kib(child.pid) or peak
+        peak = runner.proc_kib(child.pid, "VmHWM") or peak
         os.killpg(child.pid, signal.SIGTERM)
         try:
             child.wait(timeout=STOP_GRACE_S)
@@ -532,17 +504,12 @@ def one_run(
         tail = "\n".join(line for _, line in window.lines[-30:])
         raise SystemExit(f"{trainer.name} logged no interval in {window.wall_s:.0f} s:\n{tail}")
     run = Run(
-        trainer=trainer.name,
-        round=round_,
-        wall_s=window.wall_s,
         updates=sum(i.updates for i in intervals),
         intervals=intervals,
         peak_rss_mib=_mib(window.peak_rss_kib),
         worker_rss_mib=_mib(window.worker_rss_kib),
-        first_log_s=logged[0] if logged else None,
         params=params,
         pairs=pairs,
-        log=str(run_dir / "train.log"),
     )
     rates = [f"{i.tokens_per_s:.0f}" for i in intervals]
     print(
@@ -723,7 +690,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--with-bf16", action="store_true", help="add aiayn --precision bf16")
     parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: temporary)")
-    parser.add_argument("--json", type=Path, help="also write every run's intervals here")
     runner.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.data is not None:
@@ -786,9 +752,6 @@ def main(argv: list[str] | None = None) -> None:
     )
     if not missing:
         rec["versions"]["fairseq"] = fairseq_version(args.fairseq_bin)
-    if args.json is not None:
-        runs = [{"name": t.name, "runs": [vars(r) for r in t.runs]} for t in trainers]
-        args.json.write_text(json.dumps(runs, indent=2, default=vars), encoding="utf-8")
     runner.write(rec, args)
 
 
