@@ -1,10 +1,11 @@
 """Shared fixtures: a fixed seed for every test, the process's settings kept from leaking between
-tests, and a factory for tiny, CPU-fast models."""
+tests, a factory for tiny, CPU-fast models and a tokenizer file to save with them."""
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,3 +89,12 @@ def make_model() -> Callable[..., Transformer]:
         return Transformer(ModelConfig(**values)).eval()
 
     return build
+
+
+@pytest.fixture
+def tokenizer_file(tmp_path: Path) -> Path:
+    """A tokenizer file for a model directory that no test decodes with: saving copies it as
+    opaque bytes, so no real SentencePiece model is needed."""
+    path = tmp_path / "spm.model"
+    path.write_bytes(b"not a real sentencepiece model")
+    return path
