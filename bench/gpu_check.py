@@ -680,7 +680,7 @@ def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
     demo_dir, sizes = ctx.work / "demo", ctx.sizes
     began = time.perf_counter()
     code, output = ctx.run_logged(
-        [sys.executable, "-m", "aiayn", "demo", "-o", str(demo_dir)],
+        [*runner.AIAYN, "demo", "-o", str(demo_dir)],
         "demo.log",
         timeout=max(30.0, min(300.0, ctx.left() - 60)),
     )
@@ -699,7 +699,7 @@ def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
     (ctx.args.out / "translate.log").write_text("", encoding="utf-8")  # this run's alone
 
     def translate(row_flags: list[str], out: Path) -> tuple[int | None, str, float]:
-        command = [sys.executable, "-m", "aiayn", "translate", "-m", str(model), "-i",
+        command = [*runner.AIAYN, "translate", "-m", str(model), "-i",
                    str(source), "-o", str(out), "--no-progress", *row_flags]  # fmt: skip
         began = time.perf_counter()
         code, output = ctx.run_logged(

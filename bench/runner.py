@@ -55,6 +55,8 @@ SOURCES = {
     "study": ("src/aiayn/train", "src/aiayn/model.py", "src/aiayn/text"),
 }  # fmt: skip
 """Per task, the folders (and files) whose change can move its figures."""
+AIAYN = [sys.executable, "-m", "aiayn"]
+"""The `aiayn` command, as this Python runs it."""
 
 
 # --------------------------------------------------------------------------------------------

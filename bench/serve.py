@@ -101,7 +101,7 @@ def free_port() -> int:
 def start_server(model_dir: Path, args: argparse.Namespace, batching: bool) -> tuple:
     port = free_port()
     command = [
-        sys.executable, "-m", "aiayn", "serve", "-m", str(model_dir), "--port", str(port),
+        *runner.AIAYN, "serve", "-m", str(model_dir), "--port", str(port),
         "--beam-size", str(args.beam_size), "--threads", str(args.threads),
         "--batch-wait-ms", str(args.batch_wait_ms), "--max-queue", "4096",
         "--log-level", "warning",

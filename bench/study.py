@@ -278,29 +278,11 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
         return
     data = args.data
     flags = [] if name == "recipe" else [*COMMON, *RUNS[name]]
-    train = [
-        sys.executable,
-        "-m",
-        "aiayn",
-        "train",
-        "-c",
-        RECIPE,
-        "--src",
-        str(data / "train.en"),
-        "--tgt",
-        str(data / "train.es"),
-        "--valid-src",
-        str(data / "valid.en"),
-        "--valid-tgt",
-        str(data / "valid.es"),
-        "--out-dir",
-        str(out),
-        "--no-progress",
-        "--threads",
-        str(args.threads),
-        *flags,
-    ]
-    evaluate = [sys.executable, "-m", "aiayn", "evaluate", "-m", str(out / "model"),
+    train = [*runner.AIAYN, "train", "-c", RECIPE, "--src", str(data / "train.en"),
+             "--tgt", str(data / "train.es"), "--valid-src", str(data / "valid.en"),
+             "--valid-tgt", str(data / "valid.es"), "--out-dir", str(out), "--no-progress",
+             "--threads", str(args.threads), *flags]  # fmt: skip
+    evaluate = [*runner.AIAYN, "evaluate", "-m", str(out / "model"),
                 "--src", str(data / "valid.en"), "--ref", str(data / "valid.es"),
                 "-o", str(out / "valid.hyp"), "--json", "--no-progress",
                 "--threads", str(args.threads)]  # fmt: skip

@@ -84,7 +84,6 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -110,7 +109,6 @@ FAIRSEQ_DICT = re.compile(r"\[(\S+)\] Dictionary: (\d+) types")
 FAIRSEQ_UNK = re.compile(r"\[(\S+)\] (\S+): (\d+) sents, (\d+) tokens, ([\d.]+)% replaced")
 AIAYN_CACHE = re.compile(r"(building|reusing) data cache")
 MODEL_LINE = re.compile(r"model: ([\d,]+) parameters, (\d+) train pairs.* on (\S+)$")
-AIAYN = [sys.executable, "-m", "aiayn"]
 
 
 @dataclass
@@ -423,7 +421,7 @@ def run_aiayn(
 ) -> tuple[Window, list[Interval], int | None, int | None]:
     # The binarised corpus, as if this run had built it (its key: paths, sizes, tokenizer).
     shutil.copytree(prepared.cache_root, run_dir / "data")
-    command = [*AIAYN, "train", "-c", args.config, "--src", c.src, "--tgt", c.tgt]
+    command = [*runner.AIAYN, "train", "-c", args.config, "--src", c.src, "--tgt", c.tgt]
     command += ["--tokenizer", str(prepared.tokenizer.model_file), "--out-dir", str(run_dir)]
     command += ["--time-budget", "none", "--schedule", c.schedule]
     command += ["--max-steps", str(args.max_updates or c.max_steps), "--log-every"]

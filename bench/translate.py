@@ -52,8 +52,6 @@ from pathlib import Path
 import runner
 from runner import Command
 
-AIAYN = [sys.executable, "-m", "aiayn"]
-
 CT2_SCRIPT = r"""
 import sys, json
 import ctranslate2, sentencepiece as spm
@@ -336,7 +334,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def exported(args: argparse.Namespace, work: Path, env: dict, to: str, *extra: str) -> Path:
     """The model exported by `aiayn export --to TO` into `work`."""
     export = work / f"{to}{'-'.join(('', *extra[1:]))}"
-    command = [*AIAYN, "export", args.model, "--to", to, "-o", str(export), *extra]
+    command = [*runner.AIAYN, "export", args.model, "--to", to, "-o", str(export), *extra]
     done = subprocess.run(command, env=env, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"{shlex.join(command)} failed: {done.stderr.strip()[-2000:]}")
@@ -346,7 +344,7 @@ def exported(args: argparse.Namespace, work: Path, env: dict, to: str, *extra: s
 def systems(args: argparse.Namespace, work: Path, env: dict) -> list[Command]:
     """Every system asked for, as whole commands writing `{out}`."""
     common = ["--beam-size", str(args.beam), "--threads", str(args.threads), "--no-progress"]
-    translate = [*AIAYN, "translate", "-m", args.model, "-i", str(args.src), "-o", "{out}"]
+    translate = [*runner.AIAYN, "translate", "-m", args.model, "-i", str(args.src), "-o", "{out}"]
     found = [Command("aiayn translate", [*translate, *common])]
     for spec in args.variant:
         flags = spec.partition("=")[2]
@@ -391,7 +389,7 @@ def systems(args: argparse.Namespace, work: Path, env: dict) -> list[Command]:
                 Command(
                     "aiayn translate --backend ctranslate2",
                     [
-                        *AIAYN,
+                        *runner.AIAYN,
                         "translate",
                         "-m",
                         str(export),

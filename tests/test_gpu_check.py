@@ -118,18 +118,23 @@ def test_a_missing_module_is_named_in_one_line(
     assert not (tmp_path / "report").exists()
 
 
-def printed(report: dict) -> str:
-    """What a GPU run prints after its stages: a line per stage, then each record's table as
-    BENCHMARKS.md shows it (bench/page.py), its notes under it."""
+def printed(report: dict, out: Path, capsys: pytest.CaptureFixture) -> str:
+    """What a GPU run prints after its stages (a line per stage, then each record's table as
+    BENCHMARKS.md shows it, its notes under it), its records written to OUT/records.jsonl."""
+    import argparse
+
     import gpu_check
-    import page
 
-    found = gpu_check.records(report)
-    tables = ["\n".join(page.table_text([rec], page.current_hashes(found) or {})) for rec in found]
-    return "\n".join([*gpu_check.stage_lines(report), *tables])
+    capsys.readouterr()
+    gpu_check.finish(argparse.Namespace(out=out, record=False), report)
+    written = (out / "records.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["task"] for line in written] == ["gpu"] * len(written)
+    return capsys.readouterr().out.strip()
 
 
-def test_the_job_stage_reports_whole_commands_in_a_table(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_job_stage_reports_whole_commands_in_a_table(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
     """The job stage (`aiayn demo`, then `aiayn translate` per precision) runs on a GPU only;
     its record and what is printed of it are checked here."""
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
@@ -143,20 +148,23 @@ def test_the_job_stage_reports_whole_commands_in_a_table(monkeypatch: pytest.Mon
             {"precision": "bf16", "seconds": [5.5], "median_s": 5.5, "exact_match": 0.998},
         ],
     }
-    text = printed({"stages": {"job": job}})
+    text = printed({"stages": {"job": job}}, tmp_path, capsys)
     assert "job: ok\n" in text
     assert "- `aiayn demo` 61 s, held-out exact match 100.0%." in text
     assert "| fp32 | 4.5 (5.0, 4.0) | 100.0% |" in text
     assert "| bf16 | 5.5 | 99.8% |" in text
     failed = {"status": "failed", "demo_s": 61.2, "error": "aiayn translate: exit 1 (x.log)"}
-    assert printed({"stages": {"job": failed}}) == "job: failed, aiayn translate: exit 1 (x.log)"
+    assert (
+        printed({"stages": {"job": failed}}, tmp_path, capsys)
+        == "job: failed, aiayn translate: exit 1 (x.log)"
+    )
     skipped = {"status": "skipped", "summary": "not run: aiayn demo needs num2words"}
-    text = printed({"stages": {"job": skipped}})
+    text = printed({"stages": {"job": skipped}}, tmp_path, capsys)
     assert text == "job: skipped, not run: aiayn demo needs num2words"
 
 
 def test_the_job_stage_reports_ctranslate2_s_device_and_fallback(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
 ) -> None:
     """With ctranslate2 on the GPU machine, the job stage runs `--backend ctranslate2
     --device cuda` once (decoding, or one line naming why not) and `--device auto` in the
@@ -196,7 +204,7 @@ def test_the_job_stage_reports_ctranslate2_s_device_and_fallback(
             },
         ],
     }
-    text = printed({"stages": {"job": job}})
+    text = printed({"stages": {"job": job}}, tmp_path, capsys)
     assert (
         "| CTranslate2 (--backend ctranslate2 --device auto), on the CPU (Library "
         "libcublas.so.12 is not found) | 2.5 (3.0, 2.0) | 100.0% |"
@@ -204,7 +212,7 @@ def test_the_job_stage_reports_ctranslate2_s_device_and_fallback(
     assert "- `aiayn translate --backend ctranslate2 --device cuda:1`: ok, exit 2" in text
     # A run that fails after others were measured keeps their rows, and says what failed.
     failed = {**job, "status": "failed", "error": "aiayn translate --bf16: exit 1 (translate.log)"}
-    text = printed({"stages": {"job": failed}})
+    text = printed({"stages": {"job": failed}}, tmp_path, capsys)
     assert "| fp32 | 5.0 | 100.0% |" in text
     assert "- The user's job: failed, aiayn translate --bf16: exit 1 (translate.log)." in text
 
