@@ -87,7 +87,16 @@ PLATFORM_CODE_IN_THE_PAPER: dict[str, str] = {
 why that stays there rather than behind a hook in the platform code."""
 
 PAPER_MODULES = FLOORS[1][1]
-PROCESS_SWITCHES = ("torch.backends.", "torch.cuda.", "torch._C.", "os.environ", "torch.set_")
+PROCESS_SWITCHES = (
+    "torch.backends.",
+    "torch.cuda.",
+    "torch._C.",
+    "torch._dynamo.config",
+    "os.environ",
+    "torch.set_",
+    "torch.manual_seed",
+    "torch.use_deterministic_algorithms",
+)
 DEVICE_BRANCHES = (".is_cuda", ".is_cpu", ".device.type")
 
 
