@@ -884,8 +884,11 @@ def records(report: dict[str, Any]) -> list[dict[str, Any]]:
         tokens = ours["target_tokens_per_update"]
         table = f"training `{train['preset']}`, updates of ~{tokens:,} target tokens"
         setup = f"`{train['preset']}`, random data of real lengths"
+        batches = (f"Each update {train['batches_per_update']} batches of ≤ "
+                   f"{train['max_tokens']:,} tokens, vocabulary {train['vocab']:,}.")  # fmt: skip
         found.append(runner.record("gpu", table=table, setup=setup, columns=TRAIN_COLUMNS,
-                                   rows=train_rows(train), summary=summary, **say))  # fmt: skip
+                                   rows=train_rows(train), summary=summary, notes=[batches],
+                                   **say))  # fmt: skip
     job = stages.get("job", {})
     if job.get("translate"):  # measured rows are kept, also when a later run failed
         table = (f"the user's job: `aiayn demo`, then `aiayn translate` of its "

@@ -78,6 +78,7 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0_after_a_cpu_smoke(
     assert trained["notes"][0].startswith("Matrix products 64³, TFLOP/s: bf16 ")
     assert trained["notes"][1] == "`pytest tests/cuda`: skipped, not run in the CPU smoke."
     assert trained["notes"][2].startswith("torchrun and DDP over NCCL: ok, max |Δloss| ")
+    assert trained["notes"][3].startswith("Each update ") and "≤ 128 tokens" in trained["notes"][3]
 
 
 @pytest.mark.parametrize(
