@@ -14,9 +14,11 @@ import errno
 import gc
 import io
 import os
+import signal
 import subprocess
 import sys
 import threading
+import time
 import types
 from collections.abc import Callable
 from pathlib import Path
@@ -507,6 +509,57 @@ def test_a_write_limit_reached_by_train_is_one_line(tmp_path: Path) -> None:
         "a quota or a file size limit is reached)"
     )
     assert "Traceback" not in run.stderr
+
+
+def _loses_ctrl_c(then: Callable[[], object]) -> Callable[[], None]:
+    """A load that Ctrl-C reaches inside a library that loses it (as numpy's import does when
+    it is interrupted half-way under torch's), then goes on with ``then``."""
+
+    def load() -> None:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the KeyboardInterrupt is raised here...
+        except KeyboardInterrupt:
+            pass  # ... and lost
+        then()
+
+    return load
+
+
+def test_ctrl_c_that_a_library_loses_still_ends_the_command(
+    translate_argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Ctrl-C is raised again until the command ends by it: 130, not a command that goes on."""
+    went_on = []
+
+    def work() -> None:
+        for _ in range(50):  # 5 s of work, if nothing stops it
+            time.sleep(0.1)
+        went_on.append(True)
+
+    load_raising(monkeypatch, _loses_ctrl_c(work))
+    started = time.monotonic()
+    assert main(translate_argv) == 130
+    assert time.monotonic() - started < 4 and not went_on
+    assert capsys.readouterr().err.endswith("interrupted\n")
+
+
+def test_an_error_of_what_ctrl_c_stopped_half_way_is_an_interruption_not_a_bug(
+    translate_argv: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """numpy interrupted while it is imported fails the next import of it ("cannot load module
+    more than once per process"): after Ctrl-C, that is the interruption, not a bug."""
+    load_raising(
+        monkeypatch,
+        _loses_ctrl_c(_raise(ImportError("cannot load module more than once per process"))),
+    )
+    assert main(translate_argv) == 130
+    err = capsys.readouterr().err
+    assert err.endswith("interrupted\n") and REPORT not in err
 
 
 def test_a_closed_standard_output_ends_the_command_quietly_with_status_141(tmp_path: Path) -> None:

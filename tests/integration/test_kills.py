@@ -203,3 +203,54 @@ def test_average_and_export_remove_what_killed_writers_of_their_output_left(
         assert dot_files(outputs) == [f".{name}.tmp-{live}"], name
         (outputs / f".{name}.tmp-{live}" / "junk").unlink()
         (outputs / f".{name}.tmp-{live}").rmdir()
+
+
+def _argv(command: str, model_dir: Path, source: Path, out: Path) -> list[str]:
+    given = {"translate": ["-i", str(source)], "evaluate": ["--src", str(source)]}
+    given["evaluate"] += ["--ref", str(source)]
+    given["score"] = ["--src", str(source), "--tgt", str(source)]
+    workers = ["--workers", "2", "--max-tokens", "64"] if command != "score" else []
+    return [command, "-m", str(model_dir), *given[command], "-o", str(out), *workers]
+
+
+@pytest.mark.parametrize("moment", ["loading", "working"])
+@pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("command", ["translate", "evaluate", "score"])
+def test_a_decoding_command_stopped_at_any_moment_leaves_nothing_running_or_behind(
+    command: str,
+    signal_number: int,
+    moment: str,
+    model_dir: Path,
+    big_input: Path,
+    tmp_path: Path,
+) -> None:
+    """``translate``, ``evaluate`` and ``score`` killed (SIGKILL), terminated (SIGTERM) or
+    interrupted (Ctrl-C) while loading or while working, its output open: no process of theirs
+    is left, their output is as it was, and a second run to the same output leaves no
+    temporary file beside it."""
+    out = tmp_path / "out" / "result.txt"
+    out.parent.mkdir()
+    out.write_text("kept\n")
+    process = aiayn(*_argv(command, model_dir, big_input, out), "--no-progress")
+    descendants: set[int] = set()
+    try:
+        if moment == "loading":
+            time.sleep(0.5)
+        else:
+            wait_for(lambda: dot_files(out.parent), 120, "the output to be opened")
+            time.sleep(0.5)
+            descendants = children(process.pid)
+        process.send_signal(signal_number)
+        process.wait(timeout=60)
+        wait_for(lambda: not any(map(running, descendants)), 5, f"{descendants} to end")
+    finally:
+        if process.poll() is None:
+            kill(process)
+        for pid in filter(running, descendants):
+            os.kill(pid, signal.SIGKILL)
+    assert out.read_text() == "kept\n"
+    small = tmp_path / "small.txt"
+    small.write_text("the cat\n")
+    again = aiayn(*_argv(command, model_dir, small, out))
+    assert again.wait(timeout=120) == 0, again.stderr.read() if again.stderr else ""
+    assert dot_files(out.parent) == []

@@ -23,6 +23,7 @@ replace. Building the parser imports no torch, so ``aiayn --help`` is fast.
 
 from __future__ import annotations
 
+import _thread
 import argparse
 import atexit
 import errno
@@ -30,6 +31,7 @@ import gc
 import logging
 import os
 import select
+import signal
 import sys
 import threading
 import traceback
@@ -158,24 +160,70 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
-    try:
-        return args.run(args)
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as error:
-        if isinstance(error, BrokenPipeError) and _reader_gone(sys.stdout):
-            _discard_standard_output()
-            return 141
-        killed = isinstance(error, KilledError)  # neither the user's mistake nor a bug
-        if not killed and not _is_user_error(error):
-            traceback.print_exc()
-            print(f"aiayn {args.command}: {_REPORT}", file=sys.stderr)
-            return 1
-        if args.verbose:
-            traceback.print_exc()
-        print(f"aiayn {args.command}: error: {_message(error)}", file=sys.stderr)
-        return 1 if killed else 2
+    with _CtrlC() as ctrl_c:
+        try:
+            return args.run(args)
+        except KeyboardInterrupt:
+            ctrl_c.handled.set()
+            print("interrupted", file=sys.stderr)
+            return 130
+        except Exception as error:
+            if not ctrl_c.pressed.is_set():
+                return _report(error, args)
+            ctrl_c.handled.set()  # an error of what Ctrl-C stopped half-way (an import)
+            print("interrupted", file=sys.stderr)
+            return 130
+
+
+class _CtrlC:
+    """Ctrl-C, for the length of a command, as Python raises it (KeyboardInterrupt), but raised
+    again every second until the command has ended by it: a library may lose the first one
+    (numpy interrupted while torch imports it goes on without it, or fails later with an
+    ImportError), and the command must not go on as if nothing had been pressed. Only where
+    Ctrl-C is Python's to handle (not ignored by the parent, in the main thread)."""
+
+    def __init__(self) -> None:
+        self.pressed, self.handled = threading.Event(), threading.Event()
+        self._previous: Any = None
+
+    def __enter__(self) -> _CtrlC:
+        main_thread = threading.current_thread() is threading.main_thread()
+        if main_thread and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._interrupt)
+        return self
+
+    def _interrupt(self, signum: int, frame: Any) -> None:
+        if self.handled.is_set():
+            return
+        if not self.pressed.is_set():
+            self.pressed.set()
+            threading.Thread(target=self._again, name="aiayn-ctrl-c", daemon=True).start()
+        raise KeyboardInterrupt
+
+    def _again(self) -> None:
+        while not self.handled.wait(1.0):
+            _thread.interrupt_main()
+
+    def __exit__(self, *exc: object) -> None:
+        self.handled.set()
+        if self._previous is not None and signal.getsignal(signal.SIGINT) == self._interrupt:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _report(error: Exception, args: argparse.Namespace) -> int:
+    """Print what a command raised by the rule of :func:`main`; its exit status."""
+    if isinstance(error, BrokenPipeError) and _reader_gone(sys.stdout):
+        _discard_standard_output()
+        return 141
+    killed = isinstance(error, KilledError)  # neither the user's mistake nor a bug
+    if not killed and not _is_user_error(error):
+        traceback.print_exc()
+        print(f"aiayn {args.command}: {_REPORT}", file=sys.stderr)
+        return 1
+    if args.verbose:
+        traceback.print_exc()
+    print(f"aiayn {args.command}: error: {_message(error)}", file=sys.stderr)
+    return 1 if killed else 2
 
 
 def _reader_gone(stream: Any) -> bool:
