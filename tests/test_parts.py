@@ -139,3 +139,18 @@ def test_a_ctranslate2_conversion_removes_what_killed_conversions_left(
     entry = cached_export(tiny_model_dir(tmp_path / "model"))
     assert entry is not None and [p.name for p in cache.iterdir()] == [entry.name]
     assert not any(p.exists() for p in left)
+
+
+def test_a_scratch_directory_is_removed_after_its_block_and_after_a_killed_one(
+    tmp_path: Path,
+) -> None:
+    """What a killed process left as its scratch directory (a temporary export in /tmp, a
+    corpus split for the tokenizer) is removed by the next process that makes one there."""
+    from aiayn.parts import scratch
+
+    target = tmp_path / "aiayn-ct2-export"
+    left = leave(target, "tmp", dead_pid(), directory=True)
+    with scratch(target) as directory:
+        assert directory.is_dir() and not left.exists()
+        (directory / "model").mkdir()
+    assert list(tmp_path.iterdir()) == []

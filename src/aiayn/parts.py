@@ -24,9 +24,11 @@ import contextlib
 import os
 import re
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["dead_parts", "part", "remove", "remove_dead"]
+__all__ = ["dead_parts", "part", "remove", "remove_dead", "scratch", "system_scratch"]
 
 _PART = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)")
 
@@ -60,6 +62,26 @@ def remove_dead(target: Path) -> None:
     for path, name in dead_parts(target.parent):
         if name == target.name and not (_kind(path) == "old" and not target.exists()):
             remove(path)
+
+
+@contextlib.contextmanager
+def scratch(target: Path) -> Iterator[Path]:
+    """A directory of this process's for the block (``target``'s part), removed after it; what
+    killed processes left there is removed first. One at a time for a ``target`` in a process.
+    """
+    target = Path(target)
+    remove_dead(target)
+    path = part(target)
+    path.mkdir(parents=True)
+    try:
+        yield path
+    finally:
+        remove(path)
+
+
+def system_scratch(name: str) -> contextlib.AbstractContextManager[Path]:
+    """`scratch` in the system's temporary directory (``/tmp/.NAME.tmp-PID``)."""
+    return scratch(Path(tempfile.gettempdir()) / name)
 
 
 def remove(path: Path) -> None:

@@ -8,9 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import re
-import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -19,6 +17,7 @@ from aiayn.cli.flags import add_dataclass_flags, dataclass_from_args
 from aiayn.decode.backends import export_kind  # no torch: --help stays fast
 from aiayn.decode.options import DecodingOptions
 from aiayn.errors import UserValueError
+from aiayn.parts import system_scratch
 
 if TYPE_CHECKING:
     from aiayn.decode.translator import Translator
@@ -381,8 +380,7 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
         if export is not None:
             translator = load(export)
     if translator is None:  # nothing to key a cache by, or no cache to write: a temporary export
-        tmp = Path(tempfile.mkdtemp(prefix="aiayn-ct2-"))
-        try:
+        with system_scratch("aiayn-ct2-export") as tmp:
             logger.info(
                 "converting %s to CTranslate2 (to skip this, run once: aiayn export %s --to "
                 "ctranslate2 -o DIR, and pass -m DIR)",
@@ -391,8 +389,6 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
             )
             export_ctranslate2(model_dir, tmp / "model")
             translator = load(tmp / "model")
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
     translator.model_dirs = [model_dir]  # what the user named, not the export
     translator.model_dir = model_dir
     return translator

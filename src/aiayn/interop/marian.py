@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +52,7 @@ from aiayn.errors import UserValueError
 from aiayn.extras import require
 from aiayn.model import Transformer
 from aiayn.model_dir import LoadedModel, load_model_dir, save_model_dir
+from aiayn.parts import system_scratch
 from aiayn.text.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -248,8 +248,8 @@ def _save_marian_tokenizer(loaded: LoadedModel, out_dir: Path) -> None:
 
     tokenizer = load_tokenizer(loaded.tokenizer_file)
     files = tokenizer_files(loaded.tokenizer_file)
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab = Path(tmp) / "vocab.json"
+    with system_scratch("aiayn-marian-export") as tmp:
+        vocab = tmp / "vocab.json"
         pieces: dict[str, int] = {}
         for i, piece in enumerate(tokenizer.pieces(range(tokenizer.vocab_size))):
             pieces.setdefault(piece, i)
@@ -391,11 +391,11 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
         "tgt_lang": tokenizer_config.get("target_lang") or "tgt",
         "imported_from": {"format": "huggingface-marian", "path": str(hf_dir.resolve())},
     }
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab_file = Path(tmp) / VOCAB_FILE
+    with system_scratch("aiayn-marian-import") as tmp:
+        vocab_file = tmp / VOCAB_FILE
         vocab_file.write_text(json.dumps({"pieces": pieces}, ensure_ascii=False) + "\n")
         for name in (SOURCE_SPM_FILE, TARGET_SPM_FILE):
-            shutil.copyfile(hf_dir / name, Path(tmp) / name)
+            shutil.copyfile(hf_dir / name, tmp / name)
         out = save_model_dir(out_dir, model, tokenizer_file=vocab_file, metadata=metadata)
     logger.debug("imported %s (Hugging Face Marian) -> %s", hf_dir, out)
     return out

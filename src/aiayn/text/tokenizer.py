@@ -33,7 +33,7 @@ from typing import Any
 import sentencepiece as spm
 
 from aiayn.errors import UserValueError
-from aiayn.parts import part, remove, remove_dead
+from aiayn.parts import part, remove_dead, scratch
 from aiayn.text.corpus import read_parallel, read_tsv
 
 logger = logging.getLogger(__name__)
@@ -383,13 +383,9 @@ def _train_on_corpus(
     training, not after it (the error would cost minutes). A TSV corpus is checked by the one
     pass that splits its columns, which SentencePiece needs as lines without tabs."""
     logger.info("training a joint BPE vocabulary of %d pieces", vocab_size)
-    columns = model_file.with_name(model_file.name + ".corpus")  # the TSV's, split in two
-    scratch = part(columns)
-    remove_dead(columns)  # what killed runs left (a part: see aiayn.parts)
-    scratch.mkdir(parents=True)
-    try:
-        if tsv is not None:
-            files = [scratch / "src.txt", scratch / "tgt.txt"]
+    with scratch(model_file.with_name(model_file.name + ".corpus")) as columns:
+        if tsv is not None:  # its columns, one file each
+            files = [columns / "src.txt", columns / "tgt.txt"]
             with (
                 open(files[0], "w", encoding="utf-8") as src_out,
                 open(files[1], "w", encoding="utf-8") as tgt_out,
@@ -403,8 +399,6 @@ def _train_on_corpus(
                 pass
             files = [src, tgt]
         Tokenizer.train(files, model_file, vocab_size=vocab_size, seed=seed)
-    finally:
-        remove(scratch)
 
 
 def check_given_tokenizer(model_file: Path, vocab_size: int) -> None:
