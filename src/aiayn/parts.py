@@ -9,13 +9,15 @@ it writes NAME (and again once NAME is in place), a writer calls :func:`remove_d
 removes the parts of NAME whose process has ended. One exception: a moved-aside ``.old`` part
 while NAME is missing (a kill between the two renames) may be the only copy, and is kept until
 NAME is written again (:func:`aiayn.model_dir.resolve_model_dir` reads it meanwhile,
-:func:`aiayn.train.rundir.remove_debris` puts it back).
+:func:`aiayn.train.rundir.remove_debris` puts it back). A scratch directory (:func:`scratch`:
+a temporary export in ``/tmp``) is a part of a NAME that is never written.
 
-A part whose process is running is kept, even where that process is not aiayn's (its PID was
-reused): a later writer removes it once that process has ended. A PID is this machine's, so two
-machines writing the same NAME at once over a shared file system may each take the other's part
-for a dead one; the writer that loses its part then fails with an error rather than writing a
-wrong file.
+This process's own PID counts as ended (a process restarted in a container often gets the PID
+of the one killed before it), so a process writes one NAME at a time. A part whose process is
+running is kept, even where that process is not aiayn's (its PID was reused): a later writer
+removes it once that process has ended. A PID is this machine's, so two machines writing the
+same NAME at once over a shared file system may each take the other's part for a dead one; the
+writer that loses its part then fails with an error rather than writing a wrong file.
 """
 
 from __future__ import annotations
