@@ -231,7 +231,7 @@ measured on an AMD EPYC; the beam-4 rows are to be re-measured at the current se
 class _OneDNNLinear(torch.autograd.Function):
     """y = x Wᵀ + b with oneDNN's products for y and dL/dx, MKL's for dL/dW.
 
-    Measured at the batch shapes of the Bible recipe as of commit 0529388 (2,500–4,096 rows,
+    Measured at the batch shapes of the Bible recipe (2,500–4,096 rows,
     `small`'s layers, AMD EPYC): oneDNN is faster than MKL's sgemm for the forward product and
     for dL/dx = dL/dy · W, and slower for dL/dW = dL/dyᵀ · x (whose inner dimension is the
     rows), which stays with `torch.mm`. Row counts are not

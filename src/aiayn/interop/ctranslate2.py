@@ -53,7 +53,6 @@ from aiayn.parts import dead_parts, part, remove, remove_dead
 from aiayn.text.tokenizer import (
     BOS_ID,
     EOS_ID,
-    PAD_ID,
     SOURCE_SPM_FILE,
     TARGET_SPM_FILE,
     load_tokenizer,
@@ -218,28 +217,6 @@ def ct2_spec(model: Transformer, tokens: list[str], *, add_source_eos: bool = Tr
     spec.register_source_vocabulary(tokens[: c.src_vocab_size])
     spec.register_target_vocabulary(tokens[: c.tgt_vocab_size])
     return spec
-
-
-def convert_model(model: Transformer, out_dir: Path, quantization: str | None) -> Path:
-    """Write an in-memory `model` as a bare CTranslate2 directory (no tokenizer; token names
-    ``t<id>`` besides the specials), for benchmarks that feed aiayn's source ids, ``</s>``
-    included."""
-    require("export", "ctranslate2", needed_by="converting to CTranslate2")
-    from ctranslate2.converters.converter import Converter
-
-    tokens = id_tokens(model.config.tgt_vocab_size)
-
-    class _FromAiayn(Converter):
-        def _load(self):
-            return ct2_spec(model, tokens, add_source_eos=False)
-
-    return Path(_FromAiayn().convert(str(out_dir), quantization=quantization, force=True))
-
-
-def id_tokens(size: int) -> list[str]:
-    """Token names for ids 0..size-1 when there is no tokenizer: the specials, then t<id>."""
-    names = {PAD_ID: "<pad>", 1: "<unk>", BOS_ID: "<s>", EOS_ID: "</s>"}
-    return [names.get(i, f"t{i}") for i in range(size)]
 
 
 # --------------------------------------------------------------------------------------------

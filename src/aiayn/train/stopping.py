@@ -3,7 +3,7 @@
 `StopFlag`: SIGINT/SIGTERM (Ctrl-C, `kill`, a scheduler's notice) ask the loop to save after
 the current update and exit; a second signal gives up at once.
 
-`EarlyStopping` (issue #15; not in the paper, which trains a fixed number of steps): the run
+`EarlyStopping` (not in the paper, which trains a fixed number of steps): the run
 ends once the validation metric has not improved for `patience` validations in a row. The same
 metric chooses `best/`. Its state (the best value, the step it came from, the validations since)
 lives in `checkpoint.Progress`, so a resumed run goes on counting where the stopped one was.
