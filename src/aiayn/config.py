@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
 import types
 import typing
@@ -223,6 +224,29 @@ def _require(condition: bool, message: str) -> None:
         raise ConfigError(message)
 
 
+MAX_NUMBER = 2**53
+"""The largest magnitude a number in a config or a flag takes: no count, size, rate or
+duration aiayn takes comes near it, and past it the arithmetic in floats that schedules and
+budgets do loses the number (a 400-digit ``max_steps`` is an OverflowError there, after the run
+directory is written)."""
+
+
+def number_problem(value: float) -> str | None:
+    """What makes ``value`` no number aiayn takes: not finite (``inf``, ``nan``) or larger than
+    `MAX_NUMBER`, as the end of a message ("is not a finite number"); None if nothing does."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "is not a finite number"
+    if abs(value) > MAX_NUMBER:
+        return "is too large (at most 2^53)"
+    return None
+
+
+def shown(text: object) -> str:
+    """``text`` for a one-line message: its ends only, if it is long (a 400-digit number)."""
+    text = str(text)
+    return text if len(text) <= 40 else f"{text[:20]}...{text[-10:]}"
+
+
 def _accepts(kind: Any, value: Any) -> bool:
     """Whether `value` (read from YAML or a flag, so untyped) is of the annotated type `kind`."""
     if typing.get_origin(kind) in (types.UnionType, typing.Union):
@@ -250,8 +274,10 @@ def _check_types(config: Any) -> None:
             choices = ", ".join(typing.get_args(kind))
             raise ConfigError(f"{name} ({value!r}) must be one of {choices}")
         if not _accepts(kind, value):
-            shown = getattr(kind, "__name__", None) or str(kind).replace("NoneType", "None")
-            raise ConfigError(f"{name} ({value!r}) must be of type {shown}")
+            kind_name = getattr(kind, "__name__", None) or str(kind).replace("NoneType", "None")
+            raise ConfigError(f"{name} ({shown(repr(value))}) must be of type {kind_name}")
+        if isinstance(value, (int, float)) and (problem := number_problem(value)):
+            raise ConfigError(f"{name} ({shown(value)}) {problem}")
         if kind is float:
             object.__setattr__(config, name, float(value))
 
@@ -567,10 +593,9 @@ def parse_duration(text: str, *, name: str = "duration") -> float:
         )
     seconds = sum(float(number) * _SECONDS[unit] for number, unit in parts)
     _require(seconds > 0, f"{name} ({text!r}) must be longer than 0 s")
-    shown = text if len(text) <= 40 else f"{text[:20]}...{text[-10:]}"
     _require(
         seconds <= MAX_DURATION_DAYS * _SECONDS["d"],
-        f"{name} ({shown!r}) must be at most {MAX_DURATION_DAYS}d",
+        f"{name} ({shown(text)!r}) must be at most {MAX_DURATION_DAYS}d",
     )
     return seconds
 

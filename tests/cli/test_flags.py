@@ -197,6 +197,61 @@ def test_an_infinite_or_absurd_number_is_refused_before_anything_is_written(
     assert not run.exists()
 
 
+@pytest.mark.parametrize(
+    ("lines", "said"),
+    [
+        (f"max_steps: {BIG}", "max_steps (99999999999999999999...9999999999) is too large"),
+        ("lr_scale: 1.0e+400", "lr_scale (inf) is not a finite number"),
+        ("label_smoothing: .nan", "label_smoothing (nan) is not a finite number"),
+        ("warmup_steps: 1.0e+300", "warmup_steps (1e+300) must be of type int"),
+        ("adam_eps: 1.0e+300", "adam_eps (1e+300) is too large (at most 2^53)"),
+        (f"model: {{d_model: {BIG}}}", "model: d_model (99999999999999999999...9999999999) is"),
+    ],
+)
+def test_an_infinite_or_absurd_number_in_a_yaml_config_is_refused_before_anything_is_written(
+    tmp_path: Path, lines: str, said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same numbers in ``-c FILE`` as in flags: one line naming the file and the field
+    (its value shortened), exit 2, no run directory."""
+    (tmp_path / "a.en").write_text("a b\n")
+    (tmp_path / "a.de").write_text("c d\n")
+    config = tmp_path / "train.yaml"
+    config.write_text(f"src: {tmp_path / 'a.en'}\ntgt: {tmp_path / 'a.de'}\n{lines}\n")
+    run = tmp_path / "run"
+    status = main(["train", "-c", str(config), "--out-dir", str(run), "--no-progress"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2, err
+    assert len(err) == 1 and err[0].startswith(f"aiayn train: error: {config}: {said}"), err
+    assert len(err[0]) < 200 and not run.exists()
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["translate", "-m", "m", "--n-best", BIG], "argument --n-best: 9999"),
+        (["translate", "-m", "m", "--seed", BIG], "argument --seed: 9999"),
+        (["translate", "-m", "m", "--max-tokens", BIG], "argument --max-tokens: 9999"),
+        (["evaluate", "-m", "m", "--src", "s", "--threads", BIG], "argument --threads: 9999"),
+        (["attention", "-m", "m", "--layer", BIG], "argument --layer: 9999"),
+        (["plot", "schedule", "-o", "x.png", "--lr-scale", "inf"], "inf is not a finite"),
+        (["plot", "positional-encoding", "-o", "x.png", "--length", BIG], "--length: 9999"),
+        (["serve", "-m", "m", "--port", BIG], "argument --port: 9999"),
+        (["serve", "-m", "m", "--port", "70000"], "--port: 70000 is not a port (0 to 65535)"),
+        (["export", "m", "--to", "onnx", "-o", "x", "--opset", BIG], "--opset: 9999"),
+    ],
+)
+def test_every_number_flag_refuses_an_absurd_number(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The hand-written number flags (not made from a dataclass) refuse what the generated ones
+    refuse: one line naming the flag, exit 2, before a model is looked for."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_info.value.code == 2, err
+    assert said in err[-1] and ("too large" in err[-1] or "not a" in err[-1]), err
+
+
 def test_train_flags_go_over_the_yaml_file(tmp_path: Path) -> None:
     config = tmp_path / "train.yaml"
     config.write_text("src: a.en\ntgt: a.de\nmax_steps: 10\nprogress: true\nmodel: {d_ff: 64}\n")

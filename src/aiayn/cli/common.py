@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiayn.cli.flags import add_dataclass_flags, dataclass_from_args
+from aiayn.cli.flags import add_dataclass_flags, dataclass_from_args, integer
 from aiayn.decode.backends import export_kind  # no torch: --help stays fast
 from aiayn.decode.options import DecodingOptions
 from aiayn.errors import UserValueError
@@ -74,7 +74,7 @@ def add_model_dir_flag(p: argparse.ArgumentParser, *, ensemble: bool) -> None:
 
 
 def _positive_int(text: str) -> int:
-    value = int(text)  # not a number: argparse's "invalid _positive_int value" names the flag
+    value = integer(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
     return value
@@ -97,7 +97,7 @@ def add_model_flags(
     g.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: auto)")
     g.add_argument(
         "--threads",
-        type=int,
+        type=integer,
         help="CPU threads; 0 = PyTorch's default, one per core (default: the cores other work "
         "leaves idle, 1 to 4: the 1-minute load average, at most the tasks runnable now; on "
         "cores busy with other work, PyTorch's threads wait for each other and decoding gets "

@@ -13,7 +13,6 @@ import argparse
 import dataclasses
 import importlib
 import inspect
-import math
 import re
 import sys
 import types
@@ -23,6 +22,7 @@ from typing import Any, Literal, TypeVar
 
 import yaml
 
+from aiayn.config import number_problem, shown
 from aiayn.errors import UserValueError
 
 T = TypeVar("T")
@@ -72,47 +72,34 @@ def _plain(text: str) -> str:
     return re.sub(r"(?::\w+:)?`+([^`]+)`+", r"\1", text)
 
 
-MAX_NUMBER = 2**53
-"""The largest magnitude a number flag takes: no count, size or duration aiayn takes comes near
-it, and past it the arithmetic in floats that schedules and budgets do loses the number (a
-400-digit ``--max-steps`` is an OverflowError there, after the run directory is written)."""
-
-
 def integer(text: str) -> int:
     """An integer flag's value, refused as argparse refuses a bad one (exit 2, naming the flag)
-    if it is not an integer or is larger than `MAX_NUMBER`."""
+    if it is not an integer or is larger than `aiayn.config.MAX_NUMBER`."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {_shown(text)!r}") from None
-    if abs(value) > MAX_NUMBER:
-        raise argparse.ArgumentTypeError(f"{_shown(text)} is too large (at most 2^53)")
+        raise argparse.ArgumentTypeError(f"invalid int value: {shown(text)!r}") from None
+    if problem := number_problem(value):
+        raise argparse.ArgumentTypeError(f"{shown(text)} {problem}")
     return value
 
 
 def number(text: str) -> float:
     """A float flag's value, refused as argparse refuses a bad one if it is not a number, is
-    not finite (``inf``, ``nan``) or is larger than `MAX_NUMBER`."""
+    not finite (``inf``, ``nan``) or is larger than `aiayn.config.MAX_NUMBER`."""
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid float value: {_shown(text)!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"{_shown(text)} is not a finite number")
-    if abs(value) > MAX_NUMBER:
-        raise argparse.ArgumentTypeError(f"{_shown(text)} is too large (at most 2^53)")
+        raise argparse.ArgumentTypeError(f"invalid float value: {shown(text)!r}") from None
+    if problem := number_problem(value):
+        raise argparse.ArgumentTypeError(f"{shown(text)} {problem}")
     return value
-
-
-def _shown(text: str) -> str:
-    """``text``, or its ends if it is too long for a one-line message."""
-    return text if len(text) <= 40 else f"{text[:20]}...{text[-10:]}"
 
 
 def _flag_type(name: str, hint: Any) -> dict[str, Any]:
     """argparse keywords for a field annotated ``hint``: int or float (`integer`, `number`:
-    finite, within `MAX_NUMBER`), str, bool (--x/--no-x), a Literal (choices), or one of these
-    ``| None``."""
+    finite, within `aiayn.config.MAX_NUMBER`), str, bool (--x/--no-x), a Literal (choices), or
+    one of these ``| None``."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
     if hint is bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from aiayn.cli.flags import integer
 from aiayn.cli.output_dir import check_output_dir, write_replacing
 from aiayn.errors import UserFileNotFoundError, UserValueError
 
@@ -46,7 +47,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         help="ctranslate2 only: how the weights are stored (default: float32)",
     )
     p.add_argument(
-        "--opset", type=int, help="onnx only: the ONNX opset of the graphs (default: 18)"
+        "--opset", type=integer, help="onnx only: the ONNX opset of the graphs (default: 18)"
     )
     p.set_defaults(run=_run_export)
 

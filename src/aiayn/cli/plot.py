@@ -7,6 +7,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from aiayn.cli.flags import integer, number
 from aiayn.errors import UserValueError
 
 if TYPE_CHECKING:
@@ -26,11 +27,11 @@ def add(sub: argparse._SubParsersAction) -> None:
     pe = what.add_parser(
         "positional-encoding", help="the sinusoids of §3.5: position x dimension heatmap"
     )
-    pe.add_argument("--d-model", type=int, default=512, help="model width (default 512)")
-    pe.add_argument("--length", type=int, default=100, help="positions (default 100)")
+    pe.add_argument("--d-model", type=integer, default=512, help="model width (default 512)")
+    pe.add_argument("--length", type=integer, default=100, help="positions (default 100)")
     pe.add_argument(
         "--dims",
-        type=int,
+        type=integer,
         nargs="*",
         metavar="I",
         help="dimensions to draw as curves (default 0, 1, d/8, d/4; none: heatmap only)",
@@ -42,18 +43,18 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     sc.add_argument(
         "--d-model",
-        type=int,
+        type=integer,
         action="append",
         help="model width (default 512); repeat, with --warmup, to compare several",
     )
     sc.add_argument(
-        "--warmup", type=int, action="append", help="warmup steps (default 4000); repeatable"
+        "--warmup", type=integer, action="append", help="warmup steps (default 4000); repeatable"
     )
-    sc.add_argument("--steps", type=int, default=100_000, help="steps (default 100000)")
+    sc.add_argument("--steps", type=integer, default=100_000, help="steps (default 100000)")
     sc.add_argument(
         "--lr-scale",
         "--scale",
-        type=float,
+        type=number,
         action="append",
         help="factor on Eq. 3, train's --lr-scale (default 1.0); repeatable, pairs like --warmup",
     )
@@ -72,7 +73,7 @@ def add(sub: argparse._SubParsersAction) -> None:
 
     for q in (pe, sc, cu):
         q.add_argument("-o", "--output", required=True, help="image file, .png or .svg")
-        q.add_argument("--dpi", type=int, default=150, help="image resolution (default 150)")
+        q.add_argument("--dpi", type=integer, default=150, help="image resolution (default 150)")
 
 
 def _save_plot(args: argparse.Namespace, draw: Callable[[], Figure]) -> int:

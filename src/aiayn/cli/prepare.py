@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from aiayn.cli.flags import integer
+
 
 def add(sub: argparse._SubParsersAction) -> None:
     from aiayn.text.prepare import DEFAULT_MAX_CHARS
@@ -48,7 +50,7 @@ def add(sub: argparse._SubParsersAction) -> None:
         q.add_argument("out_dir", metavar="OUT_DIR", help="output folder")
         q.add_argument(
             "--max-chars",
-            type=int,
+            type=integer,
             default=DEFAULT_MAX_CHARS,
             help=f"drop training pairs with a longer side; 0 = no limit ({DEFAULT_MAX_CHARS})",
         )

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 
 from aiayn.cli.common import add_search_options, load_translator, search_options
-from aiayn.cli.flags import add_dataclass_flags, dataclass_values
+from aiayn.cli.flags import add_dataclass_flags, dataclass_values, integer
 from aiayn.serve.settings import ServerSettings  # no FastAPI, no torch: --help stays fast
 
 # Fields whose flag drops the unit suffix (the flags predate the fields' names).
@@ -55,7 +55,7 @@ def add(sub: argparse._SubParsersAction) -> None:
     )
     add_search_options(p, backend=True)
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default 8000)")
     p.add_argument(
         "--log-level",
         default="info",
@@ -83,6 +83,15 @@ def add(sub: argparse._SubParsersAction) -> None:
         "POSTs from other origins are refused",
     )
     p.set_defaults(run=_run_serve)
+
+
+def _port(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535: refused as the flag is read, not by the socket
+    once the model is loaded."""
+    value = integer(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (0 to 65535)")
+    return value
 
 
 def _run_serve(args: argparse.Namespace) -> int:

@@ -20,7 +20,7 @@ from aiayn.cli.common import (
     progress_bar,
     search_options,
 )
-from aiayn.cli.flags import add_dataclass_flags
+from aiayn.cli.flags import add_dataclass_flags, integer
 from aiayn.decode.options import DecodingOptions
 from aiayn.errors import UserValueError
 
@@ -68,7 +68,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", help=OUTPUT_HELP)
     add_progress_flag(p)
     p.add_argument(
-        "--n-best", type=int, metavar="N", help="write the N best hypotheses in n-best format"
+        "--n-best", type=integer, metavar="N", help="write the N best hypotheses in n-best format"
     )
     p.add_argument(
         "--alignment",
@@ -78,7 +78,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--alignment-layer",
-        type=int,
+        type=integer,
         metavar="L",
         help="decoder layer whose attention gives the alignments; 0-based, negative counts "
         "from the end (default -1, the last)",
@@ -88,7 +88,7 @@ def _add_translate(sub: argparse._SubParsersAction) -> None:
     add_dataclass_flags(g, DecodingOptions, only=SAMPLING_FIELDS)
     g.add_argument(
         "--seed",
-        type=int,
+        type=integer,
         help="seed for reproducible samples: the same input, model and --max-tokens (which "
         "decide the batches) give the same samples",
     )
@@ -364,12 +364,12 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--layer",
-        type=int,
+        type=integer,
         help="0-based layer, negative from the end (default: the last for alignment, every "
         "layer for grids)",
     )
     p.add_argument(
-        "--head", type=int, help="one head (default: mean over heads / every head in grids)"
+        "--head", type=integer, help="one head (default: mean over heads / every head in grids)"
     )
     p.add_argument(
         "--auto-scale",
@@ -377,7 +377,7 @@ def _add_attention(sub: argparse._SubParsersAction) -> None:
         help="colours from 0 to the largest weight shown (default: a fixed 0 to 1, the same in "
         "every picture)",
     )
-    p.add_argument("--dpi", type=int, default=150, help="image resolution (default 150)")
+    p.add_argument("--dpi", type=integer, default=150, help="image resolution (default 150)")
     add_search_options(p)
     p.set_defaults(run=_run_attention)
 
