@@ -25,12 +25,19 @@ class LossSums:
     Attributes:
         loss: Label-smoothed cross-entropy (what is optimised).
         nll: Plain negative log-likelihood (what perplexity is computed from).
-        n_tokens: Number of non-pad target tokens.
+        tokens: Number of non-pad target tokens, a 0-d tensor on the device: reading it
+            waits for the device, which training (whose host knows its token counts from
+            the batches) never does; `n_tokens` reads it.
     """
 
     loss: Tensor
     nll: Tensor
-    n_tokens: int
+    tokens: Tensor
+
+    @property
+    def n_tokens(self) -> int:
+        """The number of non-pad target tokens (waits for the device)."""
+        return int(self.tokens)
 
 
 def label_smoothed_loss(logits: Tensor, target: Tensor, *, epsilon: float, pad_id: int) -> LossSums:
@@ -45,7 +52,7 @@ def label_smoothed_loss(logits: Tensor, target: Tensor, *, epsilon: float, pad_i
     nll = nll.masked_fill(~keep, 0.0).sum()
     smooth = smooth.masked_fill(~keep, 0.0).sum()
     loss = (1.0 - epsilon) * nll + epsilon * smooth
-    return LossSums(loss=loss, nll=nll.detach(), n_tokens=int(keep.sum()))
+    return LossSums(loss=loss, nll=nll.detach(), tokens=keep.sum())
 
 
 def perplexity(nll_sum: float, n_tokens: int) -> float:
@@ -83,8 +90,7 @@ def projected_label_smoothed_loss(
     Returns:
         Summed loss and NLL over non-pad tokens, as `label_smoothed_loss`.
     """
-    keep = target != pad_id
-    n_tokens = int(keep.sum())
+    tokens = (target != pad_id).sum()
     if not torch.is_grad_enabled():
         # An autograd.Function sees needs_input_grad from requires_grad alone, not from grad
         # mode: under no_grad (validation) it would compute and keep gradients for nothing.
@@ -93,7 +99,7 @@ def projected_label_smoothed_loss(
         hidden.reshape(-1, hidden.size(-1)), weight, target.reshape(-1), epsilon, pad_id,
         chunk_tokens,
     )  # fmt: skip
-    return LossSums(loss=loss, nll=nll.detach(), n_tokens=n_tokens)
+    return LossSums(loss=loss, nll=nll.detach(), tokens=tokens)
 
 
 class _ProjectedLoss(torch.autograd.Function):

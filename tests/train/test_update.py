@@ -9,6 +9,7 @@ import random
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -264,3 +265,158 @@ def test_an_update_with_onednn_products_is_the_plain_update(dataset: ParallelDat
         largest = max(g.abs().max() for g in expected)
         for g, e in zip(got, expected, strict=True):  # k_proj.bias: 0 but for rounding
             torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-6 * largest)
+
+
+def _plain_updates(
+    model: Transformer, dataset: ParallelDataset, groups: list[list[Any]]
+) -> tuple[float, float]:
+    """Adam updates as a plain loop runs them: each batch's loss sums read back as Python
+    floats and added up on the host. Returns the loss and NLL sums over the updates."""
+    optimizer = build_optimizer(model)
+    loss_sum = nll_sum = 0.0
+    model.train()
+    for step, group in enumerate(groups, start=3):
+        batches = [
+            collate([dataset[int(i)] for i in g], bos_id=BOS_ID, eos_id=EOS_ID) for g in group
+        ]
+        n_tokens = float(sum(batch.n_tgt_tokens for batch in batches))
+        sums = []
+        for batch in batches:
+            out = model(batch.src, batch.tgt_in, batch.tgt_out, label_smoothing=0.1)
+            (out.loss * (1 / n_tokens)).backward()
+            sums.append(torch.stack([out.loss.detach(), out.nll]))
+        set_learning_rate(optimizer, learning_rate(step, d_model=16, warmup_steps=WARMUP))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        loss, nll = torch.stack(sums).double().sum(dim=0).tolist()
+        loss_sum, nll_sum = loss_sum + loss, nll_sum + nll
+    return loss_sum, nll_sum
+
+
+def test_updates_with_their_sums_on_the_device_equal_a_plain_loop_bit_for_bit(
+    dataset: ParallelDataset,
+) -> None:
+    """Three Adam updates of `optimizer_update`, their loss sums added up on the device
+    (`IntervalLossSums`), leave the very weights of a plain loop that reads every update's
+    sums back to the host, and the same sums to the last bit: dropout on (the same masks for
+    the same seed), two batches accumulated per update."""
+    torch.manual_seed(0)
+    model = tiny_model()
+    plain = copy.deepcopy(model)
+    groups = [[torch.arange(i, i + 5), torch.arange(i + 5, i + 16)] for i in (0, 16, 32)]
+
+    torch.manual_seed(1)
+    optimizer, interval = build_optimizer(model), {"loss": 0.0, "nll": 0.0}
+    sums = update.IntervalLossSums()
+    for step, group in enumerate(groups, start=3):
+        stats = optimizer_update(
+            model, optimizer, dataset, [g.numpy() for g in group], step=step, d_model=16,
+            warmup_steps=WARMUP, lr_scale=1.0, label_smoothing=0.1, clip_norm=0.0, bf16=False,
+            device=torch.device("cpu"), distributed=Distributed(),
+        )  # fmt: skip
+        sums.add(stats.sums, interval)
+    sums.settle(interval)
+
+    torch.manual_seed(1)
+    assert (interval["loss"], interval["nll"]) == _plain_updates(plain, dataset, groups)
+    for (name, got), want in zip(model.named_parameters(), plain.parameters(), strict=True):
+        assert torch.equal(got, want), name
+
+
+def test_interval_sums_carry_on_from_a_resumed_interval_as_host_floats_do() -> None:
+    """An interval restored from a checkpoint holds sums already: the device adds onto them
+    in the order the host did, float64 for float64."""
+    values = [0.1, 1e16, 0.3, -1e16, 0.7]
+    interval = {"loss": 2.5e-3, "nll": 1.0}
+    sums = update.IntervalLossSums()
+    for v in values:
+        sums.add(torch.tensor([v, v / 3], dtype=torch.float64), interval)
+    sums.settle(interval)
+    loss, nll = 2.5e-3, 1.0
+    for v in values:
+        loss, nll = loss + v, nll + v / 3
+    assert (interval["loss"], interval["nll"]) == (loss, nll)
+
+
+class _HostReads:
+    """Counts what aiayn's own code reads back from tensors (`item`, `tolist`, `int`,
+    `float`, `bool`): on a GPU each is a wait for the device to catch up."""
+
+    NAMES = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__")
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import sys
+
+        self.calls: list[str] = []
+        self.counting = False
+        for name in self.NAMES:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor: torch.Tensor, *args: Any, _name=name, _original=original) -> Any:
+                caller = sys._getframe(1).f_globals.get("__name__", "")
+                if self.counting and caller.startswith("aiayn"):
+                    self.calls.append(f"{caller}: {_name}")
+                return _original(tensor, *args)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+def _every_src_key_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`Transformer.src_key_mask` as under torch.compile: the mask, without asking the device
+    whether it is all True (the one read left in the forward pass, the attention's)."""
+    monkeypatch.setattr(Transformer, "src_key_mask", lambda self, src: src != self.config.pad_id)
+
+
+def test_updates_read_nothing_back_from_the_device(
+    dataset: ParallelDataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between metrics records the update path reads no tensor back to the host: the token
+    counts come from the batches, the loss sums are added up on the device; the one read is
+    the record's (`IntervalLossSums.settle`)."""
+    torch.manual_seed(0)
+    model = tiny_model()
+    optimizer, interval = build_optimizer(model), {"loss": 0.0, "nll": 0.0}
+    sums = update.IntervalLossSums()
+    _every_src_key_mask(monkeypatch)
+    reads = _HostReads(monkeypatch)
+    reads.counting = True
+    for step, start in enumerate((0, 16, 32), start=1):
+        group = [np.arange(start, start + 8), np.arange(start + 8, start + 16)]
+        stats = optimizer_update(
+            model, optimizer, dataset, group, step=step, d_model=16, warmup_steps=WARMUP,
+            lr_scale=1.0, label_smoothing=0.1, clip_norm=1.0, bf16=False,
+            device=torch.device("cpu"), distributed=Distributed(),
+        )  # fmt: skip
+        sums.add(stats.sums, interval)
+    assert reads.calls == []
+    sums.settle(interval)
+    assert reads.calls == ["aiayn.train.update: tolist"]
+    assert interval["loss"] > interval["nll"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_updates_on_a_gpu_make_no_host_sync(
+    dataset: ParallelDataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`torch.cuda.set_sync_debug_mode("error")` over three updates: no copy to the host, no
+    wait on the stream (the batch's copy to the GPU included: non-blocking)."""
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    model = tiny_model().to(device)
+    optimizer, interval = build_optimizer(model), {"loss": 0.0, "nll": 0.0}
+    sums = update.IntervalLossSums()
+    _every_src_key_mask(monkeypatch)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for step, start in enumerate((0, 16, 32), start=1):
+            stats = optimizer_update(
+                model, optimizer, dataset, [np.arange(start, start + 16)], step=step,
+                d_model=16, warmup_steps=WARMUP, lr_scale=1.0, label_smoothing=0.1,
+                clip_norm=1.0, bf16=False, device=device, distributed=Distributed(),
+            )  # fmt: skip
+            sums.add(stats.sums, interval)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    sums.settle(interval)
+    assert interval["loss"] > interval["nll"] > 0

@@ -68,13 +68,14 @@ class Progress:
     weights: str = "raw"
     weights_chosen_at: int = 0
 
-    def count_update(self, loss: float, nll: float, tokens: int) -> None:
-        """One update more: step, position in the epoch, tokens, the open metrics interval."""
+    def count_update(self, tokens: int) -> None:
+        """One update more: step, position in the epoch, tokens, the open metrics interval's
+        tokens and updates (its loss sums wait on the device: `update.IntervalLossSums`)."""
         self.step += 1
         self.position += 1
         self.tokens_seen += tokens
-        for key, value in (("loss", loss), ("nll", nll), ("tokens", tokens), ("updates", 1)):
-            self.interval[key] += value
+        self.interval["tokens"] += tokens
+        self.interval["updates"] += 1
 
 
 @dataclass

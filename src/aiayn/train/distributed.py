@@ -55,6 +55,13 @@ class Distributed:
         dist.all_reduce(tensor)
         return tensor.tolist()
 
+    def sum_on_device(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` summed over all ranks, left on its device: unlike `sum`, the host does not
+        wait for the result (NCCL queues the collective on the GPU's stream)."""
+        if self.enabled:
+            dist.all_reduce(tensor)
+        return tensor
+
 
 def init_distributed(device_name: str) -> tuple[Distributed, torch.device]:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

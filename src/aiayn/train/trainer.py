@@ -61,7 +61,7 @@ from aiayn.train.runlog import (
 )
 from aiayn.train.setup import RunParts, TrainingError, rank_updates, set_up
 from aiayn.train.stopping import EarlyStopping, StopFlag
-from aiayn.train.update import UpdateStats, optimizer_update, uses_bf16
+from aiayn.train.update import IntervalLossSums, UpdateStats, optimizer_update, uses_bf16
 from aiayn.train.validation import validation_metrics
 
 logger = logging.getLogger(__name__)
@@ -262,6 +262,7 @@ class Trainer:
         self.early_stopping = EarlyStopping(config.patience, config.patience_metric)
         self._last_save_time = time.monotonic()
         self.display = TrainingDisplay(logger)
+        self.loss_sums = IntervalLossSums()  # the open interval's, on the device
         self.out_of_time = False  # the budget ended the run (agreed on by every rank)
         self._validation_out_of_time = False  # rank 0 gave up a validation for the final save
         self._warned_short = False  # that the budget ends the run inside the warm-up
@@ -385,7 +386,8 @@ class Trainer:
             schedule=c.schedule,
             end_step=self.schedule_end,
         )
-        progress.count_update(stats.loss, stats.nll, stats.tokens)
+        progress.count_update(stats.tokens)
+        self.loss_sums.add(stats.sums, progress.interval)
         if self.average is not None:
             self.average.update(progress.step)
         self.pace.count_update(time.monotonic() - began, stats.tokens)
@@ -417,6 +419,7 @@ class Trainer:
         """A metrics record every `log_every` updates (and at the last); the progress bar."""
         progress = self.progress
         if progress.step % self.config.log_every == 0 or last:
+            self.loss_sums.settle(progress.interval)
             record = self._train_record(stats.lr)
             self.log.write(record)
             self.display.show(record, log=self.distributed.is_main)
@@ -579,6 +582,7 @@ class Trainer:
         """A checkpoint of this update, and `model/` (rank 0); every rank must call it."""
         began = time.monotonic()
         self.progress.elapsed_s = self.clock.elapsed()
+        self.loss_sums.settle(self.progress.interval)
         self.progress.schedule_end = self.schedule_end if self.budget is not None else 0
         rng = self.distributed.gather(ckpt.capture_rng())  # a collective: every rank takes part
         if self.distributed.is_main:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from aiayn.acceleration import OneDNNLinearProducts, onednn_linear_missing
 from aiayn.optim import scheduled_rate, set_learning_rate
@@ -71,12 +71,55 @@ def autocast(device: torch.device, bf16: bool) -> contextlib.AbstractContextMana
 
 @dataclass(frozen=True)
 class UpdateStats:
-    """What one update measured, summed over its batches and every process."""
+    """What one update measured, summed over its batches and every process.
 
-    loss: float  # label-smoothed, summed over target tokens
-    nll: float  # summed over target tokens
-    tokens: int  # target tokens
+    The loss sums stay on the device: reading them waits until the device has finished the
+    update, so the trainer adds them up there (`sums`) and reads them once per metrics record;
+    `loss` and `nll` read them now, for callers that want the numbers of one update.
+    """
+
+    sums: Tensor  # (2,) float64 on the device: label-smoothed loss, NLL, over target tokens
+    tokens: int  # target tokens (counted on the host, from the batches)
     lr: float  # the learning rate the update used (its schedule's)
+
+    @property
+    def loss(self) -> float:
+        """The label-smoothed loss summed over target tokens (waits for the device)."""
+        return self.sums[0].item()
+
+    @property
+    def nll(self) -> float:
+        """The NLL summed over target tokens (waits for the device)."""
+        return self.sums[1].item()
+
+
+class IntervalLossSums:
+    """The loss sums of the updates since the last metrics record, added up on the device.
+
+    Reading an update's sums makes the host wait until the device has finished that update;
+    the trainer adds them up here and reads them once per record or save (`settle`). The
+    additions are those the host made of Python floats, in the same order and precision
+    (float64), so the records are the same.
+    """
+
+    def __init__(self) -> None:
+        self._sums: Tensor | None = None  # (2,): loss, NLL
+
+    def add(self, sums: Tensor, interval: dict[str, float]) -> None:
+        """One update's `UpdateStats.sums`, onto the open metrics `interval`."""
+        if self._sums is not None:
+            self._sums = self._sums + sums
+            return
+        self._sums = sums.clone()
+        for i, key in enumerate(("loss", "nll")):
+            if interval[key]:  # sums carried over from a resumed checkpoint or a save
+                self._sums[i] += interval[key]
+
+    def settle(self, interval: dict[str, float]) -> None:
+        """Write the sums into `interval` as numbers: one copy from the device."""
+        if self._sums is not None:
+            interval["loss"], interval["nll"] = self._sums.tolist()
+            self._sums = None
 
 
 def optimizer_update(
@@ -117,11 +160,13 @@ def optimizer_update(
         collate([dataset[int(i)] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
         for indices in group
     ]
+    # Counted on the host, from the batches: normalising by them waits for nothing on one
+    # process (several add theirs up in a collective, as `Trainer.should_stop` does its flags).
     local_tokens = sum(b.n_tgt_tokens for b in batches)
     (n_tokens,) = distributed.sum([float(local_tokens)], device)
     sums_per_batch = []
     for i, batch in enumerate(batches):
-        batch = batch.to(device)
+        batch = batch.to(device, non_blocking=True)  # a CUDA copy waits for nothing
         last = i == len(batches) - 1
         sync = contextlib.nullcontext() if last or not distributed.enabled else model.no_sync()
         products = OneDNNLinearProducts() if onednn else contextlib.nullcontext()
@@ -140,7 +185,6 @@ def optimizer_update(
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    # One device-to-host copy per update (not per batch); summed in float64 as before.
-    local_sums = torch.stack(sums_per_batch).double().sum(dim=0).tolist()
-    loss_sum, nll_sum = distributed.sum(local_sums, device)
-    return UpdateStats(loss=loss_sum, nll=nll_sum, tokens=int(n_tokens), lr=lr)
+    # Summed in float64, on the device: nothing here waits for it to finish the update.
+    sums = distributed.sum_on_device(torch.stack(sums_per_batch).double().sum(dim=0))
+    return UpdateStats(sums=sums, tokens=int(n_tokens), lr=lr)
