@@ -1379,3 +1379,41 @@ def test_a_run_foreseen_to_take_more_than_a_day_says_so(
         trainer.train(config)
     [warning] = [r.getMessage() for r in caplog.records if "updates left take about" in r.message]
     assert "the 3 updates left" in warning and "--max-steps or --time-budget" in warning
+
+
+def test_the_loop_reads_the_device_only_at_its_records(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`aiayn train` with an average of the weights and clipping, a record every 4 updates:
+    the loop's updates and its decisions read no tensor back to the host (on a GPU, each such
+    read waits for the device); the source mask's check, the attention's, is left out."""
+    reads: list[str] = []
+    counting = [False]
+    for name in ("item", "tolist", "__int__", "__float__", "__bool__", "__index__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(tensor: torch.Tensor, *args: Any, _name=name, _original=original) -> Any:
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if counting[0] and caller.startswith("aiayn"):
+                reads.append(f"{caller}: {_name}")
+            return _original(tensor, *args)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    monkeypatch.setattr(Transformer, "src_key_mask", lambda self, src: src != self.config.pad_id)
+
+    def counting_during(method: Any) -> Any:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            counting[0] = True
+            try:
+                return method(*args, **kwargs)
+            finally:
+                counting[0] = False
+
+        return wrapped
+
+    for name in ("update", "should_stop"):
+        monkeypatch.setattr(trainer.Trainer, name, counting_during(getattr(trainer.Trainer, name)))
+    config = make_config(corpus, tmp_path / "run", max_steps=8, log_every=4, ema_decay=0.9)
+    assert main([*cli_args(config), "--clip-norm", "1.0"]) == 0
+    assert reads == []
+    assert [r["step"] for r in read_metrics(tmp_path / "run") if r["type"] == "train"] == [4, 8]
