@@ -53,8 +53,17 @@ def dead_parts(parent: Path) -> list[tuple[Path, str]]:
     for path in entries:
         match = _PART.fullmatch(path.name)
         if match and not _running(int(match["pid"])):
-            found.append((path, match["name"]))
+            found.append((path, _target(match["name"])))
     return found
+
+
+def _target(name: str) -> str:
+    """The NAME that a part named after ``name`` is of, through parts of parts: a writer that
+    hands its part to another writer (an import saving a model directory into its
+    ``.NAME.tmp-PID``) leaves ``..NAME.tmp-PID.tmp-PID`` beside NAME if it is killed."""
+    while match := _PART.fullmatch(name):
+        name = match["name"]
+    return name
 
 
 def remove_dead(target: Path) -> None:

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -254,3 +255,116 @@ def test_a_decoding_command_stopped_at_any_moment_leaves_nothing_running_or_behi
     again = aiayn(*_argv(command, model_dir, small, out))
     assert again.wait(timeout=120) == 0, again.stderr.read() if again.stderr else ""
     assert dot_files(out.parent) == []
+
+
+# -- the writers: average, export, import, prepare --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def writers(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
+    """Each writer's command but its output: ``average`` of two checkpoints, ``export`` to
+    CTranslate2 (where installed), ``import`` of an ``export --to hf``, and ``prepare`` of a
+    local copy of a 200,000-pair dataset in the Hub's format."""
+    from aiayn.cli import main
+    from aiayn.model_dir import save_model_dir, tokenizer_file_of
+    from aiayn.text.tokenizer import Tokenizer
+    from model_dirs import tiny_model
+
+    inputs = tmp_path_factory.mktemp("writers")
+    run = inputs / "run"
+    tokenizer = Tokenizer.load(tokenizer_file_of(model_dir))
+    for step in (1, 2):
+        save_model_dir(
+            run / "checkpoints" / f"step_{step:08d}",
+            tiny_model(tokenizer, seed=step, d_model=256, d_ff=1024),
+            tokenizer_file=tokenizer.model_file,
+            metadata={"step": step},
+        )
+    commands = {"average": ["average", str(run), "-n", "2"]}
+    if importlib.util.find_spec("ctranslate2") is not None:
+        commands["export"] = ["export", str(model_dir), "--to", "ctranslate2"]
+    if importlib.util.find_spec("transformers") is not None:
+        assert main(["export", str(model_dir), "--to", "hf", "-o", str(inputs / "hf")]) == 0
+        commands["import"] = ["import", str(inputs / "hf")]
+    if importlib.util.find_spec("datasets") is not None:
+        import datasets
+
+        features = datasets.Features({"translation": datasets.Translation(["de", "en"])})
+        pairs = [{"de": f"Satz {i} " * 5, "en": f"sentence {i} " * 5} for i in range(200_000)]
+        splits = {"train": pairs, "validation": pairs[:9], "test": pairs[:9]}
+        hub = inputs / "hub"
+        datasets.DatasetDict(
+            {
+                split: datasets.Dataset.from_dict({"translation": records}, features=features)
+                for split, records in splits.items()
+            }
+        ).save_to_disk(str(hub))
+        commands["prepare"] = ["prepare", "wmt14-en-de", "--force", "--data-dir", str(hub)]
+    return commands
+
+
+def parts_of(*directories: Path) -> list[str]:
+    """The parts (``.NAME.tmp-PID``, ``.NAME.old-PID``) in ``directories``."""
+    return [name for d in directories if d.is_dir() for name in dot_files(d) if "-" in name]
+
+
+def signal_at(
+    process: subprocess.Popen[bytes], signal_number: int, moment: str, where: Path
+) -> set[int]:
+    """Sends ``signal_number`` to ``process`` while it loads (0.5 s in) or, with ``moment``
+    "writing", as soon as a part appears in ``where`` (frozen with SIGSTOP the moment it is
+    seen, so that the signal finds it writing); returns the processes it had forked then."""
+    if moment == "loading":
+        time.sleep(0.5)
+        descendants = children(process.pid)
+        process.send_signal(signal_number)
+        return descendants
+    deadline = time.monotonic() + 120
+    while not parts_of(where, *(d for d in where.iterdir() if d.is_dir())):
+        assert process.poll() is None, "it ended before a part was seen: give it more to write"
+        assert time.monotonic() < deadline, "no part appeared"
+        time.sleep(0.001)
+    process.send_signal(signal.SIGSTOP)
+    descendants = children(process.pid)
+    process.send_signal(signal_number)
+    process.send_signal(signal.SIGCONT)
+    return descendants
+
+
+@pytest.mark.parametrize("moment", ["loading", "writing"])
+@pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize(
+    "command", ["average", "export", pytest.param("import", marks=pytest.mark.slow), "prepare"]
+)
+def test_a_writer_stopped_at_any_moment_leaves_nothing_running_or_behind(
+    command: str,
+    signal_number: int,
+    moment: str,
+    writers: dict[str, list[str]],
+    tmp_path: Path,
+) -> None:
+    """``average``, ``export``, ``import`` and ``prepare`` killed (SIGKILL), terminated (SIGTERM)
+    or interrupted (Ctrl-C) while loading or while writing: no process of theirs is left, and
+    the next run to the same output succeeds and leaves no part beside it, in it or in the
+    system's temporary directory."""
+    if command not in writers:
+        pytest.skip(f"the optional dependency of {command} is not installed")
+    output = tmp_path / "out" / "result"
+    output.parent.mkdir()
+    argv = [*writers[command], *([str(output)] if command == "prepare" else ["-o", str(output)])]
+    process = aiayn(*argv)
+    descendants: set[int] = set()
+    try:
+        descendants = signal_at(process, signal_number, moment, output.parent)
+        process.wait(timeout=60)
+        wait_for(lambda: not any(map(running, descendants)), 5, f"{descendants} to end")
+    finally:
+        if process.poll() is None:
+            kill(process)
+        for pid in filter(running, descendants):
+            os.kill(pid, signal.SIGKILL)
+    again = aiayn(*argv)
+    assert again.wait(timeout=120) == 0, again.stderr.read() if again.stderr else ""
+    assert parts_of(output.parent, output) == []
+    system = Path(tempfile.gettempdir())
+    assert [p.name for p in system.glob(f".*-{process.pid}")] == []
