@@ -13,6 +13,7 @@ import math
 import re
 import types
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
@@ -568,6 +569,29 @@ class TrainConfig:
             return cls(**values)
         except ConfigError as error:
             raise ConfigError(f"{source}: {error}") from None
+
+
+CUDA_BATCHES = {"max_tokens": 12_500, "tokens_per_update": 25_000}
+"""`aiayn train`'s batches on a CUDA GPU where neither the config file nor the flags size them:
+the paper's ~25,000 target tokens an update (§5.1) in two batches of 12,500 tokens a side on
+one GPU (one each on two). On one H200, `base` peaked at 4.3 GiB in bf16 and 5.7 GiB in float32
+at this size (docs/gpu.md), so smaller cards hold it too; a single batch of 25,000 would launch
+half the kernels but is unmeasured. On a CPU the defaults stay `TrainConfig`'s (4096, no
+accumulation): an update of the paper's size takes minutes there."""
+
+
+def device_train_defaults(device_type: str, given: Collection[str]) -> dict[str, int]:
+    """The `TrainConfig` values a run on `device_type` ("cpu", "cuda", ...) takes where the
+    config file and flags (`given`, their keys) leave them out: `CUDA_BATCHES` on CUDA, but no
+    `tokens_per_update` where `accumulate` is given (it would override it); none on a CPU."""
+    if device_type != "cuda":
+        return {}
+    sized = {"accumulate", "tokens_per_update"} & set(given)
+    return {
+        key: value
+        for key, value in CUDA_BATCHES.items()
+        if key not in given and not (key == "tokens_per_update" and sized)
+    }
 
 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*([smhd])")

@@ -264,6 +264,32 @@ def test_train_flags_go_over_the_yaml_file(tmp_path: Path) -> None:
     assert resolved.warmup_steps == TrainConfig.warmup_steps  # neither file nor flag: default
 
 
+def test_train_batches_default_to_the_papers_update_on_cuda_and_stay_on_a_cpu(
+    tmp_path: Path,
+) -> None:
+    """Unsized by file and flags, a run on CUDA takes the paper's ~25,000 target tokens an
+    update in batches of 12,500 (two on one GPU); on a CPU, `TrainConfig`'s 4096 and no
+    accumulation. A size given anywhere is kept, and a given --accumulate is not overridden
+    by the default --tokens-per-update. No GPU is needed: nothing asks for one here."""
+
+    def batches(*flags: str) -> tuple[int, int, int]:
+        c = train_config_from_args(parse("train", "--src", "a", "--tgt", "b", *flags))
+        return c.max_tokens, c.tokens_per_update, c.accumulate
+
+    cpu = (TrainConfig.max_tokens, TrainConfig.tokens_per_update, TrainConfig.accumulate)
+    assert cpu == (4096, 0, 1)
+    assert batches("--device", "cpu") == cpu
+    assert batches("--device", "cuda") == (12_500, 25_000, 1)
+    assert batches("--device", "cuda:1") == (12_500, 25_000, 1)
+    assert batches("--device", "cuda", "--max-tokens", "4096") == (4096, 25_000, 1)
+    assert batches("--device", "cuda", "--accumulate", "3") == (12_500, 0, 3)
+    assert batches("--device", "cuda", "--tokens-per-update", "50000") == (12_500, 50_000, 1)
+    recipe = tmp_path / "train.yaml"
+    recipe.write_text("max_tokens: 2048\naccumulate: 1\n")
+    assert batches("-c", str(recipe), "--device", "cuda") == (2048, 0, 1)
+    assert batches("--device", "cuda") != batches("--device", "cpu")
+
+
 def test_train_reads_a_time_budget_schedule_average_and_precision_from_flags_or_yaml(
     tmp_path: Path,
 ) -> None:

@@ -124,7 +124,9 @@ def _add_train(sub: argparse._SubParsersAction) -> None:
 
 
 def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
-    """YAML file values, then flag values on top; validated as a `TrainConfig`.
+    """YAML file values, then flag values on top; validated as a `TrainConfig`. What neither
+    sets takes the device's defaults (`config.device_train_defaults`: on CUDA, the paper's
+    update size), else `TrainConfig`'s.
 
     With `--resume`, the run's own `train_config.yaml` comes first: what the file and flags
     give goes on top of it, where the trainer accepts it as an override or refuses it.
@@ -133,9 +135,11 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
         LEGACY_PRECISION_KEYS,
         ConfigError,
         TrainConfig,
+        device_train_defaults,
         load_yaml_config,
         upgrade_train_values,
     )
+    from aiayn.runtime import device_type
     from aiayn.train.rundir import read_config
 
     values: dict[str, Any] = load_yaml_config(args.config) if args.config else {}
@@ -163,6 +167,8 @@ def train_config_from_args(args: argparse.Namespace) -> TrainConfig:
         raise ConfigError(f"{given} and --precision both given: give --precision alone")
     flags.update(upgrade_train_values(legacy, source="flags"))
     values.update(flags)
+    device = device_type(values.get("device", TrainConfig.device))
+    values = {**device_train_defaults(device, given=values), **values}
     return TrainConfig.from_dict(values, source=source)
 
 
