@@ -27,6 +27,7 @@ SETTINGS = ServerSettings(decoding=DECODING, max_chars=200, max_texts=8, max_bea
 def direct(translator: Translator, texts: list[str], **options: Any) -> list:
     """What the translator itself says, with the server's default options."""
     values = {**DECODING.__dict__, **options}
+    del values["full_attention"]  # the server's, not the translator's
     return translator.translate(texts, **values)
 
 

@@ -32,7 +32,7 @@ from aiayn.decode.costs import DecodingCosts
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserValueError
 from aiayn.serve import Decoding, ServerSettings, create_app
-from aiayn.serve.app import STATIC_DIR, _answer
+from aiayn.serve.app import STATIC_DIR, _answer, _translated
 from aiayn.serve.keys import ApiKey
 from aiayn.serve.schemas import TranslateResponse, Translation
 from aiayn.serve.settings import call_budget
@@ -134,6 +134,18 @@ def test_the_server_makes_the_cross_attention_maps_only(
     assert all(m.encoder is None and m.decoder is None and m.cross is not None for m in made)
     [result] = translator.translate(["a dog barked"], return_attention=True)
     assert result.attention_maps.encoder is not None  # a library call still gets every map
+
+
+def test_an_averaged_answer_keeps_no_layer_or_head_maps(translator: Translator) -> None:
+    """--max-attention-values counts T x S a text for the average: the server's model call
+    keeps that average alone, not the (L, H, T, S) maps a text it is taken over (they held
+    the whole batch's maps until the answer was built); full_attention keeps and counts them."""
+    text = ["a dog barked"]
+    [mean] = _translated(translator, text, Decoding(return_attention=True))
+    [every] = _translated(translator, text, Decoding(return_attention=True, full_attention=True))
+    assert mean.attention_maps is None
+    torch.testing.assert_close(mean.attention, every.attention_maps.cross[-1].mean(dim=0))
+    assert every.attention_maps.encoder is None and every.attention_maps.cross is not None
 
 
 def test_a_long_text_is_truncated_and_says_so(client: TestClient) -> None:
@@ -362,7 +374,7 @@ def test_load_concurrent_requests_are_batched_without_errors(translator: Transla
     in fewer model calls than requests."""
     settings = replace(SETTINGS, decoding=replace(DECODING, beam_size=1), batch_wait_ms=20)
     texts = [f"{SENTENCES[i % len(SENTENCES)]} {i % 7}" for i in range(100)]
-    expected = {t: translator.translate([t], **settings.decoding.__dict__)[0].text for t in texts}
+    expected = {t: direct(translator, [t], beam_size=1)[0].text for t in texts}
     with live(translator, settings) as url:
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda t: http(url + "/translate", {"text": t}), texts))

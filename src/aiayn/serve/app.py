@@ -129,11 +129,7 @@ class Service:
         self.costs = costs = DecodingCosts(translator.tokenizer, translator.source_limits)
         self.settings = settings
         self.batcher: Batcher[TranslationResult] = Batcher(
-            lambda texts, decoding: translator.translate(
-                texts,
-                # an answer holds cross-attention only: the encoder's maps are never made
-                **asdict(decoding) | {"return_attention": decoding.return_attention and ["cross"]},
-            ),
+            lambda texts, decoding: _translated(translator, texts, decoding),
             lambda texts, d: costs.cost(
                 texts, d.rows_per_sentence, max_len_a=d.max_len_a, max_len_b=d.max_len_b
             ),
@@ -187,17 +183,11 @@ class Service:
             raise
 
     async def translate(
-        self,
-        request: Request,
-        texts: list[str],
-        decoding: Decoding,
-        name: str,
-        *,
-        full_attention: bool = False,
+        self, request: Request, texts: list[str], decoding: Decoding, name: str
     ) -> list[TranslationResult]:
         """The results from the batcher once the request's cost is admitted; its refusals and
         the model's failures as ApiErrors. Dropped if the client hangs up meanwhile."""
-        costs = await asyncio.to_thread(self._admit, texts, decoding, name, full_attention)
+        costs = await asyncio.to_thread(self._admit, texts, decoding, name)
         job = asyncio.ensure_future(self.batcher.submit(texts, decoding, costs))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
@@ -218,9 +208,7 @@ class Service:
         except Exception as error:
             raise ApiError(500, f"translation failed: {type(error).__name__}: {error}") from None
 
-    def _admit(
-        self, texts: list[str], decoding: Decoding, name: str, full_attention: bool
-    ) -> list[int]:
+    def _admit(self, texts: list[str], decoding: Decoding, name: str) -> list[int]:
         """Each text's cost, after refusing a request over the cost and attention budgets."""
         lengths = {"max_len_a": decoding.max_len_a, "max_len_b": decoding.max_len_b}
         costs = self.costs.costs(texts, decoding.rows_per_sentence, **lengths)
@@ -245,6 +233,7 @@ class Service:
         if decoding.return_attention:
             bounds = self.costs.search_bounds(texts, **lengths)
             per_map = sum(s * t for s, t in bounds)
+            full_attention = decoding.full_attention
             values = per_map * (self.maps_per_text if full_attention else 1)
             if values > limits.max_attention_values:
                 what = "every layer's and head's" if full_attention else "the averaged"
@@ -338,10 +327,27 @@ async def _translate_aiayn(
                 "this server's model returns no attention maps (a CTranslate2 or ONNX export): "
                 "leave out return_attention",
             )
-        full = decoding.return_attention and body.full_attention
-        results = await service.translate(request, texts, decoding, name, full_attention=full)
-    answer = await asyncio.to_thread(_answer, results, decoding.return_attention, full)
+        results = await service.translate(request, texts, decoding, name)
+    answer = await asyncio.to_thread(
+        _answer, results, decoding.return_attention, decoding.full_attention
+    )
     return Response(answer, media_type="application/json")
+
+
+def _translated(
+    translator: Translator, texts: list[str], decoding: Decoding
+) -> list[TranslationResult]:
+    """One model call of the batcher. An answer holds cross-attention only, so the encoder's
+    and the decoder's self-attention maps are never made; without ``full_attention`` only the
+    average of the last layer's heads is kept, and every layer's and head's maps, (L, H, T, S)
+    a text, are let go at once: ``--max-attention-values`` counts what an answer keeps."""
+    options = asdict(decoding)
+    del options["full_attention"]
+    options["return_attention"] = decoding.return_attention and ["cross"]
+    results = translator.translate(texts, **options)
+    if decoding.return_attention and not decoding.full_attention:
+        results = [replace(result, attention_maps=None) for result in results]
+    return results
 
 
 def _answer(results: list[TranslationResult], with_attention: bool, full: bool) -> bytes:
@@ -365,6 +371,7 @@ def _decoding(body: TranslateRequest, settings: ServerSettings) -> Decoding:
             n_best=_default(body.n_best, defaults.n_best),
             length_penalty=_default(body.length_penalty, defaults.length_penalty),
             return_attention=body.return_attention,
+            full_attention=body.return_attention and body.full_attention,
         )
     except ValueError as error:
         raise ApiError(422, str(error)) from None
@@ -490,7 +497,7 @@ def _info(service: Service) -> dict[str, Any]:
     """``GET /info``'s answer, computed once: the model, languages, defaults and limits."""
     translator, settings = service.translator, service.settings
     decoding = asdict(settings.decoding)
-    del decoding["return_attention"]
+    del decoding["return_attention"], decoding["full_attention"]
     limits: dict[str, Any] = {name: getattr(settings, name) for name in INTEGER_LIMITS}
     limits.update(
         max_body_values=settings.max_body_values,

@@ -168,13 +168,15 @@ class Translation(HypothesisJSON):
         :data:`ATTENTION_DECIMALS` places."""
         hypotheses = [HypothesisJSON.from_hypothesis(h) for h in result.hypotheses]
         fields: dict[str, Any] = {}
-        if with_attention and result.attention_maps is not None:
-            cross = result.attention_maps.cross.double()  # (L, H, T, S); float64 rounds exactly
-            extra = {"cross": _rounded(cross)} if full else {}
+        if with_attention and result.attention is not None:
+            maps = result.attention_maps
+            extra = {}
+            if full and maps is not None:  # (L, H, T, S); float64 rounds exactly
+                extra = {"cross": _rounded(maps.cross.double())}
             fields["attention"] = Attention(
                 src_tokens=result.src_tokens,
                 tgt_tokens=result.tgt_tokens,
-                mean=_rounded(cross[-1].mean(dim=0)),
+                mean=_rounded(result.attention.double()),
                 **extra,
             )
         best = hypotheses[0].model_dump()

@@ -42,6 +42,10 @@ class Decoding(DecodingOptions):
     equal decodings share model calls (the batcher groups by it)."""
 
     return_attention: bool = False
+    full_attention: bool = False
+    """With ``return_attention``: every layer's and head's maps kept, not only their average.
+    A field of its own so that calls that keep the average alone are batched apart and their
+    maps freed as soon as the average is taken."""
 
 
 @dataclass(frozen=True)
