@@ -12,18 +12,24 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from aiayn import Translator
+from aiayn.optim import build_optimizer
+from aiayn.text.corpus import ParallelDataset
 from aiayn.train import checkpoint as ckpt
-from aiayn.train import trainer
+from aiayn.train import trainer, update
+from aiayn.train.distributed import Distributed
 from aiayn.train.runlog import read_metrics
+from aiayn.train.update import cuda_computes_bf16, optimizer_update
 from train.test_trainer import (
     checkpoint_steps,
     cli_args,
@@ -33,6 +39,7 @@ from train.test_trainer import (
     weights,
     write_copy_corpus,
 )
+from train.test_update import WARMUP, every_src_key_mask, letter_dataset, tiny_model
 
 pytestmark = pytest.mark.cuda
 
@@ -42,6 +49,11 @@ GREEDY_AND_BEAM = ({"beam_size": 1, "max_len_b": 8}, {"beam_size": 4, "max_len_b
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return write_copy_corpus(tmp_path_factory.mktemp("cuda-corpus"), 48)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory: pytest.TempPathFactory) -> ParallelDataset:
+    return letter_dataset(tmp_path_factory.mktemp("cuda-letters"))
 
 
 def largest_difference(a: Path, b: Path) -> float:
@@ -104,6 +116,64 @@ def test_sigterm_and_resume_on_cuda_equal_an_uninterrupted_run(
     assert tokens_seen == [r["tokens_seen"] for r in read_metrics(tmp_path / "stopped")]
 
 
+def test_the_training_log_shows_the_gpus_peak_memory(
+    device: torch.device,
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every train record on a GPU holds the memory its tensors peaked at (CUDA's allocator
+    count, read at the record), and the log line says it; a CPU run has none."""
+    config = make_config(corpus, tmp_path / "run", device=str(device), max_steps=4, log_every=2)
+    with caplog.at_level(logging.INFO, logger="aiayn.train.trainer"):
+        trainer.train(config)
+    records = [r for r in read_metrics(tmp_path / "run") if r["type"] == "train"]
+    lines = [m for m in caplog.messages if m.startswith("step ") and "tok/s" in m]
+    assert [r["step"] for r in records] == [2, 4] and len(lines) == 2
+    if device.type != "cuda":
+        assert all("peak_memory_gib" not in r for r in records)
+        assert not any("GiB" in line for line in lines)
+        return
+    total = torch.cuda.get_device_properties(device).total_memory / 2**30
+    peaks = [r["peak_memory_gib"] for r in records]
+    assert all(0 < peak <= total for peak in peaks) and peaks == sorted(peaks)
+    for line, peak in zip(lines, peaks, strict=True):
+        assert line.endswith(f", peak {peak:.1f} GiB"), line
+
+
+def test_updates_on_a_gpu_make_no_host_sync(
+    device: torch.device, dataset: ParallelDataset, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`torch.cuda.set_sync_debug_mode("error")` over three updates, float32 and (where the
+    GPU computes it) bf16, with clipping: no copy to the host, no wait on the stream (the
+    batches' copies to the GPU are non-blocking; the loss sums stay on the GPU until a record
+    reads them). `Transformer.src_key_mask` is given the mask as under torch.compile: its check
+    whether a batch has padding is the one wait the attention still makes."""
+    if device.type != "cuda":
+        pytest.skip("a CUDA check (on a CPU: tests/train/test_update.py counts host reads)")
+    every_src_key_mask(monkeypatch)
+    precisions = [False, True] if cuda_computes_bf16(device) else [False]
+    for bf16 in precisions:
+        torch.manual_seed(0)
+        model = tiny_model().to(device)
+        optimizer, interval = build_optimizer(model), {"loss": 0.0, "nll": 0.0}
+        sums = update.IntervalLossSums()
+        torch.cuda.synchronize(device)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for step, start in enumerate((0, 16, 32), start=1):
+                stats = optimizer_update(
+                    model, optimizer, dataset, [np.arange(start, start + 16)], step=step,
+                    d_model=16, warmup_steps=WARMUP, lr_scale=1.0, label_smoothing=0.1,
+                    clip_norm=1.0, bf16=bf16, device=device, distributed=Distributed(),
+                )  # fmt: skip
+                sums.add(stats.sums, interval)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        sums.settle(interval)
+        assert interval["loss"] > interval["nll"] > 0, bf16
+
+
 # -- moving between a GPU and a CPU-only process ----------------------------------------------
 
 CPU_ONLY = """
@@ -114,6 +184,8 @@ assert not torch.cuda.is_available(), "CUDA_VISIBLE_DEVICES='' left a GPU visibl
 task, *args = sys.argv[1:]
 if task == "translate":
     from aiayn import Translator
+from aiayn.optim import build_optimizer
+from aiayn.text.corpus import ParallelDataset
 
     model_dir, lines, options = args[0], json.loads(args[1]), json.loads(args[2])
     translator = Translator(model_dir)

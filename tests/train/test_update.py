@@ -7,6 +7,7 @@ import contextlib
 import copy
 import random
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -42,8 +43,11 @@ class _LetterEncoder:
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory: pytest.TempPathFactory) -> ParallelDataset:
+    return letter_dataset(tmp_path_factory.mktemp("corpus"))
+
+
+def letter_dataset(directory: Path) -> ParallelDataset:
     """48 pairs of 3-6 random letters, the target a copy of the source."""
-    directory = tmp_path_factory.mktemp("corpus")
     rng = random.Random(0)
     lines = [" ".join(rng.choices(LETTERS, k=rng.randint(3, 6))) for _ in range(48)]
     src, tgt = directory / "train.src", directory / "train.tgt"
@@ -361,7 +365,7 @@ class _HostReads:
             monkeypatch.setattr(torch.Tensor, name, counted)
 
 
-def _every_src_key_mask(monkeypatch: pytest.MonkeyPatch) -> None:
+def every_src_key_mask(monkeypatch: pytest.MonkeyPatch) -> None:
     """`Transformer.src_key_mask` as under torch.compile: the mask, without asking the device
     whether it is all True (the one read left in the forward pass, the attention's)."""
     monkeypatch.setattr(Transformer, "src_key_mask", lambda self, src: src != self.config.pad_id)
@@ -377,7 +381,7 @@ def test_updates_read_nothing_back_from_the_device(
     model = tiny_model()
     optimizer, interval = build_optimizer(model), {"loss": 0.0, "nll": 0.0}
     sums = update.IntervalLossSums()
-    _every_src_key_mask(monkeypatch)
+    every_src_key_mask(monkeypatch)
     reads = _HostReads(monkeypatch)
     reads.counting = True
     for step, start in enumerate((0, 16, 32), start=1):
@@ -391,32 +395,4 @@ def test_updates_read_nothing_back_from_the_device(
     assert reads.calls == []
     sums.settle(interval)
     assert reads.calls == ["aiayn.train.update: tolist"]
-    assert interval["loss"] > interval["nll"] > 0
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_updates_on_a_gpu_make_no_host_sync(
-    dataset: ParallelDataset, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`torch.cuda.set_sync_debug_mode("error")` over three updates: no copy to the host, no
-    wait on the stream (the batch's copy to the GPU included: non-blocking)."""
-    device = torch.device("cuda")
-    torch.manual_seed(0)
-    model = tiny_model().to(device)
-    optimizer, interval = build_optimizer(model), {"loss": 0.0, "nll": 0.0}
-    sums = update.IntervalLossSums()
-    _every_src_key_mask(monkeypatch)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        for step, start in enumerate((0, 16, 32), start=1):
-            stats = optimizer_update(
-                model, optimizer, dataset, [np.arange(start, start + 16)], step=step,
-                d_model=16, warmup_steps=WARMUP, lr_scale=1.0, label_smoothing=0.1,
-                clip_norm=1.0, bf16=False, device=device, distributed=Distributed(),
-            )  # fmt: skip
-            sums.add(stats.sums, interval)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    sums.settle(interval)
     assert interval["loss"] > interval["nll"] > 0

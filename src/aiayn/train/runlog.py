@@ -44,9 +44,11 @@ class TrainRecord:
     tokens_per_s: float  # target tokens of every process, per second of this process
     tokens_seen: int  # target tokens of the whole run so far
     elapsed_s: float | None = None  # the run's wall time (aiayn.train.budget.RunClock)
+    peak_memory_gib: float | None = None  # the GPU memory this process's tensors peaked at
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form; `elapsed_s` only when measured (as in logs of earlier releases)."""
+        """The JSON form; `elapsed_s` and `peak_memory_gib` only when measured (as in logs of
+        earlier releases; the peak on a CUDA GPU)."""
         values = dataclasses.asdict(self)
         return {"type": self.type, **{k: v for k, v in values.items() if v is not None}}
 
@@ -265,15 +267,18 @@ class TrainingDisplay:
                 ppl=f"{record.ppl:.1f}",
                 lr=f"{record.lr:.2e}",
                 tok_s=f"{record.tokens_per_s:.0f}",
+                **({} if record.peak_memory_gib is None else {"gib": record.peak_memory_gib}),
             )
         elif log:
+            peak = record.peak_memory_gib
             self._logger.info(
-                "step %d: loss %.4f ppl %.2f lr %.3g %.0f tok/s",
+                "step %d: loss %.4f ppl %.2f lr %.3g %.0f tok/s%s",
                 record.step,
                 record.loss,
                 record.ppl,
                 record.lr,
                 record.tokens_per_s,
+                "" if peak is None else f", peak {peak:.1f} GiB",
             )
         self.restart()
 

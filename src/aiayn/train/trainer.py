@@ -166,6 +166,14 @@ def _target_tokens(data: ParallelDataset | None) -> int:
     return 0 if data is None else int(data.tgt_lengths.sum()) + len(data)
 
 
+def _peak_memory_gib(device: torch.device) -> float | None:
+    """The most memory the tensors of this process took on `device` so far, in GiB, as CUDA's
+    allocator counts it (it asks nothing of the GPU); None on other devices."""
+    if device.type != "cuda":
+        return None
+    return round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
+
+
 def _save_bytes(model: nn.Module, *, ema: bool) -> int:
     """About what a save writes: the float32 weights twice (checkpoint and model/), Adam's
     two moments, and with `ema` the average."""
@@ -439,6 +447,7 @@ class Trainer:
             tokens_per_s=self.display.tokens_per_s(),
             tokens_seen=progress.tokens_seen,
             elapsed_s=round(self.clock.elapsed(), 3),
+            peak_memory_gib=_peak_memory_gib(self.device),
         )
 
     def should_stop(self) -> Decision:
