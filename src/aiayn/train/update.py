@@ -79,7 +79,7 @@ class UpdateStats:
     """
 
     sums: Tensor  # (2,) float64 on the device: label-smoothed loss, NLL, over target tokens
-    tokens: int  # target tokens (counted on the host, from the batches)
+    tokens: int  # target tokens of every process (counted on the host, from the batches)
     lr: float  # the learning rate the update used (its schedule's)
 
     @property
@@ -186,5 +186,5 @@ def optimizer_update(
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     # Summed in float64, on the device: nothing here waits for it to finish the update.
-    sums = distributed.sum_on_device(torch.stack(sums_per_batch).double().sum(dim=0))
-    return UpdateStats(sums=sums, tokens=int(n_tokens), lr=lr)
+    update_sums = distributed.sum_on_device(torch.stack(sums_per_batch).double().sum(dim=0))
+    return UpdateStats(sums=update_sums, tokens=int(n_tokens), lr=lr)
