@@ -9,12 +9,15 @@ and the files beside its output.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -366,5 +369,64 @@ def test_a_writer_stopped_at_any_moment_leaves_nothing_running_or_behind(
     again = aiayn(*argv)
     assert again.wait(timeout=120) == 0, again.stderr.read() if again.stderr else ""
     assert parts_of(output.parent, output) == []
+    system = Path(tempfile.gettempdir())
+    assert [p.name for p in system.glob(f".*-{process.pid}")] == []
+
+
+# -- serve ------------------------------------------------------------------------------------
+
+
+def health(port: int) -> dict | None:
+    """``GET /health``'s answer, or None while nothing answers."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+            return json.loads(answer.read())
+    except (OSError, ValueError):  # not listening yet, or a 503 while it starts
+        return None
+
+
+@pytest.mark.parametrize("moment", ["loading", "serving"])
+@pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_serve_stopped_at_any_moment_leaves_nothing_running_or_behind(
+    signal_number: int, moment: str, model_dir: Path
+) -> None:
+    """``aiayn serve`` killed (SIGKILL), terminated (SIGTERM) or interrupted (Ctrl-C) while it
+    loads or while a costly request is being translated (a minute of work on this model): it
+    ends within seconds, leaving no process and no part in the system's temporary directory,
+    and a SIGTERM or Ctrl-C answers the waiting client 503 first."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    process = aiayn("serve", "-m", str(model_dir), "--port", str(port))
+    client = None
+    descendants: set[int] = set()
+    try:
+        if moment == "loading":
+            time.sleep(0.5)
+        else:
+            wait_for(lambda: health(port) or process.poll() is not None, 120, "the server")
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+            body = json.dumps({"texts": [" ".join(CORPUS)] * 30, "beam_size": 8}).encode()
+            client = socket.create_connection(("127.0.0.1", port), timeout=60)
+            client.sendall(
+                b"POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+            )
+            wait_for(lambda: (health(port) or {}).get("queued", 0) > 0, 30, "the request")
+        descendants = children(process.pid)
+        started = time.monotonic()
+        process.send_signal(signal_number)
+        process.wait(timeout=120)
+        assert time.monotonic() - started < 10, "it took long to end"
+        wait_for(lambda: not any(map(running, descendants)), 5, f"{descendants} to end")
+        if client is not None and signal_number != signal.SIGKILL:
+            assert client.recv(100).startswith(b"HTTP/1.1 503 Service Unavailable\r\n")
+    finally:
+        if client is not None:
+            client.close()
+        if process.poll() is None:
+            kill(process)
+        for pid in filter(running, descendants):
+            os.kill(pid, signal.SIGKILL)
     system = Path(tempfile.gettempdir())
     assert [p.name for p in system.glob(f".*-{process.pid}")] == []

@@ -541,6 +541,24 @@ def _info(service: Service) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
+SHUTDOWN_GRACE_S = 5
+"""How long a shutdown waits for the answers being sent once the batcher is closed
+(:class:`_Server`); a request still running after it is cancelled."""
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, whose shutdown (SIGTERM, Ctrl-C) first closes the batcher: the model
+    call under way finishes and the requests waiting for the model are answered 503 "the server
+    is shutting down" at once. uvicorn alone lets every request in flight finish first, which
+    a queue of costly ones makes minutes."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        service = getattr(self.config.app.state, "service", None)  # None: not create_app's
+        if service is not None:
+            await asyncio.to_thread(service.batcher.close)
+        await super().shutdown(sockets)
+
+
 def serve(
     translator: Translator,
     settings: ServerSettings | None = None,
@@ -562,7 +580,7 @@ def serve(
     app = create_app(translator, settings)
     config = uvicorn_config(app, settings, log_level=log_level, log_config=LOGGING_CONFIG)
     config.host, config.port = host, port
-    uvicorn.Server(config).run()
+    _Server(config).run()
 
 
 def uvicorn_config(
@@ -590,6 +608,7 @@ def uvicorn_config(
         http=guarded_protocol(settings.timeout_head_s, max_connections),
         timeout_keep_alive=settings.timeout_keep_alive_s,  # type: ignore[arg-type]  # a float works
         limit_concurrency=max_connections,
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
     )
 
 
@@ -611,7 +630,7 @@ def serve_in_background(
     bound_host, bound_port = sock.getsockname()[:2]
     log_config = None if log_level is None else LOGGING_CONFIG
     config = uvicorn_config(app, app.state.settings, log_level=log_level, log_config=log_config)
-    server = uvicorn.Server(config)
+    server = _Server(config)
     thread = threading.Thread(
         target=server.run, kwargs={"sockets": [sock]}, name="aiayn-server", daemon=True
     )
