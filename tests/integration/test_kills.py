@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -140,6 +141,9 @@ def dead_pid() -> int:
     process = subprocess.Popen(["true"])
     process.wait()
     return process.pid
+
+
+PART = re.compile(r"\..+\.(tmp|old)-\d+")
 
 
 def dot_files(directory: Path) -> list[str]:
@@ -306,9 +310,12 @@ def writers(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     return commands
 
 
-def parts_of(*directories: Path) -> list[str]:
-    """The parts (``.NAME.tmp-PID``, ``.NAME.old-PID``) in ``directories``."""
-    return [name for d in directories if d.is_dir() for name in dot_files(d) if "-" in name]
+def parts_under(directory: Path) -> list[str]:
+    """The parts (``.NAME.tmp-PID``, ``.NAME.old-PID``) in ``directory`` and below it."""
+    found = []
+    for root, directories, files in os.walk(directory):
+        found += [f"{root}/{name}" for name in directories + files if PART.fullmatch(name)]
+    return found
 
 
 def signal_at(
@@ -323,7 +330,7 @@ def signal_at(
         process.send_signal(signal_number)
         return descendants
     deadline = time.monotonic() + 120
-    while not parts_of(where, *(d for d in where.iterdir() if d.is_dir())):
+    while not parts_under(where):
         assert process.poll() is None, "it ended before a part was seen: give it more to write"
         assert time.monotonic() < deadline, "no part appeared"
         time.sleep(0.001)
@@ -368,7 +375,7 @@ def test_a_writer_stopped_at_any_moment_leaves_nothing_running_or_behind(
             os.kill(pid, signal.SIGKILL)
     again = aiayn(*argv)
     assert again.wait(timeout=120) == 0, again.stderr.read() if again.stderr else ""
-    assert parts_of(output.parent, output) == []
+    assert parts_under(output.parent) == []
     system = Path(tempfile.gettempdir())
     assert [p.name for p in system.glob(f".*-{process.pid}")] == []
 
@@ -428,5 +435,44 @@ def test_serve_stopped_at_any_moment_leaves_nothing_running_or_behind(
             kill(process)
         for pid in filter(running, descendants):
             os.kill(pid, signal.SIGKILL)
+    system = Path(tempfile.gettempdir())
+    assert [p.name for p in system.glob(f".*-{process.pid}")] == []
+
+
+# -- train ------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("moment", ["loading", "writing"])
+@pytest.mark.parametrize("signal_number", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT])
+def test_train_stopped_while_it_sets_up_leaves_nothing_running_or_behind(
+    signal_number: int, moment: str, tmp_path: Path
+) -> None:
+    """``aiayn train`` killed, terminated or interrupted while it loads or while it writes its
+    tokenizer and binarised data: no process of its is left, and the same command run again
+    trains and leaves no part in the run directory or the system's temporary directory.
+    (Stopped while it trains: ``test_sigkill_then_resume_is_exact`` and
+    ``test_sigterm_saves_exits_143_and_resumes_exactly`` in test_train_e2e.py.)"""
+    for side in ("en", "de"):
+        (tmp_path / f"train.{side}").write_text("\n".join(CORPUS * 3000) + "\n")
+    run = tmp_path / "run"
+    argv = ["train", "--src", str(tmp_path / "train.en"), "--tgt", str(tmp_path / "train.de")]
+    argv += ["--out-dir", str(run), "--preset", "tiny", "--vocab-size", "400"]
+    argv += ["--max-steps", "2", "--no-progress"]
+    run.mkdir()  # where parts appear
+    process = aiayn(*argv)
+    descendants: set[int] = set()
+    try:
+        descendants = signal_at(process, signal_number, moment, run)
+        process.wait(timeout=60)
+        wait_for(lambda: not any(map(running, descendants)), 5, f"{descendants} to end")
+    finally:
+        if process.poll() is None:
+            kill(process)
+        for pid in filter(running, descendants):
+            os.kill(pid, signal.SIGKILL)
+    again = aiayn(*argv)
+    assert again.wait(timeout=300) == 0, again.stderr.read() if again.stderr else ""
+    assert parts_under(run) == []
     system = Path(tempfile.gettempdir())
     assert [p.name for p in system.glob(f".*-{process.pid}")] == []
