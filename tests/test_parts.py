@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from aiayn.model_dir import save_model_dir
-from aiayn.parts import dead_parts, part, remove_dead
+from aiayn.parts import dead_parts, part, remove_dead, swap_in
 from aiayn.text.corpus import load_or_build
 from aiayn.text.lines import output_lines
 from aiayn.text.tokenizer import Tokenizer
@@ -154,3 +154,39 @@ def test_a_scratch_directory_is_removed_after_its_block_and_after_a_killed_one(
         assert directory.is_dir() and not left.exists()
         (directory / "model").mkdir()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_swap_in_replaces_a_directory_and_leaves_no_part(tmp_path: Path) -> None:
+    target = tmp_path / "model"
+    target.mkdir()
+    (target / "weights").write_text("old")
+    new = part(target)
+    new.mkdir()
+    (new / "weights").write_text("new")
+    swap_in(new, target)
+    assert (target / "weights").read_text() == "new"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model"]
+    fresh = tmp_path / "fresh"
+    part(fresh).mkdir()
+    swap_in(part(fresh), fresh)
+    assert fresh.is_dir() and not part(fresh).exists()
+
+
+@pytest.mark.parametrize("swap", ["parts.swap_in", "write_replacing"])
+def test_a_writer_that_leaves_nothing_to_swap_in_keeps_the_earlier_output(
+    tmp_path: Path, swap: str
+) -> None:
+    """The second rename fails (no part was written): the earlier output, already moved aside,
+    is put back rather than lost."""
+    from aiayn.cli.output_dir import write_replacing
+
+    target = tmp_path / "export"
+    target.mkdir()
+    (target / "model.bin").write_text("earlier")
+    with pytest.raises(FileNotFoundError):
+        if swap == "write_replacing":
+            write_replacing(target, lambda tmp: None)
+        else:
+            swap_in(part(target), target)
+    assert (target / "model.bin").read_text() == "earlier"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]

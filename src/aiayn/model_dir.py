@@ -140,8 +140,7 @@ def save_model_dir(
             f"{os.strerror(code)} writing {tmp}: the {what} needs about {_size(needed)}, "
             f"{_size(free)} free; partial {what} removed"
         ) from None
-    _replace_dir(tmp, directory)
-    parts.remove_dead(directory)  # a moved-aside copy a kill left, now that `directory` is back
+    parts.swap_in(tmp, directory)
     return directory
 
 
@@ -555,15 +554,3 @@ def _fsync_dir(directory: Path) -> None:
     for path in directory.iterdir():
         with open(path, "rb") as f:
             os.fsync(f.fileno())
-
-
-def _replace_dir(new: Path, target: Path) -> None:
-    """Move `new` to `target`; an existing `target` is moved aside first, then deleted."""
-    old = None
-    if target.exists():
-        old = parts.part(target, "old")
-        shutil.rmtree(old, ignore_errors=True)
-        os.replace(target, old)
-    os.replace(new, target)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

@@ -30,7 +30,15 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["dead_parts", "part", "remove", "remove_dead", "scratch", "system_scratch"]
+__all__ = [
+    "dead_parts",
+    "part",
+    "remove",
+    "remove_dead",
+    "scratch",
+    "swap_in",
+    "system_scratch",
+]
 
 _PART = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)")
 
@@ -73,6 +81,31 @@ def remove_dead(target: Path) -> None:
     for path, name in dead_parts(target.parent):
         if name == target.name and not (_kind(path) == "old" and not target.exists()):
             remove(path)
+
+
+def swap_in(new: Path, target: Path) -> None:
+    """Put ``new``, a finished part of ``target``, in ``target``'s place: an existing
+    ``target`` is first moved aside as this process's ``.old`` part and removed once ``new`` is
+    there; then the parts ended writers left are removed (`remove_dead`). The one swap of every
+    writer that replaces a directory (a model directory, an export). A kill between the two
+    renames leaves the ``.old`` part as the only copy (see the module docstring); where the
+    second rename fails, the moved-aside ``target`` is put back."""
+    target = Path(target)
+    old = part(target, "old")
+    moved = target.exists()
+    if moved:
+        remove(old)
+        os.replace(target, old)
+    try:
+        os.replace(new, target)
+    except BaseException:
+        if moved:
+            with contextlib.suppress(OSError):
+                os.replace(old, target)
+        raise
+    if moved:
+        remove(old)
+    remove_dead(target)
 
 
 @contextlib.contextmanager

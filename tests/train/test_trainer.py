@@ -889,7 +889,7 @@ _OUT: dict[str, Any] = dict(capture_output=True, text=True, check=True)
 
 
 def _kill_while_replacing_model(run: Path, pid: int) -> None:
-    """The state a kill between `_replace_dir`'s two renames leaves: no `model/`, the old one
+    """The state a kill between `parts.swap_in`'s two renames leaves: no `model/`, the old one
     moved aside and the new one complete under its temporary name."""
     old = run / f".model.old-{pid}"
     shutil.copytree(run / "checkpoints" / "step_00000001", old)

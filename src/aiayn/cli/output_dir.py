@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiayn.parts import part, remove, remove_dead
+from aiayn.parts import part, remove, remove_dead, swap_in
 
 
 @dataclass(frozen=True)
@@ -157,14 +157,10 @@ def write_replacing(output: Path, write: Callable[[Path], object]) -> None:
     symbolic link is written through: its target is replaced and the link stays."""
     output = Path(os.path.realpath(output))
     output.parent.mkdir(parents=True, exist_ok=True)
-    tmp, old = part(output), part(output, "old")
+    tmp = part(output)
     remove_dead(output)  # what killed writers of it left (this process's too)
     try:
         write(tmp)
-        if output.exists():
-            output.rename(old)
-        tmp.rename(output)
+        swap_in(tmp, output)  # the model directory's swap too (aiayn.model_dir.save_model_dir)
     finally:
         remove(tmp)
-        remove(old)
-    remove_dead(output)  # a moved-aside copy a kill left, now that `output` is back
