@@ -269,9 +269,10 @@ def test_a_decoding_command_stopped_at_any_moment_leaves_nothing_running_or_behi
 
 @pytest.fixture(scope="module")
 def writers(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
-    """Each writer's command but its output: ``average`` of two checkpoints, ``export`` to
-    CTranslate2 (where installed), ``import`` of an ``export --to hf``, and ``prepare`` of a
-    local copy of a 200,000-pair dataset in the Hub's format."""
+    """Each writer's command but its output: ``average`` of two checkpoints and ``export`` of
+    one to CTranslate2 (where installed), models wider than tiny so that writing them takes a
+    while; ``import`` of an ``export --to hf``; ``prepare`` of a local copy of a 200,000-pair
+    dataset in the Hub's format."""
     from aiayn.cli import main
     from aiayn.model_dir import save_model_dir, tokenizer_file_of
     from aiayn.text.tokenizer import Tokenizer
@@ -289,7 +290,8 @@ def writers(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
         )
     commands = {"average": ["average", str(run), "-n", "2"]}
     if importlib.util.find_spec("ctranslate2") is not None:
-        commands["export"] = ["export", str(model_dir), "--to", "ctranslate2"]
+        commands["export"] = ["export", str(run / "checkpoints" / "step_00000002")]
+        commands["export"] += ["--to", "ctranslate2"]
     if importlib.util.find_spec("transformers") is not None:
         assert main(["export", str(model_dir), "--to", "hf", "-o", str(inputs / "hf")]) == 0
         commands["import"] = ["import", str(inputs / "hf")]
