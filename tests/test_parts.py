@@ -46,11 +46,27 @@ def test_a_dead_writers_parts_go_and_a_live_ones_stay(tmp_path: Path) -> None:
     dead, live = dead_pid(), os.getppid()
     gone = [leave(target, "tmp", dead), leave(target, "old", dead, directory=True)]
     kept = [leave(target, "tmp", live), leave(tmp_path / "other", "tmp", dead)]
-    mine = leave(target, "tmp", os.getpid())  # an earlier process's, under a reused PID
+    mine = leave(target, "tmp", os.getpid())  # an earlier process's, under a reused PID:
+    os.utime(mine, (0, 0))  # last changed before this process started
     assert part(target) == mine
     assert {p for p, _ in dead_parts(tmp_path)} == {*gone, mine, kept[1]}
     remove_dead(target)
     assert sorted(tmp_path.iterdir()) == sorted([target, *kept])
+
+
+def test_a_part_this_process_is_writing_stays(tmp_path: Path) -> None:
+    """Another thread's part of another NAME in progress (two threads filling one cache),
+    made under this process's PID since it started, is a running writer's: not among the dead
+    parts (which a cache's eviction removes), until it is older than the process (an earlier
+    process's under a reused PID). A writer of NAME removes its own earlier part of NAME."""
+    target = tmp_path / "out"
+    mine = leave(target, "tmp", os.getpid())
+    assert dead_parts(tmp_path) == []
+    os.utime(mine, (0, 0))
+    assert dead_parts(tmp_path) == [(mine, "out")]
+    os.utime(mine)
+    remove_dead(target)
+    assert not mine.exists()
 
 
 def test_a_moved_aside_copy_stays_while_its_target_is_missing(tmp_path: Path) -> None:

@@ -12,8 +12,10 @@ NAME is written again (:func:`aiayn.model_dir.resolve_model_dir` reads it meanwh
 :func:`aiayn.train.rundir.remove_debris` puts it back). A scratch directory (:func:`scratch`:
 a temporary export in ``/tmp``) is a part of a NAME that is never written.
 
-This process's own PID counts as ended (a process restarted in a container often gets the PID
-of the one killed before it), so a process writes one NAME at a time. A part whose process is
+A part under this process's own PID is an ended writer's if it was last changed before this
+process imported this module (a process restarted in a container often gets the PID of the one
+killed before it), else this process's own, in use (another thread's: a cache filled by two
+threads at once); a process writes one NAME at a time. A part whose process is
 running is kept, even where that process is not aiayn's (its PID was reused): a later writer
 removes it once that process has ended. A PID is this machine's, so two machines writing the
 same NAME at once over a shared file system may each take the other's part for a dead one; the
@@ -27,6 +29,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,6 +44,9 @@ __all__ = [
 ]
 
 _PART = re.compile(r"\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)")
+_STARTED = time.time()
+"""When this process imported the module: every part it makes is changed after this, and
+what an earlier process under the same PID left, before."""
 
 
 def part(target: Path, kind: str = "tmp") -> Path:
@@ -51,18 +57,19 @@ def part(target: Path, kind: str = "tmp") -> Path:
 
 
 def dead_parts(parent: Path) -> list[tuple[Path, str]]:
-    """The parts in ``parent`` whose writer has ended (or is this process, which looks before
-    it writes), each with the name of its target, sorted."""
+    """The parts in ``parent`` whose writer has ended, each with the name of its target,
+    sorted."""
+    return [(path, name) for path, name, pid in _parts(parent) if not _running(pid, path)]
+
+
+def _parts(parent: Path) -> list[tuple[Path, str, int]]:
+    """The parts in ``parent``, each with the name of its target and its writer's PID."""
     try:
         entries = sorted(parent.iterdir())
     except OSError:  # no such directory, or not ours to read: nothing of ours in it
         return []
-    found = []
-    for path in entries:
-        match = _PART.fullmatch(path.name)
-        if match and not _running(int(match["pid"])):
-            found.append((path, _target(match["name"])))
-    return found
+    matches = ((path, _PART.fullmatch(path.name)) for path in entries)
+    return [(path, _target(m["name"]), int(m["pid"])) for path, m in matches if m]
 
 
 def _target(name: str) -> str:
@@ -75,11 +82,13 @@ def _target(name: str) -> str:
 
 
 def remove_dead(target: Path) -> None:
-    """Remove the parts of ``target`` that ended writers left, but a moved-aside ``.old`` one
+    """Remove the parts of ``target`` that ended writers left, and this process's own (it
+    writes one NAME at a time, and is about to write this one), but a moved-aside ``.old`` one
     while ``target`` is missing (see the module docstring)."""
     target = Path(target)
-    for path, name in dead_parts(target.parent):
-        if name == target.name and not (_kind(path) == "old" and not target.exists()):
+    for path, name, pid in _parts(target.parent):
+        ended = pid == os.getpid() or not _running(pid, path)
+        if name == target.name and ended and not (_kind(path) == "old" and not target.exists()):
             remove(path)
 
 
@@ -142,10 +151,15 @@ def _kind(path: Path) -> str:
     return match["kind"] if match else ""
 
 
-def _running(pid: int) -> bool:
-    """Whether another process than this one has the PID ``pid``."""
+def _running(pid: int, path: Path) -> bool:
+    """Whether the process ``pid`` that made the part ``path`` is running: another process
+    with that PID, or this one if it changed ``path`` since it started (see the module
+    docstring)."""
     if pid == os.getpid():
-        return False
+        try:
+            return path.lstat().st_mtime >= _STARTED
+        except OSError:  # gone meanwhile
+            return False
     try:
         os.kill(pid, 0)  # signal 0: only asks whether the process exists
     except (ProcessLookupError, OverflowError):  # none, or no PID at all
