@@ -497,7 +497,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.profile:
         return print(profile_translation(args.model, args.src, args.beam))
     load = runner.check_idle(args.busy_ok)
-    work = Path(tempfile.mkdtemp(prefix="bench-translate-"))
+    with tempfile.TemporaryDirectory(prefix="bench-translate-") as work:
+        measure(args, Path(work), load)
+
+
+def measure(args: argparse.Namespace, work: Path, load: float | None) -> None:
+    """Every system in ``args.rounds`` interleaved rounds, in the folder ``work``; the record
+    written."""
     # --backend ctranslate2 on a model directory converts it once, into this cache
     env = {
         **as_installed(runner.with_src_on_path(os.environ), work / "pycache"),

@@ -540,9 +540,8 @@ def test_ctrl_c_that_a_library_loses_still_ends_the_command(
         went_on.append(True)
 
     load_raising(monkeypatch, _loses_ctrl_c(work))
-    started = time.monotonic()
     assert main(translate_argv) == 130
-    assert time.monotonic() - started < 4 and not went_on
+    assert not went_on  # stopped before its 5 s of work ended
     assert capsys.readouterr().err.endswith("interrupted\n")
 
 

@@ -160,19 +160,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _setup_logging(args.verbose)
-    with _CtrlC() as ctrl_c:
-        try:
-            return args.run(args)
-        except KeyboardInterrupt:
-            ctrl_c.handled.set()
-            print("interrupted", file=sys.stderr)
-            return 130
-        except Exception as error:
-            if not ctrl_c.pressed.is_set():
-                return _report(error, args)
-            ctrl_c.handled.set()  # an error of what Ctrl-C stopped half-way (an import)
-            print("interrupted", file=sys.stderr)
-            return 130
+    ctrl_c = _CtrlC()
+    try:
+        with ctrl_c:
+            try:
+                return args.run(args)
+            except KeyboardInterrupt:
+                return ctrl_c.interrupted()
+            except Exception as error:
+                if not ctrl_c.pressed.is_set():
+                    return _report(error, args)
+                return ctrl_c.interrupted()  # an error of what Ctrl-C stopped half-way (an import)
+    except KeyboardInterrupt:  # repeated before the first was handled
+        return ctrl_c.interrupted()
 
 
 class _CtrlC:
@@ -185,6 +185,7 @@ class _CtrlC:
     def __init__(self) -> None:
         self.pressed, self.handled = threading.Event(), threading.Event()
         self._previous: Any = None
+        self._said = False
 
     def __enter__(self) -> _CtrlC:
         main_thread = threading.current_thread() is threading.main_thread()
@@ -199,6 +200,14 @@ class _CtrlC:
             self.pressed.set()
             threading.Thread(target=self._again, name="aiayn-ctrl-c", daemon=True).start()
         raise KeyboardInterrupt
+
+    def interrupted(self) -> int:
+        """Ctrl-C has ended the command: no more repeats, one "interrupted" line, 130."""
+        self.handled.set()
+        if not self._said:
+            self._said = True
+            print("interrupted", file=sys.stderr)
+        return 130
 
     def _again(self) -> None:
         while not self.handled.wait(1.0):

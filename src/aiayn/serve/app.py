@@ -542,8 +542,9 @@ def _info(service: Service) -> dict[str, Any]:
 
 
 SHUTDOWN_GRACE_S = 5
-"""How long a shutdown waits for the answers being sent once the batcher is closed
-(:class:`_Server`); a request still running after it is cancelled."""
+"""How long a shutdown waits for the model call under way, then for the answers being sent
+(:class:`_Server`): a shutdown takes at most twice this; what still runs after it is
+cancelled."""
 
 
 class _Server(uvicorn.Server):
@@ -555,7 +556,8 @@ class _Server(uvicorn.Server):
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         service = getattr(self.config.app.state, "service", None)  # None: not create_app's
         if service is not None:
-            await asyncio.to_thread(service.batcher.close)
+            # the model call under way gets the grace too, not the batcher's own 30 s
+            await asyncio.to_thread(service.batcher.close, SHUTDOWN_GRACE_S)
         await super().shutdown(sockets)
 
 

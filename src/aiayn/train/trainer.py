@@ -153,7 +153,9 @@ def _run_rng_and_device(device: torch.device) -> Iterator[None]:
     generators, so set-up seeds them (`seed`) and a resume restores them from the checkpoint;
     the run's kernels and collectives (NCCL's barrier) use CUDA's current device. A program
     that calls `train` finds its RNG (the CPU's, and the run's GPU's) and current GPU as they
-    were (tests/test_runtime.py).
+    were (tests/test_runtime.py). Not the generators of a machine's other GPUs, which
+    set-up's `torch.manual_seed` (and a resume's restore) set too: forking them would start
+    CUDA on every GPU of the machine, for a run on one GPU or on the CPU.
     """
     on_cuda = device.type == "cuda"
     current = torch.cuda.device(device) if on_cuda else contextlib.nullcontext()
