@@ -308,11 +308,11 @@ class TrainConfig:
         max_len: Longest sentence kept, in subword tokens (longer pairs are filtered out).
         max_ratio: Drop pairs whose length ratio exceeds this (0 = no ratio filter).
         max_tokens: Token budget of one batch on one device, per side, padding included (§5.1).
-            On a CUDA GPU, 12500 unless set (`CUDA_BATCHES`).
+            `aiayn train` on a CUDA GPU: 12500 unless set (`CUDA_BATCHES`).
         accumulate: Batches accumulated per update (per device).
         tokens_per_update: If > 0, sets `accumulate` so an update holds about this many target
-            tokens across devices (the paper: ~25000). On a CUDA GPU, 25000 unless it or
-            `accumulate` is set (`CUDA_BATCHES`).
+            tokens across devices (the paper: ~25000). `aiayn train` on a CUDA GPU: 25000
+            unless it or `accumulate` is set (`CUDA_BATCHES`).
         max_steps: Number of optimizer updates (§5.2: 100k for base). With `time_budget`,
             whichever comes first ends the run.
         max_epochs: Stop after this many epochs as well (0 = no limit).

@@ -287,7 +287,7 @@ class Translator:
         sentences: Sequence[str],
         options: DecodingOptions | None = None,
         *,
-        return_attention: bool = False,
+        return_attention: bool | Sequence[str] = False,
         seed: int | None = None,
         progress: Callable[[int], None] | None = None,
         **overrides: Any,
@@ -313,7 +313,8 @@ class Translator:
             options: How to decode; beam_size 1 selects greedy search, ``sampling`` sampling
                 (then ``n_best`` independent samples per sentence, sorted by log-probability).
             return_attention: Fill ``attention`` and ``attention_maps`` (one extra
-                teacher-forced pass per batch).
+                teacher-forced pass per batch): True for every kind of map, or the kinds
+                to make ("encoder", "decoder", "cross"; the others are None).
             seed: Seed of the sampling generator, for reproducible samples (given the same
                 inputs and ``max_tokens``); None uses PyTorch's global generator.
             progress: Called with the number of sentences just finished, after each batch

@@ -53,8 +53,9 @@ class ServerSettings:
     """How the server decodes by default, how it batches, and what it refuses.
 
     ``docs/serving.md`` says what each limit protects. Costs are in the unit of
-    :meth:`Translator.cost` with the output-length limit: source tokens × beam size × most
-    output tokens, both with EOS, a bound on a search's work whatever the model prefers.
+    :meth:`aiayn.decode.costs.DecodingCosts.cost` with the output-length limit: source tokens ×
+    beam size × most output tokens, both with EOS, a bound on a search's work whatever the
+    model prefers.
 
     Attributes:
         decoding: Defaults; a request may change beam_size, n_best, length_penalty and
