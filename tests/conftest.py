@@ -4,6 +4,7 @@ tests, a factory for tiny, CPU-fast models and a tokenizer file to save with the
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # Test models are tiny: one intra-op thread is fastest for them, and it keeps a loaded
     # 2-core CI machine from oversubscribing (OpenMP spin-waits made the suite ~4x slower).
     torch.set_num_threads(1)
+    # A test run started in the background by a non-interactive shell (`bash .ci/run &`)
+    # inherits SIGINT ignored, and so would every command the tests start: Python then raises
+    # no KeyboardInterrupt, and the tests of Ctrl-C would see none. Ctrl-C as at a terminal.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
