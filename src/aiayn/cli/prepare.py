@@ -39,6 +39,13 @@ def add(sub: argparse._SubParsersAction) -> None:
         default=str(DEFAULT_SWORD_DIR),
         help=f"where the SWORD modules are installed (default {DEFAULT_SWORD_DIR})",
     )
+    bible.add_argument(
+        "--test-books",
+        default="",
+        metavar="BOOK,...",
+        help="hold these books out of training as a test split, test.{en,es,ref}: OSIS or "
+        "English names, e.g. Job,Prov (default: no test split)",
+    )
     for q in (wmt, iwslt, hf):
         q.add_argument(
             "--data-dir",
@@ -65,7 +72,12 @@ def _run_prepare(args: argparse.Namespace) -> int:
     if args.what == "bible-en-es":
         from aiayn.text.prepare.bible import prepare_bible
 
-        manifest = prepare_bible(args.out_dir, sword_dir=Path(args.sword_dir), **options)
+        manifest = prepare_bible(
+            args.out_dir,
+            sword_dir=Path(args.sword_dir),
+            test_books=args.test_books.split(","),
+            **options,
+        )
     else:
         from aiayn.text.prepare.hf import RECIPES, HubSource, Recipe, prepare_hub
 

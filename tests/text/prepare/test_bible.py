@@ -6,6 +6,7 @@ where they are installed (``make bible-deps``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from collections import Counter
@@ -15,7 +16,7 @@ import pytest
 
 from aiayn.text.corpus import read_parallel
 from aiayn.text.prepare import MANIFEST_FILE, bible, clean_text
-from aiayn.text.prepare.bible import align, fix_drop_caps, strip_osis
+from aiayn.text.prepare.bible import align, book_names, fix_drop_caps, strip_osis
 
 from . import read_lines, run
 
@@ -95,6 +96,42 @@ def test_align_by_reference_and_split_by_book() -> None:
     assert missing == {"train": Counter(only_en=1, only_es=1), "valid": Counter()}
 
 
+def test_align_holds_test_books_out_of_train() -> None:
+    en = {"Gen.1.1": "a", "Job.1.1": "b", "Job.1.2": "only en", "Mark.1.1": "c"}
+    es = {"Gen.1.1": "A", "Job.1.1": "B", "Mark.1.1": "C"}
+    splits, missing = align(en, es, test_books=("Job",))
+    assert splits == {
+        "train": [("a", "A", "Gen.1.1")],
+        "valid": [("c", "C", "Mark.1.1")],
+        "test": [("b", "B", "Job.1.1")],
+    }
+    assert missing == {"train": Counter(), "valid": Counter(), "test": Counter(only_en=1)}
+
+
+def test_book_names_take_osis_or_english_names_in_any_case() -> None:
+    assert book_names(["proverbs", " Job ", "", "PS", "Prov"]) == ("Job", "Ps", "Prov")
+    assert book_names(["1 peter", "Song of Songs", "rev"]) == ("Song", "1Pet", "Rev")
+    assert book_names([]) == ()
+    assert len(bible.BOOKS) == 66 and set(bible.DEV_BOOKS) <= set(bible.BOOKS)
+
+
+@pytest.mark.parametrize(
+    ("books", "message"),
+    [
+        ("Job,Proverb", "unknown Bible book 'Proverb'; the books: Gen (Genesis), Exod (Exodus), "),
+        ("Tob", "unknown Bible book 'Tob'"),  # the WEB has it; the Spanish module does not
+        ("Job,mark,Ruth", "Ruth, Mark: a validation book cannot be a test book too"),
+    ],
+)
+def test_bad_test_books_are_refused_in_one_line_before_anything_is_read(
+    tmp_path: Path, books: str, message: str, capsys
+) -> None:
+    assert run("bible-en-es", tmp_path / "out", "--test-books", books) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and message in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_missing_modules_say_how_to_install(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
@@ -122,21 +159,39 @@ SWORD_CONF = bible.DEFAULT_SWORD_DIR / "mods.d"
 MODULES_INSTALLED = all((SWORD_CONF / f"{m.name}.conf").is_file() for m in bible.MODULES.values())
 
 
-@pytest.mark.skipif(
+needs_modules = pytest.mark.skipif(
     not MODULES_INSTALLED,
     reason=f"SWORD modules not installed in {SWORD_CONF} (make bible-deps, or: "
     f"{bible.INSTALL_COMMAND})",
 )
-def test_bible_corpus_from_the_installed_modules(tmp_path: Path) -> None:
+FILES = [f"{split}.{kind}" for split in ("train", "valid") for kind in ("en", "es", "ref")]
+# sha256 of FILES, one after the other, as Debian bookworm's modules give them without
+# --test-books: a change to what every user gets must be made on purpose.
+BOOKWORM_SHA256 = "24a4dda2c69efc3ffb9f1e0b42fdeadaa10d3ef6e8901255ad03203706adb8ea"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The corpus `aiayn prepare bible-en-es` builds with its defaults, made once."""
     pytest.importorskip("pysword", reason="pysword is not installed")
-    assert run("bible-en-es", tmp_path) == 0
-    manifest = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    out = tmp_path_factory.mktemp("bible")
+    assert run("bible-en-es", out) == 0
+    return out
+
+
+@needs_modules
+def test_bible_corpus_from_the_installed_modules(corpus: Path) -> None:
+    manifest = json.loads((corpus / MANIFEST_FILE).read_text())
+    assert list(manifest["splits"]) == ["train", "valid"]  # no test split unless asked
+    assert not list(corpus.glob("test.*"))
+    origin = manifest["splits"]["train"]["origin"]
+    assert origin == "every book in both modules except Ruth, Jonah, Mark"
     lines = {}
     for split in ("train", "valid"):
-        en, es = read_lines(tmp_path / f"{split}.en"), read_lines(tmp_path / f"{split}.es")
-        refs = read_lines(tmp_path / f"{split}.ref")
+        en, es = read_lines(corpus / f"{split}.en"), read_lines(corpus / f"{split}.es")
+        refs = read_lines(corpus / f"{split}.ref")
         assert len(en) == len(es) == len(refs) == manifest["splits"][split]["pairs"]
-        assert list(read_parallel(tmp_path / f"{split}.en", tmp_path / f"{split}.es"))
+        assert list(read_parallel(corpus / f"{split}.en", corpus / f"{split}.es"))
         books = {ref.split(".")[0] for ref in refs}
         is_dev = {book in bible.DEV_BOOKS for book in books}
         assert is_dev == {split == "valid"}
@@ -158,3 +213,32 @@ def test_bible_corpus_from_the_installed_modules(tmp_path: Path) -> None:
     if (modules["en"]["version"], modules["es"]["version"]) == ("426.0", "2.60"):  # bookworm
         assert manifest["splits"]["train"]["pairs"] == 30267
         assert manifest["splits"]["valid"]["pairs"] == 810
+        digest = hashlib.sha256(b"".join((corpus / f).read_bytes() for f in FILES))
+        assert digest.hexdigest() == BOOKWORM_SHA256
+    assert {ref.split(".")[0] for ref in lines} == set(bible.BOOKS)  # what --test-books takes
+
+
+@needs_modules
+def test_test_books_are_held_out_of_train(corpus: Path, tmp_path: Path) -> None:
+    assert run("bible-en-es", tmp_path, "--test-books", "Job,Proverbs") == 0
+    manifest = json.loads((tmp_path / MANIFEST_FILE).read_text())
+    assert list(manifest["splits"]) == ["train", "valid", "test"]
+    assert manifest["splits"]["test"]["origin"] == "books Job, Prov"
+    assert manifest["splits"]["train"]["origin"].endswith("except Ruth, Jonah, Mark, Job, Prov")
+
+    def pairs(folder: Path, split: str) -> list[tuple[str, str, str]]:
+        sides = (read_lines(folder / f"{split}.{kind}") for kind in ("ref", "en", "es"))
+        return list(zip(*sides, strict=True))
+
+    assert pairs(tmp_path, "valid") == pairs(corpus, "valid")
+    everything = pairs(corpus, "train")
+    is_test = [ref.split(".")[0] in ("Job", "Prov") for ref, *_ in everything]
+    held_out = [p for p, test in zip(everything, is_test, strict=True) if test]
+    assert pairs(tmp_path, "test") == held_out and len(held_out) > 1500
+    assert pairs(tmp_path, "train") == [
+        p for p, t in zip(everything, is_test, strict=True) if not t
+    ]
+    assert manifest["splits"]["test"]["pairs"] == len(held_out)
+    modules = manifest["source"]["modules"]
+    if (modules["en"]["version"], modules["es"]["version"]) == ("426.0", "2.60"):  # bookworm
+        assert len(held_out) == 1976  # docs/reproducing.md says so

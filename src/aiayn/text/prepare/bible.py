@@ -15,7 +15,9 @@ folder (``/usr/share/sword`` on Debian). Each verse's OSIS markup is stripped to
 (:func:`strip_osis`), verses are aligned by their OSIS reference (``Gen.1.1``: same book,
 chapter and verse in both), and the corpus is split by book: ``valid`` = Ruth, Jonah and Mark
 (810 pairs), ``train`` = every other book both modules have (30,267 pairs with Debian bookworm's
-packages).
+packages). Books named with ``--test-books`` (``test_books``) are held out of ``train`` as a
+``test`` split: a second held-out check, of another genre if the books are (Job and Proverbs,
+poetry and wisdom, against the narrative of the validation books); by default there is none.
 
 What this leaves as it is: a reference present in one module only (the Deuterocanon of the WEB,
 or a verse one versification has and the other lacks) is dropped and counted; a verse empty on
@@ -32,7 +34,7 @@ import logging
 import re
 import shutil
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +44,24 @@ from aiayn.text.prepare import DEFAULT_MAX_CHARS, PrepareError, Split, check_out
 logger = logging.getLogger(__name__)
 
 DEFAULT_SWORD_DIR = Path("/usr/share/sword")
+# The books both modules have, in their order: OSIS name → English name.
+BOOKS = {
+    "Gen": "Genesis", "Exod": "Exodus", "Lev": "Leviticus", "Num": "Numbers",
+    "Deut": "Deuteronomy", "Josh": "Joshua", "Judg": "Judges", "Ruth": "Ruth",
+    "1Sam": "1 Samuel", "2Sam": "2 Samuel", "1Kgs": "1 Kings", "2Kgs": "2 Kings",
+    "1Chr": "1 Chronicles", "2Chr": "2 Chronicles", "Ezra": "Ezra", "Neh": "Nehemiah",
+    "Esth": "Esther", "Job": "Job", "Ps": "Psalms", "Prov": "Proverbs", "Eccl": "Ecclesiastes",
+    "Song": "Song of Songs", "Isa": "Isaiah", "Jer": "Jeremiah", "Lam": "Lamentations",
+    "Ezek": "Ezekiel", "Dan": "Daniel", "Hos": "Hosea", "Joel": "Joel", "Amos": "Amos",
+    "Obad": "Obadiah", "Jonah": "Jonah", "Mic": "Micah", "Nah": "Nahum", "Hab": "Habakkuk",
+    "Zeph": "Zephaniah", "Hag": "Haggai", "Zech": "Zechariah", "Mal": "Malachi",
+    "Matt": "Matthew", "Mark": "Mark", "Luke": "Luke", "John": "John", "Acts": "Acts",
+    "Rom": "Romans", "1Cor": "1 Corinthians", "2Cor": "2 Corinthians", "Gal": "Galatians",
+    "Eph": "Ephesians", "Phil": "Philippians", "Col": "Colossians", "1Thess": "1 Thessalonians",
+    "2Thess": "2 Thessalonians", "1Tim": "1 Timothy", "2Tim": "2 Timothy", "Titus": "Titus",
+    "Phlm": "Philemon", "Heb": "Hebrews", "Jas": "James", "1Pet": "1 Peter", "2Pet": "2 Peter",
+    "1John": "1 John", "2John": "2 John", "3John": "3 John", "Jude": "Jude", "Rev": "Revelation",
+}  # fmt: skip
 DEV_BOOKS = ("Ruth", "Jonah", "Mark")  # OSIS book names
 
 
@@ -148,30 +168,59 @@ def _fix_drop_cap(text: str, counts: Counter[str]) -> str:
 # -- alignment ------------------------------------------------------------------------------
 
 
+def book_names(names: Iterable[str]) -> tuple[str, ...]:
+    """The OSIS names of books given by OSIS or English name, any case, in the Bible's order.
+
+    ``["job", "Proverbs"]`` → ``("Job", "Prov")``; empty names are skipped.
+
+    Raises:
+        PrepareError: A name is no book's, in one line that lists the books.
+    """
+    known = {name.lower(): osis for osis, english in BOOKS.items() for name in (osis, english)}
+    chosen = set()
+    for name in names:
+        if not name.strip():
+            continue
+        osis = known.get(name.strip().lower())
+        if osis is None:
+            books = ", ".join(f"{osis_name} ({english})" for osis_name, english in BOOKS.items())
+            raise PrepareError(f"unknown Bible book {name.strip()!r}; the books: {books}")
+        chosen.add(osis)
+    return tuple(osis for osis in BOOKS if osis in chosen)
+
+
 def align(
-    en: dict[str, str], es: dict[str, str]
+    en: dict[str, str], es: dict[str, str], *, test_books: Collection[str] = ()
 ) -> tuple[dict[str, list[tuple[str, str, str]]], dict[str, Counter[str]]]:
     """Pairs verses with the same OSIS reference, in the order of ``en``; splits them by book.
 
+    Args:
+        en: English text per OSIS reference.
+        es: Spanish text per OSIS reference.
+        test_books: OSIS names of the books held out as a ``test`` split; none: no such split.
+
     Returns:
-        Per split (``train``, ``valid``): the ``(en, es, ref)`` triples, and the references
-        found in one module only, counted as ``only_en`` and ``only_es``.
+        Per split (``train``, ``valid``, and ``test`` if ``test_books``): the ``(en, es, ref)``
+        triples, and the references found in one module only, counted as ``only_en`` and
+        ``only_es``.
     """
-    pairs: dict[str, list[tuple[str, str, str]]] = {"train": [], "valid": []}
-    missing: dict[str, Counter[str]] = {"train": Counter(), "valid": Counter()}
+    names = ("train", "valid", "test") if test_books else ("train", "valid")
+    pairs: dict[str, list[tuple[str, str, str]]] = {name: [] for name in names}
+    missing: dict[str, Counter[str]] = {name: Counter() for name in names}
     for ref, text in en.items():
-        split = _split_of(ref)
+        split = _split_of(ref, test_books)
         if ref in es:
             pairs[split].append((text, es[ref], ref))
         else:
             missing[split]["only_en"] += 1
     for ref in es.keys() - en.keys():
-        missing[_split_of(ref)]["only_es"] += 1
+        missing[_split_of(ref, test_books)]["only_es"] += 1
     return pairs, missing
 
 
-def _split_of(ref: str) -> str:
-    return "valid" if ref.split(".", 1)[0] in DEV_BOOKS else "train"
+def _split_of(ref: str, test_books: Collection[str]) -> str:
+    book = ref.split(".", 1)[0]
+    return "valid" if book in DEV_BOOKS else "test" if book in test_books else "train"
 
 
 # -- reading SWORD modules ------------------------------------------------------------------
@@ -249,10 +298,31 @@ def prepare_bible(
     out_dir: Path,
     *,
     sword_dir: Path = DEFAULT_SWORD_DIR,
+    test_books: Iterable[str] = (),
     max_chars: int = DEFAULT_MAX_CHARS,
     force: bool = False,
 ) -> dict[str, Any]:
-    """Builds ``train``/``valid`` ``.en``/``.es``/``.ref`` files and the manifest in ``out_dir``."""
+    """Builds ``train``/``valid`` ``.en``/``.es``/``.ref`` files and the manifest in ``out_dir``.
+
+    Args:
+        out_dir: Output folder, created if needed.
+        sword_dir: Where the SWORD modules are installed.
+        test_books: Books (OSIS or English names, see :func:`book_names`) held out of training
+            as a ``test`` split, ``test.en``/``.es``/``.ref``; none (the default): no test split.
+        max_chars: Longest side, in characters, of a training pair; 0 for no limit.
+        force: Overwrite an existing corpus.
+
+    Raises:
+        PrepareError: A test book is unknown or a validation book, the folder already holds a
+            corpus (and not ``force``), or pysword or a module is not installed.
+    """
+    test = book_names(test_books)
+    both = [book for book in test if book in DEV_BOOKS]
+    if both:
+        raise PrepareError(
+            f"{', '.join(both)}: a validation book cannot be a test book too (the validation "
+            f"books are {', '.join(DEV_BOOKS)})"
+        )
     check_out_dir(out_dir, force=force)
     check_installed(sword_dir)
     texts = {}
@@ -260,14 +330,15 @@ def prepare_bible(
         verses = dict(read_module(sword_dir, module))
         logger.info("%s: %d verse slots in %s", lang, len(verses), module.name)
         texts[lang] = fix_drop_caps(verses) if module.drop_caps else verses
-    pairs, missing = align(texts["en"], texts["es"])
+    pairs, missing = align(texts["en"], texts["es"], test_books=test)
     origins = {
-        "train": "every book in both modules except " + ", ".join(DEV_BOOKS),
+        "train": "every book in both modules except " + ", ".join((*DEV_BOOKS, *test)),
         "valid": "books " + ", ".join(DEV_BOOKS),
+        "test": "books " + ", ".join(test),
     }
     splits = [
-        Split(name, origins[name], pairs[name], refs=True, dropped=missing[name])
-        for name in ("train", "valid")
+        Split(name, origins[name], split, refs=True, dropped=missing[name])
+        for name, split in pairs.items()
     ]
     source = {
         "kind": "sword",
