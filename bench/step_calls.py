@@ -115,12 +115,7 @@ def count_step_calls() -> Iterator[StepCalls]:
 
 def markdown(counted: StepCalls, layers: int, caption: str) -> str:
     """A table of calls per step by place, most first."""
-    lines = [
-        caption,
-        "",
-        "| where | calls per step |",
-        "| --- | ---: |",
-    ]
+    lines = [caption, "", "| where | calls per step |", "| --- | ---: |"]
     for place, _ in counted.by_place.most_common():
         per_step = counted.per_search_step(place)
         label = f"{place} ({per_step / layers:.1f} per decoder layer)" if place == STEP else place

@@ -39,15 +39,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import runner
 from runner import Command
@@ -100,92 +101,93 @@ open(out, "w", encoding="utf-8").write("".join(o + "\n" for o in outputs))
 def count_rows(model: str, src: Path, options: dict) -> float:
     """Decoder rows per sentence of aiayn's search with these options: every row fed to the
     decoder (each live beam of each unfinished sentence, at every step), over the sentences.
-    Counted in a separate process through the Python API, untimed."""
-    code = f"""
-import json
-from aiayn.decode.translator import Translator
-from aiayn.model import Transformer
-rows = []
-real = Transformer.decode_step
-def counted(self, tokens, cache):
-    rows.append(tokens.numel())
-    return real(self, tokens, cache)
-Transformer.decode_step = counted
-lines = open({str(src)!r}, encoding="utf-8").read().split("\\n")[:-1]
-Translator({model!r}).translate(lines, **json.loads({json.dumps(json.dumps(options))}))
-print(sum(rows) / max(1, len(lines)))
-"""
-    env = runner.with_src_on_path(os.environ)
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
-    )
-    return float(done.stdout.strip().splitlines()[-1])
+    Counted through the Python API, after the timed rounds."""
+    from aiayn.decode.translator import Translator
+    from aiayn.model import Transformer
+
+    rows, decode_step = [], Transformer.decode_step
+
+    def counted(self: Transformer, tokens: Any, cache: Any) -> Any:
+        rows.append(tokens.numel())
+        return decode_step(self, tokens, cache)
+
+    lines = src.read_text(encoding="utf-8").split("\n")[:-1]
+    Transformer.decode_step = counted  # type: ignore[method-assign]
+    try:
+        Translator(model).translate(lines, **options)
+    finally:
+        Transformer.decode_step = decode_step  # type: ignore[method-assign]
+    return sum(rows) / max(1, len(lines))
 
 
-PROFILE_SCRIPT = r"""
-import json, sys, time
-import torch
-from torch.profiler import ProfilerActivity, profile
-from aiayn.decode.translator import Translator
-from aiayn.model import Transformer
-model, src, beam = sys.argv[1], sys.argv[2], int(sys.argv[3])
-torch.set_num_threads(1)  # as each decoding worker runs
-translator = Translator(model)
-lines = open(src, encoding="utf-8").read().split("\n")[:-1]
-translator.translate(lines[:64], beam_size=beam)  # warm-up: oneDNN / MKL first calls
-spent = {"encode": 0.0, "decoder step": 0.0}  # from here on
-steps = [0]
-def timed(name, real):
-    def wrapper(*args, **kwargs):
-        start = time.perf_counter()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            spent[name] += time.perf_counter() - start
-            steps[0] += name == "decoder step"
-    return wrapper
-Transformer.encode = timed("encode", Transformer.encode)
-Transformer.decode_step = timed("decoder step", Transformer.decode_step)
-start = time.perf_counter()
-translator.translate(lines, beam_size=beam)  # the wall-clock split: no profiler
-total = time.perf_counter() - start
-wall = dict(spent, steps=steps[0])
-with profile(activities=[ProfilerActivity.CPU]) as prof:  # the operators' shares
-    translator.translate(lines, beam_size=beam)
-ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
-groups = {
-    "matrix products of the linear layers": (
-        "aten::addmm", "aten::mm", "mkldnn::_linear_pointwise"
-    ),
+OPERATOR_GROUPS = {
+    "matrix products of the linear layers": ("aten::addmm", "aten::mm",
+                                             "mkldnn::_linear_pointwise"),
     "attention's batched products (Q Kᵀ, P V)": ("aten::bmm",),
     "log_softmax over the vocabulary": ("aten::_log_softmax",),
-}
-out = {"total_s": total, "steps": wall["steps"], "encode_s": wall["encode"],
-       "decoder_step_s": wall["decoder step"], "ops_s": sum(ops.values()),
-       "groups": {g: sum(ops.get(k, 0.0) for k in keys) for g, keys in groups.items()}}
-print(json.dumps(out))
-"""
+}  # fmt: skip
+"""The operators `--profile` sums, by what they compute."""
 
 
-def profile_translation(model: str, src: Path, beam: int) -> str:
-    """Where the time of aiayn's search goes, on one thread as each worker runs it: a markdown
-    table from one untimed in-process pass under torch.profiler (which slows it down)."""
-    env = runner.with_src_on_path(os.environ)
-    done = subprocess.run(
-        [sys.executable, "-c", PROFILE_SCRIPT, model, str(src), str(beam)],
-        capture_output=True, text=True, check=True, env=env,
-    )  # fmt: skip
-    p = json.loads(done.stdout.strip().splitlines()[-1])
-    total, ops = p["total_s"], p["ops_s"]
-    search = total - p["encode_s"] - p["decoder_step_s"]
+def worker_translator(model: str, warm_up: list[str], beam: int) -> Any:
+    """aiayn's `Translator` on one thread, as each decoding worker runs it, after translating
+    `warm_up` (the first calls' one-time work: oneDNN, MKL)."""
+    import torch
+
+    from aiayn.decode.translator import Translator
+
+    torch.set_num_threads(1)
+    translator = Translator(model)
+    translator.translate(warm_up, beam_size=beam)
+    return translator
+
+
+def profile_translation(args: argparse.Namespace) -> str:
+    """Where the time of aiayn's search goes, on one thread as each worker runs it: markdown
+    tables from two untimed passes, the second under torch.profiler (which slows it down)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from aiayn.model import Transformer
+
+    lines = args.src.read_text(encoding="utf-8").split("\n")[:-1]
+    translator = worker_translator(args.model, lines[:64], args.beam)
+    spent = {"encode": 0.0, "decode_step": 0.0}
+    calls = dict.fromkeys(spent, 0)
+
+    def timed(name: str, real: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return real(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - start
+                calls[name] += 1
+
+        return wrapper
+
+    encode, decode_step = Transformer.encode, Transformer.decode_step
+    Transformer.encode = timed("encode", encode)  # type: ignore[method-assign]
+    Transformer.decode_step = timed("decode_step", decode_step)  # type: ignore[method-assign]
+    try:
+        start = time.perf_counter()
+        translator.translate(lines, beam_size=args.beam)  # the wall-clock split: no profiler
+        total = time.perf_counter() - start
+    finally:
+        Transformer.encode, Transformer.decode_step = encode, decode_step
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # the operators' shares
+        translator.translate(lines, beam_size=args.beam)
+    ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}
+    groups = {g: sum(ops.get(k, 0.0) for k in keys) for g, keys in OPERATOR_GROUPS.items()}
+    every = sum(ops.values())
+    search = total - spent["encode"] - spent["decode_step"]
     lines = [
         f"Profile: aiayn's search on one thread (as each worker runs it), in one process, "
-        f"{p['steps']} decoder steps. Wall clock (no profiler), {total:.1f} s:",
+        f"{calls['decode_step']} decoder steps. Wall clock (no profiler), {total:.1f} s:",
         "",
         "| where | seconds | share |",
         "| --- | ---: | ---: |",
-        f"| encoder | {p['encode_s']:.2f} | {p['encode_s'] / total:.0%} |",
-        f"| decoder steps | {p['decoder_step_s']:.2f} | {p['decoder_step_s'] / total:.0%} |",
+        f"| encoder | {spent['encode']:.2f} | {spent['encode'] / total:.0%} |",
+        f"| decoder steps | {spent['decode_step']:.2f} | {spent['decode_step'] / total:.0%} |",
         f"| search between steps (selection, finishing, cache reorder), results | {search:.2f} "
         f"| {search / total:.0%} |",
         "",
@@ -194,13 +196,10 @@ def profile_translation(model: str, src: Path, beam: int) -> str:
         "",
         "| operators | share |",
         "| --- | ---: |",
+        *(f"| {group} | {seconds / every:.0%} |" for group, seconds in groups.items()),
+        "| every other operator (element-wise, selections, copies, norms) | "
+        f"{(every - sum(groups.values())) / every:.0%} |",
     ]
-    for group, seconds in p["groups"].items():
-        lines.append(f"| {group} | {seconds / ops:.0%} |")
-    rest = ops - sum(p["groups"].values())
-    lines.append(
-        f"| every other operator (element-wise, selections, copies, norms) | {rest / ops:.0%} |"
-    )
     return "\n".join(lines)
 
 
@@ -209,10 +208,7 @@ def scores(hyp: Path, ref: Path) -> tuple[float, float]:
 
     hyps = hyp.read_text(encoding="utf-8").split("\n")[:-1]
     refs = ref.read_text(encoding="utf-8").split("\n")[:-1]
-    return (
-        sacrebleu.corpus_bleu(hyps, [refs]).score,
-        sacrebleu.corpus_chrf(hyps, [refs]).score,
-    )
+    return (sacrebleu.corpus_bleu(hyps, [refs]).score, sacrebleu.corpus_chrf(hyps, [refs]).score)
 
 
 def as_installed(environ: Mapping[str, str], pycache: Path) -> dict[str, str]:
@@ -240,7 +236,7 @@ def warm_up(
     caches (`as_installed`) and the page cache then hold what every timed round reads."""
     for system in systems:
         command = system.argv_for(work / "warm-up-out.txt", {str(src): str(first)})
-        subprocess.run(command, env={**env, **system.env}, capture_output=True, check=False)
+        subprocess.run(command, env=env, capture_output=True, check=False)
 
 
 def search_options(extra: list[str]) -> dict:
@@ -278,52 +274,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--beam", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        metavar="NAME=FLAGS",
-        help="another aiayn translate run with these extra flags (repeatable)",
-    )
+    # fmt: off
+    p.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
+                   help="another aiayn translate run with these extra flags (repeatable)")
     p.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
-    p.add_argument(
-        "--only",
-        action="append",
-        default=[],
-        metavar="TEXT",
-        help="time only the systems whose name holds TEXT (repeatable)",
-    )
-    p.add_argument(
-        "--skip",
-        action="append",
-        default=[],
-        metavar="TEXT",
-        help="leave out the systems whose name holds TEXT (repeatable)",
-    )
-    p.add_argument(
-        "--alternate",
-        action="store_true",
-        help="run the systems in reverse order every other round (an A/B of two)",
-    )
-    p.add_argument(
-        "--one-line",
-        action="store_true",
-        help="also time each system on the first line alone, every round",
-    )
+    p.add_argument("--only", action="append", default=[], metavar="TEXT",
+                   help="time only the systems whose name holds TEXT (repeatable)")
+    p.add_argument("--skip", action="append", default=[], metavar="TEXT",
+                   help="leave out the systems whose name holds TEXT (repeatable)")
+    p.add_argument("--alternate", action="store_true",
+                   help="run the systems in reverse order every other round (an A/B of two)")
+    p.add_argument("--one-line", action="store_true",
+                   help="also time each system on the first line alone, every round")
     p.add_argument("--with-hf", action="store_true", help="also Hugging Face generate (slow)")
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="profile aiayn's search on one thread instead (untimed, no record)",
-    )
-    p.add_argument(
-        "--step-calls",
-        type=int,
-        metavar="N",
-        help="count the calls into PyTorch per decoding step over N sentences instead",
-    )
+    p.add_argument("--profile", action="store_true",
+                   help="profile aiayn's search on one thread instead (untimed, no record)")
+    p.add_argument("--step-calls", type=int, metavar="N",
+                   help="count the calls into PyTorch per decoding step over N sentences instead")
+    # fmt: on
     runner.add_arguments(p)
-    args = p.parse_args(argv)  # fmt: skip
+    args = p.parse_args(argv)
     args.src = args.src or (args.data / "valid.en" if args.data else None)
     args.ref = args.ref or (args.data / "valid.es" if args.data else None)
     if args.src is None or (args.ref is None and not (args.profile or args.step_calls)):
@@ -344,85 +314,41 @@ def exported(args: argparse.Namespace, work: Path, env: dict, to: str, *extra: s
 def systems(args: argparse.Namespace, work: Path, env: dict) -> list[Command]:
     """Every system asked for, as whole commands writing `{out}`."""
     common = ["--beam-size", str(args.beam), "--threads", str(args.threads), "--no-progress"]
-    translate = [*runner.AIAYN, "translate", "-m", args.model, "-i", str(args.src), "-o", "{out}"]
-    found = [Command("aiayn translate", [*translate, *common])]
+
+    def translate(model: str, *flags: str) -> list[str]:
+        return [*runner.AIAYN, "translate", "-m", model, "-i", str(args.src), "-o", "{out}",
+                *common, *flags]  # fmt: skip
+
+    found = [Command("aiayn translate", translate(args.model))]
     for spec in args.variant:
         flags = spec.partition("=")[2]
-        found.append(
-            Command(f"aiayn translate {flags}", [*translate, *common, *shlex.split(flags)])
-        )
+        variant = translate(args.model, *shlex.split(flags))
+        found.append(Command(f"aiayn translate {flags}", variant))
     # Each system ranks as its users get by default: CTranslate2 by log_prob / |Y|^1 (its
     # length_penalty 1), aiayn by the paper's GNMT penalty, α = 0.6.
     power = ["--length-penalty-kind", "power", "--length-penalty", "1.0"]
     for quantization in () if args.no_ct2 else (None, "int8"):
-        export = exported(
-            args,
-            work,
-            env,
-            "ctranslate2",
-            *(("--quantization", quantization) if quantization else ()),
-        )
-        label = quantization or "fp32"
+        extra = ("--quantization", quantization) if quantization else ()
+        export = str(exported(args, work, env, "ctranslate2", *extra))
         for inter in sorted({1, args.threads}):  # threads in one batch; one batch per thread
             layout = "" if inter == 1 else f", inter_threads {inter}"
-            found.append(
-                Command(
-                    f"CTranslate2 {label} (Python API{layout})",
-                    [
-                        sys.executable,
-                        "-c",
-                        CT2_SCRIPT,
-                        str(export),
-                        str(args.src),
-                        "{out}",
-                        str(args.beam),
-                        str(args.threads),
-                        "1.0",
-                        "1.0",
-                        "50",
-                        str(inter),
-                    ],
-                )
-            )
+            # CT2_SCRIPT's arguments: beam, threads, length penalty, max_len a and b, inter
+            script = [export, str(args.src), "{out}", str(args.beam), str(args.threads), "1.0",
+                      "1.0", "50", str(inter)]  # fmt: skip
+            name = f"CTranslate2 {quantization or 'fp32'} (Python API{layout})"
+            found.append(Command(name, [sys.executable, "-c", CT2_SCRIPT, *script]))
         if not quantization:
-            found.append(
-                Command(
-                    "aiayn translate --backend ctranslate2",
-                    [
-                        *runner.AIAYN,
-                        "translate",
-                        "-m",
-                        str(export),
-                        "-i",
-                        str(args.src),
-                        "-o",
-                        "{out}",
-                        *common,
-                        *power,
-                    ],
-                )
-            )
-            cached = [*translate[:-2], "--backend", "ctranslate2", "-o", "{out}", *common, *power]
+            on_export = translate(export, *power)
+            found.append(Command("aiayn translate --backend ctranslate2", on_export))
+            cached = translate(args.model, "--backend", "ctranslate2", *power)
             warm = [part.replace("{out}", str(work / "warm.txt")) for part in cached]
             subprocess.run(warm, env=env, check=True, capture_output=True)  # converts once
             found.append(Command("aiayn translate -m MODEL --backend ctranslate2", cached))
     if args.with_hf:
-        export = exported(args, work, env, "hf")
-        found.append(
-            Command(
-                "HF generate (Python API)",
-                [
-                    sys.executable,
-                    "-c",
-                    HF_SCRIPT,
-                    str(export),
-                    str(args.src),
-                    "{out}",
-                    str(args.beam),
-                    str(args.threads),
-                ],
-            )
-        )
+        script = [str(exported(args, work, env, "hf")), str(args.src), "{out}", str(args.beam),
+                  str(args.threads)]  # fmt: skip
+        hf = [sys.executable, "-c", HF_SCRIPT, *script]
+        found.append(Command("HF generate (Python API)", hf))
     if args.only:
         found = [x for x in found if any(text in x.name for text in args.only)]
     if args.skip:
@@ -438,21 +364,18 @@ def model_name(model: str) -> str:
     return path.parent.name if path.name == "model" else path.name
 
 
-def step_calls(args: argparse.Namespace) -> None:
+def step_calls(args: argparse.Namespace) -> str:
     """Calls into PyTorch per decoding step, as one decoding worker makes them."""
     import torch
 
-    from aiayn.decode.translator import Translator
     from step_calls import count_step_calls, markdown
 
-    torch.set_num_threads(1)
     lines = args.src.read_text(encoding="utf-8").splitlines()[: args.step_calls]
-    translator = Translator(args.model)
-    translator.translate(lines, beam_size=args.beam)  # the first call's one-time work
+    translator = worker_translator(args.model, lines, args.beam)
     with torch.inference_mode(), count_step_calls() as counted:
         translator.translate(lines, beam_size=args.beam)
     layers = translator.model.config.n_decoder_layers
-    print(markdown(counted, layers, f"{len(lines)} sentences, beam {args.beam}, {layers} layers"))
+    return markdown(counted, layers, f"{len(lines)} sentences, beam {args.beam}, {layers} layers")
 
 
 def rows_of(args: argparse.Namespace, found: list[Command], one_line: dict) -> list[dict]:
@@ -492,10 +415,8 @@ def rows_of(args: argparse.Namespace, found: list[Command], one_line: dict) -> l
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.step_calls:
-        return step_calls(args)
-    if args.profile:
-        return print(profile_translation(args.model, args.src, args.beam))
+    if args.step_calls or args.profile:  # tools for decoding work: no timing, no record
+        return print(step_calls(args) if args.step_calls else profile_translation(args))
     load = runner.check_idle(args.busy_ok)
     with tempfile.TemporaryDirectory(prefix="bench-translate-") as work:
         measure(args, Path(work), load)

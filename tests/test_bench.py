@@ -56,6 +56,21 @@ def test_translate_times_aiayn_and_both_ctranslate2_thread_layouts(tmp_path: Pat
 
 
 @pytest.mark.slow
+def test_translate_s_decoding_tools_print_their_tables(tmp_path: Path) -> None:
+    """`--profile` and `--step-calls N`: aiayn's search on one thread, no timing, no record."""
+    model = tiny_model_dir(tmp_path, eos_scale=4.0)
+    src = tmp_path / "valid.en"
+    src.write_text("the cat sat on the mat\nhello world\n", encoding="utf-8")
+    for flags, row in (
+        ("--profile", "| decoder steps |"),
+        ("--step-calls=2", "| **every call** |"),
+    ):
+        done = bench("translate.py", "-m", str(model), "--src", str(src), flags)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert row in done.stdout and "record" not in done.stdout
+
+
+@pytest.mark.slow
 def test_serve_measures_batching_on_and_off_under_load(tmp_path: Path) -> None:
     for module in ("httpx", "num2words", "fastapi", "uvicorn"):
         pytest.importorskip(module)
