@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import json
 import random
@@ -57,6 +58,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote
 
@@ -70,9 +72,9 @@ from aiayn.decode.costs import DecodingCosts
 from aiayn.decode.translator import Translator
 from aiayn.errors import CheckpointError, UserError
 from aiayn.model import Transformer
-from aiayn.model_dir import resolve_model_dir, save_model_dir, tokenizer_file_of
+from aiayn.model_dir import resolve_model_dir, save_model_dir
 from aiayn.text.lines import read_lines
-from aiayn.text.tokenizer import Tokenizer, load_tokenizer
+from aiayn.text.tokenizer import Tokenizer
 
 
 def build_model_dir(directory: Path, preset_name: str) -> Path:
@@ -98,7 +100,11 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(model_dir: Path, args: argparse.Namespace, batching: bool) -> tuple:
+@contextlib.contextmanager
+def serving(
+    model_dir: Path, args: argparse.Namespace, batching: bool
+) -> Iterator[tuple[subprocess.Popen, str]]:
+    """`aiayn serve` in a process of its own while the block runs: (its process, its URL)."""
     port = free_port()
     command = [
         *runner.AIAYN, "serve", "-m", str(model_dir), "--port", str(port),
@@ -120,13 +126,18 @@ def start_server(model_dir: Path, args: argparse.Namespace, batching: bool) -> t
     while True:
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return process, url
+                break
         except httpx.HTTPError:
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
             raise RuntimeError(f"`{' '.join(command)}` did not start")
         time.sleep(0.2)
+    try:
+        yield process, url
+    finally:
+        process.terminate()
+        process.wait(30)
 
 
 def read_texts(path: Path) -> list[str]:
@@ -193,46 +204,37 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def run(args: argparse.Namespace, model_dir: Path) -> list[dict]:
-    tokenizer = load_tokenizer(tokenizer_file_of(model_dir))
-    rows = []
+def run(args: argparse.Namespace, model_dir: Path) -> tuple[list[dict], list[int]]:
+    """A row per setting (batching on, then off) and number of clients, as the record shows
+    it; and the length of every answer, in tokens."""
+    rows, out_lens = [], []
     for batching in (True, False):
-        process, url = start_server(model_dir, args, batching)
-        try:
+        with serving(model_dir, args, batching) as (_, url):
             asyncio.run(load(url, sentences(args, 8, seed=99), 2, 60))  # warm-up
             for concurrency in args.concurrency:
                 before = httpx.get(url + "/health").json()
                 texts = sentences(args, args.requests, seed=concurrency)
                 result = asyncio.run(load(url, texts, concurrency, args.max_seconds))
                 after = httpx.get(url + "/health").json()
-                done = len(result["latencies"])
+                latencies, errors = result["latencies"], result["errors"]
+                req_s = len(latencies) / result["elapsed"]
+                p50, p99 = 1000 * statistics.median(latencies), 1000 * percentile(latencies, 0.99)
                 calls = after["model_calls"] - before["model_calls"]
-                row = {
-                    "batching": batching,
-                    "concurrency": concurrency,
-                    "requests": done + len(result["errors"]),
-                    "errors": len(result["errors"]),
-                    "req_s": done / result["elapsed"],
-                    "p50_ms": 1000 * statistics.median(result["latencies"]),
-                    "p99_ms": 1000 * percentile(result["latencies"], 0.99),
-                    "per_call": (after["requests"] - before["requests"]) / max(calls, 1),
-                    "src_lens": [len(tokenizer.encode(text)) for text in texts],
-                    "out_lens": result["out_lens"],
-                }
-                rows.append(row)
-                print(
-                    f"batching={'on ' if batching else 'off'} clients={concurrency:3d} "
-                    f"{row['requests']:5d} requests {row['errors']} errors "
-                    f"{row['req_s']:7.1f} req/s  p50 {row['p50_ms']:7.1f} ms  "
-                    f"p99 {row['p99_ms']:7.1f} ms  {row['per_call']:.1f} requests/call",
-                    flush=True,
-                )
-                for error in result["errors"][:5]:
+                per_call = (after["requests"] - before["requests"]) / max(calls, 1)
+                out_lens += result["out_lens"]
+                rows.append({
+                    "batching": "on" if batching else "off", "clients": concurrency,
+                    "requests": len(latencies) + len(errors), "errors": len(errors),
+                    "requests_per_s": round(req_s, 1), "p50_ms": round(p50), "p99_ms": round(p99),
+                    "per_call": round(per_call, 1),
+                })  # fmt: skip
+                print(f"batching={rows[-1]['batching']:3} clients={concurrency:3d} "
+                      f"{rows[-1]['requests']:5d} requests {len(errors)} errors "
+                      f"{req_s:7.1f} req/s  p50 {p50:7.1f} ms  p99 {p99:7.1f} ms  "
+                      f"{per_call:.1f} requests/call", flush=True)  # fmt: skip
+                for error in errors[:5]:
                     print("   ", error, file=sys.stderr)
-        finally:
-            process.terminate()
-            process.wait(30)
-    return rows
+    return rows, out_lens
 
 
 async def hammered(url: str, args: argparse.Namespace) -> dict:
@@ -275,12 +277,8 @@ async def hammered(url: str, args: argparse.Namespace) -> dict:
 
 
 def run_hammered(args: argparse.Namespace, model_dir: Path) -> dict:
-    process, url = start_server(model_dir, args, batching=True)
-    try:
+    with serving(model_dir, args, batching=True) as (_, url):
         result = asyncio.run(hammered(url, args))
-    finally:
-        process.terminate()
-        process.wait(30)
     lat = result["latencies"]
     if not lat:
         sys.exit(f"no short request finished; errors: {result['errors'][:3]}")
@@ -394,17 +392,13 @@ def measure_one(pid: int, port: int, content_type: str, body: bytes) -> dict:
 def run_hostile(args: argparse.Namespace, model_dir: Path) -> list[dict]:
     """A row per request of `hostile_requests`, each sent once to a server at its defaults."""
     requests = hostile_requests(model_dir, args)
-    process, url = start_server(model_dir, args, batching=True)
-    port = int(url.rsplit(":", 1)[1])
     rows = []
-    try:
+    with serving(model_dir, args, batching=True) as (process, url):
+        port = int(url.rsplit(":", 1)[1])
         measure_one(process.pid, port, "application/json", b'{"text": "one two"}')  # warm
         for name, (content_type, body) in requests.items():
             rows.append({"request": name, **measure_one(process.pid, port, content_type, body)})
             print(f"{name}: {rows[-1]['answer']}, {rows[-1]['seconds']} s", flush=True)
-    finally:
-        process.terminate()
-        process.wait(30)
     return rows
 
 
@@ -428,10 +422,11 @@ COLUMNS = [
 ]  # fmt: skip
 
 
-def record(rows: list[dict], args: argparse.Namespace, load: float | None) -> dict:
+def record(
+    rows: list[dict], out_lens: list[int], args: argparse.Namespace, load: float | None
+) -> dict:
     """The run's record: a row per setting and number of clients, the workload in its notes."""
     search = "greedy search" if args.beam_size == 1 else f"beam {args.beam_size}"
-    out_lens = [n for r in rows for n in r["out_lens"]]
     if args.model is not None:
         setup = args.setup or args.model.resolve().name
         median = statistics.median(out_lens)
@@ -440,28 +435,15 @@ def record(rows: list[dict], args: argparse.Namespace, load: float | None) -> di
     else:
         setup = f"`{args.preset}` with random weights, outputs of {args.out_len} tokens"
         workload = "One English number sentence a request (a microbenchmark)."
-    found = [
-        {
-            "batching": "on" if r["batching"] else "off",
-            "clients": r["concurrency"],
-            "requests": r["requests"],
-            "errors": r["errors"],
-            "requests_per_s": round(r["req_s"], 1),
-            "p50_ms": round(r["p50_ms"]),
-            "p99_ms": round(r["p99_ms"]),
-            "per_call": round(r["per_call"], 1),
-        }
-        for r in rows
-    ]
     most = max(args.concurrency)
-    on, off = (next(r for r in found if r["clients"] == most and r["batching"] == b)
+    on, off = (next(r for r in rows if r["clients"] == most and r["batching"] == b)
                for b in ("on", "off"))  # fmt: skip
     return runner.record(
         "serve",
         table=f"one text a request, {search}, server on {args.threads} thread(s)",
         setup=setup,
         columns=COLUMNS,
-        rows=found,
+        rows=rows,
         summary=f"one text a request: {on['requests_per_s']} requests/s with {most} clients "
         f"and server-side batching against {off['requests_per_s']} without",
         peers=("httpx",),
@@ -473,18 +455,13 @@ def record(rows: list[dict], args: argparse.Namespace, load: float | None) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "-m",
-        "--model",
-        type=Path,
-        help="a trained model directory (with --texts): what a user serves",
-    )
-    parser.add_argument(
-        "--texts", type=Path, help="with --model: requests are lines of this file (a test set)"
-    )
-    parser.add_argument(
-        "--preset", help="without --model: a random-weight model of this preset (default tiny)"
-    )
+    # fmt: off
+    parser.add_argument("-m", "--model", type=Path,
+                        help="a trained model directory (with --texts): what a user serves")
+    parser.add_argument("--texts", type=Path,
+                        help="with --model: requests are lines of this file (a test set)")
+    parser.add_argument("--preset",
+                        help="without --model: a random-weight model of this preset (default tiny)")
     parser.add_argument("--requests", type=int, default=1000, help="requests per cell (1000)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     parser.add_argument("--max-seconds", type=float, default=300, help="time bound per cell")
@@ -492,22 +469,16 @@ def main() -> None:
     parser.add_argument("--out-len", type=int, help="without --model: output tokens (default 16)")
     parser.add_argument("--threads", type=int, default=1, help="server torch threads (1)")
     parser.add_argument("--batch-wait-ms", type=float, default=5.0)
-    parser.add_argument(
-        "--max-batch-cost", type=int, help="the server's budget of one model call (its default)"
-    )
+    parser.add_argument("--max-batch-cost", type=int,
+                        help="the server's budget of one model call (its default)")
     parser.add_argument("--hammer", type=int, default=0, help="costly clients (fairness run)")
-    parser.add_argument(
-        "--hostile", action="store_true", help="what one request can cost (see above)"
-    )
-    parser.add_argument(
-        "--no-onednn",
-        dest="onednn",
-        action="store_false",
-        help="serve with PyTorch's own nn.Linear (aiayn serve --no-onednn)",
-    )
+    parser.add_argument("--hostile", action="store_true", help="what one request can cost")
+    parser.add_argument("--no-onednn", dest="onednn", action="store_false",
+                        help="serve with PyTorch's own nn.Linear (aiayn serve --no-onednn)")
     parser.add_argument("--hammer-texts", type=int, default=8, help="texts per costly request")
     parser.add_argument("--hammer-chars", type=int, default=400, help="characters per text")
     parser.add_argument("--hammer-hangup-s", type=float, default=2.0)
+    # fmt: on
     runner.add_arguments(parser)
     args = parser.parse_args()
     if args.model is not None:
@@ -532,9 +503,7 @@ def main() -> None:
     args.short_lines = sorted(args.lines, key=len)[: max(1, len(args.lines) // 4)]
     load = runner.check_idle(args.busy_ok)
     with tempfile.TemporaryDirectory(prefix="bench_server_") as tmp:
-        model_dir = (
-            args.model_dir if args.model is not None else build_model_dir(Path(tmp), args.preset)
-        )
+        model_dir = args.model_dir if args.model else build_model_dir(Path(tmp), args.preset)
         if args.hammer or args.hostile:
             if args.hammer:
                 table = (f"a short request while {args.hammer} clients send costly requests "
@@ -548,11 +517,11 @@ def main() -> None:
                                 summary="", machine_name=args.machine, load=load,
                                 notes=notes)  # fmt: skip
             return runner.write(rec, args)
-        rows = run(args, model_dir)
+        rows, out_lens = run(args, model_dir)
     errors = sum(r["errors"] for r in rows)
     if errors:
         sys.exit(f"{errors} requests failed")
-    runner.write(record(rows, args, load), args)
+    runner.write(record(rows, out_lens, args, load), args)
 
 
 if __name__ == "__main__":
