@@ -64,7 +64,6 @@ import os
 import random
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -97,7 +96,6 @@ except ImportError as error:
 else:
     IMPORT_ERROR = None
 
-ROOT = Path(__file__).resolve().parent.parent
 STAGES = ("tests", "peak", "train", "torchrun", "job")
 REQUIRED = {  # module → where it comes from
     "aiayn": "this tree's src/: run with PYTHONPATH=src, as `make gpu-check` does",
@@ -158,32 +156,13 @@ class Context:
     def left(self) -> float:
         return self.deadline - time.monotonic()
 
-    def run_logged(
-        self,
-        command: list[str],
-        log: str,
-        timeout: float,
-        *,
-        append: bool = False,
-        env: dict[str, str] | None = None,
-    ) -> tuple[int | None, str]:
-        """Run `command` in the tree's root, its output into OUT/`log` (with `append`, after
-        what the log holds, under the command's line); (exit status or None on a timeout,
-        output). `env`: variables set for the command beside the process's own."""
+    def run_logged(self, command: list[str], log: str, timeout: float, *, append: bool = False,
+                   env: dict[str, str] | None = None) -> tuple[int | None, str]:  # fmt: skip
+        """`runner.run_logged` in the tree's root under its src/, the log OUT/`log`; `env`:
+        variables set for the command beside the process's own."""
         env = {**runner.with_src_on_path(os.environ), **(env or {}), "PYTHONUNBUFFERED": "1"}
-        try:
-            done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, timeout=timeout)
-            code, output = done.returncode, done.stdout + done.stderr
-        except subprocess.TimeoutExpired as expired:
-            code, output = None, (expired.stdout or b"") + (expired.stderr or b"")
-            output += f"\ngpu_check: timed out after {timeout:.0f} s\n".encode()
-        text = output.decode(errors="replace")
-        if append:
-            with (self.args.out / log).open("a", encoding="utf-8") as file:
-                file.write(f"$ {' '.join(command)}\n{text}\n")
-        else:
-            (self.args.out / log).write_text(text, encoding="utf-8")
-        return code, text
+        return runner.run_logged(command, self.args.out / log, env=env, timeout=timeout,
+                                 append=append, cwd=runner.ROOT)  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
@@ -254,16 +233,11 @@ def smoke_run(args: argparse.Namespace) -> int:
         warnings.simplefilter("ignore")
         report = run_stages(args, SMOKE, torch.device("cpu"), say=lambda _: None)
     stages = report["stages"]
-    failed = [
-        f"{n}: {s.get('error', s['status'])}"
-        for n, s in stages.items()
-        if s["status"] not in ("ok", "skipped")
-    ]
+    failed = [f"{n}: {s.get('error', s['status'])}" for n, s in stages.items()
+              if s["status"] not in ("ok", "skipped")]  # fmt: skip
     if failed:
-        print(
-            f"gpu_check: {why} (torch {torch.__version__}); the CPU smoke FAILED: "
-            + "; ".join(failed)
-        )
+        print(f"gpu_check: {why} (torch {torch.__version__}); the CPU smoke FAILED: "
+              + "; ".join(failed))  # fmt: skip
         return 1
     print(
         f"gpu_check: {why} (torch {torch.__version__}): nothing measured; the CPU smoke of "
@@ -315,24 +289,20 @@ def machine(device: torch.device) -> dict[str, Any]:
             "multiprocessors": props.multi_processor_count,
             "memory_gib": round(props.total_memory / 2**30, 1),
         }
-        with contextlib.suppress(OSError, subprocess.SubprocessError, IndexError):
-            query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
-            out = subprocess.run(query, capture_output=True, text=True, timeout=20).stdout
-            info["driver"] = out.split()[0]
+        if drivers := runner.nvidia_smi("driver_version"):
+            info["driver"] = drivers[0]
     return info
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def timed(device: torch.device, run: Callable[[], Any]) -> tuple[float, Any]:
-    """(seconds, result) of `run()`, the device synchronised before and after."""
-    synchronize(device)
+    """(seconds, result) of `run()`, a CUDA device synchronised before and after."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
     start = time.perf_counter()
     result = run()
-    synchronize(device)
+    if cuda:
+        torch.cuda.synchronize(device)
     return time.perf_counter() - start, result
 
 
@@ -354,11 +324,8 @@ def matmul_precision(precision: str) -> Iterator[None]:
 
 def stage_tests(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
     if importlib.util.find_spec("pytest") is None:
-        return {
-            "status": "skipped",
-            "summary": "not run: pytest is not installed here "
-            "(carry its wheel, with pluggy and iniconfig)",
-        }
+        why = "not run: pytest is not installed here (carry its wheel, with pluggy and iniconfig)"
+        return {"status": "skipped", "summary": why}
     if ctx.smoke:
         return {"status": "skipped", "summary": "not run in the CPU smoke"}
     timeout = max(30.0, min(300.0, ctx.left() - 250))  # what the measurements need after it
@@ -411,22 +378,10 @@ def training_updates(sizes: Sizes) -> tuple[list[tuple[Any, Any]], list[list[Any
         (rng.integers(4, sizes.vocab, s), rng.integers(4, sizes.vocab, t))
         for s, t in zip(src_len, tgt_len, strict=True)
     ]
-    accumulate = accumulation(
-        tokens_per_update=sizes.tokens_per_update,
-        max_tokens=sizes.max_tokens,
-        accumulate=1,
-        world_size=1,
-    )
-    updates = epoch_updates(
-        src_len,
-        tgt_len,
-        max_tokens=sizes.max_tokens,
-        seed=1,
-        epoch=1,
-        accumulate=accumulate,
-        rank=0,
-        world_size=1,
-    )
+    accumulate = accumulation(tokens_per_update=sizes.tokens_per_update,
+                              max_tokens=sizes.max_tokens, accumulate=1, world_size=1)  # fmt: skip
+    updates = epoch_updates(src_len, tgt_len, max_tokens=sizes.max_tokens, seed=1, epoch=1,
+                            accumulate=accumulate, rank=0, world_size=1)  # fmt: skip
     return data, [u for u in updates if len(u) == accumulate][:needed]
 
 
@@ -450,20 +405,10 @@ def aiayn_update(config: Any, data: list, device: torch.device, bf16: bool) -> C
 
     def run(group: list, step: int) -> int:
         return optimizer_update(
-            model,
-            optimizer,
-            data,
-            group,
-            step=step,
-            d_model=config.d_model,
-            warmup_steps=4000,
-            lr_scale=1.0,
-            label_smoothing=0.1,
-            clip_norm=0.0,
-            bf16=bf16,
-            device=device,
+            model, optimizer, data, group, step=step, d_model=config.d_model, warmup_steps=4000,
+            lr_scale=1.0, label_smoothing=0.1, clip_norm=0.0, bf16=bf16, device=device,
             distributed=distributed.Distributed(),
-        ).tokens
+        ).tokens  # fmt: skip
 
     return run
 
@@ -482,12 +427,9 @@ def reference_update(config: Any, data: list, device: torch.device, bf16: bool) 
         for batch in (b.to(device) for b in batches):
             with autocast(device, bf16):
                 logits = model(batch.src, batch.tgt_in)
+            logits, targets = logits.float().flatten(0, 1), batch.tgt_out.flatten()
             loss = F.cross_entropy(
-                logits.float().flatten(0, 1),
-                batch.tgt_out.flatten(),
-                label_smoothing=0.1,
-                ignore_index=PAD_ID,
-                reduction="sum",
+                logits, targets, label_smoothing=0.1, ignore_index=PAD_ID, reduction="sum"
             )
             (loss / n_tokens).backward()
         optimizer.step()
@@ -609,52 +551,34 @@ def stage_torchrun(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
         f"--max-steps {steps} --warmup-steps 4 --log-every 1 --valid-every 0 "
         f"--save-every {max(1, steps // 2)} --no-progress --seed 1"
     )
-    train = [
-        "train",
-        "--src",
-        str(ctx.work / "train.src"),
-        "--tgt",
-        str(ctx.work / "train.tgt"),
-        *flags.split(),
-    ]
+    train = ["train", "--src", str(ctx.work / "train.src"), "--tgt", str(ctx.work / "train.tgt"),
+             *flags.split()]  # fmt: skip
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
     ddp_device = device if ":" in device or device == "cpu" else f"{device}:0"
     runs = {
         "torchrun": [*torchrun, "-m", "aiayn", *train, "--device", device],
-        "torchrun-ddp": [
-            *torchrun,
-            str(Path(__file__).resolve()),
-            "--ddp-worker",
-            *train,
-            "--device",
-            ddp_device,
-        ],
-    }
+        "torchrun-ddp": [*torchrun, str(Path(__file__).resolve()), "--ddp-worker", *train,
+                         "--device", ddp_device],
+    }  # fmt: skip
     result: dict[str, Any] = {"status": "ok", "steps": steps}
     losses, outputs = {}, {}
     for name, command in runs.items():
         run_dir = ctx.work / name
+        timeout = max(30.0, min(180.0, ctx.left() - 60))
         code, outputs[name] = ctx.run_logged(
-            [*command, "--out-dir", str(run_dir)],
-            f"{name}.log",
-            timeout=max(30.0, min(180.0, ctx.left() - 60)),
+            [*command, "--out-dir", str(run_dir)], f"{name}.log", timeout
         )
         records = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
         losses[name] = [(r["step"], r["loss"]) for r in records if r["type"] == "train"]
         result[name] = {"exit_code": code, "updates": len(losses[name])}
         if code != 0 or len(losses[name]) != steps:
-            result |= {
-                "status": "failed",
-                "error": f"{name}: exit {code}, {len(losses[name])} "
-                f"updates of {steps} (see {name}.log)",
-            }
+            error = f"{name}: exit {code}, {len(losses[name])} updates of {steps} (see {name}.log)"
+            result |= {"status": "failed", "error": error}
     backend = "gloo" if ctx.smoke else "nccl"
     result["ddp"] = f"DistributedDataParallel x1 over {backend}" in outputs["torchrun-ddp"]
     if result["status"] == "ok" and not result["ddp"]:
-        result |= {
-            "status": "failed",
-            "error": f"the DDP run did not wrap the model over {backend}",
-        }
+        error = f"the DDP run did not wrap the model over {backend}"
+        result |= {"status": "failed", "error": error}
     if result["status"] == "ok":
         pairs = zip(losses["torchrun"], losses["torchrun-ddp"], strict=True)
         result["max_loss_difference"] = gap = max(abs(a[1] - b[1]) for a, b in pairs)
@@ -673,17 +597,12 @@ def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
     if ctx.smoke:  # an untrained demo model decodes every test number to its length limit
         return {"status": "skipped", "summary": "not run in the CPU smoke (minutes on a CPU)"}
     if importlib.util.find_spec("num2words") is None:
-        return {
-            "status": "skipped",
-            "summary": "not run: aiayn demo needs num2words (carry its wheel)",
-        }
+        why = "not run: aiayn demo needs num2words (carry its wheel)"
+        return {"status": "skipped", "summary": why}
     demo_dir, sizes = ctx.work / "demo", ctx.sizes
     began = time.perf_counter()
-    code, output = ctx.run_logged(
-        [*runner.AIAYN, "demo", "-o", str(demo_dir)],
-        "demo.log",
-        timeout=max(30.0, min(300.0, ctx.left() - 60)),
-    )
+    code, output = ctx.run_logged([*runner.AIAYN, "demo", "-o", str(demo_dir)], "demo.log",
+                                  timeout=max(30.0, min(300.0, ctx.left() - 60)))  # fmt: skip
     result: dict[str, Any] = {"status": "ok", "demo_s": time.perf_counter() - began}
     if code != 0:
         return {"status": "failed", "error": f"aiayn demo: exit {code} (see demo.log)"}
@@ -732,11 +651,8 @@ def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
             out = ctx.work / f"demo-{round_}-{index}.txt"
             code, output, seconds = translate(flags[row["precision"]], out)
             if code != 0:  # the rows measured so far are kept
-                result |= {
-                    "status": "failed",
-                    "error": f"aiayn translate {' '.join(flags[row['precision']])}: exit "
-                    f"{code} (translate.log)",
-                }
+                error = f"aiayn translate {' '.join(flags[row['precision']])}: exit {code}"
+                result |= {"status": "failed", "error": error + " (translate.log)"}
                 break
             row["seconds"].append(seconds)
             row["exact_match"] = exact_match(out)

@@ -37,6 +37,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
+RECIPE = "recipes/bible-en-es-cpu.yaml"
+"""The CPU recipe, which bench/train.py and bench/study.py train."""
 IDLE_LOAD = 0.5
 """The 1-minute load average per core above which a machine counts as busy."""
 
@@ -49,7 +51,7 @@ SOURCES = {
         "src/aiayn/train", "src/aiayn/model.py", "src/aiayn/attention.py", "src/aiayn/loss.py",
         "src/aiayn/optim.py", "src/aiayn/acceleration.py", "src/aiayn/text",
     ),
-    "recipe": ("recipes/bible-en-es-cpu.yaml", "src/aiayn/train", "src/aiayn/model.py"),
+    "recipe": (RECIPE, "src/aiayn/train", "src/aiayn/model.py"),
     "serve": ("src/aiayn/serve", "src/aiayn/decode", "src/aiayn/model.py"),
     "gpu": ("src/aiayn",),
     "study": ("src/aiayn/train", "src/aiayn/model.py", "src/aiayn/text"),
@@ -83,19 +85,24 @@ def cpu() -> dict[str, Any]:
     return {"cpu": name, "flags": [v for k, v in named.items() if k in flags], "cores": cores}
 
 
-def gpu() -> str | None:
-    """The NVIDIA GPUs by nvidia-smi, or None (also where CUDA_VISIBLE_DEVICES hides them)."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
-        return None
+def nvidia_smi(query: str) -> list[str]:
+    """`query` of each NVIDIA GPU by nvidia-smi (`name`, `driver_version`, ...); [] without."""
     try:
         done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+            ["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=30,
         )  # fmt: skip
     except (OSError, subprocess.SubprocessError):
+        return []
+    lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    return lines if done.returncode == 0 else []
+
+
+def gpu() -> str | None:
+    """The NVIDIA GPUs, or None (also where CUDA_VISIBLE_DEVICES hides them)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES") in ("", "-1"):
         return None
-    names = [line.strip() for line in done.stdout.splitlines() if line.strip()]
-    return ", ".join(names) if done.returncode == 0 and names else None
+    return ", ".join(nvidia_smi("name")) or None
 
 
 def version(distribution: str) -> str | None:
@@ -190,7 +197,6 @@ class Command:
 
     name: str
     argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)  # on top of the run's
     seconds: list[float] = field(default_factory=list)
     output: Path | None = None  # the first round's
 
@@ -203,9 +209,7 @@ def timed(command: Command, out: Path, env: Mapping[str, str], **swap: str) -> f
     """Seconds from launch to exit of `command` writing `out`; a failure raises with the end
     of its standard error."""
     start = time.perf_counter()
-    done = subprocess.run(
-        command.argv_for(out, swap), env={**env, **command.env}, capture_output=True, text=True
-    )
+    done = subprocess.run(command.argv_for(out, swap), env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{command.name} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -258,6 +262,29 @@ def proc_kib(pid: int, field: str) -> int | None:
         return None
     found = re.search(rf"^{field}:\s+(\d+) kB", status, re.MULTILINE)
     return int(found.group(1)) if found else None
+
+
+def run_logged(
+    command: Sequence[str],
+    log: Path,
+    *,
+    env: Mapping[str, str],
+    timeout: float | None = None,
+    append: bool = False,
+    cwd: Path | None = None,
+) -> tuple[int | None, str]:
+    """Run `command`, its output into `log` (with `append`, after what the log holds, under the
+    command's line); (exit status, or None on a timeout; the output)."""
+    try:
+        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, timeout=timeout)
+        code, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as expired:
+        code, output = None, (expired.stdout or b"") + (expired.stderr or b"")
+        output += f"\n(timed out after {timeout:.0f} s)\n".encode()
+    text = output.decode(errors="replace")
+    with log.open("a" if append else "w", encoding="utf-8") as file:
+        file.write(f"$ {' '.join(command)}\n{text}\n" if append else text)
+    return code, text
 
 
 # --------------------------------------------------------------------------------------------
