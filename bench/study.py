@@ -64,86 +64,42 @@ from aiayn.train.runlog import read_metrics
 NOT_COMPARED = {"out_dir", "progress", "tensorboard", "log_every"}
 DATA_KEYS = {"src", "tgt", "tsv", "valid_src", "valid_tgt", "valid_tsv", "tokenizer"}
 NONE = "–"
-RECIPE = "recipes/bible-en-es-cpu.yaml"
 
 # Every study run gives each setting that differs from the recipe as it is now: the recipe took
 # S5's settings, then fairseq's initialisation (the S runs drew tensor2tensor's: init=xavier),
 # then S12's 2+2 layers (the S runs have the `small` preset's 3+3 unless they say otherwise).
 # bf16 (a CPU with AMX or AVX512-BF16) learns the same per update as float32.
-COMMON = [
-    "--precision",
-    "bf16",
-    "--ema-decay",
-    "0.999",
-    "--schedule",
-    "linear",
-    "--time-budget",
-    "none",
-    "--valid-every",
-    "100",
-    "--save-every",
-    "0",
-]
-LAYERS3 = ["--model", "n_encoder_layers=3", "--model", "n_decoder_layers=3"]
-BASE = [
-    "--max-tokens",
-    "4096",
-    "--lr-scale",
-    "0.5",
-    "--model",
-    "norm_first=false",
-    "--model",
-    "init=xavier",
-    *LAYERS3,
-]  # the recipe before the study
-S5 = [
-    "--max-steps",
-    "1200",
-    "--warmup-steps",
-    "400",
-    "--max-tokens",
-    "2048",
-    "--lr-scale",
-    "1.0",
-    "--model",
-    "norm_first=true",
-    "--model",
-    "init=xavier",
-    *LAYERS3,
-]
-S8 = [*S5, "--model", "init=fairseq"]  # the base of S9-S13, each changing one of its settings
+COMMON = ["--precision", "bf16", "--ema-decay", "0.999", "--schedule", "linear",
+          "--time-budget", "none", "--valid-every", "100", "--save-every", "0"]  # fmt: skip
+LAYERS3 = "--model n_encoder_layers=3 --model n_decoder_layers=3"
+BASE = f"--max-tokens 4096 --lr-scale 0.5 --model norm_first=false --model init=xavier {LAYERS3}"
+S5 = (
+    "--max-steps 1200 --warmup-steps 400 --max-tokens 2048 --lr-scale 1.0 "
+    f"--model norm_first=true --model init=xavier {LAYERS3}"
+)
+S8 = f"{S5} --model init=fairseq"  # the base of S9-S13, each changing one of its settings
 # The initialisation runs: S5's model and batches, 500 updates of Eq. 3 in float32 without an
 # average, as fairseq-train ran beside the recipe.
-INIT = [
-    *S5,
-    "--max-steps",
-    "500",
-    "--schedule",
-    "inverse_sqrt",
-    "--precision",
-    "fp32",
-    "--ema-decay",
-    "0",
-]
-# A greedy search: the first runs change one setting of the base, the later ones one setting
-# of the best run so far (S2, then S5, then S8).
-RUNS = {
-    "S1-base": ["--max-steps", "600", "--warmup-steps", "200", *BASE],
-    "S2-tok2048": ["--max-steps", "1200", "--warmup-steps", "400", *BASE, "--max-tokens", "2048"],
-    "S3-lr1": ["--max-steps", "600", "--warmup-steps", "200", *BASE, "--lr-scale", "1.0"],
+INIT = f"{S5} --max-steps 500 --schedule inverse_sqrt --precision fp32 --ema-decay 0"
+# A greedy search: the first runs change one setting of the base (BASE: the recipe before the
+# study), the later ones one setting of the best run so far (S2, then S5, then S8).
+RUNS = {name: flags.split() for name, flags in {
+    "S1-base": f"--max-steps 600 --warmup-steps 200 {BASE}",
+    "S2-tok2048": f"--max-steps 1200 --warmup-steps 400 {BASE} --max-tokens 2048",
+    "S3-lr1": f"--max-steps 600 --warmup-steps 200 {BASE} --lr-scale 1.0",
     "S5-tok2048-prenorm-lr1": S5,
-    "S4-bpe4k": [*S5, "--vocab-size", "4000"],
-    "S6-lr2": [*S5, "--lr-scale", "2.0"],
-    "S7-dropout03": [*S5, "--model", "dropout=0.3"],
+    "S4-bpe4k": f"{S5} --vocab-size 4000",
+    "S6-lr2": f"{S5} --lr-scale 2.0",
+    "S7-dropout03": f"{S5} --model dropout=0.3",
     "I0-xavier": INIT,
-    "I1-fairseq": [*INIT, "--model", "init=fairseq"],
+    "I1-fairseq": f"{INIT} --model init=fairseq",
     "S8-fairseq-init": S8,
-    "S9-warmup200": [*S8, "--warmup-steps", "200"],
-    "S10-ls02": [*S8, "--label-smoothing", "0.2"],
-    "S11-bpe2k": [*S8, "--vocab-size", "2000"],
-    "S12-layers2": [*S8, "--model", "n_encoder_layers=2", "--model", "n_decoder_layers=2"],
-    "S13-width384": [*S8, "--model", "d_model=384", "--model", "d_ff=1536"],
-}  # fmt: skip
+    "S9-warmup200": f"{S8} --warmup-steps 200",
+    "S10-ls02": f"{S8} --label-smoothing 0.2",
+    "S11-bpe2k": f"{S8} --vocab-size 2000",
+    "S12-layers2": f"{S8} --model n_encoder_layers=2 --model n_decoder_layers=2",
+    "S13-width384": f"{S8} --model d_model=384 --model d_ff=1536",
+}.items()}  # fmt: skip
 STUDY_COLUMNS = [("run", "run"), ("flags", "settings on top of the recipe"), ("updates", "updates"),
                  ("minutes", "minutes"), ("valid_ppl", "validation perplexity"),
                  ("bleu", "BLEU"), ("chrf", "chrF")]  # fmt: skip
@@ -278,7 +234,7 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
         return
     data = args.data
     flags = [] if name == "recipe" else [*COMMON, *RUNS[name]]
-    train = [*runner.AIAYN, "train", "-c", RECIPE, "--src", str(data / "train.en"),
+    train = [*runner.AIAYN, "train", "-c", runner.RECIPE, "--src", str(data / "train.en"),
              "--tgt", str(data / "train.es"), "--valid-src", str(data / "valid.en"),
              "--valid-tgt", str(data / "valid.es"), "--out-dir", str(out), "--no-progress",
              "--threads", str(args.threads), *flags]  # fmt: skip
@@ -301,12 +257,8 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
            "bleu": bleu and round(bleu, 2), "chrf": chrf and round(chrf, 2)}  # fmt: skip
     if name == "recipe":
         row |= {"budget": f"ended at {row.pop('minutes')} min", "peak_rss": f"{peak:.1f} GiB"}
-        task, columns, table, setup = (
-            "recipe",
-            RECIPE_COLUMNS,
-            "the recipe, 2 threads",
-            (f"`aiayn prepare`'s corpus ({data.name})"),
-        )
+        task, columns, table = "recipe", RECIPE_COLUMNS, "the recipe, 2 threads"
+        setup = f"`aiayn prepare`'s corpus ({data.name})"
         summary = f"BLEU {row['bleu']} after its time budget ({row['updates']} updates)"
     else:
         row |= {"run": name, "flags": " ".join(RUNS[name])}

@@ -87,6 +87,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,10 +229,7 @@ class Prepared:
 
 
 def prepare(
-    args: argparse.Namespace,
-    c: TrainConfig,
-    work: Path,
-    fairseq_bin: Path | None,
+    args: argparse.Namespace, c: TrainConfig, work: Path, fairseq_bin: Path | None
 ) -> Prepared:
     """The vocabulary, aiayn's data cache and (with fairseq) fairseq's binarised data."""
     src, tgt = Path(c.src), Path(c.tgt)
@@ -273,38 +271,33 @@ def fairseq_preprocess(
         "".join(f"{p} 1\n" for p in names if p not in specials), encoding="utf-8"
     )
     sl, tl = c.src_lang, c.tgt_lang
-    with (
-        open(text / f"train.{sl}", "w", encoding="utf-8") as src_out,
-        open(text / f"train.{tl}", "w", encoding="utf-8") as tgt_out,
-    ):
-        for i in range(len(dataset)):
-            src_ids, tgt_ids = dataset[i]
-            src_out.write(" ".join(names[t] for t in src_ids) + "\n")
-            tgt_out.write(" ".join(names[t] for t in tgt_ids) + "\n")
-    command = [str(fairseq_bin / "fairseq-preprocess"), "--source-lang", sl, "--target-lang", tl]
-    command += ["--trainpref", str(text / "train"), "--destdir", str(prepared.fairseq_data)]
-    # fairseq-train loads a valid split even with --disable-validation; it is never evaluated.
-    # The dev set if given (encoded whole), else the first training pairs.
-    with (
-        open(text / f"valid.{sl}", "w", encoding="utf-8") as src_out,
-        open(text / f"valid.{tl}", "w", encoding="utf-8") as tgt_out,
-    ):
-        if args.valid_src:
-            for source, target in read_parallel(Path(args.valid_src), Path(args.valid_tgt)):
-                src_out.write(" ".join(names[t] for t in tokenizer.encode(source)) + "\n")
-                tgt_out.write(" ".join(names[t] for t in tokenizer.encode(target)) + "\n")
-        else:
-            for i in range(min(100, len(dataset))):
-                src_ids, tgt_ids = dataset[i]
+
+    def write(split: str, pairs: Iterable[tuple[Sequence[int], Sequence[int]]]) -> None:
+        """Source and target ids as piece strings, `split`.SL and `split`.TL."""
+        with (
+            open(text / f"{split}.{sl}", "w", encoding="utf-8") as src_out,
+            open(text / f"{split}.{tl}", "w", encoding="utf-8") as tgt_out,
+        ):
+            for src_ids, tgt_ids in pairs:
                 src_out.write(" ".join(names[t] for t in src_ids) + "\n")
                 tgt_out.write(" ".join(names[t] for t in tgt_ids) + "\n")
+
+    write("train", (dataset[i] for i in range(len(dataset))))
+    # fairseq-train loads a valid split even with --disable-validation; it is never evaluated.
+    # The dev set if given (encoded whole), else the first training pairs.
+    if args.valid_src:
+        dev = read_parallel(Path(args.valid_src), Path(args.valid_tgt))
+        write("valid", ((tokenizer.encode(s), tokenizer.encode(t)) for s, t in dev))
+    else:
+        write("valid", (dataset[i] for i in range(min(100, len(dataset)))))
+    command = [str(fairseq_bin / "fairseq-preprocess"), "--source-lang", sl, "--target-lang", tl]
+    command += ["--trainpref", str(text / "train"), "--destdir", str(prepared.fairseq_data)]
     command += ["--validpref", str(text / "valid")]
     command += ["--joined-dictionary", "--srcdict", str(text / "dict.txt"), "--workers", "1"]
     print("running: " + shlex.join(command), flush=True)
-    done = subprocess.run(command, capture_output=True, text=True, env=child_env(args.threads))
-    output = done.stdout + done.stderr
-    (work / "fairseq-preprocess.log").write_text(output, encoding="utf-8")
-    if done.returncode != 0:
+    log = work / "fairseq-preprocess.log"
+    code, output = runner.run_logged(command, log, env=child_env(args.threads))
+    if code != 0:
         raise SystemExit(f"fairseq-preprocess failed:\n{output[-3000:]}")
     prepared.fairseq_dict = {lang: int(n) for lang, n in FAIRSEQ_DICT.findall(output)}
     # The check that both sides train on the same tokens: fairseq's counts of the train files
@@ -413,11 +406,7 @@ def _first_match(pattern: re.Pattern[str], lines: list[tuple[float, str]]) -> re
 
 
 def run_aiayn(
-    args: argparse.Namespace,
-    c: TrainConfig,
-    prepared: Prepared,
-    run_dir: Path,
-    bf16: bool,
+    args: argparse.Namespace, c: TrainConfig, prepared: Prepared, run_dir: Path, bf16: bool
 ) -> tuple[Window, list[Interval], int | None, int | None]:
     # The binarised corpus, as if this run had built it (its key: paths, sizes, tokenizer).
     shutil.copytree(prepared.cache_root, run_dir / "data")
@@ -670,16 +659,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, help="an `aiayn prepare` folder: train.*, valid.*")
     parser.add_argument("--src", help="training source text (default DATA/train.en)")
     parser.add_argument("--tgt", help="training target text, line-aligned (DATA/train.es)")
-    parser.add_argument(
-        "--valid-src", help="dev source, fairseq's valid split (loaded, never evaluated)"
-    )
+    parser.add_argument("--valid-src", help="dev source, fairseq's valid split (never evaluated)")
     parser.add_argument("--valid-tgt", help="dev target, likewise")
-    parser.add_argument(
-        "-c", "--config", default="recipes/bible-en-es-cpu.yaml", help="training recipe (YAML)"
-    )
-    parser.add_argument(
-        "--fairseq-bin", type=Path, help="directory of fairseq-preprocess and fairseq-train"
-    )
+    parser.add_argument("-c", "--config", default=runner.RECIPE, help="training recipe (YAML)")
+    parser.add_argument("--fairseq-bin", type=Path, help="folder of fairseq-preprocess, -train")
     parser.add_argument("--fairseq-workers", type=int, default=1, help="fairseq --num-workers")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=210, help="wall time per run")
@@ -690,14 +673,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: temporary)")
     runner.add_arguments(parser)
     args = parser.parse_args(argv)
-    if args.data is not None:
-        args.src = args.src or str(args.data / "train.en")
-        args.tgt = args.tgt or str(args.data / "train.es")
-        if args.valid_src is None and (args.data / "valid.en").is_file():
-            args.valid_src, args.valid_tgt = (
-                str(args.data / "valid.en"),
-                str(args.data / "valid.es"),
-            )
+    if (data := args.data) is not None:
+        args.src, args.tgt = args.src or str(data / "train.en"), args.tgt or str(data / "train.es")
+        if args.valid_src is None and (data / "valid.en").is_file():
+            args.valid_src, args.valid_tgt = str(data / "valid.en"), str(data / "valid.es")
     if args.src is None or args.tgt is None:
         parser.error("give --data DIR (an `aiayn prepare` folder), or --src and --tgt")
     if (args.valid_src is None) != (args.valid_tgt is None):
