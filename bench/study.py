@@ -14,7 +14,8 @@ does.
     python bench/study.py run DATA runs/study I0-xavier I1-fairseq
     python bench/study.py run DATA runs/recipe recipe              # the recipe's own run
 
-DATA is a folder made by `aiayn prepare bible-en-es` (train.*, valid.*).
+DATA is a folder made by `aiayn prepare bible-en-es` (train.*, valid.*); where it has test.* too
+(`--test-books`), each run is scored on that split as well, its BLEU recorded as `test_bleu`.
 
 `plot` draws the learning curves of runs that differ in one setting. Each run NAME is a run
 directory STUDY_DIR/NAME (its metrics.jsonl, train_config.yaml and, once evaluated,
@@ -106,6 +107,7 @@ STUDY_COLUMNS = [("run", "run"), ("flags", "settings on top of the recipe"), ("u
 RECIPE_COLUMNS = [("budget", "time budget"), ("updates", "updates"),
                   ("valid_ppl", "validation perplexity"), ("bleu", "BLEU"), ("chrf", "chrF"),
                   ("peak_rss", "peak RSS")]  # fmt: skip
+TEST_COLUMN = ("test_bleu", "test BLEU")  # where DATA has a test split
 
 
 def differences(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
@@ -238,18 +240,21 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
              "--tgt", str(data / "train.es"), "--valid-src", str(data / "valid.en"),
              "--valid-tgt", str(data / "valid.es"), "--out-dir", str(out), "--no-progress",
              "--threads", str(args.threads), *flags]  # fmt: skip
-    evaluate = [*runner.AIAYN, "evaluate", "-m", str(out / "model"),
-                "--src", str(data / "valid.en"), "--ref", str(data / "valid.es"),
-                "-o", str(out / "valid.hyp"), "--json", "--no-progress",
+    evaluate = [*runner.AIAYN, "evaluate", "-m", str(out / "model"), "--json", "--no-progress",
                 "--threads", str(args.threads)]  # fmt: skip
+    on = {split: ["--src", str(data / f"{split}.en"), "--ref", str(data / f"{split}.es"),
+                  "-o", str(out / f"{split}.hyp")] for split in ("valid", "test")}  # fmt: skip
+    has_test = (data / "test.en").is_file()
     env = runner.with_src_on_path(os.environ)
     print(f"{time.strftime('%H:%M')} {name}: {' '.join(flags)}", flush=True)
     args.study_dir.mkdir(parents=True, exist_ok=True)
     with open(args.study_dir / f"{name}.train.log", "w", encoding="utf-8") as log:
         subprocess.run(train, stdout=log, stderr=subprocess.STDOUT, env=env, check=True)
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB → GiB
-    scores = subprocess.run(evaluate, capture_output=True, text=True, env=env, check=True).stdout
-    (out / "valid.bleu.json").write_text(scores, encoding="utf-8")
+    for split in ("test", "valid") if has_test else ("valid",):  # valid.bleu.json: run done
+        done = subprocess.run([*evaluate, *on[split]], capture_output=True, text=True, env=env,
+                              check=True)  # fmt: skip
+        (out / f"{split}.bleu.json").write_text(done.stdout, encoding="utf-8")
     got = read_run(out)
     ppl = round(got["raw"][-1], 2) if got["raw"] else None
     bleu, chrf = got["scores"].get("bleu"), got["scores"].get("chrf")
@@ -264,6 +269,9 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
         row |= {"run": name, "flags": " ".join(RUNS[name])}
         task, columns, table, setup = "study", STUDY_COLUMNS, "the small-data study", name
         summary = ""
+    if has_test:
+        test_bleu = read_scores(out / "test.bleu.json").get("bleu")
+        row["test_bleu"], columns = test_bleu and round(test_bleu, 2), [*columns, TEST_COLUMN]
     rec = runner.record(task, table=table, setup=setup, columns=columns, rows=[row],
                         summary=summary, machine_name=args.machine, load=load,
                         command=f"python bench/study.py run DATA RUNS {name}")  # fmt: skip

@@ -115,3 +115,50 @@ def test_a_busy_machine_is_refused_in_one_line_unless_asked(
     assert runner.check_idle(force=True) == 64.0
     monkeypatch.setattr(runner, "load_average", lambda: 0.0)
     assert runner.check_idle(wait_s=0) == 0.0
+
+
+# `aiayn` as bench/study.py runs it, without training: `train` logs one update and one
+# validation; `evaluate` prints scores that say which split they were made on.
+FAKE_AIAYN = """
+import json, sys
+from pathlib import Path
+args = sys.argv[1:]
+value = lambda flag: args[args.index(flag) + 1]
+if args[0] == "train":
+    out = Path(value("--out-dir"))
+    out.mkdir(parents=True)
+    records = [{"type": "train", "step": 10, "elapsed_s": 6.0, "tokens_per_s": 100.0},
+               {"type": "valid", "step": 10, "valid_ppl": 9.5}]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in records))
+else:
+    split = Path(value("--src")).stem
+    print(json.dumps({"bleu": {"valid": 20.0, "test": 10.0}[split], "chrf": 40.0}))
+"""
+
+
+def test_study_scores_each_run_on_the_test_split_where_the_data_has_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import runner
+    import study
+
+    (tmp_path / "aiayn.py").write_text(FAKE_AIAYN, encoding="utf-8")
+    monkeypatch.setattr(runner, "AIAYN", [sys.executable, str(tmp_path / "aiayn.py")])
+    data = tmp_path / "data"
+    data.mkdir()
+
+    def run(study_dir: str) -> dict:
+        record = tmp_path / f"{study_dir}.jsonl"
+        study.main(["run", str(data), str(tmp_path / study_dir), "S1-base", "--busy-ok",
+                    "--record", str(record)])  # fmt: skip
+        return json.loads(record.read_text(encoding="utf-8"))
+
+    without = run("without")
+    assert without["rows"][0]["bleu"] == 20.0 and "test_bleu" not in without["rows"][0]
+    assert without["columns"] == [list(c) for c in study.STUDY_COLUMNS]
+    assert not (tmp_path / "without" / "S1-base" / "test.bleu.json").exists()
+    (data / "test.en").write_text("a test sentence\n", encoding="utf-8")
+    with_test = run("with")
+    assert (with_test["rows"][0]["bleu"], with_test["rows"][0]["test_bleu"]) == (20.0, 10.0)
+    assert with_test["columns"] == [*without["columns"], ["test_bleu", "test BLEU"]]
