@@ -42,6 +42,8 @@ RECIPE = "recipes/bible-en-es-cpu.yaml"
 IDLE_LOAD = 0.5
 """The 1-minute load average per core above which a machine counts as busy."""
 
+TEXT = tuple(f"src/aiayn/text/{name}.py" for name in ("batching", "corpus", "lines", "tokenizer"))
+"""What training reads its text with (not `aiayn prepare`, which makes the text)."""
 SOURCES = {
     "translate": (
         "src/aiayn/decode", "src/aiayn/model.py", "src/aiayn/attention.py",
@@ -49,12 +51,12 @@ SOURCES = {
     ),
     "train": (
         "src/aiayn/train", "src/aiayn/model.py", "src/aiayn/attention.py", "src/aiayn/loss.py",
-        "src/aiayn/optim.py", "src/aiayn/acceleration.py", "src/aiayn/text",
+        "src/aiayn/optim.py", "src/aiayn/acceleration.py", *TEXT,
     ),
     "recipe": (RECIPE, "src/aiayn/train", "src/aiayn/model.py"),
     "serve": ("src/aiayn/serve", "src/aiayn/decode", "src/aiayn/model.py"),
     "gpu": ("src/aiayn",),
-    "study": ("src/aiayn/train", "src/aiayn/model.py", "src/aiayn/text"),
+    "study": ("src/aiayn/train", "src/aiayn/model.py", *TEXT),
 }  # fmt: skip
 """Per task, the folders (and files) whose change can move its figures."""
 AIAYN = [sys.executable, "-m", "aiayn"]

@@ -263,8 +263,10 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
     if name == "recipe":
         row |= {"budget": f"ended at {row.pop('minutes')} min", "peak_rss": f"{peak:.1f} GiB"}
         task, columns, table = "recipe", RECIPE_COLUMNS, "the recipe, 2 threads"
-        setup = f"`aiayn prepare`'s corpus ({data.name})"
-        summary = f"BLEU {row['bleu']} after its time budget ({row['updates']} updates)"
+        pairs = sum(1 for _ in open(data / "valid.en", encoding="utf-8"))
+        setup = f"`aiayn prepare bible-en-es`'s corpus (validation set: {pairs} pairs)"
+        summary = (f"BLEU {row['bleu']}, chrF {row['chrf']} after its 30-minute budget "
+                   f"({row['updates']:,} updates)")  # fmt: skip
     else:
         row |= {"run": name, "flags": " ".join(RUNS[name])}
         task, columns, table, setup = "study", STUDY_COLUMNS, "the small-data study", name
