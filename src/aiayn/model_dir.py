@@ -100,6 +100,7 @@ def save_model_dir(
     tokenizer_file: str | Path,
     metadata: dict[str, Any] | None = None,
     extra_files: dict[str, Any] | None = None,
+    files: dict[str, bytes] | None = None,
 ) -> Path:
     """Write a model directory atomically (replacing an existing one).
 
@@ -110,6 +111,7 @@ def save_model_dir(
             vocab.json, copied with its source.spm and target.spm).
         metadata: JSON-serialisable facts (languages, step, ...).
         extra_files: name → object saved with `torch.save` (e.g. the training state).
+        files: name → bytes written as they are (a lexical shortlist).
 
     Raises:
         DiskFullError: The disk or quota filled up; the partial directory was removed and an
@@ -121,6 +123,8 @@ def save_model_dir(
     parts.remove_dead(directory)
     try:
         tmp.mkdir(parents=True)
+        for name, data in (files or {}).items():
+            (tmp / name).write_bytes(data)
         _write_model_files(tmp, model, tokenizer_file, metadata, extra_files)
     except BaseException as error:
         # A partial directory would only fill the disk further (and a full disk is the
@@ -184,6 +188,49 @@ def _write_model_files(
     checksums = {name: sha256_of(tmp / name) for name in names}
     (tmp / CHECKSUMS_FILE).write_text(json.dumps(checksums, indent=2) + "\n")
     _fsync_dir(tmp)
+
+
+def add_files(directory: Path, files: dict[str, bytes]) -> None:
+    """Add small files to a complete model directory (replacing those of the same names), and
+    their SHA-256 to its checksums.json, atomically: a copy of the directory is made beside it,
+    its files hard-linked where the file system allows (the weights are not copied), the new
+    files and checksums.json written into it, and the copy swapped in (`parts.swap_in`, as
+    `save_model_dir` does). A kill leaves the directory as it was, and a part that the next
+    writer removes.
+
+    Raises:
+        CheckpointError: `directory` is no complete model directory.
+    """
+    checksums = _expected_checksums(directory)
+    tmp = parts.part(directory)
+    parts.remove_dead(directory)
+    try:
+        tmp.mkdir()
+        for entry in sorted(directory.iterdir()):
+            if entry.name in files or entry.name == CHECKSUMS_FILE:
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, tmp / entry.name, copy_function=_link_or_copy)
+            else:
+                _link_or_copy(entry, tmp / entry.name)
+        for name, data in files.items():
+            (tmp / name).write_bytes(data)
+            checksums[name] = sha256_of(tmp / name)
+        checksums = dict(sorted(checksums.items()))
+        (tmp / CHECKSUMS_FILE).write_text(json.dumps(checksums, indent=2) + "\n")
+        _fsync_dir(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    parts.swap_in(tmp, directory)
+
+
+def _link_or_copy(source: str | Path, target: str | Path) -> None:
+    """A hard link of `source` at `target`, or a copy where the file system has none."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
 
 
 class _KeptWriteError:
@@ -552,5 +599,7 @@ def _size(n: float) -> str:
 
 def _fsync_dir(directory: Path) -> None:
     for path in directory.iterdir():
+        if not path.is_file():
+            continue
         with open(path, "rb") as f:
             os.fsync(f.fileno())
