@@ -570,14 +570,20 @@ class Transformer(nn.Module):
         Updates `cache` in place and advances its length: equal to the full `forward` pass at
         that position, because decoder self-attention is causal (§3.2.3).
         """
+        logits = self.output_projection(self.decode_step_hidden(tokens, cache))  # (B, V)
+        return F.log_softmax(logits, dim=-1, dtype=torch.float32)
+
+    def decode_step_hidden(self, tokens: Tensor, cache: DecoderCache) -> Tensor:
+        """`decode_step` up to the decoder stack's output (B, D), before the pre-softmax
+        projection: the hook of a search that projects onto part of the vocabulary only
+        (`aiayn.decode.restricted`). Updates `cache` as `decode_step` does."""
         t = cache.length
         if t >= cache.max_len:
             raise ValueError(f"decoder cache is full ({cache.max_len} positions)")
         x = self.tgt_embed(tokens) + self.positions(1, offset=t)  # (B, D)
         x = self.decoder.step(self.embed_dropout(x), cache)
         cache.length = t + 1
-        logits = self.output_projection(x)  # (B, V)
-        return F.log_softmax(logits, dim=-1, dtype=torch.float32)
+        return x
 
 
 @dataclass

@@ -34,6 +34,7 @@ from aiayn import runtime
 from aiayn.acceleration import ONEDNN_KERNELS_FOR_BF16_TRAINING
 from aiayn.cli import main
 from aiayn.config import TrainConfig
+from aiayn.decode.shortlist import SHORTLIST_FILE, model_shortlist
 from aiayn.decode.translator import Translator
 from aiayn.model import Transformer
 from aiayn.model_dir import CHECKSUMS_FILE, WEIGHTS_FILE, load_model_dir
@@ -228,6 +229,23 @@ def test_run_directory_contents(corpus: tuple[Path, Path], tmp_path: Path) -> No
     state = ckpt.load_training_state(run_dir / "checkpoints" / "step_00000006")
     assert state.progress.step == 6
     assert state.progress.tokens_seen == records[-2]["tokens_seen"]
+
+
+def test_the_end_of_training_adds_the_shortlist_of_its_data(
+    corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """model/ and best/ (saved before the end) get the lexical shortlist of the training data;
+    on this copy task every source piece is among its own targets."""
+    valid = dict(valid_src=str(corpus[0]), valid_tgt=str(corpus[1]))
+    trainer.train(make_config(corpus, tmp_path / "run", max_steps=3, valid_every=1, **valid))
+    run_dir = tmp_path / "run"
+    for name in ("model", "best"):
+        loaded = load_model_dir(run_dir / name)  # every file checked against checksums.json
+        shortlist = model_shortlist(loaded.directory, loaded.config.tgt_vocab_size)
+        assert shortlist is not None, name
+        seen = [s for s in range(shortlist.src_vocab_size) if shortlist.targets_of(s).size]
+        assert seen and all(s in shortlist.targets_of(s) for s in seen)
+    assert not (run_dir / "checkpoints" / "step_00000003" / SHORTLIST_FILE).exists()
 
 
 def test_keep_last_and_timed_checkpoints(corpus: tuple[Path, Path], tmp_path: Path) -> None:

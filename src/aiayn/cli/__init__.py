@@ -1,5 +1,5 @@
-"""The `aiayn` command: info, train, average, demo, translate, evaluate, score, attention, serve,
-plot, prepare, export, import.
+"""The `aiayn` command: info, train, average, demo, shortlist, translate, evaluate, score,
+attention, serve, plot, prepare, export, import.
 
 Each subcommand is a small function that turns flags into explicit arguments for the library.
 What a command raises is reported by one rule (:func:`main`): an error the user can fix
@@ -11,6 +11,7 @@ registers its commands and their ``run`` functions:
 - :mod:`aiayn.cli.train`: info, train, average, demo
 - :mod:`aiayn.cli.translate`: translate, evaluate, score, attention
 - :mod:`aiayn.cli.serve`: serve
+- :mod:`aiayn.cli.shortlist`: shortlist
 - :mod:`aiayn.cli.plot`, :mod:`aiayn.cli.prepare`
 - :mod:`aiayn.cli.interop`: export, import
 
@@ -39,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from aiayn import __version__
-from aiayn.cli import interop, plot, prepare, serve, train, translate
+from aiayn.cli import interop, plot, prepare, serve, shortlist, train, translate
 from aiayn.cli.flags import (
     add_dataclass_flags,
     attribute_docs,
@@ -66,7 +67,7 @@ __all__ = [
 logger = logging.getLogger("aiayn")
 
 # In the order `aiayn --help` lists them.
-_COMMAND_FAMILIES = (train, translate, serve, plot, prepare, interop)
+_COMMAND_FAMILIES = (train, shortlist, translate, serve, plot, prepare, interop)
 
 
 # What an OSError about a path the user gave may say: the path is missing, of the wrong kind,

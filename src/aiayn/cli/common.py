@@ -34,6 +34,7 @@ SEARCH_FIELDS = (
     "max_len_b",
     "min_len",
     "stopping",
+    "shortlist",
 )
 SAMPLING_FIELDS = ("sampling", "temperature", "top_k", "top_p")
 

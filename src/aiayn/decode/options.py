@@ -132,6 +132,9 @@ class DecodingOptions:
         top_k: Sample among the k most probable tokens; 0 = no limit.
         top_p: Nucleus sampling: sample among the most probable tokens holding this much
             probability, in (0, 1]; 1 = no limit.
+        shortlist: Score only the target pieces the model's lexical shortlist allows each
+            batch (its shortlist.safetensors, a CTranslate2 export's vmap.txt), renormalised
+            over them: faster, and may change the output (docs/settings.md).
     """
 
     beam_size: int = 4
@@ -146,6 +149,7 @@ class DecodingOptions:
     temperature: float = 1.0
     top_k: int = 0
     top_p: float = 1.0
+    shortlist: bool = False
 
     def __post_init__(self) -> None:
         if not _is_int(self.beam_size) or self.beam_size < 1:
@@ -190,6 +194,8 @@ class DecodingOptions:
             raise UserValueError(f"top_k ({self.top_k!r}) must be an integer >= 0 (0 = no limit)")
         if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
             raise UserValueError(f"top_p ({self.top_p!r}) must be in (0, 1] (1 = no limit)")
+        if not isinstance(self.shortlist, bool):
+            raise UserValueError(f"shortlist ({self.shortlist!r}) must be True or False")
 
     @property
     def rows_per_sentence(self) -> int:

@@ -20,6 +20,10 @@ fast; so is :class:`Hypothesis`, what a search returns (:mod:`aiayn.decode.resul
 Entry point. :func:`search_with` runs the strategy the options ask for over lists of source ids
 (right-padded by :func:`pad`): what the PyTorch and ONNX backends call.
 
+Part of the vocabulary. Given ``vocab``, the sorted target ids a model's steps score (a
+shortlist's, :mod:`aiayn.decode.restricted`), every strategy restricts, ranks and samples over
+those V' columns and maps the columns it chooses back to ids.
+
 Lengths. The length of a hypothesis counts its generated tokens including EOS (BOS is not
 generated). A sentence with ``src_len`` non-pad source tokens may generate
 ``max_len = int(max_len_a * src_len + max_len_b)`` tokens, at least 0
@@ -135,19 +139,53 @@ def _max_output_lengths(
 
 
 def _never_output(
-    bos_id: int, eos_id: int, pad_id: int, device: torch.device, *, too_short: bool = False
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    device: torch.device,
+    *,
+    too_short: bool = False,
+    vocab: Tensor | None = None,
 ) -> Tensor:
     """Ids that may never be generated: pad and BOS (unless one of them doubles as EOS); with
-    ``too_short`` (a step before ``min_len``), EOS as well."""
+    ``too_short`` (a step before ``min_len``), EOS as well. With ``vocab``, their columns among
+    the ids it scores (`_columns`; those it lacks cannot be generated anyway)."""
     banned = ({pad_id, bos_id} - {eos_id}) | ({eos_id} if too_short else set())
-    return torch.tensor(sorted(banned), dtype=torch.long, device=device)
+    ids = torch.tensor(sorted(banned), dtype=torch.long, device=device)
+    return ids if vocab is None else _columns(vocab, ids)
 
 
-def _restrict_(scores: Tensor, banned: Tensor, eos_id: int, force_eos: Tensor | None) -> Tensor:
+def _columns(vocab: Tensor, ids: Tensor) -> Tensor:
+    """The columns of ``ids`` among a step's (V',) sorted ``vocab``, leaving out the ids it
+    does not hold."""
+    at = torch.searchsorted(vocab, ids).clamp(max=vocab.numel() - 1)
+    return at[vocab[at].eq(ids)]
+
+
+def _eos_column(vocab: Tensor | None, eos_id: int) -> int:
+    """Where EOS's log-probability lies in a step's scores: its id, or its column in
+    ``vocab``, which must hold it (a sentence must be able to end)."""
+    if vocab is None:
+        return eos_id
+    column = _columns(vocab, torch.tensor([eos_id], device=vocab.device))
+    if column.numel() == 0:
+        raise ValueError(f"the decoding vocabulary must hold EOS ({eos_id})")
+    return int(column)
+
+
+def _check_vocab(vocab: Tensor | None) -> None:
+    if vocab is None:
+        return
+    if vocab.dim() != 1 or vocab.numel() == 0 or bool((vocab[1:] <= vocab[:-1]).any()):
+        raise ValueError("vocab must be a 1-D tensor of distinct ids in increasing order")
+
+
+def _restrict_(scores: Tensor, banned: Tensor, eos: int, force_eos: Tensor | None) -> Tensor:
     """In place: set banned tokens to -inf everywhere, and every token but EOS to -inf in rows
     that have reached their maximum length (``force_eos``, (rows,) bool; None where the search
     knows that none has), EOS keeping its log-probability there even where ``banned`` holds it
-    (the maximum length wins over ``min_len``). Returns ``scores``.
+    (the maximum length wins over ``min_len``). Returns ``scores``. ``banned`` and ``eos`` are
+    columns of ``scores``: ids, or their places in a search's ``vocab``.
 
     ``scores`` (rows, V) are the log-probabilities a ``decode_step`` returned (a new tensor,
     the search's to change); adding a beam's cumulative log-probability afterwards keeps the
@@ -157,11 +195,11 @@ def _restrict_(scores: Tensor, banned: Tensor, eos_id: int, force_eos: Tensor | 
     rows = None
     if force_eos is not None and bool(force_eos.any()):
         rows = force_eos.nonzero().squeeze(1)
-        eos = scores[rows, eos_id]  # a copy (advanced indexing), taken before any ban
+        eos_scores = scores[rows, eos]  # a copy (advanced indexing), taken before any ban
     scores.index_fill_(1, banned, -math.inf)
     if rows is not None:
         scores[rows] = -math.inf
-        scores[rows, eos_id] = eos
+        scores[rows, eos] = eos_scores
     return scores
 
 
@@ -401,6 +439,7 @@ def beam_search(
     eos_id: int,
     pad_id: int,
     options: DecodingOptions | None = None,
+    vocab: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Batched beam search with the paper's settings by default (§6.1, :class:`DecodingOptions`).
 
@@ -439,12 +478,16 @@ def beam_search(
         options: beam_size (W), length_penalty (α), length_penalty_kind, max_len_a,
             max_len_b, min_len, n_best and stopping are used; None = the defaults. The length
             penalty is applied to |Y|, the length including EOS.
+        vocab: (V',) the target ids, sorted, that the model's ``decode_step`` scores, column j
+            being id ``vocab[j]`` (a model restricted to a shortlist:
+            `aiayn.decode.restricted.RestrictedModel`); it must hold EOS. None: every id.
 
     Returns:
         For each source row, in input order, up to ``n_best`` hypotheses, best first. A list is
         shorter only if the model gives zero probability to every other continuation.
     """
     _check_ids(src_tokens)
+    _check_vocab(vocab)
     options = options or DecodingOptions()
     if options.sampling:
         raise ValueError("these options ask for sampling: call sample(), not beam_search()")
@@ -458,8 +501,9 @@ def beam_search(
     # (B,) float64 on the CPU, by input sentence: the largest penalty each may reach
     max_final_lp = torch.tensor([lp_fn(m + 1, length_penalty) for m in max_len.tolist()])
     cache = model.init_cache(memory, src_key_mask, int(max_len.max()) + 1 if b else 1)
-    banned = _never_output(bos_id, eos_id, pad_id, device)
-    too_short = _never_output(bos_id, eos_id, pad_id, device, too_short=True)
+    banned = _never_output(bos_id, eos_id, pad_id, device, vocab=vocab)
+    too_short = _never_output(bos_id, eos_id, pad_id, device, too_short=True, vocab=vocab)
+    eos_column = _eos_column(vocab, eos_id)
 
     finished: list[list[Hypothesis]] = [[] for _ in range(b)]
     worst_kept = torch.full((b,), -math.inf, dtype=torch.float64)  # (B,) see _finish
@@ -477,8 +521,11 @@ def beam_search(
         n, k = beam_log_prob.shape
         force_eos = max_len.le(step).repeat_interleave(k) if step >= first_forced else None
         log_probs = _float(model.decode_step(prev, cache))  # (N·K, V), ours to change
-        _restrict_(log_probs, too_short if step < options.min_len else banned, eos_id, force_eos)
+        limit = too_short if step < options.min_len else banned
+        _restrict_(log_probs, limit, eos_column, force_eos)
         cands = _select_candidates(beam_log_prob, log_probs, beam_size)
+        if vocab is not None:  # columns to ids
+            cands.token = vocab[cands.token]
         some_full |= _finish(
             cands,
             tokens,
@@ -536,22 +583,25 @@ def _decode_one_per_row(
     pad_id: int,
     options: DecodingOptions,
     in_input_order: bool = False,
+    vocab: Tensor | None = None,
 ) -> list[Hypothesis]:
     """The decoding loop of greedy search and sampling; ``choose`` is the strategy.
 
     ``choose`` maps (N, V) log-probabilities (pad and BOS already -inf, EOS too before
-    ``options.min_len`` tokens, EOS forced at max length) to (N,) next tokens. Rows are dropped
-    from the batch as soon as they emit EOS; the rows left keep their input order with
-    ``in_input_order``, else `_survivors`' order.
+    ``options.min_len`` tokens, EOS forced at max length) to (N,) next tokens (columns of
+    ``vocab`` where given: `beam_search`). Rows are dropped from the batch as soon as they emit
+    EOS; the rows left keep their input order with ``in_input_order``, else `_survivors`' order.
     """
     _check_ids(src_tokens)
+    _check_vocab(vocab)
     device = src_tokens.device
     b = src_tokens.size(0)
     memory, src_key_mask = model.encode(src_tokens)
     max_len = _max_output_lengths(src_tokens, pad_id, options.max_len_a, options.max_len_b)
     cache = model.init_cache(memory, src_key_mask, int(max_len.max()) + 1 if b else 1)
-    banned = _never_output(bos_id, eos_id, pad_id, device)
-    too_short = _never_output(bos_id, eos_id, pad_id, device, too_short=True)
+    banned = _never_output(bos_id, eos_id, pad_id, device, vocab=vocab)
+    too_short = _never_output(bos_id, eos_id, pad_id, device, too_short=True, vocab=vocab)
+    eos_column = _eos_column(vocab, eos_id)
 
     results: list[Hypothesis | None] = [None] * b
     sentence = torch.arange(b, device=device)  # (N,)
@@ -563,9 +613,12 @@ def _decode_one_per_row(
     while sentence.numel() > 0:
         log_probs = _float(model.decode_step(prev, cache))  # (N, V), ours to change
         force_eos = max_len.le(step) if step >= first_forced else None
-        _restrict_(log_probs, too_short if step < options.min_len else banned, eos_id, force_eos)
+        limit = too_short if step < options.min_len else banned
+        _restrict_(log_probs, limit, eos_column, force_eos)
         token = choose(log_probs)  # (N,)
         log_prob = log_prob + log_probs.gather(1, token.unsqueeze(1)).squeeze(1)
+        if vocab is not None:  # columns to ids
+            token = vocab[token]
         ended = token.eq(eos_id)
         if bool(ended.any()):
             ended_rows = zip(
@@ -599,13 +652,15 @@ def greedy_search(
     eos_id: int,
     pad_id: int,
     options: DecodingOptions | None = None,
+    vocab: Tensor | None = None,
 ) -> list[Hypothesis]:
     """Batched greedy search: the most probable next token at every step.
 
     A sentence stops at its first EOS (or when EOS is forced at max length, see the module
     docstring) and is dropped from the batch. Of ``options`` (None = the defaults) only the
-    length limits max_len_a, max_len_b and min_len are used. Returns one hypothesis per source
-    row, in input order; its score is its log-probability (no length penalty).
+    length limits max_len_a, max_len_b and min_len are used; ``vocab`` is `beam_search`'s.
+    Returns one hypothesis per source row, in input order; its score is its log-probability
+    (no length penalty).
     """
 
     def argmax(log_probs: Tensor) -> Tensor:
@@ -619,6 +674,7 @@ def greedy_search(
         eos_id=eos_id,
         pad_id=pad_id,
         options=options or DecodingOptions(),
+        vocab=vocab,
     )
 
 
@@ -649,6 +705,7 @@ def sample(
     pad_id: int,
     options: DecodingOptions | None = None,
     generator: torch.Generator | None = None,
+    vocab: Tensor | None = None,
 ) -> list[Hypothesis]:
     """Batched ancestral sampling, with temperature, then top-k, then nucleus (top-p) filtering.
 
@@ -660,6 +717,7 @@ def sample(
             top_p (nucleus filtering after temperature and top-k), max_len_a, max_len_b and
             min_len are used; None = the defaults (plain sampling).
         generator: For reproducible samples; must live on the device of ``src_tokens``.
+        vocab: `beam_search`'s: samples are drawn from the distribution renormalised over it.
 
     Returns:
         One hypothesis per source row, in input order. ``log_prob`` and ``score`` are the
@@ -686,6 +744,7 @@ def sample(
         pad_id=pad_id,
         options=options or DecodingOptions(),
         in_input_order=True,  # the rows `torch.multinomial` draws for stay those of a seed
+        vocab=vocab,
     )
 
 
@@ -708,12 +767,13 @@ def search_with(
     options: DecodingOptions,
     generator: torch.Generator | None,
     device: torch.device,
+    vocab: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """aiayn's own search over any `IncrementalModel` (a model, an ensemble, ONNX
     sessions): ``n_best`` samples per sentence sorted by log-probability with ``sampling``,
-    else greedy search for beam size 1, else beam search."""
+    else greedy search for beam size 1, else beam search; ``vocab`` is `beam_search`'s."""
     src = pad(sources, device)  # (B, S)
-    ids: dict[str, Any] = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
+    ids: dict[str, Any] = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID, "vocab": vocab}
     if options.sampling:
         n = options.n_best
         samples = sample(

@@ -429,6 +429,8 @@ class Translator:
         if isinstance(sentences, str):
             raise TypeError("translate() takes a list of sentences, not a single string")
         self.backend.check(options, return_attention=return_attention)
+        if options.shortlist and (missing := self.backend.shortlist_missing()):
+            raise UserValueError(f"shortlist=True, but {missing}")
         sentences = list(sentences)
         results = [empty_result() for _ in sentences]
         sources = self._prepare(sentences, options, first_number)

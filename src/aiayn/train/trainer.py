@@ -14,7 +14,8 @@
    compute the same update;
 3. `Trainer.validate` (aiayn.train.validation) and `Trainer.save`: checkpoints that resume exactly
    (weights, optimizer, step, RNG, data position: `checkpoint.TrainingState`), a `model/`
-   directory that inference loads with no flags and a `best/` one;
+   directory that inference loads with no flags and a `best/` one, to which the end of
+   training adds the lexical shortlist of the training data (aiayn.decode.shortlist);
 4. `Trainer.run`: the loop; SIGINT/SIGTERM finish the current update, save and exit; with
    `patience`, the run ends once validation stops improving (aiayn.train.stopping); with
    `time_budget`, once the next update would leave too little time for the final validation
@@ -44,8 +45,9 @@ from torch import nn
 
 from aiayn.acceleration import ONEDNN_KERNELS_FOR_BF16_TRAINING
 from aiayn.config import TrainConfig
+from aiayn.decode.shortlist import SHORTLIST_FILE, build_shortlist
 from aiayn.loss import perplexity
-from aiayn.model_dir import DiskFullError, save_model_dir
+from aiayn.model_dir import DiskFullError, add_files, save_model_dir
 from aiayn.runtime import device_type
 from aiayn.text.corpus import ParallelDataset
 from aiayn.train import checkpoint as ckpt
@@ -71,6 +73,9 @@ RUN_ESTIMATE_AFTER = 10
 """Measured updates after which `Trainer` estimates the run's length (`_warn_if_long`)."""
 LONG_RUN_S = 86400.0
 """A run foreseen to take longer than this (a day) without a time budget is said so."""
+SHORTLIST_PAIRS = 200_000
+"""Training pairs the lexical shortlist is counted from at the end of training: all of a
+smaller corpus, else this many spread evenly over it (a few seconds per 30,000 pairs)."""
 
 
 @dataclass
@@ -275,6 +280,7 @@ class Trainer:
         self.loss_sums = IntervalLossSums()  # the open interval's, on the device
         self.out_of_time = False  # the budget ended the run (agreed on by every rank)
         self._validation_out_of_time = False  # rank 0 gave up a validation for the final save
+        self._files: dict[str, bytes] = {}  # written into model/ and best/ beside the weights
         self._warned_short = False  # that the budget ends the run inside the warm-up
 
     def release_model_wrapper(self) -> None:
@@ -308,9 +314,15 @@ class Trainer:
                 interrupted = self._run_epoch()
             self.display.close()
             if not interrupted:
+                if self.distributed.is_main:
+                    self._files[SHORTLIST_FILE] = self._shortlist()
                 if not early_stopped and not self._validation_out_of_time:
                     interrupted = not self.validate()
                 self.save()
+                best = self.run_dir / "best"
+                saved_before = best.is_dir() and not (best / SHORTLIST_FILE).is_file()
+                if self.distributed.is_main and saved_before:  # best/ saved without it
+                    add_files(best, {SHORTLIST_FILE: self._files[SHORTLIST_FILE]})
         if interrupted:
             logger.warning("stopped at step %d; continue with --resume", progress.step)
         elif self.distributed.is_main:
@@ -620,6 +632,22 @@ class Trainer:
         self._last_save_time = time.monotonic()
         self.pace.last_save = self._last_save_time - began
 
+    def _shortlist(self) -> bytes:
+        """The lexical shortlist of the training data (`aiayn.decode.shortlist`), as the bytes
+        of its file: from `SHORTLIST_PAIRS` pairs at most."""
+        began = time.monotonic()
+        data, c = self.train_data, self.model_config
+        picked = np.unique(np.linspace(0, len(data) - 1, min(len(data), SHORTLIST_PAIRS)).round())
+        shortlist = build_shortlist(
+            (data[int(i)] for i in picked),
+            src_vocab_size=c.src_vocab_size,
+            tgt_vocab_size=c.tgt_vocab_size,
+        )
+        logger.info(
+            "lexical shortlist of %d training pairs: %.1f s", len(picked), time.monotonic() - began
+        )
+        return shortlist.to_bytes()
+
     def _metadata(self, with_step: bool = True) -> dict[str, Any]:
         languages = finetune.run_languages(self.config, self.init)
         return {**languages, "step": self.progress.step} if with_step else languages
@@ -629,11 +657,16 @@ class Trainer:
         `ema_decay` the average where that validated better (`metadata` says which)."""
         tokenizer_file = self.tokenizer.model_file
         path = self.run_dir / name
+        files = self._files
         if self.average is None:
-            save_model_dir(path, self.model, tokenizer_file=tokenizer_file, metadata=metadata)
+            save_model_dir(
+                path, self.model, tokenizer_file=tokenizer_file, metadata=metadata, files=files
+            )
             return
         weights = self.progress.weights
         held = self.average.applied() if weights == "ema" else contextlib.nullcontext()
         with held:
             metadata = {**metadata, "weights": weights}
-            save_model_dir(path, self.model, tokenizer_file=tokenizer_file, metadata=metadata)
+            save_model_dir(
+                path, self.model, tokenizer_file=tokenizer_file, metadata=metadata, files=files
+            )

@@ -102,6 +102,11 @@ class Backend(ABC):
         """Called once per call, before any batch: raises ValueError, naming the option, for
         what this backend cannot decode (so nothing is half done)."""
 
+    def shortlist_missing(self) -> str | None:
+        """Why this backend cannot decode with ``options.shortlist`` (`Translator` refuses such
+        a call, naming it), or None if it can. Here: it has no shortlist."""
+        return f"{type(self).__name__} has no lexical shortlist"
+
     @abstractmethod
     def seed(self, seed: int) -> torch.Generator | None:
         """Seeds sampling for one call; returns the generator that `search` is then given, or

@@ -32,9 +32,11 @@ from aiayn.decode.backends import Backend
 from aiayn.decode.ensemble import Ensemble, check_same_vocabulary
 from aiayn.decode.options import DecodingOptions
 from aiayn.decode.packing import pack_for_decoding
+from aiayn.decode.restricted import RestrictedModel
 from aiayn.decode.results import Hypothesis, SentenceAttention, cut_attention
 from aiayn.decode.scoring import PairScore, score_pairs
 from aiayn.decode.search import pad, search_with
+from aiayn.decode.shortlist import Shortlist, model_shortlist
 from aiayn.errors import UserValueError
 from aiayn.model import ATTENTION_KINDS, Transformer
 from aiayn.model_dir import LoadedModel, load_model_dir
@@ -54,10 +56,13 @@ class PyTorchBackend(Backend):
     Attributes:
         models: The Transformers.
         device: The first model's.
+        shortlist: One model's lexical shortlist, which ``options.shortlist`` decodes with
+            (`aiayn.decode.restricted`); None where it has none.
     """
 
-    def __init__(self, models: Sequence[nn.Module]) -> None:
-        """One model, or an ensemble's models (sharing a tokenizer).
+    def __init__(self, models: Sequence[nn.Module], shortlist: Shortlist | None = None) -> None:
+        """One model, or an ensemble's models (sharing a tokenizer); a single model's
+        shortlist.
 
         Raises:
             TypeError: A model is not an aiayn `Transformer`.
@@ -69,6 +74,7 @@ class PyTorchBackend(Backend):
                 raise TypeError(f"expected an aiayn Transformer, got {type(model).__name__}")
         self.models: list[Transformer] = list(models)  # type: ignore[arg-type]
         self.device = next(self.models[0].parameters()).device
+        self.shortlist = shortlist
         # What search decodes with: the model itself, or the ensemble of all of them.
         self._decoder: search.IncrementalModel = (
             self.models[0] if len(self.models) == 1 else Ensemble(self.models)
@@ -87,6 +93,13 @@ class PyTorchBackend(Backend):
                 "differently): ask for attention or alignments with a single model"
             )
 
+    def shortlist_missing(self) -> str | None:
+        if len(self.models) > 1:
+            return "an ensemble decodes over the whole vocabulary (a shortlist is one model's)"
+        if self.shortlist is None:
+            return "the model has no lexical shortlist (aiayn shortlist makes one)"
+        return None
+
     def seed(self, seed: int) -> torch.Generator:
         return torch.Generator(device=self.device).manual_seed(seed)
 
@@ -98,8 +111,14 @@ class PyTorchBackend(Backend):
     ) -> list[list[Hypothesis]]:
         on_cpu = self.device.type == "cpu"
         kernels = using_cpu_attention(self.models) if on_cpu else contextlib.nullcontext()
+        decoder, vocab = self._decoder, None
+        if options.shortlist and self.shortlist is not None and len(self.models) == 1:
+            allowed = self.shortlist.allowed(sources)
+            if len(allowed) < self.models[0].config.tgt_vocab_size:
+                vocab = torch.from_numpy(allowed).to(self.device)
+                decoder = RestrictedModel(self.models[0], vocab)
         with _evaluating(self.models), kernels:
-            return search_with(self._decoder, sources, options, generator, self.device)
+            return search_with(decoder, sources, options, generator, self.device, vocab)
 
     def attention(
         self,
@@ -178,4 +197,7 @@ def load_model_dirs(
         models = [pack_for_decoding(model, onednn, in_place=True) for model in models]
     if device.type == "cpu":
         models = [use_cpu_attention(model) for model in models]
-    return PyTorchBackend(models), tokenizer, loaded
+    shortlist = None
+    if len(loaded) == 1:
+        shortlist = model_shortlist(loaded[0].directory, loaded[0].config.tgt_vocab_size)
+    return PyTorchBackend(models, shortlist), tokenizer, loaded
