@@ -3,9 +3,12 @@
 `export_ctranslate2` writes a directory that `ctranslate2.Translator(DIR)` loads: CTranslate2's
 ``model.bin``, ``config.json`` and vocabulary (the SentencePiece pieces, by id), plus what
 CTranslate2's own Marian converter puts next to them, ``source.spm`` and ``target.spm`` (the
-one joint ``tokenizer.model`` twice, or an imported model's two), and ``aiayn.json`` (the
-`ModelConfig` and metadata, for `CTranslate2Translator`). Sources need no ``</s>``: the export
-sets CTranslate2's ``add_source_eos``, so the pieces of ``source.spm`` go in as they are::
+one joint ``tokenizer.model`` twice, or an imported model's two), ``aiayn.json`` (the
+`ModelConfig` and metadata, for `CTranslate2Translator`), and where the model has a lexical
+shortlist (`aiayn.decode.shortlist`), the same lists as CTranslate2's vocabulary map
+``vmap.txt`` (`write_vmap`), which ``translate_batch(..., use_vmap=True)`` decodes with.
+Sources need no ``</s>``: the export sets CTranslate2's ``add_source_eos``, so the pieces of
+``source.spm`` go in as they are::
 
     sp = sentencepiece.SentencePieceProcessor(model_file=f"{DIR}/source.spm")
     out = ctranslate2.Translator(DIR).translate_batch([sp.encode(text, out_type=str)])
@@ -44,8 +47,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from aiayn import __version__
-from aiayn.decode.backends import AIAYN_FILE, CTRANSLATE2_FILE, EXTRA_POSITIONS
+from aiayn.decode.backends import AIAYN_FILE, CTRANSLATE2_FILE, EXTRA_POSITIONS, VMAP_FILE
 from aiayn.decode.backends.ctranslate2 import vocabulary
+from aiayn.decode.shortlist import Shortlist, model_shortlist
 from aiayn.decode.translator import Translator
 from aiayn.errors import UserValueError
 from aiayn.extras import require
@@ -115,6 +119,9 @@ def export_ctranslate2(
     else:
         for file in files:
             shutil.copyfile(file, out_dir / file.name)
+    shortlist = model_shortlist(loaded.directory, loaded.config.tgt_vocab_size)
+    if shortlist is not None:
+        write_vmap(out_dir / VMAP_FILE, shortlist, vocabulary(tokenizer, _vocab_rows(loaded)))
     aiayn = {
         "config": loaded.config.to_dict(),
         "metadata": loaded.metadata,
@@ -126,6 +133,31 @@ def export_ctranslate2(
         "exported %s to CTranslate2 (%s) -> %s", model_dir, quantization or "as stored", out_dir
     )
     return out_dir
+
+
+def _vocab_rows(loaded: Any) -> int:
+    return max(loaded.config.src_vocab_size, loaded.config.tgt_vocab_size)
+
+
+def write_vmap(path: Path, shortlist: Shortlist, tokens: list[str]) -> None:
+    """A shortlist as CTranslate2's vocabulary map: one line per source piece, the piece, a
+    tab, and its target pieces separated by spaces; first the line of the empty source, whose
+    targets CTranslate2 allows for every sentence (the shortlist's always-allowed ids; it adds
+    UNK, BOS and EOS itself). `tokens` are the pieces by id. A piece holding a space or a tab
+    cannot be written there (SentencePiece's never do): left out."""
+
+    def writable(ids: Any) -> list[str]:
+        return [tokens[i] for i in ids.tolist() if not _BLANK.search(tokens[i])]
+
+    lines = ["\t" + " ".join(writable(shortlist.always))]
+    for source in range(shortlist.src_vocab_size):
+        targets = shortlist.targets_of(source)
+        if targets.size and not _BLANK.search(tokens[source]):
+            lines.append(tokens[source] + "\t" + " ".join(writable(targets)))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+_BLANK = re.compile(r"\s")
 
 
 def _array(tensor: torch.Tensor):

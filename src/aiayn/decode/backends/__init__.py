@@ -43,6 +43,7 @@ __all__ = [
     "DECODER_STEP_FILE",
     "ENCODER_FILE",
     "EXTRA_POSITIONS",
+    "VMAP_FILE",
     "Backend",
     "ExportedModel",
     "HasConfig",
@@ -53,6 +54,7 @@ AIAYN_FILE = "aiayn.json"  # what an export adds for aiayn: the ModelConfig and 
 ENCODER_FILE = "encoder.onnx"  # an ONNX export's graphs (`aiayn.interop.onnx.export_onnx`)
 DECODER_STEP_FILE = "decoder_step.onnx"
 CTRANSLATE2_FILE = "model.bin"  # CTranslate2's weights (`aiayn.interop.export_ctranslate2`)
+VMAP_FILE = "vmap.txt"  # CTranslate2's vocabulary map: the model's lexical shortlist, if any
 
 EXTRA_POSITIONS = 512
 """Rows of an export's positional table past ``max_positions``. aiayn extends its sinusoids

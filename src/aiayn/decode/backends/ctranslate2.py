@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiayn.config import ModelConfig
-from aiayn.decode.backends import AIAYN_FILE, EXTRA_POSITIONS, Backend, ExportedModel
+from aiayn.decode.backends import AIAYN_FILE, EXTRA_POSITIONS, VMAP_FILE, Backend, ExportedModel
 from aiayn.decode.options import DecodingOptions, max_output_length
 from aiayn.decode.results import Hypothesis
 from aiayn.errors import CheckpointError, CorruptCheckpointError, UserValueError, first_line
@@ -158,6 +158,7 @@ class CTranslate2Backend(Backend):
                 "with aiayn export --to ctranslate2"
             ) from None
         self.concurrency = workers  # batches decoded at once (see `submit`)
+        self.has_vmap = (directory / VMAP_FILE).is_file()  # the model's lexical shortlist
         self._token_ids: dict[str, int] = {}
         for i, piece in enumerate(vocabulary(self.tokenizer, config.tgt_vocab_size)):
             self._token_ids.setdefault(piece, i)
@@ -191,6 +192,14 @@ class CTranslate2Backend(Backend):
                 "CTranslate2 ranks beam hypotheses by log_prob / |Y| ** α, not GNMT's "
                 "((5 + |Y|) / 6) ** α: pass length_penalty_kind='power' (or length_penalty=0)"
             )
+
+    def shortlist_missing(self) -> str | None:
+        if self.has_vmap:
+            return None
+        return (
+            f"the export has no {VMAP_FILE} (its model had no lexical shortlist: add one with "
+            "aiayn shortlist and export again)"
+        )
 
     def seed(self, seed: int) -> None:
         """Seeds CTranslate2's own sampler (it takes no generator).
@@ -240,6 +249,7 @@ class CTranslate2Backend(Backend):
             return_scores=True,
             max_batch_size=0,
             suppress_sequences=[[piece] for piece in self.tokenizer.pieces([PAD_ID, BOS_ID])],
+            use_vmap=options.shortlist and self.has_vmap,  # the model's shortlist (vmap.txt)
         )
         alpha = 0.0 if options.length_penalty_kind == "none" else options.length_penalty
         if options.sampling:
