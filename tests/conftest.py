@@ -1,23 +1,18 @@
 """Shared fixtures: a fixed seed for every test, the process's settings kept from leaking between
-tests, a factory for tiny, CPU-fast models and a tokenizer file to save with them."""
+tests, and a tokenizer file to save with a tiny model (`model_dirs.tiny_model` makes those)."""
 
 from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 import torch._dynamo
 
-from aiayn.config import ModelConfig
-from aiayn.model import Transformer
 from aiayn.runtime import ONEDNN_CACHE_VARIABLES
-
-TINY_VOCAB = 23
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -69,32 +64,6 @@ def _no_user_ct2_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
 def _ct2_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test its own empty cache of CTranslate2 exports."""
     monkeypatch.setenv("AIAYN_CT2_CACHE", str(tmp_path_factory.mktemp("ct2-cache")))
-
-
-@pytest.fixture
-def make_model() -> Callable[..., Transformer]:
-    """`make_model(**overrides)`: a 2+2-layer, d_model=32 Transformer in eval mode.
-
-    Dropout and attention dropout are non-zero so that tests also show eval mode turns them off.
-    """
-
-    def build(**overrides: Any) -> Transformer:
-        values: dict[str, Any] = dict(
-            src_vocab_size=TINY_VOCAB,
-            tgt_vocab_size=TINY_VOCAB,
-            d_model=32,
-            d_ff=64,
-            n_heads=4,
-            n_encoder_layers=2,
-            n_decoder_layers=2,
-            dropout=0.1,
-            attention_dropout=0.1,
-            max_positions=64,
-        )
-        values.update(overrides)
-        return Transformer(ModelConfig(**values)).eval()
-
-    return build
 
 
 @pytest.fixture

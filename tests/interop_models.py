@@ -11,11 +11,9 @@ from typing import Any
 
 import torch
 
-from aiayn.config import preset
-from aiayn.model import Transformer
 from aiayn.model_dir import save_model_dir
 from aiayn.text.tokenizer import EOS_ID
-from model_dirs import CORPUS, train_tokenizer
+from model_dirs import CORPUS, tiny_model, train_tokenizer
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing may come from the Hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -60,9 +58,9 @@ def trained_model_dir(directory: Path, *, steps: int = 150) -> Path:
 
     src = padded([[*tokenizer.encode(s), EOS_ID] for s, _ in pairs])
     tgt = padded([[BOS_ID, *tokenizer.encode(t), EOS_ID] for _, t in pairs])
-    torch.manual_seed(0)
-    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, max_positions=64, dropout=0.0)
-    model = Transformer(config)
+    model = tiny_model(
+        tokenizer.vocab_size, preset="tiny", seed=0, max_positions=64, dropout=0.0
+    ).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(steps):
         optimizer.zero_grad()

@@ -1,6 +1,6 @@
-"""Tiny model directories for tests: one factory for every test module that needs a model
-directory, a tokenizer or a tiny random model (tests/decode, tests/serve, tests/cli, tests/interop,
-tests/integration, ...).
+"""Tiny models and model directories for tests: the one factory of a tiny random Transformer
+(`tiny_model`) and the one of a model directory (`tiny_model_dir`, built on it), with the
+tokenizer the directories hold (`train_tokenizer`).
 
 A SentencePiece tokenizer is learned on a few lines (written three times over, so that their
 pieces are frequent enough), and `preset("tiny")` over its vocabulary gets random weights drawn
@@ -18,10 +18,25 @@ from typing import Any
 
 import torch
 
-from aiayn.config import preset
+from aiayn.config import PRESETS, ModelConfig
 from aiayn.model import Transformer
 from aiayn.model_dir import save_model_dir
 from aiayn.text.tokenizer import EOS_ID, Tokenizer
+
+TINY_VOCAB = 23
+"""`tiny_model`'s vocabulary size (source and target) unless given."""
+TINY: dict[str, Any] = dict(
+    d_model=32,
+    d_ff=64,
+    n_heads=4,
+    n_encoder_layers=2,
+    n_decoder_layers=2,
+    dropout=0.1,
+    attention_dropout=0.1,
+    max_positions=64,
+)
+"""`tiny_model`'s sizes unless it starts from a preset: 2+2 layers of width 32, fast on any CPU;
+dropout and attention dropout non-zero, so that tests also show eval mode turns them off."""
 
 CORPUS = [
     "the cat sat on the mat",
@@ -49,13 +64,32 @@ def train_tokenizer(
 
 
 def tiny_model(
-    tokenizer: Tokenizer, *, seed: int = 0, eos_scale: float = 1.0, **overrides: Any
+    vocab_size: int = TINY_VOCAB,
+    *,
+    preset: str | None = None,
+    seed: int | None = None,
+    eos_scale: float = 1.0,
+    **overrides: Any,
 ) -> Transformer:
-    """`preset("tiny", **overrides)` over `tokenizer`'s vocabulary, weights drawn from `seed`, in
-    eval mode."""
-    torch.manual_seed(seed)
-    config = preset("tiny", src_vocab_size=tokenizer.vocab_size, **overrides)
-    model = Transformer(config).eval()
+    """A tiny Transformer in eval mode: `TINY`, or the named preset, with `overrides`.
+
+    Args:
+        vocab_size: Source and target vocabulary size (``tgt_vocab_size`` in `overrides` sets
+            the target's apart).
+        preset: An `aiayn.config.PRESETS` name to start from instead of `TINY`: the model
+            directories' models are ``preset("tiny")``, the tests that translate with them were
+            tuned on it.
+        seed: Draws the weights from this seed; None draws them from the global generator as
+            the test left it (the autouse fixture seeds it with 0 before each test).
+        eos_scale: Scales the target embedding's ``</s>`` row (also the pre-softmax one when
+            tied), so that the random model ends outputs with EOS as a trained model does.
+        **overrides: Any other `ModelConfig` field.
+    """
+    sizes = dict(PRESETS[preset]) if preset is not None else dict(TINY)
+    values = {"src_vocab_size": vocab_size, "tgt_vocab_size": vocab_size, **sizes, **overrides}
+    if seed is not None:
+        torch.manual_seed(seed)
+    model = Transformer(ModelConfig.from_dict(values)).eval()
     if eos_scale != 1.0:
         with torch.no_grad():
             model.tgt_embed.embedding.weight[EOS_ID] *= eos_scale
@@ -72,10 +106,13 @@ def tiny_model_dir(
     metadata: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> Path:
-    """A tokenizer learned on `lines` (in `directory`) and a `tiny_model`, saved as
-    `directory`/model with `metadata`; returns that model directory."""
+    """A tokenizer learned on `lines` (in `directory`) and a ``tiny_model(preset="tiny")`` over
+    its vocabulary, weights drawn from `seed`, saved as `directory`/model with `metadata`;
+    returns that model directory."""
     tokenizer = train_tokenizer(directory, lines, vocab_size=vocab_size)
-    model = tiny_model(tokenizer, seed=seed, eos_scale=eos_scale, **overrides)
+    model = tiny_model(
+        tokenizer.vocab_size, preset="tiny", seed=seed, eos_scale=eos_scale, **overrides
+    )
     return save_model_dir(
         directory / "model", model, tokenizer_file=tokenizer.model_file, metadata=metadata
     )

@@ -25,8 +25,8 @@ from aiayn.acceleration import (
     using_cpu_attention,
 )
 from aiayn.attention import MultiHeadAttention, fused_attention
-from aiayn.config import preset
 from aiayn.model import Transformer
+from model_dirs import tiny_model
 
 CPU = torch.device("cpu")
 
@@ -60,8 +60,7 @@ def test_without_triton_cuda_runs_eagerly(monkeypatch: pytest.MonkeyPatch) -> No
 @pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++")
 def test_compiled_training_step_equals_eager() -> None:
     """Forward (with padding) and gradients of the compiled model = the eager model's."""
-    torch.manual_seed(0)
-    model = Transformer(preset("tiny", src_vocab_size=300, dropout=0.0))
+    model = tiny_model(300, preset="tiny", seed=0, dropout=0.0).train()
     src = torch.randint(4, 300, (3, 9))
     src[1, 6:] = model.config.pad_id
     tgt = torch.randint(4, 300, (3, 7))
@@ -131,14 +130,12 @@ def attention_kernels(model: torch.nn.Module) -> set:
     return {m.kernel for m in model.modules() if isinstance(m, MultiHeadAttention)}
 
 
-def test_a_plain_model_runs_the_fused_kernel_and_the_cpu_kernels_give_its_outputs(
-    make_model,
-) -> None:
+def test_a_plain_model_runs_the_fused_kernel_and_the_cpu_kernels_give_its_outputs() -> None:
     """Without a hook the model computes Eq. 1 with PyTorch's fused kernel; with
     `use_cpu_attention` (training and decoding on a CPU) the same outputs, gradients and
     decoding steps, the short target and the steps taking the few-query path."""
     torch.manual_seed(0)
-    plain = make_model(dropout=0.0, attention_dropout=0.0)
+    plain = tiny_model(dropout=0.0, attention_dropout=0.0)
     assert attention_kernels(plain) == {fused_attention}
     hooked = use_cpu_attention(copy.deepcopy(plain))
     assert attention_kernels(hooked) == {cpu_attention}
@@ -164,8 +161,8 @@ def test_a_plain_model_runs_the_fused_kernel_and_the_cpu_kernels_give_its_output
             torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-5)
 
 
-def test_cpu_kernels_for_a_block_give_the_models_their_own_back(make_model) -> None:
-    models = [make_model(), make_model()]
+def test_cpu_kernels_for_a_block_give_the_models_their_own_back() -> None:
+    models = [tiny_model(), tiny_model()]
     with pytest.raises(RuntimeError, match="inside"), using_cpu_attention(models):
         assert all(attention_kernels(m) == {cpu_attention} for m in models)
         raise RuntimeError("inside")
@@ -197,7 +194,7 @@ def _loss_and_grads(model: Transformer, products) -> tuple[torch.Tensor, dict[st
 
 @needs_onednn
 @pytest.mark.parametrize("share", ["all", "none"])
-def test_onednn_products_give_the_loss_and_gradients_of_the_plain_path(make_model, share) -> None:
+def test_onednn_products_give_the_loss_and_gradients_of_the_plain_path(share) -> None:
     """Every linear layer at least 256 wide, and the chunked loss's two products, run on oneDNN;
     the loss and every gradient equal those of `nn.Linear`, twice in a row and after an Adam
     step (the products read the weights as they are now).
@@ -206,8 +203,8 @@ def test_onednn_products_give_the_loss_and_gradients_of_the_plain_path(make_mode
     between two correct products, and with it a whole gradient entry. On an AMD EPYC with AVX2
     one pre-activation of -1.0e-7 (float64) did so, and the last decoder layer's first
     feed-forward weight gradient differed by 6% between two paths that each match float64."""
-    model = make_model(
-        src_vocab_size=300, tgt_vocab_size=300, d_model=256, d_ff=512, n_heads=4,
+    model = tiny_model(
+        300, d_model=256, d_ff=512, n_heads=4,
         dropout=0.0, attention_dropout=0.0, share_embeddings=share, activation="gelu",
     ).train()  # fmt: skip
     wrong = acceleration.onednn_products_wrong(model)

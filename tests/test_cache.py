@@ -7,7 +7,6 @@ reordered batch from scratch.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,8 +16,8 @@ from torch import Tensor
 from aiayn.cache import DecoderCache
 from aiayn.model import Transformer
 from aiayn.text.tokenizer import PAD_ID
+from model_dirs import tiny_model
 
-MakeModel = Callable[..., Transformer]
 SRC_LENGTHS = (7, 4, 5)  # a padded source batch: S = 7
 T = 6
 L, H, MAX_LEN, D, S = 2, 2, 5, 3, 4  # layers, heads, positions, head width, source length
@@ -154,14 +153,12 @@ def test_cross_gives_each_layer_an_additive_source_mask_that_follows_the_sentenc
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_step_with_the_additive_mask_is_the_step_with_the_boolean_one(
-    make_model: MakeModel, dtype: torch.dtype
-) -> None:
+def test_a_step_with_the_additive_mask_is_the_step_with_the_boolean_one(dtype: torch.dtype) -> None:
     """The cache lays the source mask out once, additive and in the model's dtype; over a
     padded batch the steps give exactly the log-probabilities of the boolean mask."""
     from aiayn.acceleration import use_cpu_attention
 
-    model = use_cpu_attention(make_model().to(dtype))
+    model = use_cpu_attention(tiny_model().to(dtype))
     src, _ = batch(model)
     steps = []
     with torch.inference_mode():
@@ -187,10 +184,8 @@ def test_a_step_with_the_additive_mask_is_the_step_with_the_boolean_one(
     [{}, {"norm_first": True}, {"positional_encoding": "learned"}],
     ids=["post-norm", "pre-norm", "learned-positions"],
 )
-def test_reordered_cache_continues_like_the_reordered_batch(
-    make_model: MakeModel, overrides: dict[str, Any]
-) -> None:
-    model = make_model(**overrides)
+def test_reordered_cache_continues_like_the_reordered_batch(overrides: dict[str, Any]) -> None:
+    model = tiny_model(**overrides)
     src, tgt = batch(model)
     # As beam search does: expand each sentence to 2 beams, then drop sentence 1 and follow
     # beams to (repeated, permuted) parents within their sentence.
@@ -215,13 +210,11 @@ def test_reordered_cache_continues_like_the_reordered_batch(
         torch.testing.assert_close(continued, from_scratch, atol=1e-5, rtol=0)
 
 
-def test_cache_copies_only_moved_rows_in_place_and_continues_like_the_reordered_batch(
-    make_model: MakeModel,
-) -> None:
+def test_cache_copies_only_moved_rows_in_place_and_continues_like_the_reordered_batch() -> None:
     """Reorders that beam search makes, one position apart: the cache moves in place the rows
     that change when their sources stay put (same buffer) and gathers every row otherwise;
     decoding then goes on exactly as the reordered batch from scratch."""
-    model = make_model()
+    model = tiny_model()
     src, tgt = batch(model)
     steps = [  # (index, sentences, moves in place?)
         (torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]), None, False),  # expand to 4 beams
@@ -246,8 +239,8 @@ def test_cache_copies_only_moved_rows_in_place_and_continues_like_the_reordered_
         torch.testing.assert_close(continued, from_scratch, atol=1e-5, rtol=0)
 
 
-def test_reorder_refuses_rows_that_cannot_be_grouped(make_model: MakeModel) -> None:
-    model = make_model()
+def test_reorder_refuses_rows_that_cannot_be_grouped() -> None:
+    model = tiny_model()
     src, _ = batch(model)
     with torch.no_grad():
         cache = model.init_cache(*model.encode(src), max_len=T)

@@ -21,8 +21,8 @@ from aiayn.model import (
     Transformer,
     sinusoidal_positional_encoding,
 )
+from model_dirs import tiny_model
 
-MakeModel = Callable[..., Transformer]
 PAD = 0
 SRC_LENGTHS = (7, 4, 5)  # a padded source batch: S = 7
 T = 6
@@ -132,8 +132,8 @@ def torch_transformer_like(model: Transformer) -> nn.Transformer:
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-def test_matches_torch_nn_transformer(make_model: MakeModel, norm_first: bool) -> None:
-    model = make_model(norm_first=norm_first, share_embeddings="none")
+def test_matches_torch_nn_transformer(norm_first: bool) -> None:
+    model = tiny_model(norm_first=norm_first, share_embeddings="none")
     perturb_(model)
     reference = torch_transformer_like(model)
     src, tgt = batch(model)
@@ -169,8 +169,8 @@ def test_matches_torch_nn_transformer(make_model: MakeModel, norm_first: bool) -
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-def test_forward_and_forward_with_attention_agree(make_model: MakeModel, norm_first: bool) -> None:
-    model = make_model(norm_first=norm_first)
+def test_forward_and_forward_with_attention_agree(norm_first: bool) -> None:
+    model = tiny_model(norm_first=norm_first)
     src, tgt = batch(model)
     with torch.no_grad():
         fused = model(src, tgt)
@@ -179,10 +179,10 @@ def test_forward_and_forward_with_attention_agree(make_model: MakeModel, norm_fi
     torch.testing.assert_close(fused, explicit, atol=1e-5, rtol=0)
 
 
-def test_attention_maps_not_asked_for_are_neither_computed_nor_kept(make_model: MakeModel) -> None:
+def test_attention_maps_not_asked_for_are_neither_computed_nor_kept() -> None:
     """The encoder's (L, B, H, S, S) maps were made and kept for every answer with attention,
     though the server returns the cross-attention only: memory its limit did not count."""
-    model = make_model(n_encoder_layers=2, n_decoder_layers=3)
+    model = tiny_model(n_encoder_layers=2, n_decoder_layers=3)
     src, tgt = batch(model)
     made: dict[str, int] = {"encoder": 0, "decoder": 0, "cross": 0}
 
@@ -210,8 +210,8 @@ def test_attention_maps_not_asked_for_are_neither_computed_nor_kept(make_model: 
         model.forward_with_attention(src, tgt, kinds=("self",))
 
 
-def test_attention_maps_shapes_and_probabilities(make_model: MakeModel) -> None:
-    model = make_model(n_encoder_layers=2, n_decoder_layers=3)
+def test_attention_maps_shapes_and_probabilities() -> None:
+    model = tiny_model(n_encoder_layers=2, n_decoder_layers=3)
     src, tgt = batch(model)
     b, s, h = len(SRC_LENGTHS), src.size(1), model.config.n_heads
     with torch.no_grad():
@@ -243,10 +243,8 @@ def decode_stepwise(model: Transformer, src: Tensor, tgt: Tensor) -> Tensor:
 
 
 @pytest.mark.parametrize("overrides", VARIANTS)
-def test_cached_decoding_equals_full_forward(
-    make_model: MakeModel, overrides: dict[str, Any]
-) -> None:
-    model = make_model(**overrides)
+def test_cached_decoding_equals_full_forward(overrides: dict[str, Any]) -> None:
+    model = tiny_model(**overrides)
     perturb_(model)
     src, tgt = batch(model)
     with torch.no_grad():
@@ -255,12 +253,10 @@ def test_cached_decoding_equals_full_forward(
     torch.testing.assert_close(stepwise, expected, atol=1e-5, rtol=0)
 
 
-def test_decoding_and_forward_follow_fused_adam_updates_between_searches(
-    make_model: MakeModel,
-) -> None:
+def test_decoding_and_forward_follow_fused_adam_updates_between_searches() -> None:
     """Validate, update with fused Adam (which leaves `Tensor._version` alone), validate again:
     the second pass must see the new weights, as a freshly loaded copy of the model does."""
-    model = make_model()
+    model = tiny_model()
     src, tgt = batch(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.05, fused=True)
     for _ in range(2):
@@ -271,7 +267,7 @@ def test_decoding_and_forward_follow_fused_adam_updates_between_searches(
         model(src, tgt).log_softmax(-1).mean().neg().backward()
         optimizer.step()
         model.eval()
-    fresh = make_model()
+    fresh = tiny_model()
     fresh.load_state_dict(model.state_dict())
     with torch.no_grad():
         torch.testing.assert_close(model(src, tgt), fresh(src, tgt), atol=0, rtol=0)
@@ -280,8 +276,8 @@ def test_decoding_and_forward_follow_fused_adam_updates_between_searches(
         )
 
 
-def test_decode_step_refuses_a_full_cache(make_model: MakeModel) -> None:
-    model = make_model()
+def test_decode_step_refuses_a_full_cache() -> None:
+    model = tiny_model()
     src, tgt = batch(model)
     with torch.no_grad():
         memory, src_key_mask = model.encode(src)
@@ -295,8 +291,8 @@ def test_decode_step_refuses_a_full_cache(make_model: MakeModel) -> None:
 
 
 @pytest.mark.parametrize("attention", ["fused", "explicit"])
-def test_decoder_is_causal(make_model: MakeModel, attention: str) -> None:
-    model = make_model()
+def test_decoder_is_causal(attention: str) -> None:
+    model = tiny_model()
     src, tgt = batch(model)
 
     def logits_of(tgt: Tensor) -> Tensor:
@@ -316,8 +312,8 @@ def test_decoder_is_causal(make_model: MakeModel, attention: str) -> None:
 
 
 @pytest.mark.parametrize("norm_first", [False, True], ids=["post-norm", "pre-norm"])
-def test_source_padding_changes_nothing(make_model: MakeModel, norm_first: bool) -> None:
-    model = make_model(norm_first=norm_first)
+def test_source_padding_changes_nothing(norm_first: bool) -> None:
+    model = tiny_model(norm_first=norm_first)
     src = padded_tokens((5, 5), model.config.src_vocab_size)  # no padding: no mask at all
     tgt = torch.randint(1, model.config.tgt_vocab_size, (2, T))
     padded_src = torch.cat([src, torch.full((2, 3), PAD)], dim=1)
@@ -330,8 +326,8 @@ def test_source_padding_changes_nothing(make_model: MakeModel, norm_first: bool)
     torch.testing.assert_close(padded_logits, logits, atol=1e-5, rtol=0)
 
 
-def test_a_padded_row_equals_the_same_sentence_alone(make_model: MakeModel) -> None:
-    model = make_model()
+def test_a_padded_row_equals_the_same_sentence_alone() -> None:
+    model = tiny_model()
     src, tgt = batch(model)
     row, n = 1, SRC_LENGTHS[1]
     with torch.no_grad():
@@ -391,15 +387,15 @@ def test_sinusoidal_module_extends_past_max_positions() -> None:
     torch.testing.assert_close(module(6, offset=12), sinusoidal_positional_encoding(18, 8)[12:])
 
 
-def test_learned_positions_refuse_sequences_past_max_positions(make_model: MakeModel) -> None:
-    model = make_model(positional_encoding="learned", max_positions=8)
+def test_learned_positions_refuse_sequences_past_max_positions() -> None:
+    model = tiny_model(positional_encoding="learned", max_positions=8)
     tokens = torch.ones(1, 9, dtype=torch.long)
     with pytest.raises(ValueError, match=r"max_positions \(8\)"):
         model.encode(tokens)
 
 
-def test_odd_d_model_works(make_model: MakeModel) -> None:
-    model = make_model(d_model=15, n_heads=3)
+def test_odd_d_model_works() -> None:
+    model = tiny_model(d_model=15, n_heads=3)
     src, tgt = batch(model)
     with torch.no_grad():
         assert model(src, tgt).shape == (len(SRC_LENGTHS), T, model.config.tgt_vocab_size)
@@ -408,8 +404,8 @@ def test_odd_d_model_works(make_model: MakeModel) -> None:
         )
 
 
-def test_embeddings_are_scaled_by_sqrt_d_model_and_pad_is_zero(make_model: MakeModel) -> None:
-    model = make_model()
+def test_embeddings_are_scaled_by_sqrt_d_model_and_pad_is_zero() -> None:
+    model = tiny_model()
     tokens = torch.tensor([[3, 5, PAD]])
     weight = model.src_embed.embedding.weight
     torch.testing.assert_close(model.src_embed(tokens), weight[tokens] * math.sqrt(32))
@@ -425,11 +421,11 @@ def _bounds(linear: nn.Linear) -> tuple[float, float, float]:
 
 
 @pytest.mark.parametrize("norm_first", [False, True])
-def test_init_schemes_draw_what_they_say(make_model: MakeModel, norm_first: bool) -> None:
+def test_init_schemes_draw_what_they_say(norm_first: bool) -> None:
     torch.manual_seed(0)
-    xavier = make_model(d_model=64, d_ff=256, norm_first=norm_first)
+    xavier = tiny_model(d_model=64, d_ff=256, norm_first=norm_first)
     torch.manual_seed(0)
-    fairseq = make_model(d_model=64, d_ff=256, norm_first=norm_first, init="fairseq")
+    fairseq = tiny_model(d_model=64, d_ff=256, norm_first=norm_first, init="fairseq")
     for model, attention_gain in ((xavier, 1.0), (fairseq, 2**-0.5)):
         for module in model.modules():
             if isinstance(module, MultiHeadAttention):
@@ -461,8 +457,8 @@ def test_an_unknown_init_is_refused() -> None:
         ModelConfig(src_vocab_size=10, tgt_vocab_size=10, init="kaiming")
 
 
-def test_dropout_is_active_only_in_training(make_model: MakeModel) -> None:
-    model = make_model()
+def test_dropout_is_active_only_in_training() -> None:
+    model = tiny_model()
     src, tgt = batch(model)
     with torch.no_grad():
         torch.testing.assert_close(model(src, tgt), model(src, tgt), atol=0, rtol=0)
@@ -626,10 +622,8 @@ def shared_weights(model: Transformer) -> tuple[nn.Parameter, nn.Parameter, nn.P
         ("none", (False, False, False)),
     ],
 )
-def test_weight_sharing_uses_one_parameter(
-    make_model: MakeModel, share: str, expected: tuple[bool, bool, bool]
-) -> None:
-    model = make_model(share_embeddings=share)
+def test_weight_sharing_uses_one_parameter(share: str, expected: tuple[bool, bool, bool]) -> None:
+    model = tiny_model(share_embeddings=share)
     src_w, tgt_w, out_w = shared_weights(model)
     assert (src_w is tgt_w, tgt_w is out_w, src_w is out_w) == expected
     n_matrices = 3 - sum(expected[:2])
@@ -673,15 +667,13 @@ class _CountingModel:
 
 
 @pytest.mark.parametrize("beam_size", [1, 4])
-def test_search_on_the_model_is_the_same_batched_and_pruned_as_alone(
-    make_model: MakeModel, beam_size: int
-) -> None:
+def test_search_on_the_model_is_the_same_batched_and_pruned_as_alone(beam_size: int) -> None:
     """Finished sentences leave the batch (their cache rows and encoder K/V are dropped);
     what remains must decode exactly as it would alone. Maximum lengths = source lengths, so
     the sentences end at different steps."""
     from aiayn.decode.search import DecodingOptions, beam_search
 
-    model = make_model().eval()
+    model = tiny_model()
     perturb_(model)
     src, _ = batch(model)
     ids = dict(bos_id=2, eos_id=3, pad_id=PAD)
@@ -709,9 +701,9 @@ def test_feed_forward_activation_for_imported_models(activation, function):
 
 
 def test_a_model_about_to_be_loaded_skips_drawing_its_weights(
-    make_model, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = make_model().config
+    config = tiny_model().config
 
     def no_draw(self: Transformer) -> None:
         raise AssertionError("reset_parameters ran")
@@ -736,9 +728,7 @@ def test_a_model_about_to_be_loaded_skips_drawing_its_weights(
         Transformer(config)
 
 
-def test_a_model_loaded_from_its_directory_computes_what_the_saved_one_did(
-    tmp_path, make_model
-) -> None:
+def test_a_model_loaded_from_its_directory_computes_what_the_saved_one_did(tmp_path) -> None:
     """`Transformer(initialize=False)` (memory without values) and then the strict load:
     every weight the saved model's, the same outputs, tied weights still one parameter; an
     untied pre-softmax projection too."""
@@ -747,7 +737,7 @@ def test_a_model_loaded_from_its_directory_computes_what_the_saved_one_did(
     tokenizer = tmp_path / "tokenizer.model"
     tokenizer.write_bytes(b"")  # never read here
     for share in ("all", "none"):
-        model = make_model(src_vocab_size=50, tgt_vocab_size=50, share_embeddings=share).eval()
+        model = tiny_model(50, share_embeddings=share)
         directory = save_model_dir(tmp_path / share, model, tokenizer_file=tokenizer)
         loaded = load_model_dir(directory).model
         src, tgt = torch.randint(4, 50, (2, 7)), torch.randint(4, 50, (2, 5))

@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,7 @@ from aiayn.model_dir import (
     read_model_config,
     save_model_dir,
 )
+from model_dirs import tiny_model
 
 
 def randomised(model: Transformer, seed: int) -> Transformer:
@@ -42,8 +42,8 @@ def randomised(model: Transformer, seed: int) -> Transformer:
     return model
 
 
-def test_model_dir_round_trip(make_model: Callable, tokenizer_file: Path, tmp_path: Path) -> None:
-    model = randomised(make_model(), seed=1)
+def test_model_dir_round_trip(tokenizer_file: Path, tmp_path: Path) -> None:
+    model = randomised(tiny_model(), seed=1)
     directory = save_model_dir(
         tmp_path / "model", model, tokenizer_file=tokenizer_file, metadata={"step": 7}
     )
@@ -63,9 +63,9 @@ def test_model_dir_round_trip(make_model: Callable, tokenizer_file: Path, tmp_pa
 
 
 def test_tied_weights_are_stored_once_and_still_tied_after_load(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
+    tokenizer_file: Path, tmp_path: Path
 ) -> None:
-    model = randomised(make_model(share_embeddings="all"), seed=2)
+    model = randomised(tiny_model(share_embeddings="all"), seed=2)
     directory = save_model_dir(tmp_path / "m", model, tokenizer_file=tokenizer_file)
     stored = load_file(directory / WEIGHTS_FILE)
     shared = [
@@ -80,10 +80,8 @@ def test_tied_weights_are_stored_once_and_still_tied_after_load(
     assert torch.equal(loaded.output_projection.weight, model.output_projection.weight)
 
 
-def test_untied_weights_round_trip(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    model = randomised(make_model(share_embeddings="none"), seed=3)
+def test_untied_weights_round_trip(tokenizer_file: Path, tmp_path: Path) -> None:
+    model = randomised(tiny_model(share_embeddings="none"), seed=3)
     directory = save_model_dir(tmp_path / "m", model, tokenizer_file=tokenizer_file)
     loaded = load_model_dir(directory).model
     assert loaded.output_projection.weight is not loaded.tgt_embed.embedding.weight
@@ -91,10 +89,8 @@ def test_untied_weights_round_trip(
         assert torch.equal(tensor, model.state_dict()[name]), name
 
 
-def test_saving_replaces_a_directory_atomically(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    first, second = randomised(make_model(), 4), randomised(make_model(), 5)
+def test_saving_replaces_a_directory_atomically(tokenizer_file: Path, tmp_path: Path) -> None:
+    first, second = randomised(tiny_model(), 4), randomised(tiny_model(), 5)
     save_model_dir(tmp_path / "model", first, tokenizer_file=tokenizer_file)
     save_model_dir(tmp_path / "model", second, tokenizer_file=tokenizer_file)
     assert [p.name for p in tmp_path.iterdir() if p.name != "spm.model"] == ["model"]  # no tmp
@@ -105,20 +101,16 @@ def test_saving_replaces_a_directory_atomically(
     )
 
 
-def test_run_dir_resolves_to_its_model(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    save_model_dir(tmp_path / "run" / "model", make_model(), tokenizer_file=tokenizer_file)
+def test_run_dir_resolves_to_its_model(tokenizer_file: Path, tmp_path: Path) -> None:
+    save_model_dir(tmp_path / "run" / "model", tiny_model(), tokenizer_file=tokenizer_file)
     assert load_model_dir(tmp_path / "run").directory == tmp_path / "run" / "model"
     with pytest.raises(CheckpointError, match=r"model directory not found: .*nowhere"):
         load_model_dir(tmp_path / "nowhere")
 
 
 @pytest.mark.parametrize("name", [*MODEL_FILES, CHECKSUMS_FILE])
-def test_missing_file_is_named(
-    name: str, make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
+def test_missing_file_is_named(name: str, tokenizer_file: Path, tmp_path: Path) -> None:
+    directory = save_model_dir(tmp_path / "m", tiny_model(), tokenizer_file=tokenizer_file)
     (directory / name).unlink()
     with pytest.raises(CheckpointError, match=f"missing {name}"):
         load_model_dir(directory)
@@ -132,20 +124,16 @@ def _flip_a_weight_bit(directory: Path) -> None:
     weights.write_bytes(bytes(data))
 
 
-def test_checksum_mismatch_is_detected(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
+def test_checksum_mismatch_is_detected(tokenizer_file: Path, tmp_path: Path) -> None:
+    directory = save_model_dir(tmp_path / "m", tiny_model(), tokenizer_file=tokenizer_file)
     _flip_a_weight_bit(directory)
     with pytest.raises(CheckpointError, match=r"model\.safetensors is corrupt or truncated"):
         load_model_dir(directory)
 
 
 @pytest.mark.parametrize("name", [WEIGHTS_FILE, CONFIG_FILE, TOKENIZER_FILE])
-def test_truncated_file_is_detected(
-    name: str, make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
+def test_truncated_file_is_detected(name: str, tokenizer_file: Path, tmp_path: Path) -> None:
+    directory = save_model_dir(tmp_path / "m", tiny_model(), tokenizer_file=tokenizer_file)
     path = directory / name
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
     with pytest.raises(CheckpointError, match=f"{name} is corrupt or truncated"):
@@ -153,9 +141,9 @@ def test_truncated_file_is_detected(
 
 
 def test_a_changed_config_is_refused_before_a_model_is_built_from_it(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
+    directory = save_model_dir(tmp_path / "m", tiny_model(), tokenizer_file=tokenizer_file)
     config = json.loads((directory / CONFIG_FILE).read_text())
     config["max_positions"] = 10**12  # still valid JSON, a table no machine holds
     (directory / CONFIG_FILE).write_text(json.dumps(config))
@@ -167,9 +155,9 @@ def test_a_changed_config_is_refused_before_a_model_is_built_from_it(
 
 
 def test_ctrl_c_while_loading_stops_the_hashing_and_stays_a_keyboard_interrupt(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
+    directory = save_model_dir(tmp_path / "m", tiny_model(), tokenizer_file=tokenizer_file)
     _flip_a_weight_bit(directory)
     real_sha256_of = model_dir.sha256_of
     stopped: list[bool] = []
@@ -194,9 +182,9 @@ def test_ctrl_c_while_loading_stops_the_hashing_and_stays_a_keyboard_interrupt(
 
 
 def test_a_load_error_gives_way_to_the_weights_checksum_error(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tokenizer_file: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
+    directory = save_model_dir(tmp_path / "m", tiny_model(), tokenizer_file=tokenizer_file)
     _flip_a_weight_bit(directory)
 
     def unreadable(*args: object) -> None:
@@ -212,19 +200,15 @@ def test_a_load_error_gives_way_to_the_weights_checksum_error(
         load_model_dir(directory)  # the weights match: the load error is the one raised
 
 
-def test_weights_of_another_architecture_are_refused(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
-    other = make_model(n_decoder_layers=3)
+def test_weights_of_another_architecture_are_refused(tokenizer_file: Path, tmp_path: Path) -> None:
+    directory = save_model_dir(tmp_path / "m", tiny_model(), tokenizer_file=tokenizer_file)
+    other = tiny_model(n_decoder_layers=3)
     with pytest.raises(CheckpointError, match=r"does not match the model|cannot load"):
         load_weights(other, directory / WEIGHTS_FILE)
 
 
-def test_invalid_config_is_named(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
+def test_invalid_config_is_named(tokenizer_file: Path, tmp_path: Path) -> None:
+    directory = save_model_dir(tmp_path / "m", tiny_model(), tokenizer_file=tokenizer_file)
     config = json.loads((directory / CONFIG_FILE).read_text())
     config["d_modle"] = 8
     (directory / CONFIG_FILE).write_text(json.dumps(config))
@@ -259,13 +243,12 @@ def _edit_config(directory: Path, **changes: object) -> Path:
 def test_sizes_that_the_weights_do_not_have_are_refused_before_the_model_is_built(
     changes: dict[str, object],
     shown: str,
-    make_model: Callable,
     tokenizer_file: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture,
 ) -> None:
     learned = changes.get("positional_encoding") == "learned"
-    model = make_model(positional_encoding="learned") if learned else make_model()
+    model = tiny_model(positional_encoding="learned") if learned else tiny_model()
     directory = save_model_dir(tmp_path / "m", model, tokenizer_file=tokenizer_file)
     config_file = _edit_config(directory, **changes)
     with pytest.raises(CheckpointError) as raised:
@@ -279,12 +262,12 @@ def test_sizes_that_the_weights_do_not_have_are_refused_before_the_model_is_buil
 
 
 def test_an_absurd_max_positions_of_a_sinusoidal_model_is_refused_before_its_table_is_built(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    tokenizer_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
     """No weight holds a sinusoidal model's max_positions, so no weight contradicts an absurd
     one: 10^12 in config.json (checksums rewritten) went on to ask the allocator for the table
     (a `RuntimeError` of a bug, or the memory of the machine)."""
-    directory = save_model_dir(tmp_path / "m", make_model(), tokenizer_file=tokenizer_file)
+    directory = save_model_dir(tmp_path / "m", tiny_model(), tokenizer_file=tokenizer_file)
     config_file = _edit_config(directory, max_positions=10**12)
     message = (
         f"{config_file}: invalid model config: max_positions (1000000000000) must be at "
@@ -316,7 +299,8 @@ def test_a_write_limit_torch_hides_is_reported_as_such(tmp_path: Path) -> None:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
         try:
             save_model_dir(
-                directory / "ckpt", tiny_model(tokenizer), tokenizer_file=tokenizer.model_file,
+                directory / "ckpt", tiny_model(tokenizer.vocab_size, preset="tiny", seed=0),
+                tokenizer_file=tokenizer.model_file,
                 extra_files={"training_state.pt": {"m": torch.zeros(1 << 20)}},
             )
         except DiskFullError as error:

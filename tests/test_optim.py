@@ -21,6 +21,7 @@ from aiayn.optim import (
     scheduled_rate,
     set_learning_rate,
 )
+from model_dirs import tiny_model
 
 
 @pytest.mark.parametrize(
@@ -78,8 +79,8 @@ def test_step_must_be_positive(step: int) -> None:
         learning_rate(step, d_model=512, warmup_steps=4000)
 
 
-def test_optimizer_is_adam_with_paper_settings(make_model) -> None:
-    model = make_model()
+def test_optimizer_is_adam_with_paper_settings() -> None:
+    model = tiny_model()
     optimizer = build_optimizer(model)
     assert isinstance(optimizer, torch.optim.Adam)
     (group,) = optimizer.param_groups
@@ -90,8 +91,8 @@ def test_optimizer_is_adam_with_paper_settings(make_model) -> None:
     assert len({id(p) for p in group["params"]}) == len(group["params"])
 
 
-def test_set_learning_rate_drives_the_update(make_model) -> None:
-    model = make_model()
+def test_set_learning_rate_drives_the_update() -> None:
+    model = tiny_model()
     optimizer = build_optimizer(model, betas=(0.5, 0.6), eps=1e-6)
     assert optimizer.param_groups[0]["betas"] == (0.5, 0.6)
     before = [p.detach().clone() for p in model.parameters()]

@@ -103,7 +103,11 @@ def _tokenizer(target: Path) -> None:
 
 def _model_dir(target: Path) -> None:
     tokenizer = train_tokenizer(target.parent / "tok")
-    save_model_dir(target, tiny_model(tokenizer), tokenizer_file=tokenizer.model_file)
+    save_model_dir(
+        target,
+        tiny_model(tokenizer.vocab_size, preset="tiny", seed=0),
+        tokenizer_file=tokenizer.model_file,
+    )
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,9 +15,7 @@ from aiayn.cli.describe import component_of, describe, parameter_shapes, paramet
 from aiayn.config import ModelConfig, preset
 from aiayn.model import Transformer
 from aiayn.model_dir import WEIGHTS_FILE
-from model_dirs import tiny_model_dir
-
-MakeModel = Callable[..., Transformer]
+from model_dirs import tiny_model, tiny_model_dir
 
 
 def test_base_model_rows_add_up_to_the_table_3_count() -> None:
@@ -36,8 +33,8 @@ def test_base_model_rows_add_up_to_the_table_3_count() -> None:
     assert text.splitlines()[-1].split()[1:] == ["63,082,496", "(63.1M)"]
 
 
-def test_unshared_embeddings_are_three_rows(make_model: MakeModel) -> None:
-    model = make_model(share_embeddings="none")
+def test_unshared_embeddings_are_three_rows() -> None:
+    model = tiny_model(share_embeddings="none")
     rows = dict(parameter_table(model.config))
     v, d = model.config.src_vocab_size, model.config.d_model
     for row in ("source embedding (§3.4)", "target embedding (§3.4)", "pre-softmax linear (§3.4)"):
@@ -45,16 +42,16 @@ def test_unshared_embeddings_are_three_rows(make_model: MakeModel) -> None:
     assert sum(rows.values()) == sum(p.numel() for p in model.parameters())
 
 
-def test_pre_norm_and_learned_positions_get_their_own_rows(make_model: MakeModel) -> None:
-    model = make_model(norm_first=True, positional_encoding="learned")
+def test_pre_norm_and_learned_positions_get_their_own_rows() -> None:
+    model = tiny_model(norm_first=True, positional_encoding="learned")
     rows = dict(parameter_table(model.config))
     assert rows["final layer norms (pre-norm)"] == 2 * 2 * model.config.d_model
     assert rows["learned positional embedding (Table 3 E)"] == 64 * model.config.d_model
     assert "pre-norm" in describe(model.config)
 
 
-def test_component_of_names_the_stack_and_sublayer(make_model: MakeModel) -> None:
-    config = make_model().config
+def test_component_of_names_the_stack_and_sublayer() -> None:
+    config = tiny_model().config
     assert component_of("decoder.layers.1.cross_attn.q_proj.weight", config) == (
         "decoder × 2: encoder-decoder attention"
     )

@@ -581,7 +581,12 @@ def test_the_batch_budget_defaults_by_device_and_refuses_what_is_not_positive(
 
 
 def save_model(directory: Path, tokenizer_file: Path, seed: int) -> Path:
-    model = tiny_model(Tokenizer.load(tokenizer_file), seed=seed, max_positions=MAX_POSITIONS)
+    model = tiny_model(
+        Tokenizer.load(tokenizer_file).vocab_size,
+        preset="tiny",
+        seed=seed,
+        max_positions=MAX_POSITIONS,
+    )
     return save_model_dir(directory, model, tokenizer_file=tokenizer_file)
 
 

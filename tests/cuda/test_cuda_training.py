@@ -39,7 +39,7 @@ from train.test_trainer import (
     weights,
     write_copy_corpus,
 )
-from train.test_update import WARMUP, every_src_key_mask, letter_dataset, tiny_model
+from train.test_update import WARMUP, every_src_key_mask, letter_dataset, letter_model
 
 pytestmark = pytest.mark.cuda
 
@@ -155,7 +155,7 @@ def test_updates_on_a_gpu_make_no_host_sync(
     precisions = [False, True] if cuda_computes_bf16(device) else [False]
     for bf16 in precisions:
         torch.manual_seed(0)
-        model = tiny_model().to(device)
+        model = letter_model().to(device)
         optimizer, interval = build_optimizer(model), {"loss": 0.0, "nll": 0.0}
         sums = update.IntervalLossSums()
         torch.cuda.synchronize(device)

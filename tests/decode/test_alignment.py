@@ -16,12 +16,10 @@ import pytest
 import torch
 
 from aiayn.cli import main
-from aiayn.config import preset
 from aiayn.decode.alignment import alignment_matrix, check_index, format_alignment, hard_alignment
 from aiayn.decode.translator import SentenceAttention, TranslationResult, Translator, one_line
-from aiayn.model import Transformer
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from model_dirs import tiny_model_dir
+from model_dirs import tiny_model, tiny_model_dir
 
 CORPUS = [
     "the cat sat on the mat",
@@ -105,9 +103,7 @@ def test_model_maps_of_a_padded_batch_put_no_weight_on_padding(translator: Trans
 
 @pytest.mark.parametrize("norm_first", [False, True])
 def test_forward_with_attention_gives_the_logits_of_forward(norm_first: bool) -> None:
-    torch.manual_seed(0)
-    config = preset("tiny", src_vocab_size=40, d_model=32, d_ff=64, norm_first=norm_first)
-    model = Transformer(config).eval()
+    model = tiny_model(40, preset="tiny", seed=0, d_model=32, d_ff=64, norm_first=norm_first)
     src = pad([[5, 6, 7, 8, EOS_ID], [9, EOS_ID]])
     tgt = pad([[BOS_ID, 7, 8, 9], [BOS_ID, 6]])
     with torch.inference_mode():

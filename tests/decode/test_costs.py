@@ -22,7 +22,9 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
 
 
 def translator_of(tokenizer: Tokenizer, **config: object) -> Translator:
-    model = tiny_model(tokenizer, seed=1234, **{"max_positions": 64, **config})
+    model = tiny_model(
+        tokenizer.vocab_size, preset="tiny", seed=1234, **{"max_positions": 64, **config}
+    )
     return Translator.from_model(model, tokenizer)
 
 

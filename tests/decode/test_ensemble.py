@@ -4,17 +4,15 @@ model with itself decodes exactly as the model."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 import torch
 
 from aiayn.decode.ensemble import Ensemble
 from aiayn.decode.search import DecodingOptions, beam_search, greedy_search, sample
-from aiayn.model import Transformer
 
 # The hand-set fakes of the search tests (tests/ is on sys.path under pytest).
 from decode.test_search import IDS, FakeModel, random_model, random_sources
+from model_dirs import tiny_model
 
 
 def mixture(models: list[FakeModel]) -> FakeModel:
@@ -54,10 +52,8 @@ def test_sampling_from_an_ensemble_draws_from_the_mixture() -> None:
     assert [h.tokens for h in runs[0]] == [h.tokens for h in runs[1]]
 
 
-def test_ensemble_of_a_model_with_itself_is_the_model(
-    make_model: Callable[..., Transformer],
-) -> None:
-    model = make_model()
+def test_ensemble_of_a_model_with_itself_is_the_model() -> None:
+    model = tiny_model()
     sources = torch.randint(3, 23, (5, 7))
     sources[1, 4:] = sources[3, 2:] = 0  # padding
     twice = Ensemble([model, model])
@@ -72,10 +68,8 @@ def test_ensemble_of_a_model_with_itself_is_the_model(
             assert [h.score for h in hyps] == pytest.approx([h.score for h in want], abs=1e-5)
 
 
-def test_models_with_different_vocabulary_sizes_are_refused(
-    make_model: Callable[..., Transformer],
-) -> None:
+def test_models_with_different_vocabulary_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match=r"vocabularies differ in size \(\[23, 30\]\)"):
-        Ensemble([make_model(), make_model(src_vocab_size=30, tgt_vocab_size=30)])
+        Ensemble([tiny_model(), tiny_model(30)])
     with pytest.raises(ValueError, match="at least one model"):
         Ensemble([])

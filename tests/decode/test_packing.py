@@ -24,6 +24,7 @@ from aiayn.decode.packing import (
 )
 from aiayn.decode.search import beam_search, greedy_search
 from aiayn.model import PositionwiseFeedForward, Transformer
+from model_dirs import tiny_model
 
 
 def attention_kernels(model: torch.nn.Module) -> set:
@@ -61,8 +62,8 @@ def test_a_packed_linear_layer_computes_what_nn_linear_computes(
     torch.testing.assert_close(copy.deepcopy(packed)(x), got)  # a copy of the packed layer
 
 
-def _packed_and_plain(make_model, kernels: tuple[str, str]) -> tuple[Transformer, torch.nn.Module]:
-    model = make_model(src_vocab_size=60, tgt_vocab_size=60, dropout=0.0).eval()
+def _packed_and_plain(kernels: tuple[str, str]) -> tuple[Transformer, torch.nn.Module]:
+    model = tiny_model(60, dropout=0.0)
     kernel, output_kernel = kernels
     return model, pack_linear_layers(
         model, min_features=1, kernel=kernel, output_kernel=output_kernel
@@ -71,9 +72,9 @@ def _packed_and_plain(make_model, kernels: tuple[str, str]) -> tuple[Transformer
 
 @pytest.mark.parametrize("kernels", PACKINGS)
 def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alone(
-    make_model, kernels: tuple[str, str]
+    kernels: tuple[str, str],
 ) -> None:
-    model, packed = _packed_and_plain(make_model, kernels)
+    model, packed = _packed_and_plain(kernels)
     assert packed is not model
     assert [m for m in packed.modules() if type(m) is torch.nn.Linear] == []
     kernel, output_kernel = kernels
@@ -105,11 +106,11 @@ def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alon
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
-def test_the_packed_copy_keeps_the_models_attention_kernels(make_model, kernel: str) -> None:
-    model = use_cpu_attention(make_model())
+def test_the_packed_copy_keeps_the_models_attention_kernels(kernel: str) -> None:
+    model = use_cpu_attention(tiny_model())
     packed = pack_linear_layers(model, min_features=1, kernel=kernel)
     assert packed is not model and attention_kernels(packed) == {cpu_attention}
-    plain = pack_linear_layers(make_model(), min_features=1, kernel=kernel)
+    plain = pack_linear_layers(tiny_model(), min_features=1, kernel=kernel)
     assert attention_kernels(plain) == {fused_attention}
 
 
@@ -154,11 +155,11 @@ def test_a_packed_product_of_stacked_layers_with_relu_is_their_outputs_side_by_s
 
 @pytest.mark.parametrize("kernels", PACKINGS)
 def test_the_packed_model_gives_the_same_log_probs_and_translations(
-    make_model, kernels: tuple[str, str]
+    kernels: tuple[str, str],
 ) -> None:
     """Forward with padding, one decoding step, and beam and greedy search (twice, as a server
     calls it): the same as the plain model up to float32 rounding, the same tokens."""
-    model, packed = _packed_and_plain(make_model, kernels)
+    model, packed = _packed_and_plain(kernels)
     src = torch.randint(4, 60, (3, 9))
     src[1, 5:] = model.config.pad_id
     tgt = torch.randint(4, 60, (3, 6))
@@ -189,11 +190,11 @@ def test_the_packed_model_gives_the_same_log_probs_and_translations(
 
 @pytest.mark.parametrize("kernels", PACKINGS)
 def test_packing_in_place_packs_the_model_itself_as_the_copy_is_packed(
-    make_model, kernels: tuple[str, str]
+    kernels: tuple[str, str],
 ) -> None:
     """`in_place` (a translator's freshly loaded model): the model itself comes back, with the
     copy's layers and kernels and the same log-probs; nothing is cloned first."""
-    model, copied = _packed_and_plain(make_model, kernels)
+    model, copied = _packed_and_plain(kernels)
     kernel, output_kernel = kernels
     plain = copy.deepcopy(model)
     packed = pack_linear_layers(
@@ -211,10 +212,8 @@ def test_packing_in_place_packs_the_model_itself_as_the_copy_is_packed(
         torch.testing.assert_close(packed(src, tgt), plain(src, tgt), atol=1e-5, rtol=1e-5)
 
 
-def test_without_onednn_packing_the_model_is_used_as_it_is(
-    monkeypatch: pytest.MonkeyPatch, make_model
-) -> None:
-    model = make_model().eval()
+def test_without_onednn_packing_the_model_is_used_as_it_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_model()
     monkeypatch.setattr(platform, "machine", lambda: "arm64")
     assert "not an x86-64 CPU" in (onednn_linear_missing() or "")
     assert "not an x86-64 CPU" in (mkl_missing() or "")

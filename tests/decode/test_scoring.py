@@ -4,7 +4,6 @@ by pair, whatever the batching; an ensemble scores with the mean of its models' 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import pytest
 import torch
@@ -15,7 +14,7 @@ from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer
 from aiayn.text.batching import collate
 from aiayn.text.tokenizer import PAD_ID, Tokenizer
-from model_dirs import train_tokenizer
+from model_dirs import tiny_model, train_tokenizer
 
 CORPUS = ["the cat sat on the mat", "a dog barked at the moon", "die katze sass auf der matte"]
 PAIRS = [
@@ -32,17 +31,6 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
     return train_tokenizer(tmp_path_factory.mktemp("scoring"), CORPUS)
 
 
-@pytest.fixture
-def build(
-    make_model: Callable[..., Transformer], tokenizer: Tokenizer
-) -> Callable[..., Transformer]:
-    def model(**overrides: object) -> Transformer:
-        vocab = tokenizer.vocab_size
-        return make_model(src_vocab_size=vocab, tgt_vocab_size=vocab, **overrides)
-
-    return model
-
-
 def reference_nll(
     model: Transformer, tokenizer: Tokenizer, src: str, tgt: str
 ) -> tuple[float, int]:
@@ -57,9 +45,9 @@ def reference_nll(
 
 @pytest.mark.parametrize("max_tokens,chunk_size", [(4096, 4096), (12, 2)])
 def test_score_is_the_teacher_forced_nll_of_each_pair(
-    build: Callable[..., Transformer], tokenizer: Tokenizer, max_tokens: int, chunk_size: int
+    tokenizer: Tokenizer, max_tokens: int, chunk_size: int
 ) -> None:
-    model = build()
+    model = tiny_model(tokenizer.vocab_size)
     done: list[int] = []
     scores = list(
         score_pairs(
@@ -76,11 +64,9 @@ def test_score_is_the_teacher_forced_nll_of_each_pair(
         assert not score.truncated
 
 
-def test_ensemble_score_is_the_log_of_the_mean_probability(
-    build: Callable[..., Transformer], tokenizer: Tokenizer
-) -> None:
+def test_ensemble_score_is_the_log_of_the_mean_probability(tokenizer: Tokenizer) -> None:
     torch.manual_seed(1)
-    models = [build(), build()]
+    models = [tiny_model(tokenizer.vocab_size), tiny_model(tokenizer.vocab_size)]
     [score] = score_pairs(models, tokenizer, [PAIRS[0]])
     [src_ids, tgt_ids] = tokenizer.encode_batch(list(PAIRS[0]))
     batch = collate([(src_ids, tgt_ids)])
@@ -92,10 +78,10 @@ def test_ensemble_score_is_the_log_of_the_mean_probability(
 
 
 def test_long_sources_are_cut_and_too_long_targets_refused(
-    build: Callable[..., Transformer], tokenizer: Tokenizer, caplog: pytest.LogCaptureFixture
+    tokenizer: Tokenizer, caplog: pytest.LogCaptureFixture
 ) -> None:
     long = " ".join(CORPUS * 3)
-    model = build(max_positions=8, positional_encoding="learned")
+    model = tiny_model(tokenizer.vocab_size, max_positions=8, positional_encoding="learned")
     [score] = score_pairs(model, tokenizer, [(long, "die katze")])
     assert score.truncated and "source 1 has" in caplog.text
     cut = tokenizer.decode(tokenizer.encode_batch([long])[0][:7])
@@ -105,10 +91,10 @@ def test_long_sources_are_cut_and_too_long_targets_refused(
         list(score_pairs(model, tokenizer, [("a", "b"), ("the cat", long)]))
 
 
-def test_translator_score(build: Callable[..., Transformer], tokenizer: Tokenizer) -> None:
+def test_translator_score(tokenizer: Tokenizer) -> None:
     from aiayn.decode.translator import Translator
 
-    model = build()
+    model = tiny_model(tokenizer.vocab_size)
     translator = Translator.from_model(model, tokenizer)
     sources, targets = [s for s, _ in PAIRS], [t for _, t in PAIRS]
     assert translator.score(sources, targets) == list(score_pairs(model, tokenizer, PAIRS))

@@ -4,7 +4,6 @@ lean as issue 29 asks. Counts are exact and the same on every machine, unlike ti
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ from aiayn.decode.packing import pack_linear_layers
 from aiayn.decode.search import DecodingOptions, beam_search, greedy_search
 from aiayn.model import Transformer
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from model_dirs import tiny_model
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 IDS = {"bos_id": BOS_ID, "eos_id": EOS_ID, "pad_id": PAD_ID}
@@ -31,12 +31,12 @@ def bench_step_calls(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 @pytest.fixture
-def decoding_model(make_model: Callable[..., Transformer]) -> Transformer:
+def decoding_model() -> Transformer:
     """A float32 CPU model as `Translator` decodes with it: its linear layers packed (all of
     them: these are below the size `pack_for_decoding` starts at) where packing runs here,
     with the CPU's attention kernels. On MKL's kernel, whose calls do not depend on the number
     of rows (oneDNN's pads some row counts: `decode.packing.padded_rows`)."""
-    return use_cpu_attention(pack_linear_layers(make_model(), min_features=1, kernel="mkl"))
+    return use_cpu_attention(pack_linear_layers(tiny_model(), min_features=1, kernel="mkl"))
 
 
 def sources(n: int) -> torch.Tensor:

@@ -48,7 +48,9 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Tokenizer:
 
 
 def build_model(tokenizer: Tokenizer, **overrides: object) -> Transformer:
-    return tiny_model(tokenizer, seed=1234, **{"max_positions": 64, **overrides})
+    return tiny_model(
+        tokenizer.vocab_size, preset="tiny", seed=1234, **{"max_positions": 64, **overrides}
+    )
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,7 @@ SENTENCES = [*CORPUS, "", "the cat", "a dog barked at the cat on the mat", "hell
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("workers")
     tokenizer = train_tokenizer(directory / "tok", CORPUS)
-    model = tiny_model(tokenizer, seed=7, eos_scale=3.0, max_positions=64)
+    model = tiny_model(tokenizer.vocab_size, preset="tiny", seed=7, eos_scale=3.0, max_positions=64)
     return save_model_dir(
         directory / "model", model, tokenizer_file=tokenizer.model_file, metadata=EN_DE
     )
@@ -165,7 +165,9 @@ def test_the_translator_refuses_workers_it_cannot_run(model_dir: Path, tmp_path:
         with pytest.raises(UserValueError, match="cuda"):
             Translator(model_dir, device="cuda", workers=2)
     tokenizer = Tokenizer.load(model_dir / "tokenizer.model")
-    in_memory = Translator.from_model(tiny_model(tokenizer), tokenizer)
+    in_memory = Translator.from_model(
+        tiny_model(tokenizer.vocab_size, preset="tiny", seed=0), tokenizer
+    )
     assert in_memory.workers == 1  # a model in memory (training's) decodes in its process
 
 

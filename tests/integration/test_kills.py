@@ -192,7 +192,7 @@ def test_average_and_export_remove_what_killed_writers_of_their_output_left(
     for step, seed in ((1, 1), (2, 2)):
         save_model_dir(
             run / "checkpoints" / f"step_{step:08d}",
-            tiny_model(tokenizer, seed=seed),
+            tiny_model(tokenizer.vocab_size, preset="tiny", seed=seed),
             tokenizer_file=tokenizer.model_file,
             metadata={"step": step},
         )
@@ -284,7 +284,7 @@ def writers(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[s
     for step in (1, 2):
         save_model_dir(
             run / "checkpoints" / f"step_{step:08d}",
-            tiny_model(tokenizer, seed=step, d_model=256, d_ff=1024),
+            tiny_model(tokenizer.vocab_size, preset="tiny", seed=step, d_model=256, d_ff=1024),
             tokenizer_file=tokenizer.model_file,
             metadata={"step": step},
         )

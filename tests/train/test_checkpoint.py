@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from aiayn.model_dir import (
     sha256_of,
 )
 from aiayn.train import checkpoint as ckpt
+from model_dirs import tiny_model
 from test_model_dir import randomised
 
 
@@ -51,9 +51,9 @@ def _state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def test_checkpoint_holds_a_model_dir_and_the_training_state(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
+    tokenizer_file: Path, tmp_path: Path
 ) -> None:
-    model = make_model()
+    model = tiny_model()
     state = ckpt.TrainingState(
         optimizer=torch.optim.Adam(model.parameters()).state_dict(),
         progress=ckpt.Progress(step=3, interval={"loss": 1.5}),
@@ -101,10 +101,8 @@ def test_checkpoint_holds_a_model_dir_and_the_training_state(
     assert sorted(raw) == ["accumulate", "optimizer", "progress", "rng", "world_size"]
 
 
-def test_keep_last_prunes_old_checkpoints(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    paths = _save_steps(tmp_path, [make_model() for _ in range(5)], tokenizer_file, keep_last=2)
+def test_keep_last_prunes_old_checkpoints(tokenizer_file: Path, tmp_path: Path) -> None:
+    paths = _save_steps(tmp_path, [tiny_model() for _ in range(5)], tokenizer_file, keep_last=2)
     assert ckpt.list_checkpoints(tmp_path) == paths[-2:]
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [
         "step_00000400",
@@ -112,10 +110,8 @@ def test_keep_last_prunes_old_checkpoints(
     ]
 
 
-def test_list_checkpoints_ignores_incomplete_ones(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    (path,) = _save_steps(tmp_path, [make_model()], tokenizer_file)
+def test_list_checkpoints_ignores_incomplete_ones(tokenizer_file: Path, tmp_path: Path) -> None:
+    (path,) = _save_steps(tmp_path, [tiny_model()], tokenizer_file)
     (tmp_path / "checkpoints" / "step_00000200").mkdir()  # e.g. a copy that was cut short
     (tmp_path / "checkpoints" / ".step_00000300.tmp-123").mkdir()  # a save in progress
     assert ckpt.list_checkpoints(tmp_path) == [path]
@@ -132,11 +128,9 @@ class _Exploit:
         return (os.system, (f"touch {self.marker}",))
 
 
-def test_training_state_never_unpickles_code(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
+def test_training_state_never_unpickles_code(tokenizer_file: Path, tmp_path: Path) -> None:
     marker = tmp_path / "pwned"
-    (path,) = _save_steps(tmp_path, [make_model()], tokenizer_file)
+    (path,) = _save_steps(tmp_path, [tiny_model()], tokenizer_file)
     torch.save({"progress": _Exploit(marker)}, path / ckpt.TRAINING_STATE_FILE)
     # Re-record the checksum, as an attacker who ships a whole checkpoint would.
     checksums = json.loads((path / CHECKSUMS_FILE).read_text())
@@ -149,9 +143,9 @@ def test_training_state_never_unpickles_code(
 
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_corrupt_training_state_is_detected(
-    damage: str, make_model: Callable, tokenizer_file: Path, tmp_path: Path
+    damage: str, tokenizer_file: Path, tmp_path: Path
 ) -> None:
-    (path,) = _save_steps(tmp_path, [make_model()], tokenizer_file)
+    (path,) = _save_steps(tmp_path, [tiny_model()], tokenizer_file)
     state = path / ckpt.TRAINING_STATE_FILE
     data = bytearray(state.read_bytes())
     if damage == "truncate":
@@ -163,23 +157,21 @@ def test_corrupt_training_state_is_detected(
         ckpt.load_training_state(path)
 
 
-def test_architecture_check(make_model: Callable, tokenizer_file: Path, tmp_path: Path) -> None:
-    (path,) = _save_steps(tmp_path, [make_model()], tokenizer_file)
-    ckpt.check_same_architecture(path, make_model().config)
-    ckpt.check_same_architecture(path, make_model(dropout=0.3).config)  # not architecture
+def test_architecture_check(tokenizer_file: Path, tmp_path: Path) -> None:
+    (path,) = _save_steps(tmp_path, [tiny_model()], tokenizer_file)
+    ckpt.check_same_architecture(path, tiny_model().config)
+    ckpt.check_same_architecture(path, tiny_model(dropout=0.3).config)  # not architecture
     with pytest.raises(
         CheckpointError, match=r"different architecture \(d_ff: checkpoint 64, config 128\)"
     ):
-        ckpt.check_same_architecture(path, make_model(d_ff=128).config)
+        ckpt.check_same_architecture(path, tiny_model(d_ff=128).config)
 
 
 # -- averaging (§6.1) -----------------------------------------------------------------------
 
 
-def test_average_is_the_elementwise_mean(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    models = [randomised(make_model(), seed) for seed in (10, 11, 12)]
+def test_average_is_the_elementwise_mean(tokenizer_file: Path, tmp_path: Path) -> None:
+    models = [randomised(tiny_model(), seed) for seed in (10, 11, 12)]
     paths = _save_steps(tmp_path, models, tokenizer_file)
     averaged = ckpt.average_checkpoints(paths)
     states = [_state(m) for m in models]
@@ -193,10 +185,8 @@ def test_average_is_the_elementwise_mean(
         assert torch.equal(tensor, averaged.state_dict()[name]), name
 
 
-def test_average_of_one_checkpoint_is_itself(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    model = randomised(make_model(), 13)
+def test_average_of_one_checkpoint_is_itself(tokenizer_file: Path, tmp_path: Path) -> None:
+    model = randomised(tiny_model(), 13)
     paths = _save_steps(tmp_path, [model], tokenizer_file)
     averaged = ckpt.average_checkpoints(paths)
     for name, tensor in averaged.state_dict().items():
@@ -204,9 +194,9 @@ def test_average_of_one_checkpoint_is_itself(
 
 
 def test_average_refuses_mixed_architectures_and_nothing(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
+    tokenizer_file: Path, tmp_path: Path
 ) -> None:
-    paths = _save_steps(tmp_path, [make_model(), make_model(d_ff=128)], tokenizer_file)
+    paths = _save_steps(tmp_path, [tiny_model(), tiny_model(d_ff=128)], tokenizer_file)
     with pytest.raises(CheckpointError, match="configs differ"):
         ckpt.average_checkpoints(paths)
     with pytest.raises(CheckpointError, match="no checkpoints"):
@@ -214,9 +204,9 @@ def test_average_refuses_mixed_architectures_and_nothing(
 
 
 def test_average_command(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    tokenizer_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    models = [randomised(make_model(), seed) for seed in (20, 21, 22)]
+    models = [randomised(tiny_model(), seed) for seed in (20, 21, 22)]
     paths = _save_steps(tmp_path / "run", models, tokenizer_file)
     out = tmp_path / "averaged"
     assert main(["average", str(tmp_path / "run"), "--last", "2", "-o", str(out)]) == 0
@@ -251,11 +241,11 @@ def _tree(directory: Path) -> dict[str, bytes]:
 
 
 def test_average_never_deletes_a_directory_it_did_not_write(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+    tokenizer_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:
-    _save_steps(tmp_path / "run", [randomised(make_model(), 30)], tokenizer_file)
+    _save_steps(tmp_path / "run", [randomised(tiny_model(), 30)], tokenizer_file)
     (tmp_path / "run" / "train_config.yaml").write_text("max_steps: 100\n")
-    save_model_dir(tmp_path / "run" / "model", make_model(), tokenizer_file=tokenizer_file)
+    save_model_dir(tmp_path / "run" / "model", tiny_model(), tokenizer_file=tokenizer_file)
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "todo.txt").write_text("mine")
@@ -275,10 +265,8 @@ def test_average_never_deletes_a_directory_it_did_not_write(
     assert (tmp_path / "file").read_text() == "mine"
 
 
-def test_average_replaces_a_model_directory_it_wrote(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    _save_steps(tmp_path / "run", [randomised(make_model(), 31)], tokenizer_file)
+def test_average_replaces_a_model_directory_it_wrote(tokenizer_file: Path, tmp_path: Path) -> None:
+    _save_steps(tmp_path / "run", [randomised(tiny_model(), 31)], tokenizer_file)
     out = tmp_path / "averaged"
     for _ in range(2):
         assert main(["average", str(tmp_path / "run"), "-o", str(out)]) == 0
@@ -288,12 +276,10 @@ def test_average_replaces_a_model_directory_it_wrote(
     assert load_model_dir(empty).metadata["averaged"] == ["step_00000100"]
 
 
-def test_average_run_again_writes_the_same_bytes(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
+def test_average_run_again_writes_the_same_bytes(tokenizer_file: Path, tmp_path: Path) -> None:
     """Same checkpoints, same output, byte for byte (checksums.json included): safetensors
     writes its header's metadata in a random order of its own (safetensors#584)."""
-    models = [randomised(make_model(), seed) for seed in (40, 41)]
+    models = [randomised(tiny_model(), seed) for seed in (40, 41)]
     _save_steps(tmp_path / "run", models, tokenizer_file)
     trees = []
     for out in ("out", "out", "other", "another"):  # again into the same, and elsewhere
@@ -303,19 +289,17 @@ def test_average_run_again_writes_the_same_bytes(
     assert all(tree == trees[0] for tree in trees[1:])
 
 
-def test_a_checkpoint_saved_twice_has_the_same_bytes(
-    make_model: Callable, tokenizer_file: Path, tmp_path: Path
-) -> None:
-    model = randomised(make_model(share_embeddings="all"), 42)
+def test_a_checkpoint_saved_twice_has_the_same_bytes(tokenizer_file: Path, tmp_path: Path) -> None:
+    model = randomised(tiny_model(share_embeddings="all"), 42)
     trees = [_tree(_save_steps(tmp_path / run, [model], tokenizer_file)[0]) for run in "abc"]
     assert all(tree == trees[0] for tree in trees[1:])
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
 def test_weights_get_the_same_mode_as_the_other_files(
-    umask: int, make_model: Callable, tokenizer_file: Path, tmp_path: Path
+    umask: int, tokenizer_file: Path, tmp_path: Path
 ) -> None:
-    _save_steps(tmp_path / "run", [make_model()], tokenizer_file)
+    _save_steps(tmp_path / "run", [tiny_model()], tokenizer_file)
     previous = os.umask(umask)
     try:
         assert main(["average", str(tmp_path / "run"), "-o", str(tmp_path / "out")]) == 0

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from aiayn.config import TrainConfig, preset
+from aiayn.config import TrainConfig
 from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
@@ -24,6 +24,7 @@ from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from aiayn.train import update
 from aiayn.train.distributed import Distributed
 from aiayn.train.update import UpdateStats, optimizer_update, uses_bf16
+from model_dirs import tiny_model
 
 LETTERS = "abcdefgh"
 WARMUP = 4
@@ -57,11 +58,11 @@ def letter_dataset(directory: Path) -> ParallelDataset:
     return data
 
 
-def tiny_model(**overrides: Any) -> Transformer:
-    config = dict(d_model=16, d_ff=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1)
-    return Transformer(
-        preset("tiny", src_vocab_size=_LetterEncoder.vocab_size, **config | overrides)
-    )
+def letter_model(**overrides: Any) -> Transformer:
+    """`tiny_model` over the letters (d_model 16, one layer a stack), in training mode."""
+    sizes = dict(d_model=16, d_ff=32, n_heads=2, n_encoder_layers=1, n_decoder_layers=1)
+    model = tiny_model(_LetterEncoder.vocab_size, preset="tiny", **sizes | overrides)
+    return model.train()
 
 
 def run_update(
@@ -101,7 +102,7 @@ def test_update_normalises_by_the_target_tokens_of_the_whole_update(
     """Accumulating batches A and B gives the gradient of (loss(A) + loss(B)) / tokens(A ∪ B):
     the same as one batch holding both, not the mean of two per-batch means."""
     torch.manual_seed(0)
-    model = tiny_model(dropout=0.0)
+    model = letter_model(dropout=0.0)
     by_length = sorted(range(len(dataset)), key=lambda i: len(dataset[i][1]))
     a, b = torch.tensor(by_length[:3]), torch.tensor(by_length[-7:])  # 3 short, 7 long pairs
     batches = [collate([dataset[int(i)] for i in idx]) for idx in (a, b)]
@@ -144,7 +145,7 @@ def test_an_update_through_the_chunked_loss_equals_one_through_the_logits(
     backward. fp32 on a CPU, dropout on (the same masks: both draw them in the same order),
     two batches accumulated, the output projection shared with both embeddings."""
     torch.manual_seed(0)
-    chunked = tiny_model()
+    chunked = letter_model()
     plain = copy.deepcopy(chunked)
     group = [torch.arange(0, 20), torch.arange(20, 48)]
     chunked_adam, plain_adam = build_optimizer(chunked), build_optimizer(plain)
@@ -181,7 +182,7 @@ def test_an_update_through_the_chunked_loss_equals_one_through_the_logits(
 
 
 def test_the_loss_path_of_forward_is_float32_under_bf16_autocast() -> None:
-    model = tiny_model()
+    model = letter_model()
     src, tgt = torch.randint(4, 12, (2, 5)), torch.randint(4, 12, (2, 6))
     with torch.autocast("cpu", dtype=torch.bfloat16):
         sums = model(src, tgt[:, :-1], tgt[:, 1:], label_smoothing=0.1)
@@ -232,7 +233,7 @@ def test_an_update_with_onednn_products_is_the_plain_update(dataset: ParallelDat
     if onednn_linear_missing():
         pytest.skip(onednn_linear_missing())
     torch.manual_seed(0)
-    wide = tiny_model(d_model=256, d_ff=256, dropout=0.1)
+    wide = letter_model(d_model=256, d_ff=256, dropout=0.1)
     runs = []
     for onednn in (True, False):
         model = copy.deepcopy(wide)
@@ -305,7 +306,7 @@ def test_updates_with_their_sums_on_the_device_equal_a_plain_loop_bit_for_bit(
     sums back to the host, and the same sums to the last bit: dropout on (the same masks for
     the same seed), two batches accumulated per update."""
     torch.manual_seed(0)
-    model = tiny_model()
+    model = letter_model()
     plain = copy.deepcopy(model)
     groups = [[torch.arange(i, i + 5), torch.arange(i + 5, i + 16)] for i in (0, 16, 32)]
 
@@ -378,7 +379,7 @@ def test_updates_read_nothing_back_from_the_device(
     counts come from the batches, the loss sums are added up on the device; the one read is
     the record's (`IntervalLossSums.settle`)."""
     torch.manual_seed(0)
-    model = tiny_model()
+    model = letter_model()
     optimizer, interval = build_optimizer(model), {"loss": 0.0, "nll": 0.0}
     sums = update.IntervalLossSums()
     every_src_key_mask(monkeypatch)

@@ -9,13 +9,12 @@ import random
 import pytest
 import torch
 
-from aiayn.config import preset
 from aiayn.loss import label_smoothed_loss
-from aiayn.model import Transformer
 from aiayn.text.batching import collate
 from aiayn.text.corpus import load_or_build
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from aiayn.train.validation import validation_loss
+from model_dirs import tiny_model
 
 LETTERS = "abcdefgh"
 
@@ -42,8 +41,7 @@ def test_validation_loss_reports_per_token_means_in_eval_mode(tmp_path) -> None:
     for path in (src, tgt):
         path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     dataset, _ = load_or_build(src, tgt, None, _LetterEncoder(), tmp_path / "data", max_len=16)
-    config = preset("tiny", src_vocab_size=_LetterEncoder.vocab_size, d_model=16, d_ff=32)
-    model = Transformer(config)  # dropout 0.1
+    model = tiny_model(_LetterEncoder.vocab_size, preset="tiny", d_model=16, d_ff=32)  # dropout 0.1
     model.train()
     metrics = validation_loss(
         model, dataset, max_tokens=64, device=torch.device("cpu"), label_smoothing=0.1

@@ -17,16 +17,12 @@ from typing import Any
 import matplotlib.image
 import numpy as np
 import pytest
-import torch
 from matplotlib.figure import Figure
 
 from aiayn.cli import build_parser, main
-from aiayn.config import preset
 from aiayn.decode.translator import TranslationResult, Translator
-from aiayn.model import Transformer, sinusoidal_positional_encoding
-from aiayn.model_dir import save_model_dir
+from aiayn.model import sinusoidal_positional_encoding
 from aiayn.optim import learning_rate, scheduled_rate
-from aiayn.text.tokenizer import Tokenizer
 from aiayn.viz.plots import (
     ATTENTION_KINDS,
     check_image_path,
@@ -38,6 +34,7 @@ from aiayn.viz.plots import (
     plot_schedule,
     save_figure,
 )
+from model_dirs import tiny_model_dir
 
 CORPUS = [
     "the cat sat on the mat",
@@ -53,21 +50,8 @@ DPI = 40  # small images: fast tests
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("plots")
-    corpus = directory / "corpus.txt"
-    corpus.write_text("\n".join(CORPUS * 3) + "\n", encoding="utf-8")
-    tokenizer = Tokenizer.train([corpus], directory / "tokenizer.model", vocab_size=300)
-    torch.manual_seed(0)
-    config = preset(
-        "tiny",
-        src_vocab_size=tokenizer.vocab_size,
-        d_model=32,
-        d_ff=64,
-        n_heads=2,
-        max_positions=32,
-    )
-    return save_model_dir(
-        directory / "model", Transformer(config), tokenizer_file=tokenizer.model_file
+    return tiny_model_dir(
+        tmp_path_factory.mktemp("plots"), CORPUS, d_model=32, d_ff=64, n_heads=2, max_positions=32
     )
 
 
