@@ -333,8 +333,9 @@ def test_checked_device_resolves_auto_and_keeps_the_cpu() -> None:
 
 
 def test_auto_is_one_rule_for_every_device_question(monkeypatch: pytest.MonkeyPatch) -> None:
-    """ "auto" is the GPU where PyTorch has one, else the CPU, the CPU whatever there is for what
-    runs there alone (int8 decoding); the type of a named device needs no GPU to exist."""
+    """ "auto" is the GPU where the runtime that computes has one (PyTorch unless another is
+    asked), else the CPU, the CPU whatever there is for what runs there alone (int8 decoding);
+    the type of a named device needs no GPU to exist."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert runtime.checked_device("auto") == torch.device("cuda")
     assert runtime.device_type("auto") == "cuda"
@@ -342,6 +343,11 @@ def test_auto_is_one_rule_for_every_device_question(monkeypatch: pytest.MonkeyPa
     assert runtime.device_type("auto", cpu_only=True) == "cpu"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert runtime.device_type("auto") == "cpu"
+    # Another runtime's answer where it computes (CTranslate2 has CUDA where PyTorch may not).
+    assert runtime.auto_device(lambda: True) == "cuda"
+    assert runtime.auto_device(lambda: True, cpu_only=True) == "cpu"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert runtime.auto_device(lambda: False) == "cpu"
     assert runtime.device_type("cuda:3") == "cuda" and runtime.device_type("cpu") == "cpu"
     assert runtime.device_type(torch.device("cuda", 1)) == "cuda"
 

@@ -1,6 +1,6 @@
 """Process-wide settings, made by the entry points and by no library object, how many CPU
 threads a decoding command should take (`decoding_threads`), and what device ``--device``
-names: "auto" resolved, the one rule for it (`device_type`), and whether this machine has it
+names: "auto" resolved, the one rule for it (`auto_device`), and whether this machine has it
 (`checked_device`).
 
 PyTorch's thread count, oneDNN's kernel cache, TorchInductor's error handling, the C library's
@@ -26,6 +26,7 @@ import contextlib
 import ctypes
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from aiayn.errors import UserValueError
@@ -254,18 +255,37 @@ def keep_freed_memory() -> bool:
     )
 
 
+def auto_device(cuda_available: Callable[[], bool] | None = None, *, cpu_only: bool = False) -> str:
+    """What ``--device auto`` names: "cuda" (the first CUDA GPU) where there is one, else "cpu";
+    "cpu" with ``cpu_only``, for what runs there alone (int8 decoding).
+
+    Args:
+        cuda_available: Asks the runtime that will compute whether it has a CUDA GPU:
+            PyTorch's ``torch.cuda.is_available`` where None (torch is imported then). The
+            CTranslate2 backend asks CTranslate2 (`aiayn.decode.backends.ctranslate2`): its
+            wheel has CUDA where PyTorch may be a CPU build, and that path imports no torch.
+        cpu_only: Answer "cpu" without asking.
+    """
+    if cpu_only:
+        return "cpu"
+    if cuda_available is None:
+        import torch
+
+        cuda_available = torch.cuda.is_available
+    return "cuda" if cuda_available() else "cpu"
+
+
 def device_type(name: str | torch.device, *, cpu_only: bool = False) -> str:
-    """The type of device `--device` names ("cpu", "cuda", ...), "auto" resolved as
-    `checked_device` resolves it, without checking that the device exists; torch is imported
-    only for "auto"."""
+    """The type of device `--device` names ("cpu", "cuda", ...), "auto" resolved by
+    `auto_device`, without checking that the device exists; torch is imported only for
+    "auto"."""
     if name == "auto":
-        return checked_device(name, cpu_only=cpu_only).type
+        return auto_device(cpu_only=cpu_only)
     return str(name).partition(":")[0]
 
 
 def checked_device(name: str | torch.device, *, cpu_only: bool = False) -> torch.device:
-    """`--device` as a `torch.device`: "auto" is the first CUDA GPU where there is one, else
-    the CPU (the CPU with ``cpu_only``: for what runs there alone, such as int8 decoding). A
+    """`--device` as a `torch.device`: "auto" as `auto_device` resolves it for PyTorch. A
     name PyTorch does not know (a typo), and a CUDA device this machine lacks (CUDA on a
     CPU-only machine or PyTorch, a GPU index past the last), are refused in one line that says
     what there is.
@@ -276,7 +296,7 @@ def checked_device(name: str | torch.device, *, cpu_only: bool = False) -> torch
     import torch
 
     if name == "auto":
-        return torch.device("cuda" if not cpu_only and torch.cuda.is_available() else "cpu")
+        return torch.device(auto_device(cpu_only=cpu_only))
     try:
         device = torch.device(name)
     except RuntimeError:

@@ -294,6 +294,28 @@ def test_a_translator_loads_an_export_on_the_ctranslate2_backend(export: Path):
         translator.score(["the cat"], ["the cat"])
 
 
+def test_device_auto_is_a_gpu_where_ctranslate2_counts_one(export: Path, monkeypatch):
+    """``device="auto"`` on an export asks CTranslate2, not PyTorch, for a GPU
+    (`aiayn.runtime.auto_device`): its wheel has CUDA where PyTorch may be a CPU build."""
+    import torch
+
+    opened = []
+    real = ctranslate2.Translator
+
+    def translator(*args, **kwargs):
+        opened.append(kwargs["device"])
+        return real(*args, **{**kwargs, "device": "cpu"})  # the CPU stands in for the GPU
+
+    monkeypatch.setattr(ctranslate2, "Translator", translator)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # PyTorch: a CPU build
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 1)
+    assert Translator(export, device="auto").device == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ctranslate2, "get_cuda_device_count", lambda: 0)
+    assert Translator(export, device="auto").device == "cpu"
+    assert opened == ["cuda", "cpu"]
+
+
 class RecordingAsync:
     """Wraps `ctranslate2.Translator`: records, in order, each ``translate_batch`` call and each
     wait for one of its results."""

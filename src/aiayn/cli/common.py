@@ -291,8 +291,8 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
     from aiayn import runtime
     from aiayn.extras import require
 
-    [ctranslate2] = require("export", "ctranslate2", needed_by="--backend ctranslate2")
-    from aiayn.decode.backends.ctranslate2 import DEVICE_ERROR
+    require("export", "ctranslate2", needed_by="--backend ctranslate2")  # or one line naming it
+    from aiayn.decode.backends.ctranslate2 import DEVICE_ERROR, cuda_available
     from aiayn.decode.translator import Translator
     from aiayn.errors import CorruptCheckpointError, first_line
     from aiayn.interop.ctranslate2 import (
@@ -314,14 +314,13 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
         raise UserValueError(f"{flag} is PyTorch's: CTranslate2 picks its own CPU kernels")
     device = args.device
     auto = device == "auto"
-    gpus = ctranslate2.get_cuda_device_count() if device != "cpu" else 0  # a probe: skip it
     if auto:
-        device = "cuda" if gpus > 0 else "cpu"
+        device = runtime.auto_device(cuda_available)  # CTranslate2's GPUs, not PyTorch's
     if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
         raise UserValueError(
             f"--device {device}: the CTranslate2 backend runs on cpu, cuda, cuda:N or auto"
         )
-    if device != "cpu" and gpus == 0:
+    if not auto and device != "cpu" and not cuda_available():
         raise UserValueError(f"--device {device}: CTranslate2 sees no CUDA GPU on this machine")
 
     def options(device: str) -> dict:

@@ -49,6 +49,7 @@ from aiayn.decode.options import DecodingOptions, max_output_length
 from aiayn.decode.results import Hypothesis
 from aiayn.errors import CheckpointError, CorruptCheckpointError, UserValueError, first_line
 from aiayn.extras import require
+from aiayn.runtime import auto_device
 from aiayn.text.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -62,7 +63,7 @@ from aiayn.text.tokenizer import (
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["DEVICE_ERROR", "CTranslate2Backend", "vocabulary"]
+__all__ = ["DEVICE_ERROR", "CTranslate2Backend", "cuda_available", "vocabulary"]
 
 
 def vocabulary(tokenizer: Tokenizer | SplitTokenizer, size: int) -> list[str]:
@@ -70,6 +71,14 @@ def vocabulary(tokenizer: Tokenizer | SplitTokenizer, size: int) -> list[str]:
     the vocabulary an export registers, and how the backend maps pieces back to ids."""
     pieces = tokenizer.pieces(range(min(size, tokenizer.vocab_size)))
     return pieces + [f"<unused{i}>" for i in range(len(pieces), size)]
+
+
+def cuda_available() -> bool:
+    """Whether CTranslate2 has a CUDA GPU to run on: what ``device="auto"`` asks
+    (`aiayn.runtime.auto_device`). CTranslate2's own count, not PyTorch's: its wheel has CUDA
+    where PyTorch may be a CPU build, and this path imports no torch."""
+    [ctranslate2] = require("export", "ctranslate2", needed_by="running a CTranslate2 export")
+    return ctranslate2.get_cuda_device_count() > 0
 
 
 DEVICE_ERROR = re.compile(r"cuda|cublas|cudnn", re.IGNORECASE)
@@ -102,7 +111,8 @@ class CTranslate2Backend(Backend):
 
         Args:
             ct2_dir: Written by `aiayn.interop.export_ctranslate2`.
-            device: "cpu", "cuda" or "cuda:N" (CTranslate2's device and ``device_index``). On
+            device: "cpu", "cuda" or "cuda:N" (CTranslate2's device and ``device_index``), or
+                "auto": a GPU where CTranslate2 counts one (`cuda_available`), else the CPU. On
                 a GPU, one step on one token is decoded at once, so that a GPU CTranslate2
                 cannot compute on raises here (a ``RuntimeError``, CTranslate2's).
             compute_type: CTranslate2's compute type ("default" = as stored, "int8",
@@ -135,6 +145,8 @@ class CTranslate2Backend(Backend):
         else:
             self.tokenizer = Tokenizer.load(directory / SOURCE_SPM_FILE)
         self.metadata: dict[str, Any] = aiayn.get("metadata", {})
+        if device == "auto":
+            device = auto_device(cuda_available)
         kind, _, index = device.partition(":")
         try:
             self.translator = self._ctranslate2.Translator(
