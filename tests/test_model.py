@@ -326,6 +326,19 @@ def test_source_padding_changes_nothing(norm_first: bool) -> None:
     torch.testing.assert_close(padded_logits, logits, atol=1e-5, rtol=0)
 
 
+def test_a_source_padding_hint_gives_what_asking_the_tensor_does() -> None:
+    """`src_padded`, known on the host (`Batch.src_padded`), spares the read back of the
+    source (a wait for a GPU): the same mask as asking, None without padding, the same outputs."""
+    model = tiny_model()
+    padded, tgt = batch(model)
+    full = padded_tokens((5, 5, 5), model.config.src_vocab_size)
+    assert model.src_key_mask(full) is None and model.src_key_mask(full, padded=False) is None
+    assert torch.equal(model.src_key_mask(padded, padded=True), model.src_key_mask(padded))
+    with torch.no_grad():
+        for src, hint in ((padded, True), (full, False)):
+            assert torch.equal(model(src, tgt, src_padded=hint), model(src, tgt))
+
+
 def test_a_padded_row_equals_the_same_sentence_alone() -> None:
     model = tiny_model()
     src, tgt = batch(model)

@@ -431,16 +431,20 @@ class Transformer(nn.Module):
 
     # -- the two halves of Figure 1 -------------------------------------------------------
 
-    def src_key_mask(self, src_tokens: Tensor) -> Tensor | None:
+    def src_key_mask(self, src_tokens: Tensor, padded: bool | None = None) -> Tensor | None:
         """(B, S) True = real token; None when the batch has no padding (fast SDPA path).
 
-        Under `torch.compile` the mask is always returned: asking whether it is all True would
-        read a value back from the tensor and break the compiled graph in two.
+        Whether it has any is `padded` where the caller knows it on the host (a training
+        batch's token count); else the tensor is asked, a value read back from it: on a GPU, a
+        wait for the device to catch up. Under `torch.compile` the mask is always returned:
+        that read would break the compiled graph in two.
         """
-        mask = src_tokens != self.config.pad_id
         if torch.compiler.is_compiling():
-            return mask
-        return None if bool(mask.all()) else mask
+            return src_tokens != self.config.pad_id
+        if padded is None:
+            mask = src_tokens != self.config.pad_id
+            return None if bool(mask.all()) else mask
+        return src_tokens != self.config.pad_id if padded else None
 
     def encode(
         self, src_tokens: Tensor, need_weights: bool = False
@@ -450,9 +454,9 @@ class Transformer(nn.Module):
         return memory, src_key_mask
 
     def _encode(
-        self, src_tokens: Tensor, need_weights: bool
+        self, src_tokens: Tensor, need_weights: bool, src_padded: bool | None = None
     ) -> tuple[Tensor, Tensor | None, list[Tensor]]:
-        src_key_mask = self.src_key_mask(src_tokens)
+        src_key_mask = self.src_key_mask(src_tokens, src_padded)
         x = self.src_embed(src_tokens) + self.positions(src_tokens.size(1))
         memory, maps = self.encoder(self.embed_dropout(x), src_key_mask, need_weights)
         return memory, src_key_mask, maps
@@ -491,6 +495,7 @@ class Transformer(nn.Module):
         target: Tensor | None = None,
         *,
         label_smoothing: float = 0.0,
+        src_padded: bool | None = None,
     ) -> Tensor | LossSums:
         """Teacher-forced pass: source (B, S), shifted target (B, T) → logits (B, T, V); or,
         given the reference `target` (B, T), the label-smoothed loss (§5.4) as `LossSums`.
@@ -508,8 +513,13 @@ class Transformer(nn.Module):
             tgt_tokens: The target shifted right, BOS first (B, T).
             target: The tokens to predict at each position (B, T), `pad_id` where none.
             label_smoothing: ε_ls of §5.4 (with `target` only).
+            src_padded: Whether any source row is padded, where the caller knows it without
+                reading `src_tokens` (`Batch.src_padded`); None asks the tensor
+                (`src_key_mask`), which on a GPU waits for the device.
         """
-        memory, src_key_mask, _ = self._encode(src_tokens, need_weights=False)
+        memory, src_key_mask, _ = self._encode(
+            src_tokens, need_weights=False, src_padded=src_padded
+        )
         if target is None:
             logits, _, _ = self.decode(tgt_tokens, memory, src_key_mask)
             return logits

@@ -39,7 +39,7 @@ from train.test_trainer import (
     weights,
     write_copy_corpus,
 )
-from train.test_update import WARMUP, every_src_key_mask, letter_dataset, letter_model
+from train.test_update import WARMUP, letter_dataset, letter_model
 
 pytestmark = pytest.mark.cuda
 
@@ -141,17 +141,13 @@ def test_the_training_log_shows_the_gpus_peak_memory(
         assert line.endswith(f", peak {peak:.1f} GiB"), line
 
 
-def test_updates_on_a_gpu_make_no_host_sync(
-    device: torch.device, dataset: ParallelDataset, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_updates_on_a_gpu_make_no_host_sync(device: torch.device, dataset: ParallelDataset) -> None:
     """`torch.cuda.set_sync_debug_mode("error")` over three updates, float32 and (where the
     GPU computes it) bf16, with clipping: no copy to the host, no wait on the stream (the
     batches' copies to the GPU are non-blocking; the loss sums stay on the GPU until a record
-    reads them). `Transformer.src_key_mask` is given the mask as under torch.compile: its check
-    whether a batch has padding is the one wait the attention still makes."""
+    reads them; whether a batch's sources are padded is its token count, `Batch.src_padded`)."""
     if device.type != "cuda":
         pytest.skip("a CUDA check (on a CPU: tests/train/test_update.py counts host reads)")
-    every_src_key_mask(monkeypatch)
     precisions = [False, True] if cuda_computes_bf16(device) else [False]
     for bf16 in precisions:
         torch.manual_seed(0)

@@ -216,6 +216,8 @@ def test_collate_shapes_and_contents() -> None:
     assert batch.n_src_tokens == int((batch.src != p).sum()) == 6
     assert batch.n_tgt_tokens == int((batch.tgt_out != p).sum()) == 8
     assert len(batch) == 2
+    assert batch.src_padded  # the second row
+    assert not collate([examples[0], examples[0]]).src_padded
 
 
 def test_collate_respects_budget_of_make_batches() -> None:

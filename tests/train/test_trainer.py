@@ -1404,7 +1404,7 @@ def test_the_loop_reads_the_device_only_at_its_records(
 ) -> None:
     """`aiayn train` with an average of the weights and clipping, a record every 4 updates:
     the loop's updates and its decisions read no tensor back to the host (on a GPU, each such
-    read waits for the device); the source mask's check, the attention's, is left out."""
+    read waits for the device), the source mask's padding check included (`Batch.src_padded`)."""
     reads: list[str] = []
     counting = [False]
     for name in ("item", "tolist", "__int__", "__float__", "__bool__", "__index__"):
@@ -1417,7 +1417,6 @@ def test_the_loop_reads_the_device_only_at_its_records(
             return _original(tensor, *args)
 
         monkeypatch.setattr(torch.Tensor, name, counted)
-    monkeypatch.setattr(Transformer, "src_key_mask", lambda self, src: src != self.config.pad_id)
 
     def counting_during(method: Any) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:

@@ -366,23 +366,17 @@ class _HostReads:
             monkeypatch.setattr(torch.Tensor, name, counted)
 
 
-def every_src_key_mask(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`Transformer.src_key_mask` as under torch.compile: the mask, without asking the device
-    whether it is all True (the one read left in the forward pass, the attention's)."""
-    monkeypatch.setattr(Transformer, "src_key_mask", lambda self, src: src != self.config.pad_id)
-
-
 def test_updates_read_nothing_back_from_the_device(
     dataset: ParallelDataset, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Between metrics records the update path reads no tensor back to the host: the token
     counts come from the batches, the loss sums are added up on the device; the one read is
-    the record's (`IntervalLossSums.settle`)."""
+    the record's (`IntervalLossSums.settle`). Whether a batch's sources are padded is the
+    batch's token count (`Batch.src_padded`), not a read of the source mask."""
     torch.manual_seed(0)
     model = letter_model()
     optimizer, interval = build_optimizer(model), {"loss": 0.0, "nll": 0.0}
     sums = update.IntervalLossSums()
-    every_src_key_mask(monkeypatch)
     reads = _HostReads(monkeypatch)
     reads.counting = True
     for step, start in enumerate((0, 16, 32), start=1):

@@ -199,6 +199,12 @@ class Batch:
     def __len__(self) -> int:
         return self.src.shape[0]
 
+    @property
+    def src_padded(self) -> bool:
+        """Whether any source row is padded, known on the host from the token count: the model
+        need not read the source back from a GPU to ask (`Transformer.forward`)."""
+        return self.n_src_tokens < self.src.numel()
+
     def to(self, device: torch.device | str, *, non_blocking: bool = False) -> Batch:
         """Returns a copy with the tensors on ``device``."""
         return Batch(

@@ -173,7 +173,11 @@ def optimizer_update(
         with sync, products:
             with autocast(device, bf16):
                 sums = model(
-                    batch.src, batch.tgt_in, batch.tgt_out, label_smoothing=label_smoothing
+                    batch.src,
+                    batch.tgt_in,
+                    batch.tgt_out,
+                    label_smoothing=label_smoothing,
+                    src_padded=batch.src_padded,  # from the host: no wait for the device
                 )
             (sums.loss * (distributed.world_size / n_tokens)).backward()
         sums_per_batch.append(torch.stack([sums.loss.detach(), sums.nll]))
