@@ -231,11 +231,11 @@ def test_run_directory_contents(corpus: tuple[Path, Path], tmp_path: Path) -> No
     assert state.progress.tokens_seen == records[-2]["tokens_seen"]
 
 
-def test_the_end_of_training_adds_the_shortlist_of_its_data(
+def test_model_and_best_hold_the_shortlist_of_the_training_data(
     corpus: tuple[Path, Path], tmp_path: Path
 ) -> None:
-    """model/ and best/ (saved before the end) get the lexical shortlist of the training data;
-    on this copy task every source piece is among its own targets."""
+    """model/ and best/ hold the lexical shortlist of the training data (the checkpoints do
+    not); on this copy task every source piece is among its own targets."""
     valid = dict(valid_src=str(corpus[0]), valid_tgt=str(corpus[1]))
     trainer.train(make_config(corpus, tmp_path / "run", max_steps=3, valid_every=1, **valid))
     run_dir = tmp_path / "run"

@@ -14,8 +14,8 @@
    compute the same update;
 3. `Trainer.validate` (aiayn.train.validation) and `Trainer.save`: checkpoints that resume exactly
    (weights, optimizer, step, RNG, data position: `checkpoint.TrainingState`), a `model/`
-   directory that inference loads with no flags and a `best/` one, to which the end of
-   training adds the lexical shortlist of the training data (aiayn.decode.shortlist);
+   directory that inference loads with no flags and a `best/` one, both with the lexical
+   shortlist of the training data (aiayn.decode.shortlist), counted as the run starts;
 4. `Trainer.run`: the loop; SIGINT/SIGTERM finish the current update, save and exit; with
    `patience`, the run ends once validation stops improving (aiayn.train.stopping); with
    `time_budget`, once the next update would leave too little time for the final validation
@@ -47,7 +47,7 @@ from aiayn.acceleration import ONEDNN_KERNELS_FOR_BF16_TRAINING
 from aiayn.config import TrainConfig
 from aiayn.decode.shortlist import SHORTLIST_FILE, build_shortlist
 from aiayn.loss import perplexity
-from aiayn.model_dir import DiskFullError, add_files, save_model_dir
+from aiayn.model_dir import DiskFullError, save_model_dir
 from aiayn.runtime import device_type
 from aiayn.text.corpus import ParallelDataset
 from aiayn.train import checkpoint as ckpt
@@ -74,8 +74,10 @@ RUN_ESTIMATE_AFTER = 10
 LONG_RUN_S = 86400.0
 """A run foreseen to take longer than this (a day) without a time budget is said so."""
 SHORTLIST_PAIRS = 200_000
-"""Training pairs the lexical shortlist is counted from at the end of training: all of a
-smaller corpus, else this many spread evenly over it (a few seconds per 30,000 pairs)."""
+"""Training pairs the lexical shortlist is counted from as a run starts: all of a smaller
+corpus, else this many spread evenly over it (a few seconds per 30,000 pairs). Counted before
+the first update, not at the end, so that a time budget's final save has no more to do and every
+save of model/ and best/ holds it."""
 
 
 @dataclass
@@ -299,6 +301,8 @@ class Trainer:
             bar=self.distributed.is_main and c.progress, total=c.max_steps, initial=progress.step
         )
         interrupted = early_stopped = False
+        if self.distributed.is_main:
+            self._files[SHORTLIST_FILE] = self._shortlist()
         with self.stop:  # also around the final save: a signal cannot cut it in half
             if self.budget is not None and progress.step < c.max_steps:
                 # A resumed run may find its budget spent already (rank 0's word counts).
@@ -314,15 +318,9 @@ class Trainer:
                 interrupted = self._run_epoch()
             self.display.close()
             if not interrupted:
-                if self.distributed.is_main:
-                    self._files[SHORTLIST_FILE] = self._shortlist()
                 if not early_stopped and not self._validation_out_of_time:
                     interrupted = not self.validate()
                 self.save()
-                best = self.run_dir / "best"
-                saved_before = best.is_dir() and not (best / SHORTLIST_FILE).is_file()
-                if self.distributed.is_main and saved_before:  # best/ saved without it
-                    add_files(best, {SHORTLIST_FILE: self._files[SHORTLIST_FILE]})
         if interrupted:
             logger.warning("stopped at step %d; continue with --resume", progress.step)
         elif self.distributed.is_main:
