@@ -53,12 +53,12 @@ SOURCES = {
         "src/aiayn/train", "src/aiayn/model.py", "src/aiayn/attention.py", "src/aiayn/loss.py",
         "src/aiayn/optim.py", "src/aiayn/acceleration.py", *TEXT,
     ),
-    "recipe": (RECIPE, "src/aiayn/train", "src/aiayn/model.py"),
+    "recipe": (RECIPE, "src/aiayn/train", "src/aiayn/model.py", "src/aiayn/decode"),
     "serve": ("src/aiayn/serve", "src/aiayn/decode", "src/aiayn/model.py"),
     "gpu": ("src/aiayn",),
-    "study": ("src/aiayn/train", "src/aiayn/model.py", *TEXT),
+    "study": ("src/aiayn/train", "src/aiayn/model.py", *TEXT, "src/aiayn/decode"),
 }  # fmt: skip
-"""Per task, the folders (and files) whose change can move its figures."""
+"""Per task, the folders (and files) whose change can move its figures (BLEU: the search)."""
 AIAYN = [sys.executable, "-m", "aiayn"]
 """The `aiayn` command, as this Python runs it."""
 

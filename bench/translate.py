@@ -324,9 +324,7 @@ def systems(args: argparse.Namespace, work: Path, env: dict) -> list[Command]:
         flags = spec.partition("=")[2]
         variant = translate(args.model, *shlex.split(flags))
         found.append(Command(f"aiayn translate {flags}", variant))
-    # Each system ranks as its users get by default: CTranslate2 by log_prob / |Y|^1 (its
-    # length_penalty 1), aiayn by the paper's GNMT penalty, α = 0.6.
-    power = ["--length-penalty-kind", "power", "--length-penalty", "1.0"]
+    # Each system ranks as its users get by default: both by log_prob / |Y|^1.
     for quantization in () if args.no_ct2 else (None, "int8"):
         extra = ("--quantization", quantization) if quantization else ()
         export = str(exported(args, work, env, "ctranslate2", *extra))
@@ -338,9 +336,9 @@ def systems(args: argparse.Namespace, work: Path, env: dict) -> list[Command]:
             name = f"CTranslate2 {quantization or 'fp32'} (Python API{layout})"
             found.append(Command(name, [sys.executable, "-c", CT2_SCRIPT, *script]))
         if not quantization:
-            on_export = translate(export, *power)
+            on_export = translate(export)
             found.append(Command("aiayn translate --backend ctranslate2", on_export))
-            cached = translate(args.model, "--backend", "ctranslate2", *power)
+            cached = translate(args.model, "--backend", "ctranslate2")
             warm = [part.replace("{out}", str(work / "warm.txt")) for part in cached]
             subprocess.run(warm, env=env, check=True, capture_output=True)  # converts once
             found.append(Command("aiayn translate -m MODEL --backend ctranslate2", cached))

@@ -89,7 +89,7 @@ def test_help_renders(capsys: pytest.CaptureFixture[str]) -> None:
     for command in ["train", *SEARCH_COMMANDS]:
         with pytest.raises(SystemExit):
             parse(command, "--help")
-    assert "(default: 0.6)" in capsys.readouterr().out
+    assert "(default: power)" in capsys.readouterr().out  # --length-penalty-kind
 
 
 # -- values -----------------------------------------------------------------------------------

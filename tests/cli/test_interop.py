@@ -61,7 +61,7 @@ def ct2_dir(model_dir: Path) -> Path:
     "flags",
     [
         pytest.param(["--beam-size", "1"], id="greedy"),
-        pytest.param(["--beam-size", "4", "--length-penalty-kind", "power"], id="beam4"),
+        pytest.param(["--beam-size", "4", "--stopping", "finished"], id="beam4"),
     ],
 )
 def test_a_ctranslate2_export_translates_as_pytorch(ct2_dir, model_dir, source, flags) -> None:
@@ -102,8 +102,8 @@ def test_min_len_is_ctranslate2s_min_decoding_length(model_dir, source, tmp_path
 
 
 def test_backend_ctranslate2_converts_a_model_directory(ct2_dir, model_dir, source) -> None:
-    # Beam search on CTranslate2 ranks by log_prob / |Y|^α unless told otherwise.
-    pytorch = ended(model_dir, translate(model_dir, source, "--length-penalty-kind", "power"))
+    # Beam search on CTranslate2 ends a sentence at beam-size finished hypotheses.
+    pytorch = ended(model_dir, translate(model_dir, source, "--stopping", "finished"))
     assert ended(model_dir, translate(model_dir, source, "--backend", "ctranslate2")) == pytorch
     assert ended(model_dir, translate(ct2_dir, source, "--compute-type", "float32")) == pytorch
 
@@ -114,7 +114,7 @@ def ended(model_dir: Path, lines: list[str]) -> list[str]:
     its hypothesis there afterwards, where aiayn's search forces EOS)."""
     from aiayn.decode.translator import Translator
 
-    results = Translator(model_dir).translate(SENTENCES, beam_size=4, length_penalty_kind="power")
+    results = Translator(model_dir).translate(SENTENCES, beam_size=4, stopping="finished")
     limits = [len(r.src_tokens) + 50 for r in results]  # source with </s>, + 50
     pairs = zip(lines, results, limits, strict=True)
     kept = [line for line, r, limit in pairs if len(r.token_ids) < limit]

@@ -268,14 +268,16 @@ def test_greedy_is_wrong_and_beam_finds_the_better_sequence() -> None:
     assert greedy.log_prob == pytest.approx(math.log(0.24))
     assert greedy.score == greedy.log_prob
 
-    for beam_size in (2, 3, 4):
-        (hyps,) = beam_search(model, src([C]), **IDS, options=DecodingOptions(beam_size=beam_size))
+    for beam_size in (2, 3, 4):  # the paper's penalty (|Y|^1 would prefer a longer output)
+        gnmt = DecodingOptions(beam_size=beam_size, length_penalty_kind="gnmt", length_penalty=0.6)
+        (hyps,) = beam_search(model, src([C]), **IDS, options=gnmt)
         (best,) = hyps
         assert best.tokens == [B]
         assert best.log_prob == pytest.approx(math.log(0.36))
         assert best.score == pytest.approx(math.log(0.36) / ((5 + 2) / 6) ** 0.6)
 
-    (hyps,) = beam_search(model, src([C]), **IDS, options=DecodingOptions(beam_size=1))
+    one = DecodingOptions(beam_size=1, length_penalty_kind="gnmt", length_penalty=0.6)
+    (hyps,) = beam_search(model, src([C]), **IDS, options=one)
     assert hyps[0].tokens == [A]
 
 
@@ -333,7 +335,8 @@ def test_length_penalty_decides_between_short_and_long(
 
 def test_immediate_eos_gives_empty_tokens_with_min_len_0() -> None:
     model = table_model({(): {EOS: 0.6, A: 0.4}})
-    options = DecodingOptions(n_best=2, min_len=0)
+    # GNMT's penalty, α 0.6: |Y|^1 would rank [A] + EOS (log 0.4 / 2) above the empty output.
+    options = DecodingOptions(n_best=2, min_len=0, length_penalty_kind="gnmt", length_penalty=0.6)
     (hyps,) = beam_search(model, src([C, D]), **IDS, options=options)
     assert hyps[0].tokens == []
     assert hyps[0].log_prob == pytest.approx(math.log(0.6))
@@ -398,7 +401,12 @@ def test_max_length_forces_eos() -> None:
     # With α = 1 longer is better here, so the best hypothesis is the longest allowed one.
     model = constant_model(p_eos=0.01)
     beams = beam_search(
-        model, sources, **IDS, options=DecodingOptions(length_penalty=1.0, n_best=4, max_len_b=1)
+        model,
+        sources,
+        **IDS,
+        options=DecodingOptions(
+            length_penalty_kind="gnmt", length_penalty=1.0, n_best=4, max_len_b=1
+        ),
     )
     for hyps, max_len in zip(beams, (3, 5), strict=True):
         assert hyps[0].tokens == [A] * max_len

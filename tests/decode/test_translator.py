@@ -22,7 +22,7 @@ from aiayn import acceleration
 from aiayn.attention import MultiHeadAttention, fused_attention
 from aiayn.decode import search
 from aiayn.decode.costs import DecodingCosts
-from aiayn.decode.search import DecodingOptions, gnmt_length_penalty
+from aiayn.decode.search import DecodingOptions
 from aiayn.decode.translator import Translator, one_line, read_lines
 from aiayn.model import Transformer
 from aiayn.model_dir import CheckpointError, save_model_dir
@@ -189,7 +189,7 @@ def test_beam_scores_equal_a_teacher_forced_pass(
             labels = torch.tensor([*hyp.token_ids, EOS_ID])
             log_prob = float(log_probs.gather(1, labels[:, None]).sum())
             assert hyp.log_prob == pytest.approx(log_prob, abs=1e-4)
-            penalty = gnmt_length_penalty(len(hyp.token_ids) + 1, 0.6)
+            penalty = (len(hyp.token_ids) + 1) ** 1.0  # the default: |Y|^1, EOS counted
             assert hyp.score == pytest.approx(hyp.log_prob / penalty, abs=1e-5)
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import logging
 import re
 import sys
@@ -396,9 +395,8 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
 
 def search_options(args: argparse.Namespace) -> DecodingOptions:
     """The `DecodingOptions` of the flags given (every field a command has no flag for keeps
-    its default). On CTranslate2, beam search ranks by ``log_prob / |Y| ** α`` unless
-    --length-penalty-kind says otherwise (the translator refuses GNMT's), and stops by its own
-    rule, --stopping finished: any other --stopping is refused."""
+    its default). CTranslate2 stops a sentence's search by its own rule, --stopping finished:
+    any other --stopping is refused (and its translator refuses --length-penalty-kind gnmt)."""
     options = dataclass_from_args(DecodingOptions, args)
     if backend_of(args) != "ctranslate2":
         return options
@@ -408,8 +406,6 @@ def search_options(args: argparse.Namespace) -> DecodingOptions:
             f"--stopping {stopping} is aiayn's search's: CTranslate2 ends a sentence's beam "
             "search at beam-size finished hypotheses (--stopping finished)"
         )
-    if getattr(args, "length_penalty_kind", None) is None:
-        return dataclasses.replace(options, length_penalty_kind="power")
     return options
 
 

@@ -1,4 +1,4 @@
-"""Decoding: beam search with the GNMT length penalty (§6.1), greedy search and sampling.
+"""Decoding: beam search with a length penalty (§6.1), greedy search and sampling.
 
 Search sees the model only through :class:`IncrementalModel` (``encode``, ``init_cache``,
 ``decode_step``) and the decoder cache only through ``reorder``. Expanding a sentence to W beams,

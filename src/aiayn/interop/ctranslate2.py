@@ -21,7 +21,7 @@ very same function (tests: fp32 greedy and beam outputs equal aiayn's).
 the CTranslate2 backend (`aiayn.decode.backends.ctranslate2`): the same `translate` options and
 results, CTranslate2's search underneath. What CTranslate2 cannot do
 is refused with a clear error: per-head attention maps, and the GNMT length penalty (it
-divides by ``|Y| ** α``: pass ``length_penalty_kind="power"``).
+divides by ``|Y| ** α``, aiayn's default ``length_penalty_kind="power"``).
 
 `cached_export` converts a model directory once and keeps the export in a cache
 (``$XDG_CACHE_HOME/aiayn/ctranslate2``, ``~/.cache`` by default; ``AIAYN_CT2_CACHE`` to move

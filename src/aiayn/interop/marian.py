@@ -22,9 +22,8 @@ never generate ``<pad>`` or ``<s>``, no forced EOS; ``generate()`` gives aiayn's
 outputs, and so does ``pipeline("translation")`` (transformers 4; version 5 removed that task)
 when called with ``num_beams=1``: the pipeline's own default, beam 4, overrides the export's
 (tested on transformers 4 and 5 by ``make test``). Beam search differs: HF
-ranks by ``log_prob / |Y| ** α`` and stops by its own rule, aiayn by GNMT's
-``((5 + |Y|) / 6) ** α`` (Translator's ``length_penalty_kind="power"`` is HF's formula, but
-the stopping rules still differ), and at the length limit HF stops where aiayn forces EOS.
+and aiayn both rank by ``log_prob / |Y| ** α`` (aiayn's default ``length_penalty_kind``), but
+each stops by its own rule, and at the length limit HF stops where aiayn forces EOS.
 MarianTokenizer also applies Moses punctuation normalisation when ``sacremoses`` is
 installed; aiayn's tokenizers do not.
 

@@ -29,7 +29,7 @@ __all__ = [
 # schema per app.
 # The largest α a request to the server may ask for, and the server's default may be: a policy,
 # tighter than the arithmetic's guard that DecodingOptions applies
-# (decode.options.MAX_FINITE_LENGTH_PENALTY, 10); GNMT tuned 0.6-1.0.
+# (decode.options.MAX_FINITE_LENGTH_PENALTY, 10); GNMT tuned 0.6-1.0, the default is 1.0.
 SERVER_MAX_LENGTH_PENALTY = 5.0
 # Values a request body may hold beyond its texts: every option of either API, with room to spare.
 BODY_VALUES_FOR_OPTIONS = 32

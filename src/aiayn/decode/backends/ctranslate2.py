@@ -7,12 +7,12 @@ Sources go in as pieces, without ``</s>`` (the export sets CTranslate2's ``add_s
 hypotheses come back as pieces, mapped to aiayn's ids through the export's vocabulary.
 
 What CTranslate2 cannot do is refused with a clear error, not approximated: per-head attention
-maps, the GNMT length penalty with beam search (CTranslate2 divides by ``|Y| ** α``: pass
-``length_penalty_kind="power"``), and ``stopping="exact"``. Beam search stops by CTranslate2's
-own rule, aiayn's ``stopping="finished"`` (a sentence is done at ``beam_size`` finished
-hypotheses), whatever ``stopping`` says: the default, ``"heuristic"``, is not refused, so that
-the default options decode. Sampling runs CTranslate2's sampler, so samples differ from the
-PyTorch model's for the same seed.
+maps, the GNMT length penalty with beam search (CTranslate2 divides by ``|Y| ** α``, as
+aiayn's default ``length_penalty_kind="power"`` does), and ``stopping="exact"``. Beam search
+stops by CTranslate2's own rule, aiayn's ``stopping="finished"`` (a sentence is done at
+``beam_size`` finished hypotheses), whatever ``stopping`` says: the default, ``"heuristic"``,
+is not refused, so that the default options decode. Sampling runs CTranslate2's sampler, so
+samples differ from the PyTorch model's for the same seed.
 
 Length limit. aiayn's is per sentence, CTranslate2's per call: each batch is one call at the
 batch's largest limit (+ 1 step for EOS), and a hypothesis that runs past its own sentence's
