@@ -160,7 +160,8 @@ of JSON a run: the command, the machine, the versions, every round's figures); e
 this page. Each table names its machine, date, command and versions. The machines are shared
 cloud machines whose speed varies from run to run: compare the rows of one table. A row marked
 "older source" was measured before a folder its task exercises last changed: its command
-measures it again.
+measures it again. Where a task has rows measured on the current source, the summary shows
+only those.
 
 ## What to expect
 """
@@ -174,13 +175,15 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
     by_task = tables(records)
     lines = [HEADER, "| task | machine | measured | result |", "| --- | --- | --- | --- |"]
     for task, (heading, *_) in TASKS.items():
-        for found in by_task.get(task, []):
-            for rec in found:
-                if rec.get("summary"):
-                    lines.append(
-                        f"| {heading.split(':')[0]} | {rec['machine']['name']} "
-                        f"| {measured(rec, current)} | {rec['setup']}: {rec['summary']} |"
-                    )
+        summed = [rec for found in by_task.get(task, []) for rec in found if rec.get("summary")]
+        # A task measured on the current source shows only those rows here; the tables below
+        # keep the rest.
+        fresh = [rec for rec in summed if measured(rec, current) == rec["date"][:10]]
+        for rec in fresh or summed:
+            lines.append(
+                f"| {heading.split(':')[0]} | {rec['machine']['name']} "
+                f"| {measured(rec, current)} | {rec['setup']}: {rec['summary']} |"
+            )
     lines += ["", COMMANDS, "", "```sh"]
     lines += [f"{spec[2]:<56}# {spec[0].split(':')[0]}" for spec in TASKS.values()]
     lines += ["```", ""]

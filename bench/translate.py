@@ -411,6 +411,25 @@ def rows_of(args: argparse.Namespace, found: list[Command], one_line: dict) -> l
     return rows
 
 
+def against_ct2(rows: list[dict[str, Any]]) -> list[str]:
+    """aiayn's default and its --int8 against CTranslate2 fp32 and int8 at the faster of their
+    thread layouts (the peer a user who read its docs runs), and aiayn's BLEU."""
+
+    def wall(row: dict[str, Any]) -> float:
+        return statistics.median(row["wall_s"]["rounds"])
+
+    found = []
+    for ours, kind in ((rows[0], "fp32"), (next((r for r in rows if r["system"].endswith(
+            " --int8")), None), "int8")):  # fmt: skip
+        peers = [r for r in rows if r["system"].startswith(f"CTranslate2 {kind} ")]
+        if ours and peers:
+            best = min(peers, key=wall)
+            found.append(f"`{ours['system']}` {wall(ours):.1f} s against CTranslate2 {kind}'s "
+                         f"{wall(best):.1f} s at its faster layout "
+                         f"({wall(best) / wall(ours):.2f}×)")  # fmt: skip
+    return [*found, f"BLEU {rows[0]['bleu']}"]
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.step_calls or args.profile:  # tools for decoding work: no timing, no record
@@ -440,13 +459,8 @@ def measure(args: argparse.Namespace, work: Path, load: float | None) -> None:
     after = time_one_line if args.one_line else None
     runner.rounds(found, args.rounds, work, env, alternate=args.alternate, after=after)
     rows = rows_of(args, found, one_line)
-    ours = rows[0]
-    ct2 = next((r for r in rows if r["system"] == "CTranslate2 fp32 (Python API)"), None)
     n = len(args.src.read_text(encoding="utf-8").splitlines())
-    summary = f"{n} sentences, beam {args.beam}: {ours['system']} {ours['wall_s']['median']} s, "
-    summary += f"BLEU {ours['bleu']}" + (
-        f"; CTranslate2 fp32 {ct2['wall_s']['median']} s ({ours['vs_ct2']})" if ct2 else ""
-    )
+    summary = f"{n} sentences, beam {args.beam}: " + "; ".join(against_ct2(rows))
     rec = runner.record(
         "translate",
         table=f"{n} sentences, beam {args.beam}, {args.threads} threads",

@@ -105,3 +105,33 @@ def test_a_record_is_one_line_of_json_with_the_machine_and_source(
     runner.write(rec, args)
     lines = (tmp_path / "r.jsonl").read_text(encoding="utf-8").splitlines()
     assert [json.loads(line) for line in lines] == [rec, rec]
+
+
+def numbers_in(value: Any) -> set[float]:
+    """Every number a record holds, in its fields and in its text."""
+    if isinstance(value, bool):
+        return set()
+    if isinstance(value, int | float):
+        return {float(value)}
+    if isinstance(value, str):
+        return {float(n.replace(",", "")) for n in re.findall(r"\d[\d,]*\.?\d*", value)}
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, list):
+        return set().union(*(numbers_in(v) for v in value)) if value else set()
+    return set()
+
+
+def test_the_readmes_results_come_from_records(records: list[dict[str, Any]]) -> None:
+    """Each figure in the tables of README's results section is one a record holds (rounded as
+    the README writes it): the README copies records, it does not measure."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("<!-- bible-results:start -->")[1].split("<!-- bible-results:end -->")[0]
+    rows = [line for line in section.splitlines() if line.startswith("| ")]
+    body = [row for row in rows[2:] if not set(row) <= set("|-: ")]
+    held = set().union(*(numbers_in(rec["rows"]) for rec in records))
+    figures = re.findall(r"(?<![\w.])(\d[\d,]*\.\d+|\d{1,3}(?:,\d{3})+)(?![\w])", "\n".join(body))
+    assert figures, "no figures found in README's results tables"
+    for figure in figures:
+        value, decimals = float(figure.replace(",", "")), len(figure.partition(".")[2])
+        assert any(round(n, decimals) == value for n in held), f"README's {figure}: no record"
