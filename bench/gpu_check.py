@@ -2,48 +2,29 @@
 
 For a machine with Python, a CUDA build of PyTorch (any 2.x), numpy, PyYAML, sentencepiece,
 safetensors and sacrebleu, and no network. Nothing is installed: the working tree's aiayn runs
-from `src/` (`PYTHONPATH=src`, which its subprocesses inherit); a missing module is named in
-one line, with what to carry. Within
-`--budget` seconds (default 480) it runs, in order, each stage in the time the earlier ones
-left:
+from `src/` (`PYTHONPATH=src`, inherited by its subprocesses); a missing module is named in one
+line, with what to carry. Within `--budget` seconds (default 480) it runs, in order, each stage
+in the time the earlier ones left (each stage's function says how):
 
-1. **tests**: `pytest tests/cuda`, the CUDA tests (skipped, saying so, without pytest);
-2. **peak**: this GPU's measured bf16 matrix-product rate (8192³, the median of 10), the
-   yardstick of the model FLOPs utilisation (MFU) below; TF32 and float32 beside it;
-3. **train**: updates of the `base` preset at the paper's ~25,000 target tokens per update
-   (§5.1), on sentences of real lengths (`real_lengths`) in the trainer's own length-bucketed
-   batches: aiayn as `aiayn train` runs an update (`aiayn.train.update.optimizer_update`), and
-   `torch.nn.Transformer` wrapped to the same model (`peers.ReferenceTransformer`,
-   with `F.cross_entropy` and the same fused Adam), each in bf16 autocast (aiayn's default on
-   CUDA), TF32 and float32: target tokens/s, peak memory, MFU against the bf16 rate; and from
-   aiayn's bf16 row, the wall time of the paper's base run (100k updates) on this one GPU
-   against the paper's 12 hours on 8 P100s (§5.2);
-4. **torchrun**: `torchrun --nproc_per_node=1 -m aiayn train` for a few updates on a tiny
-   generated corpus; then the same run through NCCL and DistributedDataParallel. At one process
-   aiayn takes its single-process path (`aiayn.train.distributed.init_distributed` creates a process
-   group only for WORLD_SIZE > 1, and one GPU cannot hold two NCCL ranks), so the second run
-   starts the NCCL group itself and opens `Distributed.enabled` (`--ddp-worker`): DDP's wrapper,
-   `no_sync` accumulation, all-reduces and barriers over NCCL, at world size 1. Both runs'
-   losses must agree;
-5. **job**: the user's job on this GPU, each a whole command timed from launch to exit:
-   `aiayn demo` (the README's `make demo`: corpus, vocabulary, 1,200 updates in the default
-   precision, evaluation), then `aiayn translate` of the demo's 500 held-out numbers with the
-   model it trained, float32 and `--bf16`, twice each in turn: wall time and exact match.
-   Whole commands on real data pay what every new shape costs (cuDNN's attention built a
-   graph per shape), which one batch decoded again and again would hide.
-   `aiayn demo` needs `num2words` (carry its wheel; without it the stage says so and is
-   skipped). Where `import ctranslate2` works, the same with `--backend ctranslate2`: first
-   `--device cuda` (it converts the model and caches the export; it must decode on the GPU or
-   stop with one line naming why, never a traceback), then `--device auto` in the rounds (the
-   GPU, or the CPU with a warning where CTranslate2 cannot compute on this GPU, e.g. a wheel
-   built for another CUDA).
+1. **tests**: `pytest tests/cuda` (skipped, saying so, without pytest);
+2. **peak**: the bf16 matrix-product rate, the yardstick of the model FLOPs utilisation (MFU);
+   TF32 and float32 beside it;
+3. **train**: `base` updates at the paper's ~25,000 target tokens (§5.1) on sentences of real
+   lengths, aiayn against `torch.nn.Transformer` wrapped to the same model, in bf16, TF32 and
+   float32: target tokens/s, peak memory, MFU, and the paper's base run (100k updates) on this
+   GPU against its 12 hours on 8 P100s (§5.2);
+4. **torchrun**: `torchrun --nproc_per_node=1 -m aiayn train`, then the same run through NCCL
+   and DistributedDataParallel (`ddp_worker`); both runs' losses must agree;
+5. **job**: `aiayn demo` (needs `num2words`), then `aiayn translate` of its 500 held-out numbers
+   in float32 and `--bf16`, and with `--backend ctranslate2` where `ctranslate2` imports: whole
+   commands timed from launch to exit, which pay what every new shape costs.
 
-It prints the training and job tables as BENCHMARKS.md shows them (bench/page.py), the
-checks in their notes, and writes their records to DIR/records.jsonl (bench/runner.py's;
-`--record` also appends them to bench/results/gpu.jsonl, for `make benchmarks-page`), every
-number to DIR/gpu-check.json, and the logs pytest.log, torchrun.log, torchrun-ddp.log,
-demo.log and translate.log (every `aiayn translate` run, one after another; 7 files: a lent
-machine gives back at most 8). The exit status is 0 when every stage ran and passed.
+It prints a line per stage and the training and job tables as BENCHMARKS.md shows them, the
+checks in their notes; it writes their records to DIR/records.jsonl (`--record` also appends
+them to bench/results/gpu.jsonl), every number to DIR/gpu-check.json, and the logs
+pytest.log, torchrun.log, torchrun-ddp.log, demo.log and translate.log (every `aiayn
+translate` run: a lent machine gives back at most 8 files). The exit status is 0 when every
+stage ran and passed.
 
 Without CUDA it says so in one line and exits 0, after a smoke run of every stage's code at the
 smallest sizes on the CPU (pytest and the job aside; ~20 s on 2 cores), so that CI proves the
@@ -473,6 +454,7 @@ def measure_updates(
 
 
 def stage_train(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
+    """`aiayn_update` and `reference_update` at each precision, on the same updates."""
     sizes = ctx.sizes
     config = preset(sizes.preset, src_vocab_size=sizes.vocab)
     data, updates = training_updates(sizes)
@@ -540,6 +522,8 @@ def ddp_worker(train_args: list[str]) -> int:
 
 
 def stage_torchrun(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
+    """A few updates on a generated copy task under torchrun, then through `ddp_worker`: at one
+    process aiayn creates no process group (and one GPU cannot hold two NCCL ranks)."""
     rng = random.Random(0)  # a copy task: lines of 2-8 random words, the target the source
     words = ["".join(rng.choices("abcdefghij", k=rng.randint(1, 4))) for _ in range(60)]
     lines = "".join(" ".join(rng.choices(words, k=rng.randint(2, 8))) + "\n" for _ in range(400))
@@ -594,6 +578,9 @@ def stage_torchrun(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
 
 
 def stage_job(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
+    """The user's commands. With CTranslate2, first `--device cuda` (it converts and caches the
+    export; it must decode on the GPU or stop with one line naming why), then `--device auto`
+    in the rounds (the GPU, or the CPU with a warning where CTranslate2 cannot compute here)."""
     if ctx.smoke:  # an untrained demo model decodes every test number to its length limit
         return {"status": "skipped", "summary": "not run in the CPU smoke (minutes on a CPU)"}
     if importlib.util.find_spec("num2words") is None:

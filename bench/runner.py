@@ -3,18 +3,11 @@
 A benchmark here times what a user runs, whole commands each in a process of its own, in
 interleaved rounds (a slow minute of a shared machine then hurts every system alike), on a
 machine that is otherwise idle (`check_idle` reads the load average first). Each run appends
-one record, a line of JSON, to `bench/results/TASK.jsonl`:
-
-- what was measured (`task`, `table`, `setup`), the command that reproduces it, the date;
-- the machine (`machine`: CPU model, its AVX2 / AVX-512 / AMX flags, the cores used, the GPU),
-  the versions of Python, torch and the peers;
-- the commit and the git hash of each source folder the task exercises (`sources`: `git
-  rev-parse HEAD:src/aiayn/decode` and so on): `bench/page.py` marks a row whose folder has
-  changed since it was measured;
-- the figures: `columns` (key, heading) and `rows`, each round's value beside the median, and a
-  `summary` line for the first screen of BENCHMARKS.md.
-
-History lives in these records and in git; `make benchmarks-page` turns them into BENCHMARKS.md.
+one record, a line of JSON, to `bench/results/TASK.jsonl` (`record`): what was measured and the
+command that reproduces it; the machine (CPU model, its AVX2 / AVX-512 / AMX flags, the cores
+used, the GPU) and versions; the commit and the git hash of each source folder the task
+exercises (`SOURCES`), by which bench/page.py marks a row measured on older source; and the
+figures, each round's value beside the median.
 """
 
 from __future__ import annotations

@@ -24,21 +24,15 @@ average (from `GET /health`). Each cell is bounded in count (`--requests`) and t
     python bench/serve.py -m MODEL --texts DATA/valid.en --requests 200 --max-seconds 60
     python bench/serve.py --no-record                     # random weights, 1000 requests a cell
 
-``--hammer N`` measures fairness instead: the latency of one client's short requests (one
-sentence, the server's default beam) while N clients hammer the server with costly requests
-(``--hammer-texts`` long texts at beam 16, length penalty 5) and hang up after
-``--hammer-hangup-s``, as a hostile client would; the options are ones that both the old and
-the new server accept, so runs before and after a change compare:
+``--hammer N`` measures fairness instead: the latency of one client's short requests while N
+clients send costly ones (``--hammer-texts`` texts of ``--hammer-chars`` characters at beam 16,
+length penalty 5) and hang up after ``--hammer-hangup-s``, as a hostile client would:
 
     python bench/serve.py -m MODEL --texts DATA/valid.en --hammer 2 --max-seconds 30
 
 ``--hostile`` measures what one request of at most ``--max-body-bytes`` (4 MiB) can cost the
-server at its default limits: hostile bodies of millions of values or escapes, the largest
-bodies it accepts, and the largest answer (every layer's and head's attention, at
-``--max-attention-values``). For each: the answer, the server's time to answer, the longest
-``GET /health`` took meanwhile (how long the event loop was held), and the server's peak
-resident memory above its resident memory before the request (``VmHWM`` reset through
-``/proc/PID/clear_refs``; Linux). About 40 s; docs/serving.md quotes its record:
+server at its default limits: its answer, time, hold on the event loop and peak memory (Linux;
+about 40 s; docs/serving.md, "What one request can cost", says how):
 
     python bench/serve.py --hostile --beam-size 1
 """

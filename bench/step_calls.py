@@ -1,21 +1,13 @@
-"""Calls into PyTorch per decoding step, and where the search makes them: a profile that needs
-no clock.
+"""Calls into PyTorch per decoding step, and where the search makes them (translate.py's
+`--step-calls`): a profile that needs no clock.
 
-At a decoding step's few rows, every call into PyTorch (an operator, a view, a copy) costs a few
-microseconds of Python, PyTorch's bindings and its dispatch, however little it computes: on
-the 2-core AMD EPYC, 16-18% of aiayn's CPU time where CTranslate2's C++ spends almost none
-(a `perf` profile of both). This module counts those calls while a model
-translates real sentences as `aiayn translate` loads and runs it (`Translator`: the decoding
-copy, packed on a CPU), through a `TorchDispatchMode` that sees every operator PyTorch
-dispatches. Each call is put down to the decoding step of the model (`decode_step`, per decoder
-layer) or to the innermost aiayn function that made it outside the step (the search's own
-work). Counts depend on the code and the sentences, not on the machine: they compare two
-commits exactly where timings on these shared machines move by ±10%.
-
-    python bench/translate.py -m MODEL --data DATA --step-calls 30
-
-The counts describe one process decoding on one thread (what each worker of `aiayn translate`
-runs). Decoding under the counter is slow: the counts are the result, not the time.
+At a decoding step's few rows, every call into PyTorch costs a few microseconds of Python,
+bindings and dispatch however little it computes (16-18% of aiayn's CPU time on the 2-core AMD
+EPYC in a `perf` profile, where CTranslate2's C++ spends almost none). A `TorchDispatchMode`
+counts every operator while a `Translator` decodes real sentences on one thread, and puts each
+call down to the model's `decode_step` or to the innermost aiayn function outside it (the
+search's own work). Counts depend on the code and the sentences, not on the machine: they
+compare two commits exactly where timings on these shared machines move by ±10%.
 """
 
 from __future__ import annotations

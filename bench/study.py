@@ -19,22 +19,15 @@ DATA is a folder made by `aiayn prepare bible-en-es` (train.*, valid.*); where i
 
 `plot` draws the learning curves of runs that differ in one setting. Each run NAME is a run
 directory STUDY_DIR/NAME (its metrics.jsonl, train_config.yaml and, once evaluated,
-valid.bleu.json). Into OUT_DIR:
+valid.bleu.json); a run still training can be drawn. Into OUT_DIR:
 
 * PREFIX-ppl-updates.png: dev perplexity (log scale) against updates, one colour per run; the
   raw weights solid, their moving average (`ema_decay`) dashed where the run kept one.
-* PREFIX-ppl-time.png: the same against the run's wall time. A validation record has no time
-  of its own: it takes the `elapsed_s` of the train record at its step (the trainer logs one
-  there when `valid_every` is a multiple of `log_every`, and at the last update), else the
-  time interpolated between the neighbouring ones; the validation's own time falls into the
-  train interval that follows it.
+* PREFIX-ppl-time.png: the same against the run's wall time (`read_run` says how).
 * PREFIX-table.md, also printed: per run the settings of its train_config.yaml that differ from
-  the reference run's (the first, or --reference; data files compared by name), updates done,
-  wall minutes at the last train record (the final validation and save not included), the last
-  validation perplexity of the raw and averaged weights, the weights model/ holds (the run log's
-  "model" record), BLEU and chrF (– until valid.bleu.json is there) and the median of the
-  trainer's target tokens/s per logged interval (the first left out). A run still training
-  can be drawn: only complete lines of its log are read.
+  the reference run's (the first, or --reference; data files compared by name), then its
+  updates, wall minutes, last validation perplexities, the weights model/ holds, BLEU, chrF
+  (– until valid.bleu.json is there) and tokens/s (`PLOT_COLUMNS`).
 
     python bench/study.py plot runs/study --runs S1-base:base S2-tok2048 ... \\
         --out-dir docs/figures --prefix study
@@ -141,7 +134,11 @@ def read_scores(path: Path) -> dict[str, Any]:
 
 
 def read_run(run_dir: Path) -> dict[str, Any]:
-    """What the figures and the table need from one run directory."""
+    """What the figures and the table need from one run directory. A validation has no time of
+    its own: it takes the `elapsed_s` of the train record at its step (logged there when
+    `valid_every` is a multiple of `log_every`, and at the last update), else the time
+    interpolated between its neighbours. Wall minutes: at the last train record (the final
+    validation and save left out); tokens/s: the median of the logged intervals but the first."""
     records = read_metrics(run_dir)
     train = [r for r in records if r.get("type") == "train"]
     valid = [r for r in records if r.get("type") == "valid"]

@@ -1,63 +1,41 @@
 """`aiayn train` against `fairseq-train`: the real training loops, same data, model, settings.
 
-`make bench-train`. Both trainers run as the commands users run, in child processes, one after the
-other in interleaved rounds (aiayn, fairseq, aiayn, fairseq, ...: noise from other processes
-hits both alike), each for the same wall time (`--seconds`), and each is measured by its *own*
-log:
+`make bench-train`. Both trainers run as the commands users run, in child processes, in
+interleaved rounds (aiayn, fairseq, aiayn, fairseq, ...: noise from other processes hits both
+alike), each for the same wall time (`--seconds`), and each is measured by its *own* log:
 
 - aiayn: `tokens_per_s` of the "train" records of its `metrics.jsonl`, one per `--log-every`
   updates: the interval's target tokens (non-padding, EOS included) / its wall time, batching
   and collation included;
 - fairseq: `wps` of its `--log-format json` "train_inner" lines, one per `--log-interval`
-  updates. `wps` is `metrics.log_speed("wps", ntokens)` (`FairseqTask.reduce_metrics`, fairseq
-  0.12.2): the interval's `ntokens`, which the translation collater counts as the target
-  tokens (non-padding, EOS included), over the time since the previous log line (the
-  "train_inner" meters are reset after each). The same quantity as aiayn's. (The meter is
-  created by the first update, whose tokens it does not count: the first line's `wps` is low.)
+  updates: `metrics.log_speed("wps", ntokens)` (`FairseqTask.reduce_metrics`, fairseq 0.12.2),
+  the same target tokens over the time since the previous line. (The meter is created by the
+  first update, whose tokens it does not count: the first line's `wps` is low.)
 
-The first interval of every run is left out (it holds the first steps' one-time costs), and so
-is one logged after the window closed (aiayn finishes the update under way when stopped); the
-rest are pooled per trainer: median and range, the ratio aiayn / fairseq of the medians, the
-updates each run logged within the window, and the peak resident memory (`VmHWM` of the
-trainer process, read just before it is stopped; fairseq's data-loader worker separately).
+The first interval of every run is left out (the first steps' one-time costs), and so is one
+logged after the window closed; the rest are pooled per trainer: median and range, the ratio
+aiayn / fairseq of the medians, the updates each run logged, and the peak resident memory
+(`VmHWM` of the trainer process just before it is stopped; fairseq's data-loader worker
+separately). A run is stopped at the end of its window with SIGTERM to its process group (aiayn
+then saves a checkpoint and exits, outside the window), or ends by itself at `--max-updates`.
 
-The same work on both sides, by construction:
+The same work on both sides, by construction (the record's notes give the figures):
 
-- **Data and segmentation.** aiayn's joint SentencePiece BPE vocabulary is trained once from the
-  recipe's `vocab_size` and `seed` (`Tokenizer.train_or_reuse`, as `aiayn train` makes it) and
-  given to aiayn as `--tokenizer`; the corpus is binarised once through aiayn's cache
-  (`load_or_build`, with the recipe's length filter) and the cache copied into each aiayn run
-  (so neither side prepares data inside its window). fairseq gets exactly the pairs that cache
-  holds, written as piece strings, and aiayn's vocabulary as its dictionary (`fairseq-preprocess
-  --joined-dictionary --srcdict`, the 4 special pieces being fairseq's own): same pairs, same
-  pieces, same vocabulary size (both printed).
-- **Model.** The recipe's `ModelConfig` (here `small`'s width, d_model 256, d_ff 1024, 4 heads,
-  at 2+2 layers, pre-norm, ReLU, sinusoidal positions, one matrix for both embeddings and the
-  pre-softmax projection) as fairseq's `transformer` architecture flags (`--share-all-embeddings`
-  for `share_embeddings: all`, `--encoder-normalize-before` and `--decoder-normalize-before` for
-  `norm_first`); both parameter counts are printed (fairseq's includes copies of
-  the encoder weights for its inference-only BetterTransformer path, which get no gradient:
-  `fairseq_inference_copies`). fairseq's LayerNorm epsilon is 1e-5 (aiayn's 1e-6): no effect
-  on speed.
-- **Training.** Batches of ≤ `max_tokens` tokens a side, padding included (fairseq
-  `--max-tokens`, with `--required-batch-size-multiple 1`: aiayn does not round batch sizes to
-  a multiple of 8), `accumulate` as `--update-freq`, label smoothing (`--criterion
-  label_smoothed_cross_entropy`), Adam β and ε, dropout, no gradient clipping, the same seed;
-  Eq. 3 as fairseq's `inverse_sqrt` with the same warm-up and peak rate: peak = lr_scale ·
-  d_model^-0.5 · warmup^-0.5, `--warmup-init-lr 0` (fairseq's first update runs at lr 0, aiayn's
-  at peak/warmup: no effect on speed). The recipe's `time_budget` and `schedule` are set aside:
-  aiayn is given `--time-budget none --schedule inverse_sqrt` (the Bible recipe's 30 minutes
-  would otherwise give it a linear decay, `schedule: auto`), and both stop at `--max-updates`,
-  else at the recipe's `max_steps`, if the window has not ended first (Eq. 3 does not depend on
-  the run's length). No validation (no validation set for aiayn, `--disable-validation`;
-  fairseq still loads a valid split: the dev set if given, else the first training pairs), no
-  checkpoint within the window (aiayn `--save-every` beyond the run, fairseq `--no-save`), the
-  CPU, the same threads (`OMP_NUM_THREADS`/`MKL_NUM_THREADS` for both, and aiayn's
-  `--threads`). fairseq keeps its default of one data-loader worker process
-  (`--fairseq-workers`); aiayn collates in the training process.
-
-A run is stopped at the end of its window with SIGTERM to its process group (aiayn then saves
-a checkpoint and exits, outside the window), or ends by itself at `--max-updates`.
+- **Data.** aiayn's joint BPE vocabulary is trained once from the recipe
+  (`Tokenizer.train_or_reuse`) and given to aiayn as `--tokenizer`; the corpus is binarised
+  once through aiayn's cache, copied into each aiayn run (no side prepares data in its window).
+  fairseq gets exactly the cached pairs as piece strings and aiayn's vocabulary as its
+  dictionary (`fairseq_preprocess`, which checks that both count the same tokens).
+- **Model.** The recipe's `ModelConfig` as fairseq `transformer` flags (`fairseq_model_flags`;
+  fairseq's parameter count holds unused copies, `fairseq_inference_copies`). fairseq's
+  LayerNorm epsilon is 1e-5 (aiayn's 1e-6): no effect on speed.
+- **Training.** The recipe's batches, accumulation, loss, Adam and Eq. 3 as fairseq flags
+  (`fairseq_training_flags`; fairseq's first update runs at lr 0, aiayn's at peak/warmup: no
+  effect on speed). The recipe's `time_budget` and `schedule` are set aside (aiayn gets
+  `--time-budget none --schedule inverse_sqrt`), and both stop at `--max-updates`, else at the
+  recipe's `max_steps`. No validation (fairseq still loads a valid split), no checkpoint within
+  the window, the CPU, the same threads; fairseq keeps its one data-loader worker process
+  (`--fairseq-workers`), aiayn collates in the training process.
 
     python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN    # ~16 min (2 × 2 × 210 s)
     python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN --with-bf16
@@ -212,7 +190,8 @@ def fairseq_training_flags(c: TrainConfig, m: ModelConfig) -> list[str]:
         *["--clip-norm", str(c.clip_norm), "--lr", repr(peak_lr(c, m.d_model))],
         *["--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(c.warmup_steps)],
         *["--warmup-init-lr", "0", "--max-tokens", str(c.max_tokens)],
-        *["--required-batch-size-multiple", "1", "--update-freq", str(c.accumulate)],
+        *["--required-batch-size-multiple", "1"],  # aiayn rounds no batch to a multiple of 8
+        *["--update-freq", str(c.accumulate)],
     ]
 
 
