@@ -36,9 +36,13 @@ The same work on both sides, by construction (the record's notes give the figure
   recipe's `max_steps`. No validation (fairseq still loads a valid split), no checkpoint within
   the window, the CPU, the same threads; fairseq keeps its one data-loader worker process
   (`--fairseq-workers`), aiayn collates in the training process.
+- **Precision**, as each side's users train (not the same arithmetic): aiayn the recipe's own
+  (`auto`: bf16 autocast on a CPU that computes bf16 natively, else float32; its row's name
+  says which, `aiayn_trainer`), fairseq float32: fairseq 0.12's `--bf16` implies `--tpu` and
+  stops on a CPU. `--with-other-precision` adds aiayn at the other one.
 
     python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN    # ~16 min (2 × 2 × 210 s)
-    python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN --with-bf16
+    python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN --with-other-precision
     python bench/train.py --data DATA --rounds 1 --seconds 60 --max-updates 3 --log-every 1 \\
         --no-record                                                  # a smoke run
 
@@ -70,6 +74,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import runner
 from aiayn.acceleration import native_bf16_cpu
 from aiayn.config import ModelConfig, TrainConfig, load_yaml_config
@@ -77,8 +83,9 @@ from aiayn.optim import learning_rate
 from aiayn.text.corpus import ParallelDataset, load_or_build, read_parallel
 from aiayn.text.tokenizer import SPECIAL_PIECES, Tokenizer
 from aiayn.train.runlog import read_metrics
+from aiayn.train.update import uses_bf16
 
-FAIRSEQ = "fairseq-train"
+FAIRSEQ = "fairseq-train (float32)"
 STOP_GRACE_S = 120  # after SIGTERM: aiayn finishes its update and saves
 
 FAIRSEQ_INNER = re.compile(r"\| train_inner \| (\{.*\})\s*$")
@@ -87,7 +94,7 @@ FAIRSEQ_PAIRS = re.compile(r"loaded ([\d,]+) examples from: \S*train\.")
 FAIRSEQ_DICT = re.compile(r"\[(\S+)\] Dictionary: (\d+) types")
 FAIRSEQ_UNK = re.compile(r"\[(\S+)\] (\S+): (\d+) sents, (\d+) tokens, ([\d.]+)% replaced")
 AIAYN_CACHE = re.compile(r"(building|reusing) data cache")
-MODEL_LINE = re.compile(r"model: ([\d,]+) parameters, (\d+) train pairs.* on (\S+)$")
+MODEL_LINE = re.compile(r"model: ([\d,]+) parameters, (\d+) train pairs.* on (\S+)( in bf16)?$")
 
 
 @dataclass
@@ -118,11 +125,24 @@ class Run:
 @dataclass
 class Trainer:
     name: str
+    system: str  # "aiayn" or "fairseq"
+    precision: str | None = None  # aiayn's --precision; None: the recipe's own
+    bf16: bool = False  # whether its updates compute in bf16
     missing: str | None = None
     runs: list[Run] = field(default_factory=list)
 
     def rates(self) -> list[float]:
         return [i.tokens_per_s for run in self.runs for i in run.steady]
+
+
+def aiayn_trainer(precision: str | None, recipe_precision: str, native_bf16: bool) -> Trainer:
+    """`aiayn train` at the recipe's precision (`precision` None: as users run it) or with
+    `--precision PRECISION`, named by what its updates compute in on this CPU
+    (`uses_bf16`): "aiayn train (bf16: native on this CPU)", "aiayn train (float32)"."""
+    bf16 = uses_bf16(torch.device("cpu"), precision or recipe_precision)
+    how = f"bf16: {'native' if native_bf16 else 'emulated'} on this CPU" if bf16 else "float32"
+    command = "aiayn train" if precision is None else f"aiayn train --precision {precision}"
+    return Trainer(f"{command} ({how})", "aiayn", precision, bf16)
 
 
 # --------------------------------------------------------------------------------------------
@@ -385,7 +405,7 @@ def _first_match(pattern: re.Pattern[str], lines: list[tuple[float, str]]) -> re
 
 
 def run_aiayn(
-    args: argparse.Namespace, c: TrainConfig, prepared: Prepared, run_dir: Path, bf16: bool
+    args: argparse.Namespace, c: TrainConfig, prepared: Prepared, run_dir: Path, trainer: Trainer
 ) -> tuple[Window, list[Interval], int | None, int | None]:
     # The binarised corpus, as if this run had built it (its key: paths, sizes, tokenizer).
     shutil.copytree(prepared.cache_root, run_dir / "data")
@@ -395,7 +415,9 @@ def run_aiayn(
     command += ["--max-steps", str(args.max_updates or c.max_steps), "--log-every"]
     command += [str(args.log_every), "--save-every", str(10**9), "--save-every-minutes", "0"]
     command += ["--valid-every", "0", "--device", "cpu", "--threads", str(args.threads)]
-    command += ["--no-progress", "--precision", "bf16" if bf16 else "fp32"]
+    command += ["--no-progress"]
+    if trainer.precision is not None:  # else the recipe's own, as users run it
+        command += ["--precision", trainer.precision]
     env = child_env(args.threads)
     print("  " + shlex.join(command), flush=True)
     window = run_window(command, env, args.seconds, run_dir / "train.log")
@@ -408,6 +430,8 @@ def run_aiayn(
         intervals.append(Interval(r["step"] - step, r["tokens_seen"] - seen, r["tokens_per_s"]))
         seen, step = r["tokens_seen"], r["step"]
     model = _first_match(MODEL_LINE, window.lines)
+    if model and bool(model.group(4)) != trainer.bf16:
+        raise SystemExit(f"{trainer.name}: its log says {model.group(0)!r}")
     params = int(model.group(1).replace(",", "")) if model else None
     return window, intervals, params, int(model.group(2)) if model else None
 
@@ -458,12 +482,11 @@ def one_run(
     slug = re.sub(r"[^a-z0-9]+", "-", trainer.name.lower()).strip("-")
     run_dir = work / f"round{round_}-{slug}"
     print(f"[round {round_}] {trainer.name}, {args.seconds:.0f} s", flush=True)
-    if trainer.name == FAIRSEQ:
+    if trainer.system == "fairseq":
         window, intervals, params, pairs = run_fairseq(args, c, prepared, run_dir)
     else:
-        bf16 = "bf16" in trainer.name
-        window, intervals, params, pairs = run_aiayn(args, c, prepared, run_dir, bf16)
-    logged = [t for t, line in window.lines if _is_interval_line(trainer.name, line)]
+        window, intervals, params, pairs = run_aiayn(args, c, prepared, run_dir, trainer)
+    logged = [t for t, line in window.lines if _is_interval_line(trainer.system, line)]
     if len(logged) == len(intervals):  # an update under way at SIGTERM ends outside the window
         intervals = [i for i, t in zip(intervals, logged, strict=True) if t <= args.seconds]
     if not intervals:
@@ -487,8 +510,8 @@ def one_run(
     return run
 
 
-def _is_interval_line(trainer: str, line: str) -> bool:
-    if trainer == FAIRSEQ:
+def _is_interval_line(system: str, line: str) -> bool:
+    if system == "fairseq":
         return FAIRSEQ_INNER.search(line) is not None
     return re.search(r"aiayn\.train\.trainer: step \d+: loss", line) is not None
 
@@ -512,7 +535,7 @@ COLUMNS = [
 def rows(trainers: list[Trainer]) -> list[dict[str, Any]]:
     """The record's rows: each trainer's tokens/s (pooled intervals' median, each run's median),
     range, ratio to fairseq-train's median, updates and peak memory."""
-    fairseq = next((t for t in trainers if t.name == FAIRSEQ and t.rates()), None)
+    fairseq = next((t for t in trainers if t.system == "fairseq" and t.rates()), None)
     reference = statistics.median(fairseq.rates()) if fairseq else None
     found = []
     for t in trainers:
@@ -539,6 +562,18 @@ def rows(trainers: list[Trainer]) -> list[dict[str, Any]]:
     return found
 
 
+def summary_line(ours: dict[str, Any], theirs: dict[str, Any], trainer: Trainer) -> str:
+    """aiayn's default row against fairseq's, each with what it computes in."""
+    how = "bf16" if trainer.bf16 else "float32"
+    text = f"`aiayn train` {ours['tokens_per_s']['median']:,} target tokens/s in {how}"
+    if isinstance(theirs["tokens_per_s"], dict):
+        text += (
+            f" against `fairseq-train`'s {theirs['tokens_per_s']['median']:,} in float32 "
+            f"({ours['vs_fairseq']})"
+        )
+    return text
+
+
 def fairseq_inference_copies(m: ModelConfig) -> int:
     """Parameters fairseq 0.12's encoder layers hold for the inference-only BetterTransformer
     path: zero-initialised copies of the attention and feed-forward weights (`in_proj_weight`,
@@ -548,8 +583,8 @@ def fairseq_inference_copies(m: ModelConfig) -> int:
 
 
 def _params_note(trainers: list[Trainer], m: ModelConfig) -> str:
-    ours = {r.params for t in trainers if t.name != FAIRSEQ for r in t.runs} - {None}
-    theirs = {r.params for t in trainers if t.name == FAIRSEQ for r in t.runs} - {None}
+    ours = {r.params for t in trainers if t.system == "aiayn" for r in t.runs} - {None}
+    theirs = {r.params for t in trainers if t.system == "fairseq" for r in t.runs} - {None}
     parts = [f"{name} {', '.join(f'{p:,}' for p in sorted(v))}"
              for name, v in (("aiayn", ours), ("fairseq", theirs)) if v]  # fmt: skip
     text = "; ".join(parts) or "?"
@@ -562,6 +597,18 @@ def _params_note(trainers: list[Trainer], m: ModelConfig) -> str:
                 f"not updated): the same {a:,} trained on both sides"
             )
     return text
+
+
+def precision_note(c: TrainConfig, default: Trainer) -> str:
+    """What each side computes in here, and why fairseq has no bf16 row."""
+    native = native_bf16_cpu()
+    return (
+        f"native bf16 on this CPU (AVX512-BF16 or AMX): {'yes' if native else 'no'}; "
+        f"`aiayn train` at the recipe's `precision: {c.precision}` computes in "
+        f"{'bf16 (autocast)' if default.bf16 else 'float32'} here; "
+        "`fairseq-train` in float32: fairseq 0.12's `--bf16` implies `--tpu` and stops on a "
+        "CPU (no XLA device)."
+    )
 
 
 def notes(
@@ -601,8 +648,8 @@ def notes(
         f"fairseq `wps`: target tokens / interval wall time) every {args.log_every} updates, "
         "the first interval of each run left out; peak RSS = `VmHWM` of the trainer process "
         "at the end of its window (max over runs).",
-        f"- Native bf16: {'yes' if native_bf16_cpu() else 'no'}; 1-minute load average "
-        f"{load_after} after (the record keeps the one before).",
+        f"- Precision: {precision_note(c, trainers[0])}",
+        f"- Load: 1-minute average {load_after} after (the record keeps the one before).",
     ]
     return [line.removeprefix("- ") for line in out]
 
@@ -648,7 +695,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--log-every", type=int, default=10, help="updates per logged interval")
     parser.add_argument("--max-updates", type=int, help="also stop a run here (smoke runs)")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--with-bf16", action="store_true", help="add aiayn --precision bf16")
+    parser.add_argument(
+        "--with-other-precision", action="store_true",
+        help="add aiayn at the other precision: --precision fp32 where the recipe's resolves "
+        "to bf16 on this CPU, else --precision bf16",
+    )  # fmt: skip
     parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: temporary)")
     runner.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -672,9 +723,11 @@ def main(argv: list[str] | None = None) -> None:
     c = train_config(args)
     load = runner.check_idle(args.busy_ok)
     missing = fairseq_missing(args.fairseq_bin)
-    trainers = [Trainer("aiayn train"), Trainer(FAIRSEQ, missing=missing)]
-    if args.with_bf16:
-        trainers.append(Trainer("aiayn train --precision bf16"))
+    native = native_bf16_cpu()
+    ours = aiayn_trainer(None, c.precision, native)
+    trainers = [ours, Trainer(FAIRSEQ, "fairseq", missing=missing)]
+    if args.with_other_precision:
+        trainers.append(aiayn_trainer("fp32" if ours.bf16 else "bf16", c.precision, native))
     if missing:
         print(f"fairseq-train: not measured ({missing})", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:
@@ -686,12 +739,7 @@ def main(argv: list[str] | None = None) -> None:
             for trainer in live:
                 trainer.runs.append(one_run(args, c, prepared, trainer, round_, work))
     found = rows(trainers)
-    ours, theirs = found[0], found[1]
-    summary = f"`aiayn train` {ours['tokens_per_s']['median']:,} target tokens/s" + (
-        f" against `fairseq-train`'s {theirs['tokens_per_s']['median']:,} ({ours['vs_fairseq']})"
-        if isinstance(theirs["tokens_per_s"], dict)
-        else ""
-    )
+    summary = summary_line(found[0], found[1], ours)
     m = c.model_config(prepared.tokenizer.vocab_size)
     rec = runner.record(
         "train",

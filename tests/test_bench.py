@@ -4,11 +4,13 @@ machine has not rotted; their arguments are refused in one line."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -162,3 +164,70 @@ def test_study_scores_each_run_on_the_test_split_where_the_data_has_one(
     with_test = run("with")
     assert (with_test["rows"][0]["bleu"], with_test["rows"][0]["test_bleu"]) == (20.0, 10.0)
     assert with_test["columns"] == [*without["columns"], ["test_bleu", "test BLEU"]]
+
+
+def bench_train(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """bench/train.py, loaded by path: `train` is also the name of the tests' package."""
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look themselves up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("precision", "native", "name", "bf16"),
+    [
+        (None, True, "aiayn train (bf16: native on this CPU)", True),
+        (None, False, "aiayn train (float32)", False),
+        ("fp32", True, "aiayn train --precision fp32 (float32)", False),
+        ("bf16", False, "aiayn train --precision bf16 (bf16: emulated on this CPU)", True),
+    ],
+)
+def test_train_names_aiayn_by_what_it_computes_in_on_this_cpu(
+    monkeypatch: pytest.MonkeyPatch, precision: str | None, native: bool, name: str, bf16: bool
+) -> None:
+    train = bench_train(monkeypatch)
+    monkeypatch.setattr("aiayn.train.update.native_bf16_cpu", lambda: native)
+    trainer = train.aiayn_trainer(precision, "auto", native)
+    assert (trainer.name, trainer.bf16, trainer.precision) == (name, bf16, precision)
+
+
+def test_train_reads_whether_aiayn_trained_in_bf16_from_its_model_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    train = bench_train(monkeypatch)
+    line = (
+        "12:00:00 INFO aiayn.train.setup: model: 5,735,424 parameters, 30266 train pairs, "
+        "1 device(s) × 1 batch(es) of ≤ 2048 tokens per update, on cpu"
+    )
+    for suffix, bf16 in (("", None), (" in bf16", " in bf16")):
+        found = train.MODEL_LINE.search(line + suffix)
+        assert found is not None
+        assert (found.group(1), found.group(2), found.group(4)) == ("5,735,424", "30266", bf16)
+
+
+def test_train_summary_compares_aiayn_as_users_run_it_with_fairseq(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    train = bench_train(monkeypatch)
+
+    def trainer(name: str, system: str, rates: list[float], bf16: bool = False):
+        intervals = [train.Interval(10, 10 * rate, rate) for rate in [1.0, *rates]]
+        run = train.Run(len(intervals) * 10, intervals, 700.0, None, None, None)
+        return train.Trainer(name, system, bf16=bf16, runs=[run])
+
+    ours = trainer("aiayn train (bf16: native on this CPU)", "aiayn", [300, 310, 290], True)
+    theirs = trainer(train.FAIRSEQ, "fairseq", [200, 190, 210])
+    other = trainer("aiayn train --precision fp32 (float32)", "aiayn", [220, 200, 210])
+    found = train.rows([ours, theirs, other])
+    assert [row["vs_fairseq"] for row in found] == ["1.50×", "1.00×", "1.05×"]
+    assert train.summary_line(found[0], found[1], ours) == (
+        "`aiayn train` 300 target tokens/s in bf16 against `fairseq-train`'s 200 in float32 (1.50×)"
+    )
+    unmeasured = {"trainer": train.FAIRSEQ, "tokens_per_s": "not measured: no --fairseq-bin"}
+    assert train.summary_line(found[0], unmeasured, ours) == (
+        "`aiayn train` 300 target tokens/s in bf16"
+    )
