@@ -13,6 +13,11 @@ does.
     python bench/study.py run DATA runs/study                      # every run of RUNS
     python bench/study.py run DATA runs/study I0-xavier I1-fairseq
     python bench/study.py run DATA runs/recipe recipe              # the recipe's own run
+    python bench/study.py run DATA runs/recipe fairseq --fairseq-bin FAIRSEQ_BIN
+
+The run `fairseq` is the recipe's peer: `fairseq-train` given the recipe's settings for the
+same budget (`--budget`), its updates foreseen by a pilot run (`--pilot`), scored as
+`aiayn evaluate` scores; its record goes into recipe.jsonl (bench/fairseq_peer.py says how).
 
 DATA is a folder made by `aiayn prepare bible-en-es` (train.*, valid.*); where it has test.* too
 (`--test-books`), each run is scored on that split as well, its BLEU recorded as `test_bleu`.
@@ -115,6 +120,7 @@ RECIPE_COLUMNS = [("budget", "time budget"), ("updates", "updates"),
                   ("valid_ppl", "validation perplexity"), ("bleu", "BLEU"), ("chrf", "chrF"),
                   ("peak_rss", "peak RSS")]  # fmt: skip
 TEST_COLUMN = ("test_bleu", "test BLEU")  # where DATA has a test split
+PEER = "fairseq"  # the recipe's run by fairseq-train (bench/fairseq_peer.py)
 
 
 def differences(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
@@ -325,8 +331,14 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("data", type=Path, help="an `aiayn prepare` folder: train.*, valid.*")
     run.add_argument("study_dir", type=Path, help="the folder for one run directory per run")
     runs = " ".join(RUNS | FULL_RUNS)
-    run.add_argument("names", nargs="*", metavar="RUN", help=f"of: recipe {runs}")
+    run.add_argument("names", nargs="*", metavar="RUN", help=f"of: recipe fairseq {runs}")
     run.add_argument("--threads", type=int, default=2)
+    peer = run.add_argument_group("the run fairseq (bench/fairseq_peer.py)")
+    peer.add_argument("--fairseq-bin", type=Path, help="folder of fairseq-train and its tools")
+    peer.add_argument("--budget", help="its time budget, e.g. 60s (default: the recipe's)")
+    peer.add_argument(
+        "--pilot", default="120s", help="the pilot that foresees its updates (%(default)s)"
+    )
     runner.add_arguments(run)
     draw_ = commands.add_parser("plot", help="draw the runs' learning curves and a table")
     draw_.add_argument("study_dir", type=Path, help="the folder holding one directory per run")
@@ -337,12 +349,21 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.command == "plot":
         return plot(args, p)
-    unknown = [n for n in args.names if n != "recipe" and n not in RUNS | FULL_RUNS]
+    own = ["recipe", PEER]
+    unknown = [n for n in args.names if n not in own and n not in RUNS | FULL_RUNS]
     if unknown:
-        p.error(f"unknown run(s) {unknown}: the runs are recipe, {', '.join(RUNS | FULL_RUNS)}")
+        p.error(f"unknown run(s) {unknown}: the runs are {', '.join([*own, *RUNS, *FULL_RUNS])}")
+    if PEER in args.names:
+        import fairseq_peer  # bench/train.py's fairseq set-up, only for this run
+
+        if why := fairseq_peer.missing(args.fairseq_bin) or fairseq_peer.check_budgets(args):
+            p.error(f"the run {PEER}: {why}")
     load = runner.check_idle(args.busy_ok)
     for name in args.names or RUNS:
-        run_one(args, name, load)
+        if name == PEER:
+            fairseq_peer.run(args, args.study_dir / PEER, load)
+        else:
+            run_one(args, name, load)
 
 
 if __name__ == "__main__":
