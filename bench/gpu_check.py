@@ -537,7 +537,8 @@ def stage_torchrun(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
     )
     train = ["train", "--src", str(ctx.work / "train.src"), "--tgt", str(ctx.work / "train.tgt"),
              *flags.split()]  # fmt: skip
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1"]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=1",
+                f"--log-dir={ctx.work / 'torchrun'}"]  # fmt: skip
     ddp_device = device if ":" in device or device == "cpu" else f"{device}:0"
     runs = {
         "torchrun": [*torchrun, "-m", "aiayn", *train, "--device", device],

@@ -133,10 +133,10 @@ RESUME_FLAGS = [
 
 def aiayn_train(corpus: tuple[Path, Path], out_dir: Path, *extra: str, nproc: int = 1) -> list[str]:
     launcher = [sys.executable, "-m", "aiayn"]
-    if nproc > 1:
+    if nproc > 1:  # with its logs beside the run: else a /tmp/torchelastic_* folder stays behind
         launcher = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc_per_node={nproc}", "-m", "aiayn",
+            f"--nproc_per_node={nproc}", f"--log-dir={out_dir.parent / 'torchrun'}", "-m", "aiayn",
         ]  # fmt: skip
     data = ["--src", str(corpus[0]), "--tgt", str(corpus[1])]
     return [*launcher, "train", *data, "--out-dir", str(out_dir), *extra]

@@ -260,7 +260,8 @@ def test_data_parallel_ranks_stop_at_the_same_update_inside_the_budget(
     data = ["--src", str(corpus[0]), "--tgt", str(corpus[1]), "--valid-src", str(corpus[0]),
             "--valid-tgt", str(corpus[1])]  # fmt: skip
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                "--nproc_per_node=2", "-m", "aiayn"]  # fmt: skip
+                "--nproc_per_node=2", f"--log-dir={tmp_path / 'torchrun'}",  # not in /tmp
+                "-m", "aiayn"]  # fmt: skip
     args = [*launcher, "train", *data, *TINY_FLAGS, "--out-dir", str(run), "--time-budget", "25s"]
     took, output = _run(args, tmp_path / "log", timeout=180)
     last = _check_ended_in_time(run, took, 25, output)
