@@ -76,7 +76,8 @@ format: $(STAMP)
 #   make bench-train      aiayn train vs fairseq-train, 2 rounds of 210 s each (bench/train.py)
 #   make bench-translate  aiayn translate vs CTranslate2 (both thread layouts), 3 rounds
 #   make bench-serve      aiayn serve under 1, 8 and 32 clients, batching on and off
-#   make bench-study      the recipe's own run, or the small-data study's (RUNS=NAME ...)
+#   make bench-study      the recipe's own run, fairseq-train's beside it (RUNS=fairseq) or the
+#                         small-data study's (RUNS=NAME ...)
 FAIRSEQ_BIN ?= /tmp/peers/fairseq/bin
 DATA ?=
 MODEL ?=
@@ -107,7 +108,8 @@ bench-serve: $(STAMP)
 		--max-seconds 60 $(BENCH_ARGS)
 
 bench-study: $(STAMP)
-	$(BIN)/python bench/study.py run $(DATA) $(STUDY_DIR) $(RUNS) $(BENCH_ARGS)
+	$(BIN)/python bench/study.py run $(DATA) $(STUDY_DIR) $(RUNS) --fairseq-bin $(FAIRSEQ_BIN) \
+		$(BENCH_ARGS)
 
 benchmarks-page: $(STAMP)
 	$(BIN)/python bench/page.py
