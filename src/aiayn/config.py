@@ -349,16 +349,16 @@ class TrainConfig:
             and metrics.jsonl records which (docs/training.md).
         seed: Seeds model init, dropout and batch order.
         device: "auto", "cpu", "cuda" or "cuda:N".
-        precision: "auto": bf16 autocast on a CUDA GPU that computes in bf16 (Ampere or newer:
-            torch.cuda.is_bf16_supported), float32 elsewhere; "fp32": float32 everywhere;
-            "bf16": bf16 autocast on any device. Weights, Adam and the loss stay float32. On a
-            CPU, bf16 changes the numerics and is fast only where the CPU computes in bf16
-            natively (AVX512-BF16, AMX; elsewhere training warns): with ≤ 4096-token batches
-            ~1.3x the target tokens/s of float32 on an Intel Xeon with AMX, not measured side
-            by side with the Bible recipe's 2048 (docs/settings.md). With bf16 on a CPU `aiayn
-            train` also has oneDNN keep few compiled kernels (peak memory:
-            `acceleration.ONEDNN_KERNELS_FOR_BF16_TRAINING`), a setting of the process that it
-            makes through `aiayn.runtime.configure`. Replaces bf16 and cpu_bf16 (and
+        precision: "auto": bf16 autocast where the device computes in bf16 natively: a CUDA
+            GPU of the Ampere generation or newer (torch.cuda.is_bf16_supported), a CPU with
+            AVX512-BF16 or AMX (`acceleration.native_bf16_cpu`); float32 elsewhere, where bf16
+            is only emulated and slower. "fp32": float32 everywhere; "bf16": bf16 autocast on
+            any device (a warning where it is emulated). Weights, Adam and the loss stay
+            float32. On a 2-core AMD EPYC with AVX512-BF16 the Bible recipe trains 1.43x
+            float32's target tokens/s in bf16, at about 2x the peak memory (docs/settings.md).
+            With bf16 on a CPU `aiayn train` also has oneDNN keep few compiled kernels (peak
+            memory: `acceleration.ONEDNN_KERNELS_FOR_BF16_TRAINING`), a setting of the process
+            that it makes through `aiayn.runtime.configure`. Replaces bf16 and cpu_bf16 (and
             --no-bf16, --cpu-bf16) of earlier releases, which are still read: bf16 false is
             fp32, cpu_bf16 true is bf16.
         onednn: On an x86-64 CPU in float32, run the linear layers' products (and the chunked

@@ -89,6 +89,7 @@ def make_config(corpus: tuple[Path, Path], out_dir: Path, **overrides: Any) -> T
         save_every=0,
         threads=1,
         progress=False,
+        precision="fp32",  # the same numbers on every CPU ("auto" is bf16 where it is native)
     )
     values.update(overrides)
     return TrainConfig.from_dict(values)  # keys of earlier releases too (cpu_bf16)

@@ -191,20 +191,21 @@ def test_the_loss_path_of_forward_is_float32_under_bf16_autocast() -> None:
     assert all(p.grad.dtype == torch.float32 for p in model.parameters() if p.grad is not None)
 
 
-def test_bf16_autocast_is_opt_in_on_cpu_and_auto_only_where_a_gpu_computes_it(
+def test_bf16_autocast_is_auto_where_the_device_computes_it_natively(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """precision auto (the default): bf16 on a CUDA GPU that computes in bf16 (Ampere or
-    newer), float32 on an older GPU (which only emulates it) and on a CPU; bf16 and fp32 as
-    asked, anywhere."""
+    newer) and on a CPU with AVX512-BF16 or AMX; float32 on an older GPU or CPU (which only
+    emulate it); bf16 and fp32 as asked, anywhere."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     default = TrainConfig(src="a", tgt="b").precision
     assert default == "auto"
-    native = {"bf16": True}
-    monkeypatch.setattr(update, "cuda_computes_bf16", lambda device: native["bf16"])
-    assert uses_bf16(cuda, default) and not uses_bf16(cpu, default)
-    native["bf16"] = False  # a pre-Ampere GPU
-    assert not uses_bf16(cuda, default)
+    native = {"cuda": True, "cpu": True}
+    monkeypatch.setattr(update, "cuda_computes_bf16", lambda device: native["cuda"])
+    monkeypatch.setattr(update, "native_bf16_cpu", lambda: native["cpu"])
+    assert uses_bf16(cuda, default) and uses_bf16(cpu, default)
+    native["cuda"] = native["cpu"] = False  # a pre-Ampere GPU, a CPU with AVX2 only
+    assert not uses_bf16(cuda, default) and not uses_bf16(cpu, default)
     assert uses_bf16(cuda, "bf16") and uses_bf16(cpu, "bf16")
     assert not uses_bf16(cuda, "fp32") and not uses_bf16(cpu, "fp32")
 

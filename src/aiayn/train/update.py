@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from aiayn.acceleration import OneDNNLinearProducts, onednn_linear_missing
+from aiayn.acceleration import OneDNNLinearProducts, native_bf16_cpu, onednn_linear_missing
 from aiayn.optim import scheduled_rate, set_learning_rate
 from aiayn.text.batching import collate
 from aiayn.text.corpus import ParallelDataset
@@ -27,15 +27,18 @@ from aiayn.train.distributed import Distributed
 
 def uses_bf16(device: torch.device, precision: str) -> bool:
     """bf16 autocast for `TrainConfig.precision` on `device`: "bf16" everywhere, "fp32"
-    nowhere, "auto" on a CUDA GPU that computes in bf16 (`cuda_computes_bf16`; never on a
-    CPU, where it changes the numerics and is slow without native bf16: opt-in)."""
+    nowhere, "auto" where the device computes in bf16 natively: a CUDA GPU of compute
+    capability 8.0 or newer (`cuda_computes_bf16`), a CPU with AVX512-BF16 or AMX
+    (`native_bf16_cpu`). Elsewhere bf16 is emulated, slower than float32."""
     if precision == "bf16":
         return True
     if precision == "fp32":
         return False
     if precision != "auto":
         raise ValueError(f"precision ({precision!r}) must be auto, fp32 or bf16")
-    return device.type == "cuda" and cuda_computes_bf16(device)
+    if device.type == "cuda":
+        return cuda_computes_bf16(device)
+    return device.type == "cpu" and native_bf16_cpu()
 
 
 def cuda_computes_bf16(device: torch.device) -> bool:
