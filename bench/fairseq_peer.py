@@ -39,31 +39,40 @@ It appends one record to bench/results/recipe.jsonl, in the recipe's table besid
   hypotheses in the order of the sentences, their pieces turned back into text by aiayn's
   SentencePiece model (`Tokenizer.decode`, as aiayn's translator does), a blank source given a
   blank hypothesis (as aiayn's), then `aiayn.decode.evaluation.score` against the references
-  read as `aiayn evaluate` reads them: the same sacreBLEU signatures. SPLIT.hyp and SPLIT.bleu.json (as `aiayn evaluate --json`
-  prints it) go into the run directory STUDY_DIR/fairseq, with the pilot's and the run's logs.
+  read as `aiayn evaluate` reads them: the same sacreBLEU signatures. SPLIT.hyp and
+  SPLIT.bleu.json (as `aiayn evaluate --json` prints it) go into the run directory
+  STUDY_DIR/fairseq, with the pilot's and the run's logs.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
 import re
 import shlex
 import shutil
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import runner
-import train as bench_train
 from aiayn.config import ConfigError, TrainConfig, load_yaml_config, parse_duration
 from aiayn.decode.evaluation import score
 from aiayn.text.corpus import read_parallel
 from aiayn.text.lines import one_line, read_lines
 from aiayn.text.tokenizer import UNK_ID, Tokenizer, stripped
+
+# bench/train.py by its path: under pytest the name `train` is the tests' package.
+_spec = importlib.util.spec_from_file_location("bench_train", Path(__file__).with_name("train.py"))
+bench_train = sys.modules.get("bench_train") or importlib.util.module_from_spec(_spec)
+if "bench_train" not in sys.modules:
+    sys.modules["bench_train"] = bench_train
+    _spec.loader.exec_module(bench_train)
 
 PILOT_LOG_EVERY = 5  # updates per logged interval in the pilot
 NEVER = str(10**6)  # an epoch interval never reached: no validation or save at epoch ends
