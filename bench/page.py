@@ -106,6 +106,20 @@ def tables(records: list[dict[str, Any]]) -> dict[str, list[list[dict[str, Any]]
     return by_task
 
 
+def present(found: list[list[dict[str, Any]]], current: dict[str, str]) -> list[list[dict]]:
+    """A task's tables, less those whose every row is older source where a table of the same
+    machine and columns (the same measurement) has current rows: the records keep them."""
+
+    def kind(t: list[dict[str, Any]]) -> tuple:
+        return t[0]["machine"]["name"], json.dumps(t[0]["columns"])
+
+    def fresh(t: list[dict[str, Any]]) -> bool:
+        return any(measured(r, current) == r["date"][:10] for r in t)
+
+    kinds = {kind(t) for t in found if fresh(t)}
+    return [t for t in found if fresh(t) or kind(t) not in kinds]
+
+
 def measured(rec: dict[str, Any], current: dict[str, str]) -> str:
     if not rec.get("sources"):
         return f"{rec['date'][:10]}, {UNKNOWN}"
@@ -140,14 +154,22 @@ def table_text(found: list[dict[str, Any]], current: dict[str, str]) -> list[str
     first = found[0]
     title = first["table"][:1].upper() + first["table"][1:]
     lines = [f"### {title}: {first['machine']['name']}", ""]
-    for rec in found:
-        columns = [*rec["columns"], ["measured", "measured"]]
-        rows = [{**row, "measured": measured(rec, current)} for row in rec["rows"]]
-        lines += [f"{rec['setup'][:1].upper() + rec['setup'][1:]}: `{rec['command']}`; "
-                  f"{peer_versions(rec)}.", ""]  # fmt: skip
+    i = 0
+    while i < len(found):
+        # Setups of the same columns without notes (the study's runs) share one table.
+        group = [found[i]]
+        while (i + len(group) < len(found) and not group[-1].get("notes")
+               and found[i + len(group)]["columns"] == found[i]["columns"]):  # fmt: skip
+            group.append(found[i + len(group)])
+        i += len(group)
+        columns = [*group[0]["columns"], ["measured", "measured"]]
+        rows = [{**row, "measured": measured(rec, current)} for rec in group for row in rec["rows"]]
+        for rec in group:
+            lines += [f"{rec['setup'][:1].upper() + rec['setup'][1:]}: `{rec['command']}`; "
+                      f"{peer_versions(rec)}.", ""]  # fmt: skip
         lines += [markdown_table(columns, rows), ""]
-        lines += [f"- {note}" for note in rec.get("notes", [])]
-        lines += [""] if rec.get("notes") else []
+        lines += [f"- {note}" for note in group[-1].get("notes", [])]
+        lines += [""] if group[-1].get("notes") else []
     return lines
 
 
@@ -191,7 +213,7 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
         if task not in by_task:
             continue
         lines += [f"## {heading}", "", what, ""]
-        for found in by_task[task]:
+        for found in present(by_task[task], current):
             lines += table_text(found, current)
     return "\n".join(lines).rstrip("\n") + "\n"
 
