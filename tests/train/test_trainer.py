@@ -89,8 +89,9 @@ def make_config(corpus: tuple[Path, Path], out_dir: Path, **overrides: Any) -> T
         save_every=0,
         threads=1,
         progress=False,
-        precision="fp32",  # the same numbers on every CPU ("auto" is bf16 where it is native)
     )
+    if not {"bf16", "cpu_bf16"} & overrides.keys():  # keys of earlier releases name their own
+        values["precision"] = "fp32"  # the same numbers on every CPU ("auto": bf16 if native)
     values.update(overrides)
     return TrainConfig.from_dict(values)  # keys of earlier releases too (cpu_bf16)
 
