@@ -105,7 +105,7 @@ RUNS = {name: flags.split() for name, flags in {
 # The recipe in float32 made 3,493 and 3,753 updates in its 30 minutes; in short runs on that
 # CPU bf16 trained 1.43x its target tokens per second (the harness's training table: 1.47x),
 # without dropout 1.07x more, with batches of 1,024 tokens 0.88x as many (twice the updates, its
-# warm-up as many tokens).
+# warm-up as many tokens); dropout 0.2 costs what 0.1 does.
 FULL = "--schedule linear --time-budget none --save-every 0"
 BF16 = f"{FULL} --precision bf16"
 FULL_RUNS = {name: flags.split() for name, flags in {
@@ -113,6 +113,7 @@ FULL_RUNS = {name: flags.split() for name, flags in {
     "B1-bf16": f"{BF16} --max-steps 5100",
     "B2-bf16-dropout0": f"{BF16} --max-steps 5450 --model dropout=0.0",
     "B3-bf16-tok1024": f"{BF16} --max-steps 9000 --max-tokens 1024 --warmup-steps 800",
+    "B4-bf16-dropout02": f"{BF16} --max-steps 5100 --model dropout=0.2",
 }.items()}  # fmt: skip
 STUDY_COLUMNS = [("run", "run"), ("flags", "settings on top of the recipe"), ("updates", "updates"),
                  ("minutes", "minutes"), ("valid_ppl", "validation perplexity"),
