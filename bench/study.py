@@ -114,6 +114,10 @@ FULL_RUNS = {name: flags.split() for name, flags in {
     "B2-bf16-dropout0": f"{BF16} --max-steps 5450 --model dropout=0.0",
     "B3-bf16-tok1024": f"{BF16} --max-steps 9000 --max-tokens 1024 --warmup-steps 800",
     "B4-bf16-dropout02": f"{BF16} --max-steps 5100 --model dropout=0.2",
+    "B5-bf16-lr15": f"{BF16} --max-steps 5100 --lr-scale 1.5",
+    # The same runs from a second seed (initialisation, dropout, batch order).
+    "B0-recipe-s2": f"{FULL} --precision fp32 --max-steps 3600 --seed 2",
+    "B1-bf16-s2": f"{BF16} --max-steps 5100 --seed 2",
 }.items()}  # fmt: skip
 STUDY_COLUMNS = [("run", "run"), ("flags", "settings on top of the recipe"), ("updates", "updates"),
                  ("minutes", "minutes"), ("valid_ppl", "validation perplexity"),
