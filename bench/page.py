@@ -164,9 +164,15 @@ def table_text(found: list[dict[str, Any]], current: dict[str, str]) -> list[str
         i += len(group)
         columns = [*group[0]["columns"], ["measured", "measured"]]
         rows = [{**row, "measured": measured(rec, current)} for rec in group for row in rec["rows"]]
-        for rec in group:
-            lines += [f"{rec['setup'][:1].upper() + rec['setup'][1:]}: `{rec['command']}`; "
-                      f"{peer_versions(rec)}.", ""]  # fmt: skip
+        # Commands that differ only by the setup's name (the study's runs) are given once.
+        shared = {(r["command"].replace(r["setup"], "NAME"), peer_versions(r)) for r in group}
+        if len(group) > 1 and len(shared) == 1:
+            ((command, versions),) = shared
+            lines += [f"Each row's run NAME: `{command}`; {versions}.", ""]
+        else:
+            for rec in group:
+                lines += [f"{rec['setup'][:1].upper() + rec['setup'][1:]}: `{rec['command']}`; "
+                          f"{peer_versions(rec)}.", ""]  # fmt: skip
         lines += [markdown_table(columns, rows), ""]
         lines += [f"- {note}" for note in group[-1].get("notes", [])]
         lines += [""] if group[-1].get("notes") else []
