@@ -354,8 +354,9 @@ class TrainConfig:
             AVX512-BF16 or AMX (`acceleration.native_bf16_cpu`); float32 elsewhere, where bf16
             is only emulated and slower. "fp32": float32 everywhere; "bf16": bf16 autocast on
             any device (a warning where it is emulated). Weights, Adam and the loss stay
-            float32. On a 2-core AMD EPYC with AVX512-BF16 the Bible recipe trains 1.43x
-            float32's target tokens/s in bf16, at about 2x the peak memory (docs/settings.md).
+            float32. On a 2-core AMD EPYC with AVX512-BF16 the Bible recipe trains 1.47x
+            float32's target tokens/s in bf16, at about 2x the peak memory (BENCHMARKS.md's
+            training table; docs/settings.md).
             With bf16 on a CPU `aiayn train` also has oneDNN keep few compiled kernels (peak
             memory: `acceleration.ONEDNN_KERNELS_FOR_BF16_TRAINING`), a setting of the process
             that it makes through `aiayn.runtime.configure`. Replaces bf16 and cpu_bf16 (and
