@@ -438,6 +438,9 @@ def record(
         f"fairseq_peer.py): {pilot.rate:.3f} updates/s, start-up {pilot.startup_s:.0f} s, a "
         f"validation {pilot.valid_s:.0f} s, the final save and exit {pilot.end_s:.0f} s.",
         f"Data: {prepared.pairs} training pairs; {prepared.fairseq_check}.",
+        "Precision: float32; fairseq 0.12's `--bf16` implies `--tpu` and stops on a CPU (no "
+        "XLA device). The recipe's row computes in bf16 where the CPU does natively "
+        "(AVX512-BF16 or AMX), its default `precision: auto`.",
         f"Scores: `fairseq-generate` on the last checkpoint, beam {BEAM}, `--lenpen {LENPEN:g}`, "
         f"`--max-len-a {MAX_LEN_A:g} --max-len-b {MAX_LEN_B}`; pieces decoded by aiayn's "
         f"SentencePiece model; sacreBLEU {scores['valid']['bleu_signature']}, chrF "

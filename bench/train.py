@@ -368,6 +368,7 @@ def run_window(command: list[str], env: dict[str, str], seconds: float, log: Pat
                 elapsed = time.perf_counter() - started
                 lines.append((elapsed, line.rstrip("\n")))
                 out.write(f"[{elapsed:8.2f}] {line}")
+                out.flush()  # the log follows the run, for whoever watches it
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
