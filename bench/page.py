@@ -8,7 +8,8 @@
 The page opens with what to expect (one line a table), then the commands that reproduce every
 table, then per task one table per machine and kind of run, its rows from the latest record of
 each setup. A row whose source has changed since it was measured (the git hash of a folder the
-task exercises, stored in the record, differs from this tree's) says "older source".
+task exercises, stored in the record, differs from this tree's) says "older source"; where the
+same measurement has current rows on another machine, an older table gives its heading alone.
 """
 
 from __future__ import annotations
@@ -106,18 +107,38 @@ def tables(records: list[dict[str, Any]]) -> dict[str, list[list[dict[str, Any]]
     return by_task
 
 
-def present(found: list[list[dict[str, Any]]], current: dict[str, str]) -> list[list[dict]]:
-    """A task's tables, less those whose every row is older source where a table of the same
-    machine and columns (the same measurement) has current rows: the records keep them."""
+def present(
+    found: list[list[dict[str, Any]]], current: dict[str, str]
+) -> list[tuple[list[dict[str, Any]], bool]]:
+    """A task's tables, each with whether the page shows its rows. A table whose every row is
+    older source is left out where a table of the same machine and columns (the same
+    measurement) has current rows, and shown by its heading alone where another machine's table
+    of those columns (or more) has them: the page states what is true now, the records keep
+    the rest."""
 
-    def kind(t: list[dict[str, Any]]) -> tuple:
-        return t[0]["machine"]["name"], json.dumps(t[0]["columns"])
+    def columns(t: list[dict[str, Any]]) -> str:
+        return json.dumps(t[0]["columns"])
 
     def fresh(t: list[dict[str, Any]]) -> bool:
         return any(measured(r, current) == r["date"][:10] for r in t)
 
-    kinds = {kind(t) for t in found if fresh(t)}
-    return [t for t in found if fresh(t) or kind(t) not in kinds]
+    def measured_now(t: list[dict[str, Any]]) -> bool:  # its columns among a current table's
+        names = {c[0] for c in t[0]["columns"]}
+        return any(names <= {c[0] for c in n[0]["columns"]} for n in found if fresh(n))
+
+    kinds = {(t[0]["machine"]["name"], columns(t)) for t in found if fresh(t)}
+    return [(t, fresh(t) or not measured_now(t)) for t in found
+            if fresh(t) or (t[0]["machine"]["name"], columns(t)) not in kinds]  # fmt: skip
+
+
+def older_table_text(found: list[dict[str, Any]]) -> list[str]:
+    """An older-source table's heading and where its figures are."""
+    first = found[0]
+    title = first["table"][:1].upper() + first["table"][1:]
+    dates = sorted({r["date"][:10] for r in found})
+    return [f"### {title}: {first['machine']['name']}", "",
+            f"Measured {', '.join(dates)} on an older source: bench/results/{first['task']}.jsonl "
+            "keeps the figures; the command above measures them again.", ""]  # fmt: skip
 
 
 def measured(rec: dict[str, Any], current: dict[str, str]) -> str:
@@ -189,7 +210,8 @@ this page. Each table names its machine, date, command and versions. The machine
 cloud machines whose speed varies from run to run: compare the rows of one table. A row marked
 "older source" was measured before a folder its task exercises last changed: its command
 measures it again. Where a task has rows measured on the current source, the summary shows
-only those.
+only those, and another machine's older table of the same measurement shows its heading alone
+(its record keeps the figures).
 
 ## What to expect
 """
@@ -207,11 +229,13 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
         # A task measured on the current source shows only those rows here; the tables below
         # keep the rest.
         fresh = [rec for rec in summed if measured(rec, current) == rec["date"][:10]]
+        # The setups of one table (aiayn's and its peer's) share a row.
+        rows: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
         for rec in fresh or summed:
-            lines.append(
-                f"| {heading.split(':')[0]} | {rec['machine']['name']} "
-                f"| {measured(rec, current)} | {rec['setup']}: {rec['summary']} |"
-            )
+            rows[rec["machine"]["name"], rec["table"], measured(rec, current)].append(rec)
+        for (machine, _, when), recs in rows.items():
+            said = "; ".join(f"{rec['setup']}: {rec['summary']}" for rec in recs)
+            lines.append(f"| {heading.split(':')[0]} | {machine} | {when} | {said} |")
     lines += ["", COMMANDS, "", "```sh"]
     lines += [f"{spec[2]:<56}# {spec[0].split(':')[0]}" for spec in TASKS.values()]
     lines += ["```", ""]
@@ -219,8 +243,8 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
         if task not in by_task:
             continue
         lines += [f"## {heading}", "", what, ""]
-        for found in present(by_task[task], current):
-            lines += table_text(found, current)
+        for found, shown in present(by_task[task], current):
+            lines += table_text(found, current) if shown else older_table_text(found)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -85,6 +85,35 @@ def test_a_row_whose_source_changed_is_marked(current: dict[str, str]) -> None:
     assert "2030-02-01 |" in text and f", {page.OLDER} |" not in text
 
 
+def test_another_machines_older_table_shows_its_heading_alone(current: dict[str, str]) -> None:
+    paths = runner.SOURCES["translate"]
+    fresh = {
+        "task": "translate", "table": "a file", "setup": "a model", "date": "2030-01-01 00:00",
+        "command": "python bench/translate.py -m MODEL --data DATA", "notes": ["a note"],
+        "machine": {"name": "CPU A"}, "versions": {"torch": "2"}, "summary": "fast",
+        "sources": {"src": "x", **runner.source_hashes(paths)},
+        "columns": [["system", "system"], ["wall_s", "wall time, s (rounds)"]],
+        "rows": [{"system": "aiayn translate", "wall_s": runner.figures([2.0, 1.0, 3.0])}],
+    }  # fmt: skip
+    older = copy.deepcopy(fresh)
+    older["machine"]["name"], older["summary"] = "CPU B", "slow"
+    older["sources"]["src/aiayn/decode"] = "0" * 40
+    older["rows"][0]["wall_s"] = runner.figures([9.0, 8.0, 7.0])
+    peer = {**copy.deepcopy(fresh), "setup": "a peer", "summary": "faster"}
+    text = page.render([fresh, older, peer], page.current_hashes([fresh]))
+    assert "### A file: CPU B" in text and "bench/results/translate.jsonl keeps" in text
+    assert "8.0 (9.0, 8.0, 7.0)" not in text and "| 2.0 (2.0, 1.0, 3.0) |" in text
+    assert "| CPU A | 2030-01-01 | a model: fast; a peer: faster |" in text  # one table, one row
+    assert "slow" not in text  # the summary shows the current rows alone
+    # Without a current table of those columns, the older one keeps its rows.
+    narrower = {**copy.deepcopy(fresh), "columns": fresh["columns"][:1]}
+    narrower["rows"] = [{"system": "aiayn translate"}]
+    older["columns"] = [*older["columns"], ["bleu", "BLEU"]]
+    older["rows"][0]["bleu"] = 30.0
+    text = page.render([narrower, older], page.current_hashes([narrower]))
+    assert "8.0 (9.0, 8.0, 7.0)" in text
+
+
 def test_a_record_is_one_line_of_json_with_the_machine_and_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
