@@ -36,7 +36,8 @@ ISSUE = re.compile(
 )
 HISTORY = re.compile(
     r"old CLI|it used to|used to be|until this fix|as of commit|since commit|at commit"
-    r"|before commit|the recipe before|the old recipe|the old default",
+    r"|before commit|the recipe before|the old recipe|the old default|old server|it was a \d"
+    r"|earlier releases'? default",
     re.IGNORECASE,
 )
 
