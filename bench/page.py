@@ -56,8 +56,9 @@ TASKS = {
     ),
     "gpu": (
         "GPU",
-        "`make gpu-check`: training `base` at the paper's ~25,000 target tokens per update "
-        "against `torch.nn.Transformer`, and the user's job as whole commands.",
+        "`make gpu-check`: training `base` at the paper's update size (batches of up to "
+        "25,000 tokens a side) against `torch.nn.Transformer`, and the user's job as whole "
+        "commands.",
         "make gpu-check OUT=DIR",
     ),
     "study": (
