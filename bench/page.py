@@ -117,29 +117,30 @@ def present(
     of those columns (or more) has them: the page states what is true now, the records keep
     the rest."""
 
-    def columns(t: list[dict[str, Any]]) -> str:
-        return json.dumps(t[0]["columns"])
+    def kind(t: list[dict[str, Any]]) -> tuple[str, str]:
+        return t[0]["machine"]["name"], json.dumps(t[0]["columns"])
 
-    def fresh(t: list[dict[str, Any]]) -> bool:
-        return any(measured(r, current) == r["date"][:10] for r in t)
+    def names(t: list[dict[str, Any]]) -> set[str]:
+        return {c[0] for c in t[0]["columns"]}
 
-    def measured_now(t: list[dict[str, Any]]) -> bool:  # its columns among a current table's
-        names = {c[0] for c in t[0]["columns"]}
-        return any(names <= {c[0] for c in n[0]["columns"]} for n in found if fresh(n))
+    now = [t for t in found if any(measured(r, current) == r["date"][:10] for r in t)]
+    kinds = {kind(t) for t in now}
+    return [(t, t in now or not any(names(t) <= names(n) for n in now)) for t in found
+            if t in now or kind(t) not in kinds]  # fmt: skip
 
-    kinds = {(t[0]["machine"]["name"], columns(t)) for t in found if fresh(t)}
-    return [(t, fresh(t) or not measured_now(t)) for t in found
-            if fresh(t) or (t[0]["machine"]["name"], columns(t)) not in kinds]  # fmt: skip
+
+def heading(found: list[dict[str, Any]]) -> list[str]:
+    """A table's heading: what it measures and on which machine."""
+    table, machine = found[0]["table"], found[0]["machine"]["name"]
+    return [f"### {table[:1].upper() + table[1:]}: {machine}", ""]
 
 
 def older_table_text(found: list[dict[str, Any]]) -> list[str]:
     """An older-source table's heading and where its figures are."""
-    first = found[0]
-    title = first["table"][:1].upper() + first["table"][1:]
     dates = sorted({r["date"][:10] for r in found})
-    return [f"### {title}: {first['machine']['name']}", "",
-            f"Measured {', '.join(dates)} on an older source: bench/results/{first['task']}.jsonl "
-            "keeps the figures; the command above measures them again.", ""]  # fmt: skip
+    return [*heading(found),
+            f"Measured {', '.join(dates)} on an older source: bench/results/{found[0]['task']}"
+            ".jsonl keeps the figures; the command above measures them again.", ""]  # fmt: skip
 
 
 def measured(rec: dict[str, Any], current: dict[str, str]) -> str:
@@ -173,9 +174,7 @@ def peer_versions(rec: dict[str, Any]) -> str:
 def table_text(found: list[dict[str, Any]], current: dict[str, str]) -> list[str]:
     """One table per machine and kind of run: per setup, its command and versions, its rows
     (each saying when it was measured, and whether on an older source) and its notes."""
-    first = found[0]
-    title = first["table"][:1].upper() + first["table"][1:]
-    lines = [f"### {title}: {first['machine']['name']}", ""]
+    lines = heading(found)
     i = 0
     while i < len(found):
         # Setups of the same columns without notes (the study's runs) share one table.
