@@ -6,13 +6,16 @@ machine that is otherwise idle (`check_idle` reads the load average first). Each
 one record, a line of JSON, to `bench/results/TASK.jsonl` (`record`): what was measured and the
 command that reproduces it; the machine (CPU model, its AVX2 / AVX-512 / AMX flags, the cores
 used, the GPU) and versions; the commit and the git hash of each source folder the task
-exercises (`SOURCES`), by which bench/page.py marks a row measured on older source; and the
+exercises (`SOURCES`), by which bench/page.py marks a row measured on older code (`same_code`:
+comments and docstrings aside); and the
 figures, each round's value beside the median.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
 import importlib.metadata
 import json
 import os
@@ -146,6 +149,48 @@ def source_hashes(paths: Sequence[str], commit: str = "HEAD") -> dict[str, str] 
         return None
     found = [line.split()[0] for line in out.splitlines()]
     return {p: h for p, h in zip(paths, found, strict=True) if not h.endswith(":" + p)}
+
+
+def same_code(commit: str, paths: tuple[str, ...]) -> bool:
+    """Whether `paths` hold the same code at `commit` as at HEAD: their files differ at most in
+    comments and docstrings (`code`). False where git cannot say (a clone without `commit`)."""
+    head = git("rev-parse", "HEAD")
+    return head is not None and _same_code(commit, head, paths)
+
+
+@functools.cache
+def _same_code(commit: str, head: str, paths: tuple[str, ...]) -> bool:
+    names = git("diff", "--name-only", "--no-renames", commit, head, "--", *paths)
+    if names is None:
+        return False
+    for name in names.splitlines():
+        before, after = git("show", f"{commit}:{name}"), git("show", f"{head}:{name}")
+        if before is None or after is None or code(name, before) != code(name, after):
+            return False  # added, deleted or changed
+    return True
+
+
+def code(name: str, text: str) -> str:
+    """What of a file can change a figure: a Python file's syntax tree without its comments and
+    docstrings (any string standing alone as a statement), a YAML file's values; else the text."""
+    if name.endswith((".yaml", ".yml")):
+        import yaml  # a dependency of aiayn's
+
+        return json.dumps(yaml.safe_load(text), sort_keys=True)
+    if not name.endswith(".py"):
+        return text
+    try:
+        tree = ast.parse(text)
+    except SyntaxError:
+        return text
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list):
+            node.body = [s for s in body if not (
+                isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                and isinstance(s.value.value, str)
+            )]  # fmt: skip
+    return ast.dump(tree)
 
 
 def provenance(task: str) -> dict[str, Any]:

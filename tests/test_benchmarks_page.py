@@ -7,6 +7,7 @@ import copy
 import json
 import re
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ def current(records: list[dict[str, Any]]) -> dict[str, str]:
     hashes = page.current_hashes(records)
     if hashes is None:
         pytest.skip("git cannot say this tree's source hashes")
+    if runner.git("rev-parse", "--is-shallow-repository") == "true":
+        pytest.skip("a shallow clone lacks the commits the records measured (page.older)")
     return hashes
 
 
@@ -83,6 +86,44 @@ def test_a_row_whose_source_changed_is_marked(current: dict[str, str]) -> None:
     later = {**copy.deepcopy(fresh), "date": "2030-02-01 00:00"}  # the latest of a setup wins
     text = page.render([changed, later], current)
     assert "2030-02-01 |" in text and f", {page.OLDER} |" not in text
+
+
+def test_a_change_to_comments_and_docstrings_leaves_a_row_current(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if shutil.which("git") is None:
+        pytest.skip("no git")
+    monkeypatch.setattr(runner, "ROOT", tmp_path)  # a repository of its own
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    (tmp_path / "lib").mkdir()
+    code = tmp_path / "lib" / "a.py"
+    recipe = tmp_path / "recipe.yaml"
+
+    def commit(a: str, yaml: str) -> str:
+        code.write_text(a, encoding="utf-8")
+        recipe.write_text(yaml, encoding="utf-8")
+        subprocess.run([*git, "add", "-A"], cwd=tmp_path, check=True)
+        subprocess.run([*git, "commit", "-qm", "c"], cwd=tmp_path, check=True)
+        return runner.git("rev-parse", "HEAD")
+
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    measured = commit('"""A."""\n\ndef f(x):\n    return x + 1  # one\n', "a: 1  # one\n")
+    rec = {"commit": measured, "uncommitted": False,
+           "sources": runner.source_hashes(("lib", "recipe.yaml"))}  # fmt: skip
+
+    def is_older() -> bool:
+        return page.older(rec, runner.source_hashes(("lib", "recipe.yaml")))
+
+    assert not is_older()
+    commit('"""A, said again."""\n\ndef f(x):\n    """Doc."""\n    return x + 1\n', "a: 1\n")
+    assert not is_older()  # the hashes differ, the code does not
+    current = runner.source_hashes(("lib", "recipe.yaml"))
+    assert page.older({**rec, "uncommitted": True}, current)  # what it measured is not known
+    commit('"""A."""\n\ndef f(x):\n    return x + 2\n', "a: 1\n")
+    assert is_older()
+    commit('"""A."""\n\ndef f(x):\n    return x + 1\n', "a: 2\n")
+    assert is_older()  # the recipe's values changed
+    assert page.older({**rec, "commit": "0" * 40}, current)  # a commit this clone lacks
 
 
 def test_another_machines_older_table_shows_its_heading_alone(current: dict[str, str]) -> None:
