@@ -195,11 +195,8 @@ CT2_GPU_FALLBACK = "CTranslate2 cannot use the GPU (%s): decoding on the CPU"
 compute on (bench/gpu_check.py reads it to say where a run decoded)."""
 CPU_MAX_TOKENS = 4096
 GPU_MAX_TOKENS = 16384
-"""`--max-tokens` when not given: on a GPU a larger batch budget pays. The 809 Bible dev
-sentences, beam 4, the recipe's 2+2 model, whole `aiayn translate` commands on an H200
-(BENCHMARKS.md, GPU): 8.2 s at 4096, 6.8 s at 16384, 5.6 s at 65536, the same outputs (about
-5 s of each is importing torch); on an H100 the 3+3 model, 10.0 against 7.4 s. 16384, not more:
-a budget a smaller GPU holds with a `big` model too."""
+"""`--max-tokens` when not given: on a GPU a larger batch budget pays (fewer, fuller batches,
+the same outputs). 16384, not more: a budget a smaller GPU holds with a `big` model too."""
 
 
 def max_tokens(args: argparse.Namespace, on_cpu: bool) -> int:

@@ -11,7 +11,7 @@ fields, ``ServerSettings.max_body_values``): 4 MiB of JSON can hold two million 
 cost ``json.loads`` 0.1 s and 16 MiB, and pydantic, listing an error for each, 18 s, 2.5 GB and
 a 116 MB answer. The values are counted on the raw bytes first, by a few passes of C code
 (:func:`too_many_json_values`), and a body with too many is refused (413) before anything is
-built from it. Percent-decoding form data is Python code (4 MiB of ``%XX`` take half a second):
+built from it. Percent-decoding form data is Python code (4 MiB of ``%XX`` take about 0.3 s):
 it runs in a worker thread, which gives the event loop the interpreter back every few
 milliseconds, and in slices, so that its memory stays a few times the body's.
 """

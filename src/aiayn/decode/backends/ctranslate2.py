@@ -24,8 +24,8 @@ Threads. ``threads`` are the CPU threads of the whole translator. With ``workers
 shared among that many translators of CTranslate2's (``inter_threads``, ``intra_threads`` =
 threads / workers): `Translator` then submits every batch of a call at once
 (`CTranslate2Backend.submit`) and CTranslate2 decodes as many side by side as it has
-translators, which is what its own API does with ``inter_threads`` (BENCHMARKS.md: 1.26x the
-speed of one translator on two threads). The outputs are those of one translator: each batch
+translators, which is what its own API does with ``inter_threads`` (faster than one translator
+on two threads: BENCHMARKS.md, Translating a file). The outputs are those of one translator: each batch
 is still one call. Sampling submits one batch at a time. In a process where PyTorch has
 already run on several threads, CTranslate2 decodes 1.15-1.9x slower (both
 run OpenMP threads, more of them than cores; docs/interop.md): give PyTorch one thread before
