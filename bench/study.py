@@ -194,6 +194,16 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     }
 
 
+def dev_set(valid_tgt: str) -> str:
+    """What the dev set is, for a figure's title: the books of its `aiayn prepare` manifest
+    ("dev: books Ruth, Jonah, Mark"), else its file name."""
+    try:
+        manifest = json.loads((Path(valid_tgt).parent / "manifest.json").read_text("utf-8"))
+        return f"dev: {manifest['splits']['valid']['origin']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"dev: {Path(valid_tgt).name}"
+
+
 def draw(runs: dict[str, dict[str, Any]], x_key: str, xlabel: str, title: str) -> Figure:
     figure = Figure(figsize=(7, 4.5), layout="constrained")
     ax = figure.add_subplot()
@@ -315,14 +325,13 @@ def plot(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error(f"no metrics.jsonl in {', '.join(str(args.study_dir / n) for n in missing)}")
     runs = {labels[name]: read_run(args.study_dir / name) for name in names}
 
-    valid_tgt = runs[labels[reference]]["config"].get("valid_tgt") or ""
-    where = f"{args.study_dir.name}: {Path(valid_tgt).parent.name}/{Path(valid_tgt).name}"
+    where = dev_set(runs[labels[reference]]["config"].get("valid_tgt") or "")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for x_key, xlabel, what, suffix in (
         ("steps", "updates", "updates", "updates"),
         ("minutes", "wall time (min)", "wall time", "time"),
     ):
-        figure = draw(runs, x_key, xlabel, f"Dev perplexity against {what} ({where})")
+        figure = draw(runs, x_key, xlabel, f"Perplexity against {what} ({where})")
         path = args.out_dir / f"{args.prefix}-ppl-{suffix}.png"
         figure.savefig(path, dpi=110)
         print(f"wrote {path}", file=sys.stderr)

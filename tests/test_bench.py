@@ -166,6 +166,35 @@ def test_study_scores_each_run_on_the_test_split_where_the_data_has_one(
     assert with_test["columns"] == [*without["columns"], ["test_bleu", "test BLEU"]]
 
 
+def test_study_plot_draws_the_runs_and_names_the_dev_books(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import study
+
+    data = tmp_path / "data"
+    data.mkdir()
+    manifest = {"splits": {"valid": {"origin": "books Ruth, Jonah, Mark"}}}
+    (data / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    for name, dropout, ppl in (("A", 0.1, 9.0), ("B", 0.0, 8.0)):
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        config = f"valid_tgt: {data / 'valid.es'}\nmodel:\n  dropout: {dropout}\n"
+        (run / "train_config.yaml").write_text(config, encoding="utf-8")
+        train = [{"type": "train", "step": s, "elapsed_s": 6.0 * s, "tokens_per_s": 100.0}
+                 for s in (10, 20)]  # fmt: skip
+        records = [*train, {"type": "valid", "step": 20, "valid_ppl": ppl}]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert study.dev_set(str(data / "valid.es")) == "dev: books Ruth, Jonah, Mark"
+    assert study.dev_set(str(tmp_path / "elsewhere" / "dev.es")) == "dev: dev.es"
+    out = tmp_path / "figures"
+    study.main(["plot", str(tmp_path / "runs"), "--runs", "A:base", "B:no dropout",
+                "--out-dir", str(out), "--prefix", "p"])  # fmt: skip
+    assert (out / "p-ppl-updates.png").stat().st_size > 0 and (out / "p-ppl-time.png").is_file()
+    table = (out / "p-table.md").read_text(encoding="utf-8")
+    assert "no dropout" in table and "model.dropout" in table and "8.0" in table
+
+
 def bench_train(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """bench/train.py, loaded by path: `train` is also the name of the tests' package."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
