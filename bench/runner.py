@@ -6,16 +6,14 @@ machine that is otherwise idle (`check_idle` reads the load average first). Each
 one record, a line of JSON, to `bench/results/TASK.jsonl` (`record`): what was measured and the
 command that reproduces it; the machine (CPU model, its AVX2 / AVX-512 / AMX flags, the cores
 used, the GPU) and versions; the commit and the git hash of each source folder the task
-exercises (`SOURCES`), by which bench/page.py marks a row measured on older code (`same_code`:
-comments and docstrings aside); and the
-figures, each round's value beside the median.
+exercises (`SOURCES`), by which bench/page.py marks a row measured on older code (`same_code`);
+and the figures, each round's value beside the median.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
-import functools
 import importlib.metadata
 import json
 import os
@@ -140,6 +138,15 @@ def git(*args: str, stdin: str | None = None) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def git_bytes(*args: str) -> bytes | None:
+    """`git` with its output as bytes, unstripped (a file's contents)."""
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
 def source_hashes(paths: Sequence[str], commit: str = "HEAD") -> dict[str, str] | None:
     """The git object hash of each path at `commit` (a folder's tree, a file's blob; a path
     missing there is left out), in one call; None where git cannot say (no git, or a copy of
@@ -151,46 +158,63 @@ def source_hashes(paths: Sequence[str], commit: str = "HEAD") -> dict[str, str] 
     return {p: h for p, h in zip(paths, found, strict=True) if not h.endswith(":" + p)}
 
 
-def same_code(commit: str, paths: tuple[str, ...]) -> bool:
-    """Whether `paths` hold the same code at `commit` as at HEAD: their files differ at most in
-    comments and docstrings (`code`). False where git cannot say (a clone without `commit`)."""
-    head = git("rev-parse", "HEAD")
-    return head is not None and _same_code(commit, head, paths)
+COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
-@functools.cache
-def _same_code(commit: str, head: str, paths: tuple[str, ...]) -> bool:
-    names = git("diff", "--name-only", "--no-renames", commit, head, "--", *paths)
-    if names is None:
-        return False
-    for name in names.splitlines():
-        before, after = git("show", f"{commit}:{name}"), git("show", f"{head}:{name}")
-        if before is None or after is None or code(name, before) != code(name, after):
-            return False  # added, deleted or changed
-    return True
+def missing_commits(commits: Sequence[str]) -> list[str]:
+    """Those of `commits` this clone does not hold (a shallow clone lacks older ones)."""
+    return [c for c in commits if not COMMIT.fullmatch(c) or git("cat-file", "-e", c) is None]
 
 
-def code(name: str, text: str) -> str:
-    """What of a file can change a figure: a Python file's syntax tree without its comments and
-    docstrings (any string standing alone as a statement), a YAML file's values; else the text."""
-    if name.endswith((".yaml", ".yml")):
-        import yaml  # a dependency of aiayn's
+def same_code(commit: str, head: str, paths: tuple[str, ...]) -> bool | None:
+    """Whether `paths` hold the same code at `commit` as at `head`: each file that differs is a
+    Python file whose syntax tree, bare string statements (docstrings) left out, is the same
+    (comments and layout are not in it), or a YAML file of the same values (`code`). A file
+    added, deleted or renamed differs. None where git cannot say (a commit this clone lacks)."""
+    if not (COMMIT.fullmatch(commit) and COMMIT.fullmatch(head)):
+        return None
+    key = (commit, head, paths)
+    if key not in _SAME:
+        out = git_bytes("diff", "-z", "--name-only", "--no-renames", commit, head, "--", *paths)
+        if out is None:
+            return None
+        same = True
+        for name in filter(None, out.decode("utf-8", "surrogateescape").split("\0")):
+            before = git_bytes("cat-file", "blob", f"{commit}:{name}")
+            after = git_bytes("cat-file", "blob", f"{head}:{name}")
+            if before is None or after is None or code(name, before) != code(name, after):
+                same = False  # added, deleted or changed
+                break
+        _SAME[key] = same
+    return _SAME[key]
 
-        return json.dumps(yaml.safe_load(text), sort_keys=True)
-    if not name.endswith(".py"):
-        return text
+
+_SAME: dict[tuple[str, str, tuple[str, ...]], bool] = {}
+"""`same_code`'s answers (commit hashes fix the contents: an answer holds for the process)."""
+
+
+def code(name: str, blob: bytes) -> object:
+    """What of a file can change a figure: a Python file's syntax tree without its bare string
+    statements (docstrings), a YAML file's values; else (or unparsable) its bytes."""
+    import yaml  # a dependency of aiayn's
+
     try:
-        tree = ast.parse(text)
-    except SyntaxError:
-        return text
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(body, list):
-            node.body = [s for s in body if not (
-                isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
-                and isinstance(s.value.value, str)
-            )]  # fmt: skip
-    return ast.dump(tree)
+        if name.endswith((".yaml", ".yml")):
+            return repr(yaml.safe_load(blob))
+        if name.endswith(".py"):
+            tree = ast.parse(blob)
+            for node in ast.walk(tree):
+                for field in ("body", "orelse", "finalbody"):
+                    statements = getattr(node, field, None)
+                    if isinstance(statements, list):
+                        setattr(node, field, [s for s in statements if not (
+                            isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant)
+                            and isinstance(s.value.value, str)
+                        )])  # fmt: skip
+            return ast.dump(tree)
+    except (SyntaxError, ValueError, TypeError, yaml.YAMLError):
+        pass
+    return blob
 
 
 def provenance(task: str) -> dict[str, Any]:

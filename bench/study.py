@@ -194,14 +194,20 @@ def read_run(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def dev_set(valid_tgt: str) -> str:
-    """What the dev set is, for a figure's title: the books of its `aiayn prepare` manifest
-    ("dev: books Ruth, Jonah, Mark"), else its file name."""
+def dev_set(config: dict[str, Any]) -> str:
+    """What a run validated on, for a figure's title: the split of its `aiayn prepare` manifest
+    that holds the file ("dev: books Ruth, Jonah, Mark"), else the file's name."""
+    path = Path(config.get("valid_tgt") or config.get("valid_tsv") or "")
+    if not path.name:
+        return "dev"
     try:
-        manifest = json.loads((Path(valid_tgt).parent / "manifest.json").read_text("utf-8"))
-        return f"dev: {manifest['splits']['valid']['origin']}"
-    except (OSError, ValueError, KeyError, TypeError):
-        return f"dev: {Path(valid_tgt).name}"
+        manifest = json.loads((path.parent / "manifest.json").read_text(encoding="utf-8"))
+        for split in manifest["splits"].values():
+            if path.name in split["files"].values():
+                return f"dev: {split['origin']}"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        pass
+    return f"dev: {path.name}"
 
 
 def draw(runs: dict[str, dict[str, Any]], x_key: str, xlabel: str, title: str) -> Figure:
@@ -325,7 +331,7 @@ def plot(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error(f"no metrics.jsonl in {', '.join(str(args.study_dir / n) for n in missing)}")
     runs = {labels[name]: read_run(args.study_dir / name) for name in names}
 
-    where = dev_set(runs[labels[reference]]["config"].get("valid_tgt") or "")
+    where = dev_set(runs[labels[reference]]["config"])
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for x_key, xlabel, what, suffix in (
         ("steps", "updates", "updates", "updates"),

@@ -174,7 +174,8 @@ def test_study_plot_draws_the_runs_and_names_the_dev_books(
 
     data = tmp_path / "data"
     data.mkdir()
-    manifest = {"splits": {"valid": {"origin": "books Ruth, Jonah, Mark"}}}
+    valid = {"origin": "books Ruth, Jonah, Mark", "files": {"en": "valid.en", "es": "valid.es"}}
+    manifest = {"splits": {"valid": valid, "test": {"origin": "books Job", "files": {}}}}
     (data / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     for name, dropout, ppl in (("A", 0.1, 9.0), ("B", 0.0, 8.0)):
         run = tmp_path / "runs" / name
@@ -185,12 +186,17 @@ def test_study_plot_draws_the_runs_and_names_the_dev_books(
                  for s in (10, 20)]  # fmt: skip
         records = [*train, {"type": "valid", "step": 20, "valid_ppl": ppl}]
         (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert study.dev_set(str(data / "valid.es")) == "dev: books Ruth, Jonah, Mark"
-    assert study.dev_set(str(tmp_path / "elsewhere" / "dev.es")) == "dev: dev.es"
+    assert study.dev_set({"valid_tgt": str(data / "test.es")}) == "dev: test.es"
+    assert study.dev_set({"valid_tsv": str(tmp_path / "dev.tsv")}) == "dev: dev.tsv"
+    assert study.dev_set({}) == "dev"
+    titles = []
+    draw = study.draw
+    monkeypatch.setattr(study, "draw", lambda *a: titles.append(a[-1]) or draw(*a))
     out = tmp_path / "figures"
     study.main(["plot", str(tmp_path / "runs"), "--runs", "A:base", "B:no dropout",
                 "--out-dir", str(out), "--prefix", "p"])  # fmt: skip
     assert (out / "p-ppl-updates.png").stat().st_size > 0 and (out / "p-ppl-time.png").is_file()
+    assert titles[0] == "Perplexity against updates (dev: books Ruth, Jonah, Mark)"
     table = (out / "p-table.md").read_text(encoding="utf-8")
     assert "no dropout" in table and "model.dropout" in table and "8.0" in table
 

@@ -32,13 +32,18 @@ def current(records: list[dict[str, Any]]) -> dict[str, str]:
     hashes = page.current_hashes(records)
     if hashes is None:
         pytest.skip("git cannot say this tree's source hashes")
-    if runner.git("rev-parse", "--is-shallow-repository") == "true":
-        pytest.skip("a shallow clone lacks the commits the records measured (page.older)")
     return hashes
 
 
+@pytest.fixture(scope="module")
+def history(records: list[dict[str, Any]], current: dict[str, str]) -> None:
+    """The commits the records measured, which `page.older` compares (a shallow clone lacks)."""
+    if runner.missing_commits(sorted({r["commit"] for r in records if r.get("commit")})):
+        pytest.skip("this clone lacks commits the records measured: git fetch --unshallow")
+
+
 def test_benchmarks_md_is_what_the_records_make(
-    records: list[dict[str, Any]], current: dict[str, str]
+    records: list[dict[str, Any]], current: dict[str, str], history: None
 ) -> None:
     made = page.render(records, current)
     assert (ROOT / "BENCHMARKS.md").read_text(encoding="utf-8") == made, (
@@ -47,7 +52,7 @@ def test_benchmarks_md_is_what_the_records_make(
 
 
 def test_the_page_is_short_and_states_the_present(
-    records: list[dict[str, Any]], current: dict[str, str]
+    records: list[dict[str, Any]], current: dict[str, str], history: None
 ) -> None:
     text = page.render(records, current)
     assert len(text.splitlines()) <= 320
@@ -93,37 +98,48 @@ def test_a_change_to_comments_and_docstrings_leaves_a_row_current(
 ) -> None:
     if shutil.which("git") is None:
         pytest.skip("no git")
+    for name in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE"):  # as under a git hook
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(runner, "ROOT", tmp_path)  # a repository of its own
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    (tmp_path / "lib").mkdir()
-    code = tmp_path / "lib" / "a.py"
-    recipe = tmp_path / "recipe.yaml"
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    a = 'class A:\n    """A."""\n\n    def f(self, x):\n        return x + 1  # one\n'
+    first = {"lib/a.py": a, "lib/logo.png": "\x89PNG\n", "recipe.yaml": "a: 1  # one\n"}
 
-    def commit(a: str, yaml: str) -> str:
-        code.write_text(a, encoding="utf-8")
-        recipe.write_text(yaml, encoding="utf-8")
+    def commit(files: dict[str, str]) -> None:
+        for old in tmp_path.glob("lib/*"):
+            old.unlink()
+        for name, text in files.items():
+            (tmp_path / name).parent.mkdir(exist_ok=True)
+            (tmp_path / name).write_text(text, encoding="latin-1")
         subprocess.run([*git, "add", "-A"], cwd=tmp_path, check=True)
         subprocess.run([*git, "commit", "-qm", "c"], cwd=tmp_path, check=True)
-        return runner.git("rev-parse", "HEAD")
 
-    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
-    measured = commit('"""A."""\n\ndef f(x):\n    return x + 1  # one\n', "a: 1  # one\n")
-    rec = {"commit": measured, "uncommitted": False,
+    commit(first)
+    rec = {"commit": runner.git("rev-parse", "HEAD"), "uncommitted": False,
            "sources": runner.source_hashes(("lib", "recipe.yaml"))}  # fmt: skip
 
-    def is_older() -> bool:
-        return page.older(rec, runner.source_hashes(("lib", "recipe.yaml")))
+    def older_after(changed: dict[str, str]) -> bool:
+        commit({**first, **changed})
+        return page.older(rec, page.current_hashes([rec]))
 
-    assert not is_older()
-    commit('"""A, said again."""\n\ndef f(x):\n    """Doc."""\n    return x + 1\n', "a: 1\n")
-    assert not is_older()  # the hashes differ, the code does not
-    current = runner.source_hashes(("lib", "recipe.yaml"))
+    assert not page.older(rec, page.current_hashes([rec]))
+    docs = a.replace('"""A."""', '"""A, said again."""\n    # a comment').replace(
+        "x):\n", 'x):\n        """Doc."""\n'
+    )
+    same = {"lib/a.py": docs, "recipe.yaml": "a: 1\n"}
+    assert not older_after(same)  # other hashes, the same code
+    current = page.current_hashes([rec])
     assert page.older({**rec, "uncommitted": True}, current)  # what it measured is not known
-    commit('"""A."""\n\ndef f(x):\n    return x + 2\n', "a: 1\n")
-    assert is_older()
-    commit('"""A."""\n\ndef f(x):\n    return x + 1\n', "a: 2\n")
-    assert is_older()  # the recipe's values changed
     assert page.older({**rec, "commit": "0" * 40}, current)  # a commit this clone lacks
+    assert page.older({**rec, "commit": "--output=x"}, current) and not (tmp_path / "x").exists()
+    assert older_after({"lib/a.py": a.replace("x + 1", "x + 2")})
+    assert older_after({"lib/a.py": a.replace("# one", "\n    X = 'a string'")})
+    assert older_after({"lib/a.py": a + 'f"{A}"\n'})  # an f-string is code
+    assert older_after({"lib/logo.png": "\x89PNG\r\n"})  # not Python: its bytes
+    assert older_after({"lib/b.py": ""})  # a file added
+    assert older_after({"recipe.yaml": "a: 2\n"})  # the recipe's values
+    assert not older_after({"recipe.yaml": "a: 1\n"})
 
 
 def test_another_machines_older_table_shows_its_heading_alone(current: dict[str, str]) -> None:

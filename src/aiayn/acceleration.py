@@ -318,10 +318,10 @@ class OneDNNLinearProducts(torch.overrides.TorchFunctionMode):
     sides; others, and anything under autocast (bf16 products already run on oneDNN), pass
     through. The same function up to float32 rounding: tests/test_acceleration.py compares
     losses and gradients with the plain path. The trainer enters it around each update's forward
-    and backward with `--onednn` (`TrainConfig.onednn`), opt-in: on the Bible recipe (≤ 4096-token
-    batches) it gave ~5% more tokens/s but ~2.9x the peak resident
-    memory, because a real run's new batch shape at nearly every step makes oneDNN allocate per
-    shape and the heap fragments (BENCHMARKS.md).
+    and backward with `--onednn` (`TrainConfig.onednn`), opt-in: on the Bible corpus with
+    ≤ 4096-token batches it gave ~5% more tokens/s but ~2.9x the peak resident memory, because
+    a real run's new batch shape at nearly every step makes oneDNN allocate per shape and the
+    heap fragments (docs/settings.md).
     `onednn_linear_missing` says where it cannot run.
     """
 

@@ -25,14 +25,14 @@ shared among that many translators of CTranslate2's (``inter_threads``, ``intra_
 threads / workers): `Translator` then submits every batch of a call at once
 (`CTranslate2Backend.submit`) and CTranslate2 decodes as many side by side as it has
 translators, which is what its own API does with ``inter_threads`` (faster than one translator
-on two threads: BENCHMARKS.md, Translating a file). The outputs are those of one translator: each batch
-is still one call. Sampling submits one batch at a time. In a process where PyTorch has
-already run on several threads, CTranslate2 decodes 1.15-1.9x slower (both
-run OpenMP threads, more of them than cores; docs/interop.md): give PyTorch one thread before
-any PyTorch work (``aiayn.runtime.configure(threads=1)``, as ``aiayn translate --backend
-ctranslate2`` does before it converts a model directory), or translate in a process of its own.
-This module, and `Translator` over it, import no torch: with an export, or a model directory
-whose export is cached, the command never loads PyTorch.
+on two threads: BENCHMARKS.md, Translating a file). The outputs are those of one translator:
+each batch is still one call. Sampling submits one batch at a time. In a process where PyTorch
+has already run on several threads, CTranslate2 decodes 1.15-1.9x slower (both run OpenMP
+threads, more of them than cores; docs/interop.md): give PyTorch one thread before any PyTorch
+work (``aiayn.runtime.configure(threads=1)``, as ``aiayn translate --backend ctranslate2`` does
+before it converts a model directory), or translate in a process of its own. This module, and
+`Translator` over it, import no torch: with an export, or a model directory whose export is
+cached, the command never loads PyTorch.
 """
 
 from __future__ import annotations
