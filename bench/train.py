@@ -43,6 +43,8 @@ The same work on both sides, by construction (the record's notes give the figure
 
     python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN    # ~16 min (2 × 2 × 210 s)
     python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN --with-other-precision
+    python bench/train.py --data DATA --variant onednn="--precision fp32 --onednn" \
+        --variant passive=OMP_WAIT_POLICY=PASSIVE                   # aiayn's settings beside
     python bench/train.py --data DATA --rounds 1 --seconds 60 --max-updates 3 --log-every 1 \\
         --no-record                                                  # a smoke run
 
@@ -128,6 +130,8 @@ class Trainer:
     system: str  # "aiayn" or "fairseq"
     precision: str | None = None  # aiayn's --precision; None: the recipe's own
     bf16: bool = False  # whether its updates compute in bf16
+    flags: list[str] = field(default_factory=list)  # aiayn's, after the benchmark's own
+    env: dict[str, str] = field(default_factory=dict)  # set in aiayn's environment
     missing: str | None = None
     runs: list[Run] = field(default_factory=list)
 
@@ -143,6 +147,36 @@ def aiayn_trainer(precision: str | None, recipe_precision: str, native_bf16: boo
     how = f"bf16: {'native' if native_bf16 else 'emulated'} on this CPU" if bf16 else "float32"
     command = "aiayn train" if precision is None else f"aiayn train --precision {precision}"
     return Trainer(f"{command} ({how})", "aiayn", precision, bf16)
+
+
+def variant_words(spec: str) -> tuple[list[str], dict[str, str]]:
+    """A `--variant NAME=FLAGS`'s flags and environment (ValueError: not one)."""
+    name, _, text = spec.partition("=")
+    words = shlex.split(text)
+    env = {}
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    if not name or not (words or env):
+        raise ValueError(f"--variant {spec!r}: give NAME=FLAGS, e.g. onednn='--onednn'")
+    return words, env
+
+
+def variant_trainer(spec: str, recipe_precision: str, native_bf16: bool) -> Trainer:
+    """`--variant NAME=FLAGS`: `aiayn train` with FLAGS after the benchmark's own flags; words
+    of the form VAR=VALUE before them set its environment, as in a shell
+    (`--variant passive="OMP_WAIT_POLICY=PASSIVE"`, `--variant onednn="--precision fp32
+    --onednn"`). Named by its flags and what its updates compute in, as `aiayn_trainer`."""
+    words, env = variant_words(spec)
+    precision = None
+    if "--precision" in words[:-1]:
+        precision = words[words.index("--precision") + 1]
+    trainer = aiayn_trainer(precision, recipe_precision, native_bf16)
+    how = trainer.name[trainer.name.rindex(" (") :]
+    command = shlex.join(["aiayn", "train", *words])
+    if env:
+        command = f"{shlex.join(f'{k}={v}' for k, v in env.items())} {command}"
+    return Trainer(f"{command}{how}", "aiayn", None, trainer.bf16, flags=words, env=env)
 
 
 # --------------------------------------------------------------------------------------------
@@ -419,8 +453,15 @@ def run_aiayn(
     command += ["--no-progress"]
     if trainer.precision is not None:  # else the recipe's own, as users run it
         command += ["--precision", trainer.precision]
-    env = child_env(args.threads)
-    print("  " + shlex.join(command), flush=True)
+    command += trainer.flags
+    env = {**child_env(args.threads), **trainer.env}
+    print(
+        "  "
+        + " ".join(
+            [*(f"{k}={shlex.quote(v)}" for k, v in trainer.env.items()), shlex.join(command)]
+        ),
+        flush=True,
+    )
     window = run_window(command, env, args.seconds, run_dir / "train.log")
     cache = _first_match(AIAYN_CACHE, window.lines)
     if cache is None or cache.group(1) != "reusing":
@@ -701,6 +742,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="add aiayn at the other precision: --precision fp32 where the recipe's resolves "
         "to bf16 on this CPU, else --precision bf16",
     )  # fmt: skip
+    parser.add_argument(
+        "--variant", action="append", default=[], metavar="NAME=FLAGS",
+        help="add aiayn with these flags (leading VAR=VALUE words: its environment), e.g. "
+        "onednn='--precision fp32 --onednn' or passive=OMP_WAIT_POLICY=PASSIVE; repeatable",
+    )  # fmt: skip
     parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: temporary)")
     runner.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -714,6 +760,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--valid-src and --valid-tgt go together")
     if args.rounds < 1 or args.seconds <= 0 or args.log_every < 1 or args.threads < 1:
         parser.error("--rounds, --seconds, --log-every and --threads must be positive")
+    for spec in args.variant:
+        try:
+            variant_words(spec)
+        except ValueError as e:
+            parser.error(str(e))
     if not args.no_record and (args.max_updates or args.seconds < 60):
         parser.error("a smoke run (--max-updates, or --seconds < 60) is not recorded: --no-record")
     return args
@@ -729,6 +780,7 @@ def main(argv: list[str] | None = None) -> None:
     trainers = [ours, Trainer(FAIRSEQ, "fairseq", missing=missing)]
     if args.with_other_precision:
         trainers.append(aiayn_trainer("fp32" if ours.bf16 else "bf16", c.precision, native))
+    trainers += [variant_trainer(spec, c.precision, native) for spec in args.variant]
     if missing:
         print(f"fairseq-train: not measured ({missing})", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-train-") as tmp:

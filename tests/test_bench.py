@@ -230,6 +230,26 @@ def test_train_names_aiayn_by_what_it_computes_in_on_this_cpu(
     assert (trainer.name, trainer.bf16, trainer.precision) == (name, bf16, precision)
 
 
+def test_train_variants_add_flags_and_environment_to_aiayn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    train = bench_train(monkeypatch)
+    monkeypatch.setattr("aiayn.train.update.native_bf16_cpu", lambda: True)
+    onednn = train.variant_trainer("onednn=--precision fp32 --onednn", "auto", True)
+    assert (onednn.name, onednn.bf16) == ("aiayn train --precision fp32 --onednn (float32)", False)
+    assert (onednn.flags, onednn.env, onednn.precision) == (
+        ["--precision", "fp32", "--onednn"],
+        {},
+        None,
+    )
+    passive = train.variant_trainer("passive=OMP_WAIT_POLICY=PASSIVE", "auto", True)
+    assert passive.name == "OMP_WAIT_POLICY=PASSIVE aiayn train (bf16: native on this CPU)"
+    assert (passive.flags, passive.env) == ([], {"OMP_WAIT_POLICY": "PASSIVE"})
+    for bad in ("=--onednn", "nothing=", "noequals"):
+        with pytest.raises(ValueError, match="give NAME=FLAGS"):
+            train.variant_words(bad)
+
+
 def test_train_reads_whether_aiayn_trained_in_bf16_from_its_model_line(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
