@@ -22,8 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import runner
-from runner import RESULTS, ROOT, git, markdown_table, same_code, source_hashes
+from runner import RESULTS, ROOT, git, markdown_table, missing_commits, same_code, source_hashes
 
 PAGE = ROOT / "BENCHMARKS.md"
 OLDER = "older source"
@@ -276,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     if current is None:
         print("page: git cannot say this tree's source hashes (no repository here)")
         return 2
-    if lacking := runner.missing_commits(sorted({r["commit"] for r in records if r.get("commit")})):
+    if lacking := missing_commits(sorted({r["commit"] for r in records if r.get("commit")})):
         print(f"page: this clone lacks commit(s) the records measured ({lacking[0][:12]}...), so "
               "it cannot tell which rows are current: git fetch --unshallow")  # fmt: skip
         return 2
