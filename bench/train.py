@@ -43,7 +43,7 @@ The same work on both sides, by construction (the record's notes give the figure
 
     python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN    # ~16 min (2 × 2 × 210 s)
     python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN --with-other-precision
-    python bench/train.py --data DATA --variant onednn="--precision fp32 --onednn" \
+    python bench/train.py --data DATA --variant onednn="--precision fp32 --onednn" \\
         --variant passive=OMP_WAIT_POLICY=PASSIVE                   # aiayn's settings beside
     python bench/train.py --data DATA --rounds 1 --seconds 60 --max-updates 3 --log-every 1 \\
         --no-record                                                  # a smoke run
@@ -149,6 +149,11 @@ def aiayn_trainer(precision: str | None, recipe_precision: str, native_bf16: boo
     return Trainer(f"{command} ({how})", "aiayn", precision, bf16)
 
 
+def shell_line(env: dict[str, str], argv: list[str]) -> str:
+    """`argv` as a shell runs it with `env` set: "VAR=VALUE ... command args"."""
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv)])
+
+
 def variant_words(spec: str) -> tuple[list[str], dict[str, str]]:
     """A `--variant NAME=FLAGS`'s flags and environment (ValueError: not one)."""
     name, _, text = spec.partition("=")
@@ -173,9 +178,7 @@ def variant_trainer(spec: str, recipe_precision: str, native_bf16: bool) -> Trai
         precision = words[words.index("--precision") + 1]
     trainer = aiayn_trainer(precision, recipe_precision, native_bf16)
     how = trainer.name[trainer.name.rindex(" (") :]
-    command = shlex.join(["aiayn", "train", *words])
-    if env:
-        command = f"{shlex.join(f'{k}={v}' for k, v in env.items())} {command}"
+    command = shell_line(env, ["aiayn", "train", *words])
     return Trainer(f"{command}{how}", "aiayn", None, trainer.bf16, flags=words, env=env)
 
 
@@ -455,13 +458,7 @@ def run_aiayn(
         command += ["--precision", trainer.precision]
     command += trainer.flags
     env = {**child_env(args.threads), **trainer.env}
-    print(
-        "  "
-        + " ".join(
-            [*(f"{k}={shlex.quote(v)}" for k, v in trainer.env.items()), shlex.join(command)]
-        ),
-        flush=True,
-    )
+    print("  " + shell_line(trainer.env, command), flush=True)
     window = run_window(command, env, args.seconds, run_dir / "train.log")
     cache = _first_match(AIAYN_CACHE, window.lines)
     if cache is None or cache.group(1) != "reusing":
