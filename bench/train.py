@@ -44,7 +44,7 @@ The same work on both sides, by construction (the record's notes give the figure
     python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN    # ~16 min (2 × 2 × 210 s)
     python bench/train.py --data DATA --fairseq-bin FAIRSEQ_BIN --with-other-precision
     python bench/train.py --data DATA --variant onednn="--precision fp32 --onednn" \\
-        --variant passive=OMP_WAIT_POLICY=PASSIVE                   # aiayn's settings beside
+        --variant spin=OMP_WAIT_POLICY=ACTIVE                       # aiayn's settings beside
     python bench/train.py --data DATA --rounds 1 --seconds 60 --max-updates 3 --log-every 1 \\
         --no-record                                                  # a smoke run
 
@@ -170,7 +170,7 @@ def variant_words(spec: str) -> tuple[list[str], dict[str, str]]:
 def variant_trainer(spec: str, recipe_precision: str, native_bf16: bool) -> Trainer:
     """`--variant NAME=FLAGS`: `aiayn train` with FLAGS after the benchmark's own flags; words
     of the form VAR=VALUE before them set its environment, as in a shell
-    (`--variant passive="OMP_WAIT_POLICY=PASSIVE"`, `--variant onednn="--precision fp32
+    (`--variant spin="OMP_WAIT_POLICY=ACTIVE"`, `--variant onednn="--precision fp32
     --onednn"`). Named by its flags and what its updates compute in, as `aiayn_trainer`."""
     words, env = variant_words(spec)
     precision = None
@@ -742,7 +742,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--variant", action="append", default=[], metavar="NAME=FLAGS",
         help="add aiayn with these flags (leading VAR=VALUE words: its environment), e.g. "
-        "onednn='--precision fp32 --onednn' or passive=OMP_WAIT_POLICY=PASSIVE; repeatable",
+        "onednn='--precision fp32 --onednn' or spin=OMP_WAIT_POLICY=ACTIVE; repeatable",
     )  # fmt: skip
     parser.add_argument("--work-dir", type=Path, help="keep the runs here (default: temporary)")
     runner.add_arguments(parser)
@@ -789,11 +789,14 @@ def main(argv: list[str] | None = None) -> None:
             for trainer in live:
                 trainer.runs.append(one_run(args, c, prepared, trainer, round_, work))
     found = rows(trainers)
-    summary = summary_line(found[0], found[1], ours)
+    # Without the peer, a run compares aiayn's own settings: a table of its own, and no line
+    # in the page's summary, which the comparison with fairseq-train keeps.
+    summary = "" if missing else summary_line(found[0], found[1], ours)
+    what = "`aiayn train`'s settings side by side" if missing else "the recipe's model and settings"
     m = c.model_config(prepared.tokenizer.vocab_size)
     rec = runner.record(
         "train",
-        table=f"the recipe's model and settings, {args.rounds} rounds of {args.seconds:.0f} s",
+        table=f"{what}, {args.rounds} rounds of {args.seconds:.0f} s",
         setup=args.setup
         or f"`{Path(args.config).name}`, {m.n_encoder_layers}+"
         f"{m.n_decoder_layers} layers, ≤ {c.max_tokens} tokens, Eq. 3's schedule on both sides",

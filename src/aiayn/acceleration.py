@@ -313,15 +313,15 @@ class OneDNNLinearProducts(torch.overrides.TorchFunctionMode):
     """While active, float32 CPU `F.linear` (every `nn.Linear`, and the products of the chunked
     loss) runs on oneDNN (`_OneDNNLinear`; without gradients the forward product alone).
 
-    For training on x86-64 CPUs, where PyTorch's float32 linear layers call MKL's sgemm, slower
-    there than oneDNN (BENCHMARKS.md). Only products at least `MIN_PACKED_FEATURES` wide on both
-    sides; others, and anything under autocast (bf16 products already run on oneDNN), pass
-    through. The same function up to float32 rounding: tests/test_acceleration.py compares
-    losses and gradients with the plain path. The trainer enters it around each update's forward
-    and backward with `--onednn` (`TrainConfig.onednn`), opt-in: on the Bible corpus with
-    ≤ 4096-token batches it gave ~5% more tokens/s but ~2.9x the peak resident memory, because
-    a real run's new batch shape at nearly every step makes oneDNN allocate per shape and the
-    heap fragments (docs/settings.md).
+    For training on x86-64 CPUs, where PyTorch's float32 linear layers call MKL's sgemm. Only
+    products at least `MIN_PACKED_FEATURES` wide on both sides; others, and anything under
+    autocast (bf16 products already run on oneDNN), pass through. The same function up to
+    float32 rounding: tests/test_acceleration.py compares losses and gradients with the plain
+    path. The trainer enters it around each update's forward and backward with `--onednn`
+    (`TrainConfig.onednn`), opt-in: on the Bible corpus with ≤ 2048-token batches it gave 0.99x
+    the tokens/s at 3.1x the peak resident memory on a 2-core AMD EPYC with AVX512-BF16
+    (BENCHMARKS.md), because a real run's new batch shape at nearly every step makes oneDNN
+    allocate per shape and the heap fragments (docs/settings.md).
     `onednn_linear_missing` says where it cannot run.
     """
 
