@@ -339,6 +339,11 @@ class TrainConfig:
             records the schedule "auto" chose in its train_config.yaml.
         adam_beta1, adam_beta2, adam_eps: §5.3.
         label_smoothing: ε_ls of §5.4.
+        bpe_dropout: BPE-dropout (not in the paper; Provilkov et al., 2020): each epoch the
+            training pairs are segmented anew, every merge of the vocabulary skipped with this
+            probability, so that words come in smaller pieces now and then; validation and
+            translation keep the plain segmentation (aiayn.text.bpe_dropout). 0 = off. Needs
+            a BPE vocabulary: aiayn's own, not an imported Marian model's.
         clip_norm: Gradient-norm clipping (0 = off, as in the paper).
         ema_decay: Keep an exponential moving average of the weights (not in the paper; as
             Marian's --exponential-smoothing, whose 1e-4 is 0.9999 here): after update t,
@@ -364,8 +369,8 @@ class TrainConfig:
             fp32, cpu_bf16 true is bf16.
         onednn: On an x86-64 CPU in float32, run the linear layers' products (and the chunked
             loss's) on oneDNN instead of MKL's sgemm (`aiayn.acceleration.OneDNNLinearProducts`):
-            the same function up to float32 rounding, ~5% more tokens/s with the Bible
-            recipe's shapes at ≤ 4096-token batches, but ~2.9x the peak memory (new batch
+            the same function up to float32 rounding, 0.99x the tokens/s with the Bible
+            recipe on a 2-core AMD EPYC with AVX512-BF16, at 3.1x the peak memory (new batch
             shapes every step fragment the heap), hence opt-in. Ignored under
             bf16 and with `compile`.
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
@@ -420,6 +425,7 @@ class TrainConfig:
     adam_beta2: float = 0.98
     adam_eps: float = 1e-9
     label_smoothing: float = 0.1
+    bpe_dropout: float = 0.0
     clip_norm: float = 0.0
     ema_decay: float = 0.0
     seed: int = 1
@@ -485,7 +491,7 @@ class TrainConfig:
             f"max_tokens ({self.max_tokens}) must be >= max_len + 2 ({self.max_len + 2}) so "
             "that the longest sentence fits in a batch",
         )
-        for name in ("adam_beta1", "adam_beta2", "label_smoothing"):
+        for name in ("adam_beta1", "adam_beta2", "label_smoothing", "bpe_dropout"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"{name} ({value}) must be in [0, 1)")
         for name in ("lr_scale", "adam_eps"):

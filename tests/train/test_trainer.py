@@ -306,6 +306,38 @@ def test_sigterm_saves_and_resume_is_exact(
     ]
 
 
+def test_bpe_dropout_resegments_each_epoch_and_a_resume_is_exact(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `bpe_dropout` the epochs' pairs differ from the plain ones and from each other,
+    yet a run stopped within its second epoch and resumed ends with the same weights."""
+    rng = random.Random(3)
+    words = ["".join(rng.choices(LETTERS, k=rng.randint(2, 5))) for _ in range(12)]
+    lines = [" ".join(rng.choices(words, k=rng.randint(2, 4))) for _ in range(20)]
+    corpus = (tmp_path / "train.src", tmp_path / "train.tgt")
+    for path in corpus:
+        path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    plain = make_config(corpus, tmp_path / "plain", max_steps=10, log_every=1)
+    trainer.train(plain)
+    config = dataclasses.replace(plain, out_dir=str(tmp_path / "whole"), bpe_dropout=0.3)
+    trainer.train(config)
+
+    def tokens_seen(run: str) -> list[int]:
+        return [r["tokens_seen"] for r in read_metrics(tmp_path / run) if r["type"] == "train"]
+
+    assert tokens_seen("whole") != tokens_seen("plain")
+
+    stopped = dataclasses.replace(config, out_dir=str(tmp_path / "stopped"), save_every=4)
+    with monkeypatch.context() as patch:
+        stop_at(patch, 7)
+        assert trainer.train(stopped).interrupted
+    resumed = trainer.train(stopped, resume=True)
+    assert resumed.step == 10
+    assert read_metrics(tmp_path / "whole")[-1]["epoch"] > 1  # a new epoch after the resume
+    assert_same_weights(tmp_path / "whole" / "model", tmp_path / "stopped" / "model")
+    assert train_losses(tmp_path / "whole") == train_losses(tmp_path / "stopped")
+
+
 def test_tokens_per_second_after_a_resume_counts_only_the_resumed_updates(
     corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -398,6 +398,15 @@ class ParallelDataset:
             self._tgt_tokens[self._tgt_offsets[i] : self._tgt_offsets[i + 1]],
         )
 
+    def flat(self, side: str) -> tuple[np.ndarray, np.ndarray]:
+        """One side's ids, pair after pair, and the ``(N + 1,)`` offsets where each pair's
+        begin: ``side`` is "src" or "tgt"."""
+        if side == "src":
+            return self._src_tokens, self._src_offsets
+        if side == "tgt":
+            return self._tgt_tokens, self._tgt_offsets
+        raise ValueError(f"side ({side!r}) must be 'src' or 'tgt'")
+
     def __getstate__(self) -> dict[str, Any]:
         return {"directory": self.directory}
 

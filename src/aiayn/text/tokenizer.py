@@ -333,6 +333,17 @@ class Tokenizer:
         self._check_ids(ids)
         return [self._sp.id_to_piece(i) for i in ids]
 
+    def piece_table(self) -> tuple[list[str], list[float], list[bool]]:
+        """Every id's piece, its score and whether it is a normal piece (not a special, byte or
+        unused one): what BPE-dropout segments with (aiayn.text.bpe_dropout.Merges)."""
+        sp, ids = self._sp, range(self.vocab_size)
+        special = (sp.is_unknown, sp.is_control, sp.is_byte, sp.is_unused)
+        return (
+            [sp.id_to_piece(i) for i in ids],
+            [sp.get_score(i) for i in ids],
+            [not any(test(i) for test in special) for i in ids],
+        )
+
     def __repr__(self) -> str:
         return f"Tokenizer({str(self.model_file)!r}, vocab_size={self.vocab_size})"
 

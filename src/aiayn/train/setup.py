@@ -29,6 +29,7 @@ import contextlib
 import functools
 import logging
 import shutil
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -51,9 +52,11 @@ from aiayn.model import Transformer
 from aiayn.model_dir import TOKENIZER_FILE, WEIGHTS_FILE, CorruptCheckpointError, load_weights
 from aiayn.optim import DECAYING, build_optimizer
 from aiayn.text.batching import accumulation, epoch_updates
-from aiayn.text.corpus import ParallelDataset, check_corpus_files, load_or_build
+from aiayn.text.bpe_dropout import BPEDropout, EpochPairs, Merges
+from aiayn.text.corpus import DataError, ParallelDataset, check_corpus_files, load_or_build
 from aiayn.text.tokenizer import (
     PAD_ID,
+    VOCAB_FILE,
     SplitTokenizer,
     Tokenizer,
     check_given_tokenizer,
@@ -96,6 +99,8 @@ class RunParts:
         tokenizer: The joint vocabulary (or, fine-tuning an imported Marian model, its split
             one).
         train_data: The binarised training pairs; `valid_data` the validation pairs, if any.
+        resegment: With `bpe_dropout`, each epoch's segmentation of the training pairs
+            (aiayn.text.bpe_dropout), else None: `epoch_pairs` gives an epoch's pairs.
         model_config: The `Transformer`'s architecture.
         model: The `Transformer` (what is saved); `train_model` is what updates run through
             (the same, or it wrapped by torch.compile and/or DDP).
@@ -120,6 +125,7 @@ class RunParts:
     tokenizer: Tokenizer | SplitTokenizer
     train_data: ParallelDataset
     valid_data: ParallelDataset | None
+    resegment: BPEDropout | None
     model_config: ModelConfig
     model: Transformer
     train_model: nn.Module
@@ -158,6 +164,7 @@ def set_up(
     held.callback(log.close)
     tokenizer = _prepare_tokenizer(config, run_dir, resume, init, distributed)
     train_data, valid_data = _load_data(config, run_dir, tokenizer, distributed)
+    resegment = _bpe_dropout(config, train_data, tokenizer, distributed)
     if init is not None:
         model_config = init.model_config
     else:
@@ -170,7 +177,7 @@ def set_up(
         config, run_dir, resume, init, model, optimizer, log, distributed, accumulate
     )
     average = _start_average(config, model, progress, saved_average, valid_data, distributed)
-    fixed_end = _fixed_end(config, train_data, accumulate, distributed)
+    fixed_end = _fixed_end(config, train_data, resegment, accumulate, distributed)
     schedule_end = fixed_end
     if config.budget_seconds is not None and progress.schedule_end > 0:
         schedule_end = min(fixed_end, progress.schedule_end)
@@ -187,6 +194,7 @@ def set_up(
         tokenizer=tokenizer,
         train_data=train_data,
         valid_data=valid_data,
+        resegment=resegment,
         model_config=model_config,
         model=model,
         train_model=train_model,
@@ -202,8 +210,16 @@ def set_up(
     return parts
 
 
+def epoch_pairs(
+    data: ParallelDataset, resegment: BPEDropout | None, epoch: int
+) -> ParallelDataset | EpochPairs:
+    """The training pairs of `epoch`: the binarised ones, or with `bpe_dropout` their
+    segmentation for that epoch."""
+    return data if resegment is None else resegment.epoch(epoch)
+
+
 def rank_updates(
-    data: ParallelDataset,
+    data: ParallelDataset | EpochPairs,
     config: TrainConfig,
     epoch: int,
     *,
@@ -244,6 +260,11 @@ def _check_inputs(
         else:
             init = finetune.read_init_model(config, config.init_from)
         # The run's vocabulary is the model's: train_config.yaml records its true size.
+        if config.bpe_dropout and init.tokenizer_file.name == VOCAB_FILE:
+            raise TrainingError(
+                f"bpe_dropout ({config.bpe_dropout}) needs a joint BPE vocabulary; "
+                f"{config.init_from} has a split one (an imported Marian model): set it to 0"
+            )
         return replace(config, vocab_size=init.vocab_size), init
     if config.tokenizer:
         check_given_tokenizer(Path(config.tokenizer), config.vocab_size)
@@ -479,7 +500,11 @@ def _start_average(
 
 
 def _fixed_end(
-    config: TrainConfig, data: ParallelDataset, accumulate: int, distributed: Distributed
+    config: TrainConfig,
+    data: ParallelDataset,
+    resegment: BPEDropout | None,
+    accumulate: int,
+    distributed: Distributed,
 ) -> int:
     """The last update the schedule heads for without a time budget: `max_steps`, or the
     last of `max_epochs` if that comes first."""
@@ -487,10 +512,50 @@ def _fixed_end(
         return config.max_steps
     epochs = range(1, config.max_epochs + 1)
     updates = (
-        rank_updates(data, config, e, accumulate=accumulate, distributed=distributed)
+        rank_updates(
+            epoch_pairs(data, resegment, e),
+            config,
+            e,
+            accumulate=accumulate,
+            distributed=distributed,
+        )
         for e in epochs
     )
     return min(config.max_steps, sum(len(u) for u in updates))
+
+
+def _bpe_dropout(
+    config: TrainConfig,
+    data: ParallelDataset,
+    tokenizer: Tokenizer | SplitTokenizer,
+    distributed: Distributed,
+) -> BPEDropout | None:
+    """With `bpe_dropout`, every distinct word of the training pairs segmented `samples` ways
+    (the same on every rank: drawn from the seed)."""
+    if not config.bpe_dropout:
+        return None
+    if not isinstance(tokenizer, Tokenizer):
+        raise TrainingError(f"bpe_dropout ({config.bpe_dropout}) needs a joint BPE vocabulary")
+    began = time.monotonic()
+    try:
+        resegment = BPEDropout(
+            data,
+            Merges.of(*tokenizer.piece_table()),
+            dropout=config.bpe_dropout,
+            seed=config.seed,
+            max_len=config.max_len,
+        )
+    except DataError as error:
+        raise TrainingError(f"{tokenizer.model_file}: {error}") from None
+    if distributed.is_main:
+        logger.info(
+            "BPE-dropout %g: %d segmentations of each word, %.0f%% of the words vary (%.1f s)",
+            config.bpe_dropout,
+            resegment.samples,
+            100 * resegment.resegmented,
+            time.monotonic() - began,
+        )
+    return resegment
 
 
 def _wrap_model(

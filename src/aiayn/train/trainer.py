@@ -49,6 +49,7 @@ from aiayn.decode.shortlist import SHORTLIST_FILE, build_shortlist
 from aiayn.loss import perplexity
 from aiayn.model_dir import DiskFullError, save_model_dir
 from aiayn.runtime import device_type
+from aiayn.text.bpe_dropout import EpochPairs
 from aiayn.text.corpus import ParallelDataset
 from aiayn.train import checkpoint as ckpt
 from aiayn.train import finetune, rundir
@@ -61,7 +62,7 @@ from aiayn.train.runlog import (
     TrainRecord,
     ValidRecord,
 )
-from aiayn.train.setup import RunParts, TrainingError, rank_updates, set_up
+from aiayn.train.setup import RunParts, TrainingError, epoch_pairs, rank_updates, set_up
 from aiayn.train.stopping import EarlyStopping, StopFlag
 from aiayn.train.update import IntervalLossSums, UpdateStats, optimizer_update, uses_bf16
 from aiayn.train.validation import validation_metrics
@@ -220,7 +221,7 @@ class Trainer:
 
     Attributes:
         config, distributed, device, bf16, onednn, accumulate, run_dir, init, tokenizer,
-        train_data, valid_data, model_config, model, train_model, optimizer, average,
+        train_data, valid_data, resegment, model_config, model, train_model, optimizer, average,
         progress, log, fixed_end: The parts of the run (`RunParts`).
         schedule_end: The last update the learning-rate schedule heads for (with a time
             budget, what the budget foresees; else `fixed_end`).
@@ -240,6 +241,7 @@ class Trainer:
         self.init = parts.init
         self.tokenizer = parts.tokenizer
         self.train_data, self.valid_data = parts.train_data, parts.valid_data
+        self.resegment = parts.resegment
         self.model_config = parts.model_config
         self.model, self.train_model = parts.model, parts.train_model
         self.optimizer = parts.optimizer
@@ -349,8 +351,9 @@ class Trainer:
     def _run_epoch(self) -> bool:
         """The rest of the current epoch; True if a stop request ended it."""
         c, progress = self.config, self.progress
+        data = epoch_pairs(self.train_data, self.resegment, progress.epoch)
         updates = rank_updates(
-            self.train_data,
+            data,
             c,
             progress.epoch,
             accumulate=self.accumulate,
@@ -362,7 +365,7 @@ class Trainer:
                 "training set is too small for this many processes; use fewer or more data"
             )
         for group in updates[progress.position :]:
-            stats = self.update(group)
+            stats = self.update(group, data)
             decision = self.should_stop()
             stop_now = decision.stop_now
             done = progress.step >= c.max_steps or self.out_of_time
@@ -383,15 +386,15 @@ class Trainer:
         progress.position = 0
         return False
 
-    def update(self, group: list[np.ndarray]) -> UpdateStats:
-        """One optimizer update over the batches of `group`; advances `progress` and the
-        average of the weights, and measures the pace."""
+    def update(self, group: list[np.ndarray], data: ParallelDataset | EpochPairs) -> UpdateStats:
+        """One optimizer update over the batches of `group` (indices into the epoch's pairs,
+        `data`); advances `progress` and the average of the weights, and measures the pace."""
         c, progress = self.config, self.progress
         began = time.monotonic()
         stats = optimizer_update(
             self.train_model,
             self.optimizer,
-            self.train_data,
+            data,
             group,
             step=progress.step + 1,
             d_model=self.model_config.d_model,

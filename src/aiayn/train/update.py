@@ -20,6 +20,7 @@ from torch import Tensor, nn
 from aiayn.acceleration import OneDNNLinearProducts, native_bf16_cpu, onednn_linear_missing
 from aiayn.optim import scheduled_rate, set_learning_rate
 from aiayn.text.batching import collate
+from aiayn.text.bpe_dropout import EpochPairs
 from aiayn.text.corpus import ParallelDataset
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from aiayn.train.distributed import Distributed
@@ -128,7 +129,7 @@ class IntervalLossSums:
 def optimizer_update(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
-    dataset: ParallelDataset,
+    dataset: ParallelDataset | EpochPairs,
     group: list[np.ndarray],
     *,
     step: int,
