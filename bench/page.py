@@ -22,7 +22,16 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from runner import RESULTS, ROOT, git, markdown_table, missing_commits, same_code, source_hashes
+from runner import (
+    RESULTS,
+    ROOT,
+    SOURCES,
+    git,
+    markdown_table,
+    missing_commits,
+    same_code,
+    source_hashes,
+)
 
 PAGE = ROOT / "BENCHMARKS.md"
 OLDER = "older source"
@@ -101,7 +110,14 @@ def older(rec: dict[str, Any], current: dict[str, str]) -> bool:
         return False
     if rec.get("uncommitted", True) or not rec.get("commit") or "HEAD" not in current:
         return True
-    return not same_code(rec["commit"], current["HEAD"], changed)
+    return not same_code(rec["commit"], current["HEAD"], narrowed(rec.get("task"), changed))
+
+
+def narrowed(task: str | None, paths: tuple[str, ...]) -> tuple[str, ...]:
+    """`paths` as the task's `SOURCES` name them now: a folder it has since narrowed to some of
+    its files (a record stores the folder) counts by those files alone."""
+    now = SOURCES.get(task or "", ())
+    return tuple(f for p in paths for f in ([s for s in now if s.startswith(p + "/")] or [p]))
 
 
 def tables(records: list[dict[str, Any]]) -> dict[str, list[list[dict[str, Any]]]]:

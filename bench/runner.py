@@ -41,7 +41,8 @@ TEXT = tuple(f"src/aiayn/text/{name}.py" for name in ("batching", "corpus", "lin
 SOURCES = {
     "translate": (
         "src/aiayn/decode", "src/aiayn/model.py", "src/aiayn/attention.py",
-        "src/aiayn/cache.py", "src/aiayn/acceleration.py", "src/aiayn/cli",
+        "src/aiayn/cache.py", "src/aiayn/acceleration.py", *(f"src/aiayn/cli/{name}.py"
+        for name in ("__init__", "common", "flags", "parser", "translate")),
     ),
     "train": (
         "src/aiayn/train", "src/aiayn/model.py", "src/aiayn/attention.py", "src/aiayn/loss.py",
