@@ -222,6 +222,7 @@ def test_train_config_types_come_from_the_annotations() -> None:
         ({"patience_metric": "bleu"}, "patience_metric ('bleu') needs valid_bleu"),
         ({"patience_metric": "acc"}, "patience_metric ('acc') must be one of loss, bleu"),
         ({"patience": -1}, "patience (-1) must be >= 0"),
+        ({"seed": -1}, "seed (-1) must be >= 0"),
         ({"patience": 3}, "patience (3) needs a validation set: give valid_src and valid_tgt"),
         ({"patience": 3, "valid_tsv": "v", "valid_every": 0}, "patience (3) needs valid_every > 0"),
     ],

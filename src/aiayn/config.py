@@ -480,7 +480,7 @@ class TrainConfig:
         for name in ("vocab_size", "max_len", "max_tokens", "accumulate", "max_steps"):
             _require(getattr(self, name) >= 1, f"{name} ({getattr(self, name)}) must be >= 1")
         for name in ("tokens_per_update", "max_epochs", "warmup_steps", "valid_every",
-                     "save_every", "threads", "patience"):  # fmt: skip
+                     "save_every", "threads", "patience", "seed"):  # fmt: skip
             _require(getattr(self, name) >= 0, f"{name} ({getattr(self, name)}) must be >= 0")
         _require(self.warmup_steps >= 1, f"warmup_steps ({self.warmup_steps}) must be >= 1")
         _require(self.log_every >= 1, f"log_every ({self.log_every}) must be >= 1")
