@@ -129,6 +129,8 @@ FULL_RUNS = {name: flags.split() for name, flags in {
     # The same runs from a second seed (initialisation, dropout, batch order).
     "B0-recipe-s2": f"{FULL} --precision fp32 --max-steps 3600 --seed 2",
     "B1-bf16-s2": f"{BF16} --max-steps 5100 --seed 2",
+    "B8-bf16-width192-s2": f"{BF16} --max-steps 6800 --model d_model=192 --model d_ff=768 "
+    "--lr-scale 0.866 --seed 2",
 }.items()}  # fmt: skip
 STUDY_COLUMNS = [("run", "run"), ("flags", "settings on top of the recipe"), ("updates", "updates"),
                  ("minutes", "minutes"), ("valid_ppl", "validation perplexity"),
