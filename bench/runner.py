@@ -46,12 +46,14 @@ SOURCES = {
     ),
     "train": (
         "src/aiayn/train", "src/aiayn/model.py", "src/aiayn/attention.py", "src/aiayn/loss.py",
-        "src/aiayn/optim.py", "src/aiayn/acceleration.py", *TEXT,
+        "src/aiayn/optim.py", "src/aiayn/acceleration.py", *TEXT, "src/aiayn/cli/train.py",
     ),
-    "recipe": (RECIPE, "src/aiayn/train", "src/aiayn/model.py", "src/aiayn/decode"),
+    "recipe": (RECIPE, "src/aiayn/train", "src/aiayn/model.py", "src/aiayn/decode",
+               "src/aiayn/cli/train.py"),
     "serve": ("src/aiayn/serve", "src/aiayn/decode", "src/aiayn/model.py"),
     "gpu": ("src/aiayn",),
-    "study": ("src/aiayn/train", "src/aiayn/model.py", *TEXT, "src/aiayn/decode"),
+    "study": ("src/aiayn/train", "src/aiayn/model.py", *TEXT, "src/aiayn/decode",
+              "src/aiayn/cli/train.py"),
 }  # fmt: skip
 """Per task, the folders (and files) whose change can move its figures (BLEU: the search)."""
 AIAYN = [sys.executable, "-m", "aiayn"]

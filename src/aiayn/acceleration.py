@@ -318,8 +318,8 @@ class OneDNNLinearProducts(torch.overrides.TorchFunctionMode):
     autocast (bf16 products already run on oneDNN), pass through. The same function up to
     float32 rounding: tests/test_acceleration.py compares losses and gradients with the plain
     path. The trainer enters it around each update's forward and backward with `--onednn`
-    (`TrainConfig.onednn`), opt-in: on the Bible corpus with ≤ 2048-token batches it gave 0.99x
-    the tokens/s at 3.1x the peak resident memory on a 2-core AMD EPYC with AVX512-BF16
+    (`TrainConfig.onednn`), opt-in: on the Bible corpus with ≤ 2048-token batches it gave 0.97x
+    the tokens/s at 2.8x the peak resident memory on a 2-core AMD EPYC with AVX512-BF16
     (BENCHMARKS.md), because a real run's new batch shape at nearly every step makes oneDNN
     allocate per shape and the heap fragments (docs/settings.md).
     `onednn_linear_missing` says where it cannot run.

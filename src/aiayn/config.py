@@ -359,7 +359,7 @@ class TrainConfig:
             AVX512-BF16 or AMX (`acceleration.native_bf16_cpu`); float32 elsewhere, where bf16
             is only emulated and slower. "fp32": float32 everywhere; "bf16": bf16 autocast on
             any device (a warning where it is emulated). Weights, Adam and the loss stay
-            float32. On a 2-core AMD EPYC with AVX512-BF16 the Bible recipe trains 1.47x
+            float32. On a 2-core AMD EPYC with AVX512-BF16 the Bible recipe trains 1.37x
             float32's target tokens/s in bf16, at about 2x the peak memory (BENCHMARKS.md's
             training table; docs/settings.md).
             With bf16 on a CPU `aiayn train` also has oneDNN keep few compiled kernels (peak
@@ -369,8 +369,8 @@ class TrainConfig:
             fp32, cpu_bf16 true is bf16.
         onednn: On an x86-64 CPU in float32, run the linear layers' products (and the chunked
             loss's) on oneDNN instead of MKL's sgemm (`aiayn.acceleration.OneDNNLinearProducts`):
-            the same function up to float32 rounding, 0.99x the tokens/s with the Bible
-            recipe on a 2-core AMD EPYC with AVX512-BF16, at 3.1x the peak memory (new batch
+            the same function up to float32 rounding, 0.97x the tokens/s with the Bible
+            recipe on a 2-core AMD EPYC with AVX512-BF16, at 2.8x the peak memory (new batch
             shapes every step fragment the heap), hence opt-in. Ignored under
             bf16 and with `compile`.
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
