@@ -259,12 +259,12 @@ def _check_inputs(
             init = finetune.resumed_model(resumed[0])
         else:
             init = finetune.read_init_model(config, config.init_from)
-        # The run's vocabulary is the model's: train_config.yaml records its true size.
         if config.bpe_dropout and init.tokenizer_file.name == VOCAB_FILE:
             raise TrainingError(
                 f"bpe_dropout ({config.bpe_dropout}) needs a joint BPE vocabulary; "
                 f"{config.init_from} has a split one (an imported Marian model): set it to 0"
             )
+        # The run's vocabulary is the model's: train_config.yaml records its true size.
         return replace(config, vocab_size=init.vocab_size), init
     if config.tokenizer:
         check_given_tokenizer(Path(config.tokenizer), config.vocab_size)
