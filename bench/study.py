@@ -5,7 +5,8 @@ setting of a common base (`RUNS`), then scores its model with `aiayn evaluate` o
 validation set (beam 4): whole commands, each in a process of its own, one after another (they
 share the CPU otherwise: run nothing beside them). Each run appends one record to
 bench/results/study.jsonl, and the run `recipe` (the recipe exactly as a user runs it, its
-30-minute budget included) to bench/results/recipe.jsonl; a run whose STUDY_DIR/NAME/
+30-minute budget included) and `recipe-2x` (the same with `--time-budget 60m`) to
+bench/results/recipe.jsonl; a run whose STUDY_DIR/NAME/
 valid.bleu.json exists is skipped. Every study run has a step count and a linear decay to 0 at
 its last update, so what it learns does not depend on how busy the machine is; its wall time
 does.
@@ -13,6 +14,7 @@ does.
     python bench/study.py run DATA runs/study                      # every run of RUNS
     python bench/study.py run DATA runs/study I0-xavier I1-fairseq
     python bench/study.py run DATA runs/recipe recipe              # the recipe's own run
+    python bench/study.py run DATA runs/recipe recipe-2x           # ... at twice its budget
     python bench/study.py run DATA runs/recipe fairseq --fairseq-bin FAIRSEQ_BIN
 
 The run `fairseq` is the recipe's peer: `fairseq-train` given the recipe's settings for the
@@ -140,6 +142,9 @@ RECIPE_COLUMNS = [("budget", "time budget"), ("updates", "updates"),
                   ("peak_rss", "peak RSS")]  # fmt: skip
 TEST_COLUMN = ("test_bleu", "test BLEU")  # where DATA has a test split
 PEER = "fairseq"  # the recipe's run by fairseq-train (bench/fairseq_peer.py)
+# The recipe exactly as a user runs it, and at twice its 30-minute budget (its schedule
+# stretches to the budget: the same command with `--time-budget 60m`).
+RECIPE_RUNS = {"recipe": [], "recipe-2x": ["--time-budget", "60m"]}
 
 
 def differences(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
@@ -287,7 +292,8 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
         print(f"{name}: done, skipped")
         return
     data = args.data
-    flags = [] if name == "recipe" else FULL_RUNS.get(name) or [*COMMON, *RUNS[name]]
+    flags = RECIPE_RUNS.get(name)
+    flags = FULL_RUNS.get(name) or [*COMMON, *RUNS[name]] if flags is None else flags
     given = FULL_RUNS.get(name) or RUNS.get(name, [])  # what the record says differs
     train = [*runner.AIAYN, "train", "-c", runner.RECIPE, "--src", str(data / "train.en"),
              "--tgt", str(data / "train.es"), "--valid-src", str(data / "valid.en"),
@@ -313,12 +319,16 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
     bleu, chrf = got["scores"].get("bleu"), got["scores"].get("chrf")
     row = {"updates": got["updates"], "valid_ppl": ppl, "minutes": fmt(got["wall_minutes"], ".1f"),
            "bleu": bleu and round(bleu, 2), "chrf": chrf and round(chrf, 2)}  # fmt: skip
-    if name == "recipe":
-        row |= {"budget": f"ended at {row.pop('minutes')} min", "peak_rss": f"{peak:.1f} GiB"}
+    if name in RECIPE_RUNS:
+        budget = got["config"].get("time_budget")
+        row |= {"budget": f"{budget}, ended at {row.pop('minutes')} min",
+                "peak_rss": f"{peak:.1f} GiB"}  # fmt: skip
         task, columns, table = "recipe", RECIPE_COLUMNS, "the recipe, 2 threads"
         pairs = len((data / "valid.en").read_text(encoding="utf-8").splitlines())
         setup = f"`aiayn prepare bible-en-es`'s corpus (validation set: {pairs} pairs)"
-        summary = (f"BLEU {row['bleu']}, chrF {row['chrf']} after its 30-minute budget "
+        if flags:
+            setup = f"the same at twice the budget (`{' '.join(flags)}`)"
+        summary = (f"BLEU {row['bleu']}, chrF {row['chrf']} after a {budget} budget "
                    f"({row['updates']:,} updates)")  # fmt: skip
     else:
         row |= {"run": name, "flags": " ".join(given)}
@@ -365,8 +375,8 @@ def main(argv: list[str] | None = None) -> None:
     run = commands.add_parser("run", help="train and evaluate runs, one record each")
     run.add_argument("data", type=Path, help="an `aiayn prepare` folder: train.*, valid.*")
     run.add_argument("study_dir", type=Path, help="the folder for one run directory per run")
-    runs = " ".join(RUNS | FULL_RUNS)
-    run.add_argument("names", nargs="*", metavar="RUN", help=f"of: recipe fairseq {runs}")
+    runs, own = " ".join(RUNS | FULL_RUNS), [*RECIPE_RUNS, PEER]
+    run.add_argument("names", nargs="*", metavar="RUN", help=f"of: {' '.join(own)} {runs}")
     run.add_argument("--threads", type=int, default=2)
     peer = run.add_argument_group("the run fairseq (bench/fairseq_peer.py)")
     peer.add_argument("--fairseq-bin", type=Path, help="folder of fairseq-train and its tools")
@@ -384,7 +394,6 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.command == "plot":
         return plot(args, p)
-    own = ["recipe", PEER]
     unknown = [n for n in args.names if n not in own and n not in RUNS | FULL_RUNS]
     if unknown:
         p.error(f"unknown run(s) {unknown}: the runs are {', '.join([*own, *RUNS, *FULL_RUNS])}")

@@ -132,6 +132,8 @@ if args[0] == "train":
     records = [{"type": "train", "step": 10, "elapsed_s": 6.0, "tokens_per_s": 100.0},
                {"type": "valid", "step": 10, "valid_ppl": 9.5}]
     (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\\n" for r in records))
+    budget = value("--time-budget") if "--time-budget" in args else "30m"  # the recipe's
+    (out / "train_config.yaml").write_text(f"time_budget: {budget}\\n")
 else:
     split = Path(value("--src")).stem
     print(json.dumps({"bleu": {"valid": 20.0, "test": 10.0}[split], "chrf": 40.0}))
@@ -164,6 +166,31 @@ def test_study_scores_each_run_on_the_test_split_where_the_data_has_one(
     with_test = run("with")
     assert (with_test["rows"][0]["bleu"], with_test["rows"][0]["test_bleu"]) == (20.0, 10.0)
     assert with_test["columns"] == [*without["columns"], ["test_bleu", "test BLEU"]]
+
+
+def test_study_runs_the_recipe_at_its_budget_and_at_twice_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import runner
+    import study
+
+    (tmp_path / "aiayn.py").write_text(FAKE_AIAYN, encoding="utf-8")
+    monkeypatch.setattr(runner, "AIAYN", [sys.executable, str(tmp_path / "aiayn.py")])
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "valid.en").write_text("one\ntwo\n", encoding="utf-8")
+    record = tmp_path / "recipe.jsonl"
+    study.main(["run", str(data), str(tmp_path / "runs"), "recipe", "recipe-2x", "--busy-ok",
+                "--record", str(record)])  # fmt: skip
+    plain, doubled = (json.loads(line) for line in record.read_text().splitlines())
+    assert plain["task"] == doubled["task"] == "recipe"
+    assert plain["table"] == doubled["table"] and plain["setup"] != doubled["setup"]
+    assert plain["rows"][0]["budget"].startswith("30m, ended at ")
+    assert doubled["rows"][0]["budget"].startswith("60m, ended at ")
+    assert "--time-budget 60m" in doubled["setup"]
+    assert plain["summary"] == "BLEU 20.0, chrF 40.0 after a 30m budget (10 updates)"
+    assert doubled["command"].endswith("run DATA RUNS recipe-2x")
 
 
 def test_study_plot_draws_the_runs_and_names_the_dev_books(
