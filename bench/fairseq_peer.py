@@ -452,7 +452,8 @@ def record(
         f"corpus (validation set: {pairs} pairs)",
         columns=columns, rows=[row], machine_name=args.machine, load=load, notes=notes,
         summary=f"BLEU {bleu}, chrF {chrf} in the same {minutes} budget ({updates:,} updates)",
-        command="python bench/study.py run DATA RUNS fairseq --fairseq-bin FAIRSEQ_BIN",
+        command="python bench/study.py run DATA RUNS fairseq --fairseq-bin FAIRSEQ_BIN "
+        f"--pilot {args.pilot}" + (f" --budget {args.budget}" if args.budget else ""),
     )  # fmt: skip
     rec["versions"]["fairseq"] = version
     runner.write(rec, args)

@@ -105,7 +105,7 @@ RUNS = {name: flags.split() for name, flags in {
 # buy on a 2-core AMD EPYC with AVX512-BF16 with its settings (their speed measured there, idle),
 # on the same linear schedule, so what it learns does not depend on how busy the machine is.
 # The recipe in float32 made 3,493 and 3,753 updates in its 30 minutes; in short runs on that
-# CPU bf16 trained 1.43x its target tokens per second (the harness's training table: 1.47x),
+# CPU bf16 trained 1.43x its target tokens per second (the harness's training table: 1.37x),
 # without dropout 1.07x more, with batches of 1,024 tokens 0.88x as many (twice the updates, its
 # warm-up as many tokens), with 3 encoder layers and 1 decoder layer 1.12x more, at d_model 192
 # (d_ff 768) 1.33x more (two interleaved runs of 150 updates each against the recipe's); dropout

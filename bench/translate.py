@@ -411,12 +411,14 @@ def rows_of(args: argparse.Namespace, found: list[Command], one_line: dict) -> l
     return rows
 
 
-def against_ct2(rows: list[dict[str, Any]]) -> list[str]:
+def against_ct2(rows: list[dict[str, Any]], found: list[Command]) -> list[str]:
     """aiayn's default and its --int8 against CTranslate2 fp32 and int8 at the faster of their
-    thread layouts (the peer a user who read its docs runs), and aiayn's BLEU."""
+    thread layouts (the peer a user who read its docs runs), and aiayn's BLEU. The ratios
+    divide the unrounded medians of `found`, as the rows' ratios do."""
+    seconds = {c.name: statistics.median(c.seconds) for c in found}
 
     def wall(row: dict[str, Any]) -> float:
-        return statistics.median(row["wall_s"]["rounds"])
+        return seconds[row["system"]]
 
     found = []
     for ours, kind in ((rows[0], "fp32"), (next((r for r in rows if r["system"].endswith(
@@ -460,7 +462,7 @@ def measure(args: argparse.Namespace, work: Path, load: float | None) -> None:
     runner.rounds(found, args.rounds, work, env, alternate=args.alternate, after=after)
     rows = rows_of(args, found, one_line)
     n = len(args.src.read_text(encoding="utf-8").splitlines())
-    summary = f"{n} sentences, beam {args.beam}: " + "; ".join(against_ct2(rows))
+    summary = f"{n} sentences, beam {args.beam}: " + "; ".join(against_ct2(rows, found))
     rec = runner.record(
         "translate",
         table=f"{n} sentences, beam {args.beam}, {args.threads} threads",
