@@ -126,7 +126,6 @@ def tables(records: list[dict[str, Any]]) -> dict[str, list[list[dict[str, Any]]
     latest: dict[tuple, dict[str, dict]] = defaultdict(dict)
     for rec in sorted(records, key=lambda r: r["date"]):
         key = (rec["task"], rec["machine"]["name"], rec["table"])
-        latest[key].pop(rec["setup"], None)
         latest[key][rec["setup"]] = rec
     by_task: dict[str, list[list[dict]]] = defaultdict(list)
     for (task, *_), setups in latest.items():

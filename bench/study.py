@@ -327,7 +327,7 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
         pairs = len((data / "valid.en").read_text(encoding="utf-8").splitlines())
         setup = f"`aiayn prepare bible-en-es`'s corpus (validation set: {pairs} pairs)"
         if flags:
-            setup = f"the same at twice the budget (`{' '.join(flags)}`)"
+            setup = setup.replace(" (", f" at twice the recipe's budget (`{' '.join(flags)}`; ", 1)
         summary = (f"BLEU {row['bleu']}, chrF {row['chrf']} after a {budget} budget "
                    f"({row['updates']:,} updates)")  # fmt: skip
     else:

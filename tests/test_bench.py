@@ -188,7 +188,10 @@ def test_study_runs_the_recipe_at_its_budget_and_at_twice_it(
     assert plain["table"] == doubled["table"] and plain["setup"] != doubled["setup"]
     assert plain["rows"][0]["budget"].startswith("30m, ended at ")
     assert doubled["rows"][0]["budget"].startswith("60m, ended at ")
-    assert "--time-budget 60m" in doubled["setup"]
+    assert doubled["setup"] == (
+        "`aiayn prepare bible-en-es`'s corpus at twice the recipe's budget "
+        "(`--time-budget 60m`; validation set: 2 pairs)"
+    )
     assert plain["summary"] == "BLEU 20.0, chrF 40.0 after a 30m budget (10 updates)"
     assert doubled["command"].endswith("run DATA RUNS recipe-2x")
 
