@@ -292,8 +292,10 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
         print(f"{name}: done, skipped")
         return
     data = args.data
-    flags = RECIPE_RUNS.get(name)
-    flags = FULL_RUNS.get(name) or [*COMMON, *RUNS[name]] if flags is None else flags
+    if name in RECIPE_RUNS:
+        flags = RECIPE_RUNS[name]
+    else:
+        flags = FULL_RUNS.get(name) or [*COMMON, *RUNS[name]]
     given = FULL_RUNS.get(name) or RUNS.get(name, [])  # what the record says differs
     train = [*runner.AIAYN, "train", "-c", runner.RECIPE, "--src", str(data / "train.en"),
              "--tgt", str(data / "train.es"), "--valid-src", str(data / "valid.en"),
@@ -325,9 +327,8 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
                 "peak_rss": f"{peak:.1f} GiB"}  # fmt: skip
         task, columns, table = "recipe", RECIPE_COLUMNS, "the recipe, 2 threads"
         pairs = len((data / "valid.en").read_text(encoding="utf-8").splitlines())
-        setup = f"`aiayn prepare bible-en-es`'s corpus (validation set: {pairs} pairs)"
-        if flags:
-            setup = setup.replace(" (", f" at twice the recipe's budget (`{' '.join(flags)}`; ", 1)
+        twice = f" at twice the recipe's budget (`{' '.join(flags)}`; " if flags else " ("
+        setup = f"`aiayn prepare bible-en-es`'s corpus{twice}validation set: {pairs} pairs)"
         summary = (f"BLEU {row['bleu']}, chrF {row['chrf']} after a {budget} budget "
                    f"({row['updates']:,} updates)")  # fmt: skip
     else:

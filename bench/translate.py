@@ -420,16 +420,16 @@ def against_ct2(rows: list[dict[str, Any]], found: list[Command]) -> list[str]:
     def wall(row: dict[str, Any]) -> float:
         return seconds[row["system"]]
 
-    found = []
+    said = []
     for ours, kind in ((rows[0], "fp32"), (next((r for r in rows if r["system"].endswith(
             " --int8")), None), "int8")):  # fmt: skip
         peers = [r for r in rows if r["system"].startswith(f"CTranslate2 {kind} ")]
         if ours and peers:
             best = min(peers, key=wall)
-            found.append(f"`{ours['system']}` {wall(ours):.1f} s against CTranslate2 {kind}'s "
-                         f"{wall(best):.1f} s at its faster layout "
-                         f"({wall(best) / wall(ours):.2f}×)")  # fmt: skip
-    return [*found, f"BLEU {rows[0]['bleu']}"]
+            said.append(f"`{ours['system']}` {wall(ours):.1f} s against CTranslate2 {kind}'s "
+                        f"{wall(best):.1f} s at its faster layout "
+                        f"({wall(best) / wall(ours):.2f}×)")  # fmt: skip
+    return [*said, f"BLEU {rows[0]['bleu']}"]
 
 
 def main(argv: list[str] | None = None) -> None:

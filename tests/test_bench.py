@@ -186,6 +186,7 @@ def test_study_runs_the_recipe_at_its_budget_and_at_twice_it(
     plain, doubled = (json.loads(line) for line in record.read_text().splitlines())
     assert plain["task"] == doubled["task"] == "recipe"
     assert plain["table"] == doubled["table"] and plain["setup"] != doubled["setup"]
+    assert plain["setup"] == "`aiayn prepare bible-en-es`'s corpus (validation set: 2 pairs)"
     assert plain["rows"][0]["budget"].startswith("30m, ended at ")
     assert doubled["rows"][0]["budget"].startswith("60m, ended at ")
     assert doubled["setup"] == (
