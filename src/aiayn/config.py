@@ -375,9 +375,10 @@ class TrainConfig:
             bf16 and with `compile`.
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
             compile: aiayn.acceleration). For GPUs: on a 2-core AMD EPYC it trained the Bible
-            recipe at 0.85x eager's tokens/s after a minute compiling (BENCHMARKS.md). Where compilation fails at the first update,
-            `aiayn train` goes on eagerly (``runtime.configure(compile_errors_fall_back=True)``,
-            process-wide, which `train` itself leaves as it is).
+            recipe at 0.85x eager's tokens/s, and compiles first (BENCHMARKS.md). Where
+            compilation fails at the first update, `aiayn train` goes on eagerly
+            (``runtime.configure(compile_errors_fall_back=True)``, process-wide, which `train`
+            itself leaves as it is).
         log_every: Updates between metric lines in metrics.jsonl.
         tensorboard: Also write the records of metrics.jsonl as TensorBoard scalars into
             RUN/tensorboard/ (needs the tensorboard extra: pip install -e '.[tensorboard]').
