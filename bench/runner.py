@@ -20,6 +20,7 @@ import os
 import platform
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -234,6 +235,18 @@ def provenance(task: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 # Running
 # --------------------------------------------------------------------------------------------
+
+
+def stop_children_on_sigterm() -> None:
+    """Have SIGTERM end this benchmark as Ctrl-C does, by an exception, so that the command it
+    is timing stops with it (`subprocess.run` kills its child on any exception; the harness's
+    own `Popen`s stop theirs in a `finally`): a benchmark stopped with `kill` leaves no trainer,
+    translator or server running. Process-wide, so for the entry points' `main`."""
+    signal.signal(signal.SIGTERM, _exit_on_signal)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def load_average() -> float | None:

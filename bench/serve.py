@@ -495,6 +495,7 @@ def main() -> None:
     args.out_len = 16 if args.out_len is None else args.out_len
     args.lines = read_texts(args.texts) if args.texts is not None else []
     args.short_lines = sorted(args.lines, key=len)[: max(1, len(args.lines) // 4)]
+    runner.stop_children_on_sigterm()
     load = runner.check_idle(args.busy_ok)
     with tempfile.TemporaryDirectory(prefix="bench_server_") as tmp:
         model_dir = args.model_dir if args.model else build_model_dir(Path(tmp), args.preset)

@@ -131,11 +131,6 @@ FULL_RUNS = {name: flags.split() for name, flags in {
     "--lr-scale 0.866",
     "B9-bf16-bpe-dropout01": f"{BF16} --max-steps 5075 --bpe-dropout 0.1",
     "B10-bf16-bpe16k": f"{BF16} --max-steps 3900 --vocab-size 16000",
-    # The decay's shape and the warm-up, at the recipe's peak: the schedule does not change the
-    # speed, so each makes B1's updates.
-    "B11-bf16-cosine": f"{BF16} --max-steps 5100 --schedule cosine",
-    "B12-bf16-cooldown": f"{BF16} --max-steps 5100 --schedule inverse_sqrt_cooldown",
-    "B13-bf16-warmup200": f"{BF16} --max-steps 5100 --warmup-steps 200 --lr-scale 0.7071",
     # The same runs from a second seed (initialisation, dropout, batch order).
     "B0-recipe-s2": f"{FULL} --precision fp32 --max-steps 3600 --seed 2",
     "B1-bf16-s2": f"{BF16} --max-steps 5100 --seed 2",
@@ -411,6 +406,7 @@ def main(argv: list[str] | None = None) -> None:
 
         if why := fairseq_peer.missing(args.fairseq_bin) or fairseq_peer.check_budgets(args):
             p.error(f"the run {PEER}: {why}")
+    runner.stop_children_on_sigterm()
     load = runner.check_idle(args.busy_ok)
     for name in args.names or RUNS:
         if name == PEER:

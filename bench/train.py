@@ -411,19 +411,24 @@ def run_window(command: list[str], env: dict[str, str], seconds: float, log: Pat
     reader.start()
     peak = worker = None
     deadline = started + seconds
-    while child.poll() is None and time.perf_counter() < deadline:
-        # VmHWM only grows: the last read is the peak
-        peak = runner.proc_kib(child.pid, "VmHWM") or peak
-        workers = [runner.proc_kib(p, "VmHWM") or 0 for p in _children(child.pid)]
-        worker = max([*workers, worker or 0]) or None
-        time.sleep(0.5)
-    stopped = child.poll() is None
-    if stopped:
-        peak = runner.proc_kib(child.pid, "VmHWM") or peak
-        os.killpg(child.pid, signal.SIGTERM)
-        try:
-            child.wait(timeout=STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
+    try:
+        while child.poll() is None and time.perf_counter() < deadline:
+            # VmHWM only grows: the last read is the peak
+            peak = runner.proc_kib(child.pid, "VmHWM") or peak
+            workers = [runner.proc_kib(p, "VmHWM") or 0 for p in _children(child.pid)]
+            worker = max([*workers, worker or 0]) or None
+            time.sleep(0.5)
+        stopped = child.poll() is None
+        if stopped:
+            peak = runner.proc_kib(child.pid, "VmHWM") or peak
+            os.killpg(child.pid, signal.SIGTERM)
+            try:
+                child.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+    finally:  # the benchmark itself stopped (Ctrl-C, SIGTERM): so does its trainer
+        if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
     wall = time.perf_counter() - started
@@ -770,6 +775,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     c = train_config(args)
+    runner.stop_children_on_sigterm()
     load = runner.check_idle(args.busy_ok)
     missing = fairseq_missing(args.fairseq_bin)
     native = native_bf16_cpu()

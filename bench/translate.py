@@ -436,6 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.step_calls or args.profile:  # tools for decoding work: no timing, no record
         return print(step_calls(args) if args.step_calls else profile_translation(args))
+    runner.stop_children_on_sigterm()
     load = runner.check_idle(args.busy_ok)
     with tempfile.TemporaryDirectory(prefix="bench-translate-") as work:
         measure(args, Path(work), load)

@@ -7,8 +7,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -117,6 +119,60 @@ def test_a_busy_machine_is_refused_in_one_line_unless_asked(
     assert runner.check_idle(force=True) == 64.0
     monkeypatch.setattr(runner, "load_average", lambda: 0.0)
     assert runner.check_idle(wait_s=0) == 0.0
+
+
+# A benchmark that times a command which sleeps (its pid first on stdout), in one of the two ways
+# the harness runs commands: `subprocess.run` (study, translate) or train.py's `run_window`.
+TIMED_SLEEPER = """
+import subprocess, sys
+from pathlib import Path
+sys.path.insert(0, {bench!r})
+import runner
+runner.stop_children_on_sigterm()
+sleeper = [sys.executable, "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(60)"]
+if {window!r}:
+    import train
+    train.run_window(sleeper, {{}}, 60, Path({log!r}))
+else:
+    subprocess.run(sleeper)
+"""
+
+
+@pytest.mark.parametrize("window", [False, True], ids=["subprocess.run", "train.run_window"])
+def test_a_benchmark_stopped_with_sigterm_leaves_no_command_running(
+    tmp_path: Path, window: bool
+) -> None:
+    log = tmp_path / "window.log"
+    script = TIMED_SLEEPER.format(bench=str(ROOT / "bench"), window=window, log=str(log))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    bench_process = subprocess.Popen(
+        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        if window:  # run_window logs the command's output
+            deadline = time.monotonic() + 60
+            while not (log.exists() and log.read_text().strip()):
+                assert time.monotonic() < deadline and bench_process.poll() is None
+                time.sleep(0.1)
+            sleeper = int(log.read_text().split("]")[1])
+        else:
+            assert bench_process.stdout is not None
+            sleeper = int(bench_process.stdout.readline())
+        bench_process.send_signal(signal.SIGTERM)
+        assert bench_process.wait(timeout=30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{sleeper}").exists() and "Z" not in _state(sleeper):
+            assert time.monotonic() < deadline, "the timed command outlived its benchmark"
+            time.sleep(0.1)
+    finally:
+        bench_process.kill()
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"  # gone between the two reads
 
 
 # `aiayn` as bench/study.py runs it, without training: `train` logs one update and one
