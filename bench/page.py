@@ -139,21 +139,31 @@ def present(
     found: list[list[dict[str, Any]]], current: dict[str, str]
 ) -> list[tuple[list[dict[str, Any]], bool]]:
     """A task's tables, each with whether the page shows its rows. A table whose every row is
-    older source is left out where a table of the same machine and columns (the same
-    measurement) has current rows, and shown by its heading alone where another machine's table
-    of those columns (or more) has them: the page states what is true now, the records keep
-    the rest."""
-
-    def kind(t: list[dict[str, Any]]) -> tuple[str, str]:
-        return t[0]["machine"]["name"], json.dumps(t[0]["columns"])
+    older source is left out where a table of the same machine and its columns (or more: the
+    same measurement) has current rows, and shown by its heading alone where another machine's table
+    of those columns (or more) has them; within a table, a setup on older source is left out
+    where a later setup of its command and columns is current: the page states what is true now, the
+    records keep the rest."""
 
     def names(t: list[dict[str, Any]]) -> set[str]:
         return {c[0] for c in t[0]["columns"]}
 
-    now = [t for t in found if any(measured(r, current) == r["date"][:10] for r in t)]
-    kinds = {kind(t) for t in now}
+    def fresh(r: dict[str, Any]) -> bool:
+        return measured(r, current) == r["date"][:10]
+
+    # Within a table, a setup on older source gives way to a later one of the same command and
+    # columns on the current source: the same measurement taken again (on another corpus, say).
+    found = [[r for r in t if fresh(r) or not any(
+        fresh(n) and (n["command"], n["columns"]) == (r["command"], r["columns"])
+        and n["date"] > r["date"] for n in t)] for t in found]  # fmt: skip
+    now = [t for t in found if any(fresh(r) for r in t)]
+
+    def machine(t: list[dict[str, Any]]) -> str:
+        return t[0]["machine"]["name"]
+
     return [(t, t in now or not any(names(t) <= names(n) for n in now)) for t in found
-            if t in now or kind(t) not in kinds]  # fmt: skip
+            if t in now or not any(machine(t) == machine(n) and names(t) <= names(n)
+                                   for n in now)]  # fmt: skip
 
 
 def heading(found: list[dict[str, Any]]) -> list[str]:

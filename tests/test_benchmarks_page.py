@@ -55,7 +55,8 @@ def test_the_page_is_short_and_states_the_present(
     records: list[dict[str, Any]], current: dict[str, str], history: None
 ) -> None:
     text = page.render(records, current)
-    assert len(text.splitlines()) <= 320
+    # One present table per machine and measurement (three CPUs and a GPU), no history.
+    assert len(text.splitlines()) <= 340
     assert "## What to expect" in "\n".join(text.splitlines()[:20])
     # a run of 7+ hex digits with a letter among them (a number such as 4194292 is not one)
     assert not re.search(r"\b(?=[0-9]*[a-f])[0-9a-f]{7,40}\b", text), "a commit hash on the page"
@@ -213,6 +214,33 @@ def numbers_in(value: Any) -> set[float]:
     if isinstance(value, list):
         return set().union(*(numbers_in(v) for v in value)) if value else set()
     return set()
+
+
+def test_a_setup_on_older_source_gives_way_to_a_later_current_one_of_its_table() -> None:
+    paths = runner.SOURCES["recipe"]
+    fresh = {
+        "task": "recipe", "table": "the recipe", "setup": "corpus B", "date": "2030-01-02 00:00",
+        "command": "python bench/study.py run DATA RUNS recipe", "summary": "BLEU 22",
+        "machine": {"name": "CPU A"}, "versions": {"torch": "2"},
+        "sources": {"src": "x", **runner.source_hashes(paths)},
+        "columns": [["updates", "updates"], ["bleu", "BLEU"]],
+        "rows": [{"updates": 1908, "bleu": 22.78}],
+    }  # fmt: skip
+    older = {**copy.deepcopy(fresh), "setup": "corpus A", "date": "2030-01-01 00:00"}
+    older["sources"]["src/aiayn/train"] = "0" * 40
+    older["rows"] = [{"updates": 2504, "bleu": 24.62}]
+    text = page.render([older, fresh], page.current_hashes([fresh]))
+    assert "22.78" in text and "24.62" not in text and "corpus A" not in text
+    # An older setup of another command (another run of a study) or of other columns keeps its
+    # rows.
+    for change in ("command", "columns"):
+        other = copy.deepcopy(older)
+        other["command"] += " S2" if change == "command" else ""
+        if change == "columns":
+            other["columns"] = [*other["columns"], ["chrf", "chrF"]]
+            other["rows"][0]["chrf"] = 46.06
+        text = page.render([other, fresh], page.current_hashes([fresh]))
+        assert "24.62" in text and "older source" in text
 
 
 def test_the_readmes_results_come_from_records(records: list[dict[str, Any]]) -> None:
