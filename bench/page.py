@@ -148,13 +148,16 @@ def present(
     def names(t: list[dict[str, Any]]) -> set[str]:
         return {c[0] for c in t[0]["columns"]}
 
+    def keys(r: dict[str, Any]) -> list[str]:  # a column's label may be reworded since
+        return [c[0] for c in r["columns"]]
+
     def fresh(r: dict[str, Any]) -> bool:
         return measured(r, current) == r["date"][:10]
 
     # Within a table, a setup on older source gives way to a later one of the same command and
     # columns on the current source: the same measurement taken again (on another corpus, say).
     found = [[r for r in t if fresh(r) or not any(
-        fresh(n) and (n["command"], n["columns"]) == (r["command"], r["columns"])
+        fresh(n) and n["command"] == r["command"] and keys(n) == keys(r)
         and n["date"] > r["date"] for n in t)] for t in found]  # fmt: skip
     now = [t for t in found if any(fresh(r) for r in t)]
 
