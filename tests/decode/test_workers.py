@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,26 @@ def test_a_worker_that_dies_fails_the_call_instead_of_hanging() -> None:
 
     with Workers(killed_on_1, workers=2) as pool, pytest.raises(WorkerDiedError, match="died"):
         list(pool.map(list(range(4))))
+
+
+def test_a_dead_worker_leaves_the_pools_thread_nothing_to_print(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The pool's thread fails the items still queued while the caller has already seen the
+    first failure: nothing else may touch those futures, or (before Python 3.12) the thread dies
+    printing a traceback under the one-line error."""
+    thread_errors: list[BaseException | None] = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: thread_errors.append(args.exc_value))
+
+    def killed_on_1(i: int) -> int:
+        if i == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return i
+
+    for _ in range(10):  # a race: many items queued make it likely
+        with Workers(killed_on_1, workers=2) as pool, pytest.raises(WorkerDiedError):
+            list(pool.map(list(range(2000))))
+    assert thread_errors == []
 
 
 def test_stopping_early_stops_the_workers() -> None:

@@ -139,10 +139,15 @@ class Workers:
                 initializer=_start_worker,
                 initargs=(self.run, self.threads, os.getpid()),
             )
+        # Not Executor.map: stopped early, it cancels the futures left while the pool's own
+        # thread may be failing them for a dead worker, and before Python 3.12 that thread then
+        # dies printing InvalidStateError. Here only the pool settles its futures.
         finished = False
         try:
             try:
-                yield from self._pool.map(_run_in_worker, items)
+                futures = [self._pool.submit(_run_in_worker, item) for item in items][::-1]
+                while futures:
+                    yield futures.pop().result()  # popped: a result is not kept once given
             except BrokenProcessPool:
                 raise WorkerDiedError(
                     "a decoding worker process died (killed for memory? try a smaller "
