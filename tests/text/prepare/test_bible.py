@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -139,7 +140,12 @@ def test_missing_modules_say_how_to_install(
     assert run("bible-en-es", tmp_path / "out", "--sword-dir", tmp_path) == 2
     err = capsys.readouterr().err
     assert "engWEB2015eb (Debian package sword-text-web)" in err
-    assert "sudo apt-get install sword-text-web sword-text-sparv" in err
+    command = "apt-get install sword-text-web sword-text-sparv"
+    assert f"with: {'' if os.geteuid() == 0 else 'sudo '}{command}" in err
+    for uid, how in ((0, "with: apt-get"), (1000, "with: sudo apt-get")):  # root needs no sudo
+        monkeypatch.setattr(bible.os, "geteuid", lambda uid=uid: uid)
+        assert run("bible-en-es", tmp_path / "out", "--sword-dir", tmp_path) == 2
+        assert how in capsys.readouterr().err
     monkeypatch.setattr(bible.shutil, "which", lambda name: None)
     assert run("bible-en-es", tmp_path / "out", "--sword-dir", tmp_path) == 2
     assert "apt-get is not available here" in capsys.readouterr().err

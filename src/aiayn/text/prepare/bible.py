@@ -31,6 +31,7 @@ from __future__ import annotations
 import functools
 import html
 import logging
+import os
 import re
 import shutil
 from collections import Counter
@@ -78,7 +79,8 @@ MODULES = {
     "en": Module("engWEB2015eb", "sword-text-web", drop_caps=False),
     "es": Module("spaRV1909eb", "sword-text-sparv", drop_caps=True),
 }
-INSTALL_COMMAND = "sudo apt-get install " + " ".join(m.package for m in MODULES.values())
+INSTALL_COMMAND = "apt-get install " + " ".join(m.package for m in MODULES.values())
+"""The command that installs the modules, as root (`sudo` before it otherwise)."""
 
 # -- markup ---------------------------------------------------------------------------------
 
@@ -260,6 +262,10 @@ def module_info(sword_dir: Path, module: Module) -> dict[str, str]:
     }
 
 
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
 def check_installed(sword_dir: Path) -> None:
     """Raises a `PrepareError` that says how to install what is missing."""
     try:
@@ -274,7 +280,7 @@ def check_installed(sword_dir: Path) -> None:
         return
     what = ", ".join(f"{m.name} (Debian package {m.package})" for m in missing)
     message = f"the SWORD module(s) {what} are not installed in {sword_dir}. Install with: "
-    message += INSTALL_COMMAND
+    message += ("" if _is_root() else "sudo ") + INSTALL_COMMAND
     if shutil.which("apt-get") is None:
         message += (
             " — but apt-get is not available here: on a system without Debian packages, "
