@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import ctypes
 import importlib.metadata
 import json
 import os
@@ -249,6 +250,17 @@ def _exit_on_signal(signum: int, frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+
+
+def ends_with_benchmark() -> None:
+    """`preexec_fn` for a command the harness runs: on Linux the command gets SIGTERM when the
+    benchmark dies, even of SIGKILL (which no handler sees), so that no trainer, translator or
+    server outlives it (`stop_children_on_sigterm` covers the signals a handler sees)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
 def load_average() -> float | None:
     try:
         return float(Path("/proc/loadavg").read_text(encoding="utf-8").split()[0])
@@ -289,7 +301,8 @@ def timed(command: Command, out: Path, env: Mapping[str, str], **swap: str) -> f
     """Seconds from launch to exit of `command` writing `out`; a failure raises with the end
     of its standard error."""
     start = time.perf_counter()
-    done = subprocess.run(command.argv_for(out, swap), env=env, capture_output=True, text=True)
+    done = subprocess.run(command.argv_for(out, swap), env=env, capture_output=True, text=True,
+                          preexec_fn=ends_with_benchmark)  # fmt: skip
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise RuntimeError(f"{command.name} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -356,7 +369,8 @@ def run_logged(
     """Run `command`, its output into `log` (with `append`, after what the log holds, under the
     command's line); (exit status, or None on a timeout; the output)."""
     try:
-        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, timeout=timeout)
+        done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, timeout=timeout,
+                              preexec_fn=ends_with_benchmark)  # fmt: skip
         code, output = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as expired:
         code, output = None, (expired.stdout or b"") + (expired.stderr or b"")

@@ -114,7 +114,7 @@ def serving(
         command.append("--no-batching")
     if not args.onednn:
         command.append("--no-onednn")
-    process = subprocess.Popen(command)
+    process = subprocess.Popen(command, preexec_fn=runner.ends_with_benchmark)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:

@@ -313,11 +313,12 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
     print(f"{time.strftime('%H:%M')} {name}: {' '.join(flags)}", flush=True)
     args.study_dir.mkdir(parents=True, exist_ok=True)
     with open(args.study_dir / f"{name}.train.log", "w", encoding="utf-8") as log:
-        subprocess.run(train, stdout=log, stderr=subprocess.STDOUT, env=env, check=True)
+        subprocess.run(train, stdout=log, stderr=subprocess.STDOUT, env=env, check=True,
+                       preexec_fn=runner.ends_with_benchmark)  # fmt: skip
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB → GiB
     for split in ("test", "valid") if has_test else ("valid",):  # valid.bleu.json: run done
         done = subprocess.run([*evaluate, *on[split]], capture_output=True, text=True, env=env,
-                              check=True)  # fmt: skip
+                              check=True, preexec_fn=runner.ends_with_benchmark)  # fmt: skip
         (out / f"{split}.bleu.json").write_text(done.stdout, encoding="utf-8")
     got = read_run(out)
     ppl = round(got["raw"][-1], 2) if got["raw"] else None

@@ -396,6 +396,7 @@ def run_window(command: list[str], env: dict[str, str], seconds: float, log: Pat
     child = subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         start_new_session=True,  # its own process group: the stop reaches data-loader workers
+        preexec_fn=runner.ends_with_benchmark,
     )  # fmt: skip
 
     def read() -> None:

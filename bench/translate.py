@@ -236,7 +236,8 @@ def warm_up(
     caches (`as_installed`) and the page cache then hold what every timed round reads."""
     for system in systems:
         command = system.argv_for(work / "warm-up-out.txt", {str(src): str(first)})
-        subprocess.run(command, env=env, capture_output=True, check=False)
+        subprocess.run(command, env=env, capture_output=True, check=False,
+                       preexec_fn=runner.ends_with_benchmark)  # fmt: skip
 
 
 def search_options(extra: list[str]) -> dict:
@@ -305,7 +306,8 @@ def exported(args: argparse.Namespace, work: Path, env: dict, to: str, *extra: s
     """The model exported by `aiayn export --to TO` into `work`."""
     export = work / f"{to}{'-'.join(('', *extra[1:]))}"
     command = [*runner.AIAYN, "export", args.model, "--to", to, "-o", str(export), *extra]
-    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    done = subprocess.run(command, env=env, capture_output=True, text=True,
+                          preexec_fn=runner.ends_with_benchmark)  # fmt: skip
     if done.returncode != 0:
         sys.exit(f"{shlex.join(command)} failed: {done.stderr.strip()[-2000:]}")
     return export
@@ -340,7 +342,8 @@ def systems(args: argparse.Namespace, work: Path, env: dict) -> list[Command]:
             found.append(Command("aiayn translate --backend ctranslate2", on_export))
             cached = translate(args.model, "--backend", "ctranslate2")
             warm = [part.replace("{out}", str(work / "warm.txt")) for part in cached]
-            subprocess.run(warm, env=env, check=True, capture_output=True)  # converts once
+            subprocess.run(warm, env=env, check=True, capture_output=True,  # converts once
+                           preexec_fn=runner.ends_with_benchmark)  # fmt: skip
             found.append(Command("aiayn translate -m MODEL --backend ctranslate2", cached))
     if args.with_hf:
         script = [str(exported(args, work, env, "hf")), str(args.src), "{out}", str(args.beam),

@@ -134,14 +134,16 @@ if {window!r}:
     import train
     train.run_window(sleeper, {{}}, 60, Path({log!r}))
 else:
-    subprocess.run(sleeper)
+    subprocess.run(sleeper, preexec_fn=runner.ends_with_benchmark)
 """
 
 
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
 @pytest.mark.parametrize("window", [False, True], ids=["subprocess.run", "train.run_window"])
-def test_a_benchmark_stopped_with_sigterm_leaves_no_command_running(
-    tmp_path: Path, window: bool
+def test_a_benchmark_stopped_leaves_no_command_running(
+    tmp_path: Path, window: bool, stop: signal.Signals
 ) -> None:
+    """Stopped by a signal its handler sees (SIGTERM) or by SIGKILL, which none sees."""
     log = tmp_path / "window.log"
     script = TIMED_SLEEPER.format(bench=str(ROOT / "bench"), window=window, log=str(log))
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
@@ -158,8 +160,9 @@ def test_a_benchmark_stopped_with_sigterm_leaves_no_command_running(
         else:
             assert bench_process.stdout is not None
             sleeper = int(bench_process.stdout.readline())
-        bench_process.send_signal(signal.SIGTERM)
-        assert bench_process.wait(timeout=30) == 128 + signal.SIGTERM
+        bench_process.send_signal(stop)
+        expected = -stop if stop == signal.SIGKILL else 128 + stop
+        assert bench_process.wait(timeout=30) == expected
         deadline = time.monotonic() + 10
         while Path(f"/proc/{sleeper}").exists() and "Z" not in _state(sleeper):
             assert time.monotonic() < deadline, "the timed command outlived its benchmark"
