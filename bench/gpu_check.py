@@ -11,8 +11,9 @@ in the time the earlier ones left (each stage's function says how):
    TF32 and float32 beside it;
 3. **train**: `base` updates at the paper's ~25,000 target tokens (§5.1) on sentences of real
    lengths, aiayn against `torch.nn.Transformer` wrapped to the same model, in bf16, TF32 and
-   float32: target tokens/s, peak memory, MFU, and the paper's base run (100k updates) on this
-   GPU against its 12 hours on 8 P100s (§5.2);
+   float32: target tokens/s, peak memory, MFU, how busy the GPU is (its kernels' time over the
+   wall time of 10 updates after the timed ones, torch.profiler), and the paper's base run
+   (100k updates) on this GPU against its 12 hours on 8 P100s (§5.2);
 4. **torchrun**: `torchrun --nproc_per_node=1 -m aiayn train`, then the same run through NCCL
    and DistributedDataParallel (`ddp_worker`); both runs' losses must agree;
 5. **job**: `aiayn demo` (needs `num2words`), then `aiayn translate` of its 500 held-out numbers
@@ -107,6 +108,7 @@ class Sizes:
     max_tokens: int = 12_500
     warmup: int = 3
     updates: int = 8
+    profiled: int = 10  # after the timed updates: how busy the GPU is (`device_busy`)
     precisions: tuple[str, ...] = ("bf16", "tf32", "fp32")
     peak_n: int = 8192
     torchrun_steps: int = 6
@@ -441,8 +443,10 @@ def measure_updates(
                 seconds.append(took)
                 tokens.append(n)
                 flops.append(update_flops(config, data, group))
+        busy = device_busy(ctx.device, run, updates, ctx.sizes.profiled if ctx.left() > 230 else 0)
     rates = [n / s for n, s in zip(tokens, seconds, strict=True)]
     return {
+        "busy": busy,
         "updates": len(seconds),
         "target_tokens_per_update": round(statistics.mean(tokens)),
         "median_update_s": statistics.median(seconds),
@@ -451,6 +455,36 @@ def measure_updates(
         "tflops": sum(flops) / sum(seconds) / 1e12,
         "peak_memory_gib": torch.cuda.max_memory_allocated(ctx.device) / 2**30 if cuda else None,
     }
+
+
+def device_busy(device: torch.device, run: Callable, updates: list, count: int) -> float | None:
+    """The fraction of the wall time of `count` more updates (the first of `updates` again)
+    in which the GPU runs a kernel: the union of its kernels' intervals (torch.profiler, CUDA
+    activity alone) over the updates' wall time, the device synchronised before and after.
+    Below 1, the GPU waits for the host to launch work. None on a CPU, or where the profiler
+    sees no kernel."""
+    if device.type != "cuda" or count < 1:
+        return None
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    groups = [updates[i % len(updates)] for i in range(count)]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        wall, _ = timed(device, lambda: [run(g, len(updates) + i) for i, g in enumerate(groups)])
+    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events()
+               if e.device_type == DeviceType.CUDA]  # fmt: skip
+    return covered(kernels) / (wall * 1e6) if kernels else None
+
+
+def covered(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of `intervals` (start, end): overlapping kernels (on several
+    streams) count once."""
+    total, reach = 0.0, -math.inf
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
 
 
 def stage_train(ctx: Context, report: dict[str, Any]) -> dict[str, Any]:
@@ -699,7 +733,7 @@ def _ct2_device_probe(device: str, code: int | None, output: str, seconds: float
 TRAIN_COLUMNS = [
     ("model", "model"), ("precision", "precision"), ("tokens_per_update", "target tok/update"),
     ("update_s", "s/update"), ("tokens_per_s", "target tok/s"), ("range", "min–max"),
-    ("peak_gib", "peak GiB"), ("tflops", "TFLOP/s"), ("mfu", "MFU"),
+    ("peak_gib", "peak GiB"), ("tflops", "TFLOP/s"), ("mfu", "MFU"), ("busy", "GPU busy"),
 ]  # fmt: skip
 JOB_COLUMNS = [("decoding", "decoding"), ("wall_s", "wall time, s (rounds)"),
                ("exact_match", "exact match")]  # fmt: skip
@@ -724,6 +758,7 @@ def train_rows(train: dict[str, Any]) -> list[dict[str, Any]]:
             "peak_gib": None if memory is None else round(memory, 1),
             "tflops": round(r["tflops"], 1),
             "mfu": f"{100 * r['mfu']:.0f}%" if "mfu" in r else None,
+            "busy": f"{100 * r['busy']:.0f}%" if r.get("busy") is not None else None,
         })  # fmt: skip
     return rows
 

@@ -251,7 +251,7 @@ def test_the_training_and_job_tables_become_records_for_the_page(
             {"model": "aiayn", "precision": "bf16", "target_tokens_per_update": 17659,
              "median_update_s": 0.1351, "tokens_per_s": 129087.4,
              "tokens_per_s_range": [91242.1, 157368.0], "tflops": 56.6, "peak_memory_gib": 4.31,
-             "mfu": 0.075},
+             "mfu": 0.075, "busy": 0.412},
             {"model": "nn.Transformer", "precision": "bf16", "error": "not measured: out of time"},
         ],
     }  # fmt: skip
@@ -267,7 +267,7 @@ def test_the_training_and_job_tables_become_records_for_the_page(
     assert trained["rows"] == [
         {"model": "aiayn", "precision": "bf16", "tokens_per_update": 17659, "update_s": 0.135,
          "tokens_per_s": 129087, "range": "91242–157368", "peak_gib": 4.3, "tflops": 56.6,
-         "mfu": "8%"},
+         "mfu": "8%", "busy": "41%"},
         {"model": "nn.Transformer", "precision": "bf16",
          "tokens_per_update": "not measured: out of time"},
     ]  # fmt: skip
@@ -283,3 +283,16 @@ def test_the_training_and_job_tables_become_records_for_the_page(
     assert "| fp32 | 5.2 (5.7, 4.7) | 100.0% |" in runner.markdown_table(
         translated["columns"], translated["rows"]
     )
+
+
+def test_how_busy_the_gpu_is_counts_overlapping_kernels_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import gpu_check
+
+    assert gpu_check.covered([]) == 0.0
+    assert gpu_check.covered([(0.0, 2.0), (5.0, 6.0)]) == 3.0
+    assert gpu_check.covered([(5.0, 6.0), (0.0, 4.0), (1.0, 2.0), (3.0, 5.5)]) == 6.0
+    # On a CPU there is no GPU to be busy: the column stays empty.
+    assert gpu_check.device_busy(torch.device("cpu"), lambda g, s: 0, [[0]], 10) is None
