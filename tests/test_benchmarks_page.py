@@ -56,7 +56,7 @@ def test_the_page_is_short_and_states_the_present(
 ) -> None:
     text = page.render(records, current)
     # One present table per machine and measurement (three CPUs and a GPU), no history.
-    assert len(text.splitlines()) <= 380
+    assert len(text.splitlines()) <= 340
     assert "## What to expect" in "\n".join(text.splitlines()[:20])
     # a run of 7+ hex digits with a letter among them (a number such as 4194292 is not one)
     assert not re.search(r"\b(?=[0-9]*[a-f])[0-9a-f]{7,40}\b", text), "a commit hash on the page"
@@ -256,3 +256,34 @@ def test_the_readmes_results_come_from_records(records: list[dict[str, Any]]) ->
     for figure in figures:
         value, decimals = float(figure.replace(",", "")), len(figure.partition(".")[2])
         assert any(round(n, decimals) == value for n in held), f"README's {figure}: no record"
+
+
+def test_a_machines_notes_are_said_once_and_empty_rows_and_columns_left_out() -> None:
+    """A table that repeats notes of an earlier table of its machine names them instead; a row
+    with nothing measured (a peer the command was not given) and a column no row fills are
+    left out."""
+    paths = runner.SOURCES["train"]
+    first = {
+        "task": "train", "table": "the recipe", "setup": "with the peer", "date": "2030-01-02",
+        "command": "python bench/train.py --fairseq-bin BIN", "summary": "1.3x",
+        "machine": {"name": "CPU A"}, "versions": {"torch": "2"},
+        "sources": {"src": "x", **runner.source_hashes(paths)},
+        "columns": [["trainer", "trainer"], ["tps", "tok/s"], ["vs", "× peer"]],
+        "rows": [{"trainer": "aiayn", "tps": 2118, "vs": "1.28×"},
+                 {"trainer": "peer", "tps": 1656, "vs": "1.00×"}],
+        "notes": ["Model: 2+2 layers.", "Precision: float32.", "Load: 1.9."],
+    }  # fmt: skip
+    variants = {**copy.deepcopy(first), "table": "settings", "setup": "variants",
+                "command": "python bench/train.py --variant x", "date": "2030-01-01"}  # fmt: skip
+    variants["rows"] = [{"trainer": "aiayn", "tps": 1937, "vs": None},
+                        {"trainer": "peer", "tps": "not measured: no --fairseq-bin given"},
+                        {"trainer": "aiayn --x", "tps": 2241, "vs": None}]  # fmt: skip
+    variants["notes"] = ["Model: 2+2 layers.", "Precision: float32.", "Load: 2.0."]
+    other = {**copy.deepcopy(variants), "machine": {"name": "CPU B"}}
+    text = page.render([first, variants, other], page.current_hashes([first]))
+    section = text.split("### Settings: CPU A")[1].split("###")[0]
+    assert "- Model and precision: as said above for this machine." in section
+    assert "- Load: 2.0." in section and "2+2 layers" not in section
+    assert "| aiayn --x | 2241 |" in section and "not measured" not in section
+    assert "× peer" not in section  # no row of this table compares with the peer
+    assert "- Model: 2+2 layers." in text.split("### Settings: CPU B")[1]  # another machine

@@ -184,7 +184,7 @@ def _run_train(args: argparse.Namespace) -> int:
 
     # PyTorch's threads wait for each other at every operation. Spinning, a waiting thread
     # holds the core that other work (another process) needs, and every step stalls; passive,
-    # it sleeps: on an idle 2-core AMD EPYC, 0.86-0.88x the speed of ACTIVE or of OpenMP's own
+    # it sleeps: on an idle 2-core AMD EPYC, 0.86-0.94x the speed of ACTIVE or of OpenMP's own
     # default, but 3x that default's with one core held by another process (BENCHMARKS.md,
     # "`aiayn train`'s settings side by side"). A machine doing nothing else may set ACTIVE.
     # OpenMP reads it once, as torch loads: so here, unless it is set.
