@@ -423,12 +423,9 @@ def run_window(command: list[str], env: dict[str, str], seconds: float, log: Pat
         if stopped:
             peak = runner.proc_kib(child.pid, "VmHWM") or peak
             os.killpg(child.pid, signal.SIGTERM)
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):  # then killed below
                 child.wait(timeout=STOP_GRACE_S)
-            except subprocess.TimeoutExpired:
-                os.killpg(child.pid, signal.SIGKILL)
-                child.wait()
-    finally:  # the benchmark itself stopped (Ctrl-C, SIGTERM): so does its trainer
+    finally:  # past the grace, or the benchmark itself stopped (Ctrl-C, SIGTERM)
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
             child.wait()
