@@ -418,7 +418,7 @@ def record(
         "table": table,
         "setup": setup,
         "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
-        "command": command or shlex.join(["python", *sys.argv]),
+        "command": command or shlex.join(["python", *reproducing(sys.argv)]),
         "machine": machine(machine_name),
         "load_average": load,
         "versions": versions(*peers),
@@ -428,6 +428,25 @@ def record(
         "summary": summary,
         "notes": list(notes),
     }
+
+
+_LABELS = ("--machine", "--setup", "--record")
+"""Options that name or place a record, not what it measures: its command leaves them out."""
+
+
+def reproducing(argv: Sequence[str]) -> list[str]:
+    """`argv` without the options that only label the record or say where it goes, so that a
+    record's command is the measurement and runs of it on other machines read alike."""
+    out: list[str] = []
+    skip = False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in _LABELS:
+            skip = True
+        elif arg != "--no-record" and not arg.startswith(tuple(f"{o}=" for o in _LABELS)):
+            out.append(arg)
+    return out
 
 
 def write(rec: dict[str, Any], args: argparse.Namespace) -> None:

@@ -667,13 +667,17 @@ def notes(
         vocab += ", fairseq dictionary " + " / ".join(
             f"{n} types ({lang})" for lang, n in prepared.fairseq_dict.items()
         )
+    loaded = (
+        "each trainer loaded all of them"
+        if all(v == {prepared.pairs} for v in pairs.values() if v)
+        else "the pairs each trainer loaded: "
+        + ", ".join(f"{k} {', '.join(map(str, v)) or '?'}" for k, v in pairs.items() if v)
+    )
     out = [
         f"- Data: `{Path(args.src).name}` → `{Path(args.tgt).name}`, "
         f"{prepared.pairs} training pairs after the recipe's length filter "
-        f"(max_len {c.max_len}); the pairs each trainer loaded: "
-        + ", ".join(f"{k} {', '.join(map(str, v)) or '?'}" for k, v in pairs.items() if v)
-        + f". Joint BPE vocabulary, one segmentation for both: {vocab}"
-        + (f"; {prepared.fairseq_check}." if prepared.fairseq_check else "."),
+        f"(max_len {c.max_len}); {loaded}. Joint BPE vocabulary, one segmentation for both: "
+        f"{vocab}" + (f"; {prepared.fairseq_check}." if prepared.fairseq_check else "."),
         f"- Model: recipe `{args.config}`, preset `{c.preset}` (d_model {m.d_model}, d_ff "
         f"{m.d_ff}, {m.n_heads} heads, {m.n_encoder_layers}+{m.n_decoder_layers} layers, "
         f"{'pre' if m.norm_first else 'post'}-norm, share_embeddings: {m.share_embeddings}, "

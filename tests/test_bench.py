@@ -376,3 +376,25 @@ def test_train_summary_compares_aiayn_as_users_run_it_with_fairseq(
     assert train.summary_line(found[0], unmeasured, ours) == (
         "`aiayn train` 300 target tokens/s in bf16"
     )
+
+
+def test_train_data_note_lists_the_pairs_each_trainer_loaded_only_where_they_differ(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from types import SimpleNamespace
+
+    from aiayn.config import TrainConfig
+
+    train = bench_train(monkeypatch)
+    args = SimpleNamespace(src="d/train.en", tgt="d/train.es", config="r.yaml", threads=2,
+                           fairseq_workers=1, rounds=2, seconds=120.0, log_every=10)  # fmt: skip
+    prepared = train.Prepared(SimpleNamespace(vocab_size=8000), tmp_path, pairs=300)
+    config = TrainConfig(src="d/train.en", tgt="d/train.es")
+
+    def data_note(*loaded: int) -> str:
+        trainers = [train.Trainer(f"t{i}", "aiayn", runs=[train.Run(10, [], None, None, 1, n)])
+                    for i, n in enumerate(loaded)]  # fmt: skip
+        return train.notes(args, config, prepared, trainers, None)[0]
+
+    assert "; each trainer loaded all of them. Joint BPE" in data_note(300, 300)
+    assert "the pairs each trainer loaded: t0 300, t1 299. Joint" in data_note(300, 299)

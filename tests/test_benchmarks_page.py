@@ -182,12 +182,14 @@ def test_another_machines_older_table_shows_its_heading_alone(current: dict[str,
 def test_a_record_is_one_line_of_json_with_the_machine_and_source(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sys, "argv", ["bench/translate.py", "-m", "MODEL"])
+    argv = ["bench/translate.py", "-m", "MODEL", "--setup", "the 2+2 model", "--machine=CPU A"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--record", "r.jsonl", "--busy-ok"])
     rec = runner.record(
         "translate", table="t", setup="s", columns=[("system", "system")],
         rows=[{"system": "aiayn translate"}], summary="", peers=("no-such-peer",),
     )  # fmt: skip
-    assert rec["command"] == "python bench/translate.py -m MODEL"
+    # The labels and the record's place are left out; what changes the measurement stays.
+    assert rec["command"] == "python bench/translate.py -m MODEL --busy-ok"
     assert rec["machine"]["cores"] >= 1 and set(rec["machine"]["flags"]) <= {
         "AVX2", "AVX-512", "AVX512-BF16", "AMX"
     }  # fmt: skip
