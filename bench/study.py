@@ -140,18 +140,19 @@ FULL_RUNS = {name: flags.split() for name, flags in {
 STUDY_COLUMNS = [("run", "run"), ("flags", "settings on top of the recipe"), ("updates", "updates"),
                  ("minutes", "minutes"), ("valid_ppl", "validation perplexity"),
                  ("bleu", "BLEU"), ("chrf", "chrF")]  # fmt: skip
-RECIPE_COLUMNS = [("budget", "time budget"), ("updates", "updates"),
-                  ("valid_ppl", "validation perplexity"), ("bleu", "BLEU"), ("chrf", "chrF"),
-                  ("peak_rss", "peak RSS")]  # fmt: skip
+RECIPE_COLUMNS = [("flags", "settings on top of the recipe"), ("budget", "time budget"),
+                  ("updates", "updates"), ("valid_ppl", "validation perplexity"),
+                  ("bleu", "BLEU"), ("chrf", "chrF"), ("peak_rss", "peak RSS")]  # fmt: skip
 TEST_COLUMN = ("test_bleu", "test BLEU")  # where DATA has a test split
 PEER = "fairseq"  # the recipe's run by fairseq-train (bench/fairseq_peer.py)
 # The recipe exactly as a user runs it, at twice its 30-minute budget (its schedule stretches
 # to the budget: the same command with `--time-budget 60m`), and in its own budget with a lever
 # of the study that trains more updates in it: d_model 192 (d_ff 768) at the recipe's peak, B8
-# of FULL_RUNS, for a CPU where it runs in float32.
-RECIPE_RUNS = {"recipe": [], "recipe-2x": ["--time-budget", "60m"],
-               "recipe-width192": ["--model", "d_model=192", "--model", "d_ff=768",
-                                   "--lr-scale", "0.866"]}  # fmt: skip
+# of FULL_RUNS, for a CPU where it runs in float32; each also from a second seed.
+WIDTH192 = ["--model", "d_model=192", "--model", "d_ff=768", "--lr-scale", "0.866"]
+RECIPE_RUNS = {"recipe": [], "recipe-2x": ["--time-budget", "60m"], "recipe-width192": WIDTH192,
+               "recipe-s2": ["--seed", "2"],
+               "recipe-width192-s2": [*WIDTH192, "--seed", "2"]}  # fmt: skip
 
 
 def differences(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
@@ -331,7 +332,7 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
            "bleu": bleu and round(bleu, 2), "chrf": chrf and round(chrf, 2)}  # fmt: skip
     if name in RECIPE_RUNS:
         budget = got["config"].get("time_budget")
-        row |= {"budget": f"{budget}, ended at {row.pop('minutes')} min",
+        row |= {"flags": " ".join(flags), "budget": f"{budget}, ended at {row.pop('minutes')} min",
                 "peak_rss": f"{peak:.1f} GiB"}  # fmt: skip
         task, columns, table = "recipe", RECIPE_COLUMNS, "the recipe, 2 threads"
         pairs = len((data / "valid.en").read_text(encoding="utf-8").splitlines())

@@ -247,6 +247,7 @@ def test_study_runs_the_recipe_at_its_budget_and_at_twice_it(
     assert plain["table"] == doubled["table"] and plain["setup"] != doubled["setup"]
     assert plain["setup"] == "`aiayn prepare bible-en-es`'s corpus (validation set: 2 pairs)"
     assert plain["rows"][0]["budget"].startswith("30m, ended at ")
+    assert (plain["rows"][0]["flags"], doubled["rows"][0]["flags"]) == ("", "--time-budget 60m")
     assert doubled["rows"][0]["budget"].startswith("60m, ended at ")
     assert doubled["setup"] == (
         "`aiayn prepare bible-en-es`'s corpus at twice the recipe's budget "
