@@ -9,8 +9,8 @@ The page opens with what to expect (one line a table), then the commands that re
 table, then per task one table per machine and kind of run, its rows from the latest record of
 each setup. A row says "older source" where a path its task exercises has a git hash other
 than the one its record stored and a different code (`older`: comments and docstrings aside);
-where the same measurement has current rows on another machine, an older table gives its
-heading alone. A clone without the records' commits cannot tell, and refuses (a shallow one).
+where the same measurement has current rows on another machine, its older tables are
+named in one line. A clone without the records' commits cannot tell, and refuses (a shallow one).
 A table leaves out the rows of a peer its command did not ask for and the columns no row
 fills, and names the notes said under its machine's first table rather than repeat them.
 """
@@ -142,7 +142,7 @@ def present(
 ) -> list[tuple[list[dict[str, Any]], bool]]:
     """A task's tables, each with whether the page shows its rows. A table whose every row is
     older source is left out where a table of the same machine and its columns (or more: the
-    same measurement) has current rows, and shown by its heading alone where another machine's table
+    same measurement) has current rows, and named in one line where another machine's table
     of those columns (or more) has them; within a table, a setup on older source is left out
     where a later setup of its command and columns is current: the page states what is true now, the
     records keep the rest."""
@@ -177,12 +177,18 @@ def heading(found: list[dict[str, Any]]) -> list[str]:
     return [f"### {table[:1].upper() + table[1:]}: {machine}", ""]
 
 
-def older_table_text(found: list[dict[str, Any]]) -> list[str]:
-    """An older-source table's heading and where its figures are."""
-    dates = sorted({r["date"][:10] for r in found})
-    return [*heading(found),
-            f"Measured {', '.join(dates)} on an older source: bench/results/{found[0]['task']}"
-            ".jsonl keeps the figures; the command above measures them again.", ""]  # fmt: skip
+def older_tables_text(found: list[list[dict[str, Any]]]) -> list[str]:
+    """A task's tables whose rows are all older source while another machine's are current:
+    one line naming each (what, machine, when) and where its figures are."""
+    if not found:
+        return []
+    dates = [", ".join(sorted({r["date"][:10] for r in t})) for t in found]
+    each = "; ".join(
+        f"{t[0]['table']}, {t[0]['machine']['name']} ({when})"
+        for t, when in zip(found, dates, strict=True)
+    )
+    return [f"On an older source (bench/results/{found[0][0]['task']}.jsonl keeps the figures; "
+            f"the commands above measure them again): {each}.", ""]  # fmt: skip
 
 
 def measured(rec: dict[str, Any], current: dict[str, str]) -> str:
@@ -254,9 +260,11 @@ def table_text(
     lines = heading(found)
     i = 0
     while i < len(found):
-        # Setups of the same columns without notes (the study's runs) share one table.
+        # Setups of one row each, of the same columns and without notes (the study's runs,
+        # the recipe's), share one table; a setup of several rows keeps its own, under its name.
         group = [found[i]]
         while (i + len(group) < len(found) and not group[-1].get("notes")
+               and len(found[i]["rows"]) == len(found[i + len(group)]["rows"]) == 1
                and found[i + len(group)]["columns"] == found[i]["columns"]):  # fmt: skip
             group.append(found[i + len(group)])
         i += len(group)
@@ -264,9 +272,11 @@ def table_text(
         rows = [{**row, "measured": measured(rec, current)} for rec in group for row in rec["rows"]
                 if asked_for(row, group[0]["columns"])]  # fmt: skip
         columns = shown_columns(columns, rows)
-        # Commands that differ only by the setup's name (the study's runs) are given once.
-        shared = {(r["command"].replace(r["setup"], "NAME"), peer_versions(r)) for r in group}
-        if len(group) > 1 and len(shared) == 1:
+        # Commands that differ only by the run's name (the study's runs, its setup, or the
+        # recipe's, a column of their one row) are given once.
+        shared = {(r["command"].replace(run_name(r), "NAME"), peer_versions(r)) for r in group}
+        named = all(run_name(r) in r["command"] for r in group)
+        if len(group) > 1 and named and len(shared) == 1:
             ((command, versions),) = shared
             lines += [f"Each row's run NAME: `{command}`; {versions}.", ""]
         else:
@@ -279,6 +289,12 @@ def table_text(
     return lines
 
 
+def run_name(rec: dict[str, Any]) -> str:
+    """The name of the run a record measured: its one row's "run", else its setup."""
+    rows = rec["rows"]
+    return (rows[0].get("run") or rec["setup"]) if len(rows) == 1 else rec["setup"]
+
+
 HEADER = """\
 # Benchmarks
 
@@ -288,7 +304,7 @@ machine, versions, every round's figures); edit those, not this page. The machin
 cloud machines whose speed varies from run to run: compare the rows of one table. "Older
 source" marks a row measured before the code its task exercises last changed (comments aside);
 its command measures it again. A measurement with current rows shows only those in the summary,
-and another machine's older table of it shows its heading alone.
+and another machine's older tables of it are named in one line.
 
 ## What to expect
 """
@@ -321,11 +337,13 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
             continue
         lines += [f"## {heading}", "", what, ""]
         said: dict[str, set[str]] = defaultdict(set)  # per machine, the notes said in this task
+        older_tables = []
         for found, shown in present(by_task[task], current):
             if shown:
                 lines += table_text(found, current, said[found[0]["machine"]["name"]])
             else:
-                lines += older_table_text(found)
+                older_tables.append(found)
+        lines += older_tables_text(older_tables)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

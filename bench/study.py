@@ -140,7 +140,8 @@ FULL_RUNS = {name: flags.split() for name, flags in {
 STUDY_COLUMNS = [("run", "run"), ("flags", "settings on top of the recipe"), ("updates", "updates"),
                  ("minutes", "minutes"), ("valid_ppl", "validation perplexity"),
                  ("bleu", "BLEU"), ("chrf", "chrF")]  # fmt: skip
-RECIPE_COLUMNS = [("flags", "settings on top of the recipe"), ("budget", "time budget"),
+RECIPE_COLUMNS = [("run", "run"), ("flags", "settings on top of the recipe"),
+                  ("budget", "time budget"),
                   ("updates", "updates"), ("valid_ppl", "validation perplexity"),
                   ("bleu", "BLEU"), ("chrf", "chrF"), ("peak_rss", "peak RSS")]  # fmt: skip
 TEST_COLUMN = ("test_bleu", "test BLEU")  # where DATA has a test split
@@ -332,7 +333,8 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
            "bleu": bleu and round(bleu, 2), "chrf": chrf and round(chrf, 2)}  # fmt: skip
     if name in RECIPE_RUNS:
         budget = got["config"].get("time_budget")
-        row |= {"flags": " ".join(flags), "budget": f"{budget}, ended at {row.pop('minutes')} min",
+        row |= {"run": name, "flags": " ".join(flags),
+                "budget": f"{budget}, ended at {row.pop('minutes')} min",
                 "peak_rss": f"{peak:.1f} GiB"}  # fmt: skip
         task, columns, table = "recipe", RECIPE_COLUMNS, "the recipe, 2 threads"
         pairs = len((data / "valid.en").read_text(encoding="utf-8").splitlines())

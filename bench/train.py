@@ -669,7 +669,7 @@ def notes(
         )
     loaded = (
         "each trainer loaded all of them"
-        if all(v == {prepared.pairs} for v in pairs.values() if v)
+        if any(pairs.values()) and all(v == {prepared.pairs} for v in pairs.values() if v)
         else "the pairs each trainer loaded: "
         + ", ".join(f"{k} {', '.join(map(str, v)) or '?'}" for k, v in pairs.items() if v)
     )

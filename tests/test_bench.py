@@ -247,7 +247,9 @@ def test_study_runs_the_recipe_at_its_budget_and_at_twice_it(
     assert plain["table"] == doubled["table"] and plain["setup"] != doubled["setup"]
     assert plain["setup"] == "`aiayn prepare bible-en-es`'s corpus (validation set: 2 pairs)"
     assert plain["rows"][0]["budget"].startswith("30m, ended at ")
-    assert (plain["rows"][0]["flags"], doubled["rows"][0]["flags"]) == ("", "--time-budget 60m")
+    assert [(r["rows"][0]["run"], r["rows"][0]["flags"]) for r in (plain, doubled)] == [
+        ("recipe", ""), ("recipe-2x", "--time-budget 60m")
+    ]  # fmt: skip
     assert doubled["rows"][0]["budget"].startswith("60m, ended at ")
     assert doubled["setup"] == (
         "`aiayn prepare bible-en-es`'s corpus at twice the recipe's budget "
@@ -392,10 +394,11 @@ def test_train_data_note_lists_the_pairs_each_trainer_loaded_only_where_they_dif
     prepared = train.Prepared(SimpleNamespace(vocab_size=8000), tmp_path, pairs=300)
     config = TrainConfig(src="d/train.en", tgt="d/train.es")
 
-    def data_note(*loaded: int) -> str:
+    def data_note(*loaded: int | None) -> str:
         trainers = [train.Trainer(f"t{i}", "aiayn", runs=[train.Run(10, [], None, None, 1, n)])
                     for i, n in enumerate(loaded)]  # fmt: skip
         return train.notes(args, config, prepared, trainers, None)[0]
 
     assert "; each trainer loaded all of them. Joint BPE" in data_note(300, 300)
     assert "the pairs each trainer loaded: t0 300, t1 299. Joint" in data_note(300, 299)
+    assert "all of them" not in data_note(None, None)  # no trainer's log said

@@ -150,7 +150,7 @@ def test_a_change_to_comments_and_docstrings_leaves_a_row_current(
     assert older_after({"lib/a.py": a.replace("x + 1", "x + 2")})
 
 
-def test_another_machines_older_table_shows_its_heading_alone(current: dict[str, str]) -> None:
+def test_another_machines_older_table_is_named_in_one_line(current: dict[str, str]) -> None:
     paths = runner.SOURCES["translate"]
     fresh = {
         "task": "translate", "table": "a file", "setup": "a model", "date": "2030-01-01 00:00",
@@ -166,7 +166,8 @@ def test_another_machines_older_table_shows_its_heading_alone(current: dict[str,
     older["rows"][0]["wall_s"] = runner.figures([9.0, 8.0, 7.0])
     peer = {**copy.deepcopy(fresh), "setup": "a peer", "summary": "faster"}
     text = page.render([fresh, older, peer], page.current_hashes([fresh]))
-    assert "### A file: CPU B" in text and "bench/results/translate.jsonl keeps" in text
+    assert "### A file: CPU B" not in text and "bench/results/translate.jsonl keeps" in text
+    assert "measure them again): a file, CPU B (2030-01-01)." in text
     assert "8.0 (9.0, 8.0, 7.0)" not in text and "| 2.0 (2.0, 1.0, 3.0) |" in text
     assert "| CPU A | 2030-01-01 | a model: fast; a peer: faster |" in text  # one table, one row
     assert "slow" not in text  # the summary shows the current rows alone
@@ -289,3 +290,33 @@ def test_a_machines_notes_are_said_once_and_empty_rows_and_columns_left_out() ->
     assert "| aiayn --x | 2241 |" in section and "not measured" not in section
     assert "× peer" not in section  # no row of this table compares with the peer
     assert "- Model: 2+2 layers." in text.split("### Settings: CPU B")[1]  # another machine
+
+
+def test_setups_of_several_rows_keep_their_tables_and_older_tables_share_one_line() -> None:
+    """Two models measured by the same command each get their table under their name (their
+    rows cannot be told apart in one); another machine's older table of the same measurement
+    is named in one line after the current ones."""
+    paths = runner.SOURCES["translate"]
+    first = {
+        "task": "translate", "table": "810 sentences", "setup": "model A",
+        "date": "2030-01-01 00:00", "command": "python bench/translate.py -m MODEL",
+        "summary": "0.7x", "machine": {"name": "CPU A"}, "versions": {"torch": "2"},
+        "sources": {"src": "x", **runner.source_hashes(paths)},
+        "columns": [["system", "system"], ["wall", "wall time"]],
+        "rows": [{"system": "aiayn", "wall": 16.7}, {"system": "peer", "wall": 11.9}],
+    }  # fmt: skip
+    second = {**copy.deepcopy(first), "setup": "model B", "date": "2030-01-02 00:00"}
+    second["rows"] = [{"system": "aiayn", "wall": 15.9}, {"system": "peer", "wall": 9.3}]
+    stale = {**copy.deepcopy(first), "machine": {"name": "CPU B"}, "date": "2029-12-31 00:00"}
+    stale["sources"][paths[0]] = "0" * 40
+    text = page.render([first, second, stale], page.current_hashes([first]))
+    section = text.split("### 810 sentences: CPU A")[1]
+    assert "Each row's run NAME" not in section
+    order = ["Model A: `python bench/translate.py -m MODEL`", "| aiayn | 16.7 |",
+             "Model B: `python bench/translate.py -m MODEL`", "| aiayn | 15.9 |"]  # fmt: skip
+    assert [section.index(s) for s in order] == sorted(section.index(s) for s in order)
+    assert "### 810 sentences: CPU B" not in text
+    assert (
+        "On an older source (bench/results/translate.jsonl keeps the figures; the commands "
+        "above measure them again): 810 sentences, CPU B (2029-12-31)."
+    ) in section
