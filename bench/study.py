@@ -116,6 +116,7 @@ RUNS = {name: flags.split() for name, flags in {
 # (not 8k) makes 0.76x the updates: 0.53 s an update against 0.40 (two interleaved runs of 160
 # updates each; 1,784 target tokens an update against 1,826).
 FULL = "--schedule linear --time-budget none --save-every 0"
+WIDTH192 = "--model d_model=192 --model d_ff=768 --lr-scale 0.866"  # B8's, at the recipe's peak
 BF16 = f"{FULL} --precision bf16"
 FULL_RUNS = {name: flags.split() for name, flags in {
     "B0-recipe": f"{FULL} --precision fp32 --max-steps 3600",
@@ -127,15 +128,13 @@ FULL_RUNS = {name: flags.split() for name, flags in {
     "B6-bf16-lr075": f"{BF16} --max-steps 5100 --lr-scale 0.75",
     "B7-bf16-enc3-dec1": f"{BF16} --max-steps 5700 --model n_encoder_layers=3 "
     "--model n_decoder_layers=1",
-    "B8-bf16-width192": f"{BF16} --max-steps 6800 --model d_model=192 --model d_ff=768 "
-    "--lr-scale 0.866",
+    "B8-bf16-width192": f"{BF16} --max-steps 6800 {WIDTH192}",
     "B9-bf16-bpe-dropout01": f"{BF16} --max-steps 5075 --bpe-dropout 0.1",
     "B10-bf16-bpe16k": f"{BF16} --max-steps 3900 --vocab-size 16000",
     # The same runs from a second seed (initialisation, dropout, batch order).
     "B0-recipe-s2": f"{FULL} --precision fp32 --max-steps 3600 --seed 2",
     "B1-bf16-s2": f"{BF16} --max-steps 5100 --seed 2",
-    "B8-bf16-width192-s2": f"{BF16} --max-steps 6800 --model d_model=192 --model d_ff=768 "
-    "--lr-scale 0.866 --seed 2",
+    "B8-bf16-width192-s2": f"{BF16} --max-steps 6800 {WIDTH192} --seed 2",
 }.items()}  # fmt: skip
 STUDY_COLUMNS = [("run", "run"), ("flags", "settings on top of the recipe"), ("updates", "updates"),
                  ("minutes", "minutes"), ("valid_ppl", "validation perplexity"),
@@ -150,10 +149,9 @@ PEER = "fairseq"  # the recipe's run by fairseq-train (bench/fairseq_peer.py)
 # to the budget: the same command with `--time-budget 60m`), and in its own budget with a lever
 # of the study that trains more updates in it: d_model 192 (d_ff 768) at the recipe's peak, B8
 # of FULL_RUNS, for a CPU where it runs in float32; each also from a second seed.
-WIDTH192 = ["--model", "d_model=192", "--model", "d_ff=768", "--lr-scale", "0.866"]
-RECIPE_RUNS = {"recipe": [], "recipe-2x": ["--time-budget", "60m"], "recipe-width192": WIDTH192,
-               "recipe-s2": ["--seed", "2"],
-               "recipe-width192-s2": [*WIDTH192, "--seed", "2"]}  # fmt: skip
+RECIPE_RUNS = {"recipe": [], "recipe-2x": ["--time-budget", "60m"],
+               "recipe-width192": WIDTH192.split(), "recipe-s2": ["--seed", "2"],
+               "recipe-width192-s2": [*WIDTH192.split(), "--seed", "2"]}  # fmt: skip
 
 
 def differences(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
