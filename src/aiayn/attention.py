@@ -172,7 +172,7 @@ class MultiHeadAttention(nn.Module):
         which runs faster, most of all for the few rows of a decoding step. Built anew on each
         call, so it is always the current weights (nothing is kept on the module); a decoding
         search builds it once and keeps it in its `DecoderCache`. None for layers that are not
-        `nn.Linear` (int8 layers keep three products; `decode.packing.PackedSelfAttention` holds
+        `nn.Linear` (`decode.packing.StackedSelfAttention`, float32 or int8 decoding's, holds
         its own stacked product).
         """
         linears = (self.q_proj, self.k_proj, self.v_proj)

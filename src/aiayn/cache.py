@@ -119,7 +119,7 @@ class DecoderCache:
 
     def self_qkv_weights(self, layer: int) -> tuple[Tensor, Tensor] | None:
         """Layer `layer`'s stacked [W^Q; W^K; W^V] weight and bias for this search, or None
-        (int8 layers keep three products)."""
+        (a decoding copy's self-attention holds its own: `decode.packing.StackedSelfAttention`)."""
         return self._self_qkv[layer]
 
     def append_self(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:

@@ -11,16 +11,23 @@ import platform
 import pytest
 import torch
 
-from aiayn.acceleration import cpu_attention, onednn_linear_missing, use_cpu_attention
+from aiayn.acceleration import (
+    cpu_attention,
+    onednn_linear_missing,
+    quantize_int8,
+    use_cpu_attention,
+)
 from aiayn.attention import MultiHeadAttention, fused_attention
 from aiayn.decode import packing
 from aiayn.decode.options import DecodingOptions
 from aiayn.decode.packing import (
     PackedLinear,
-    PackedSelfAttention,
+    StackedSelfAttention,
     decoding_kernels,
     mkl_missing,
     pack_linear_layers,
+    stack_self_attention,
+    stacked_linear,
 )
 from aiayn.decode.search import beam_search, greedy_search
 from aiayn.model import PositionwiseFeedForward, Transformer
@@ -88,7 +95,8 @@ def test_packing_replaces_every_linear_layer_of_a_copy_and_leaves_the_model_alon
     ) - 2 * len(layers)  # one stacked [W^Q; W^K; W^V] per self-attention layer for three
     c = model.config
     assert all(
-        type(m.self_attn) is PackedSelfAttention
+        type(m.self_attn) is StackedSelfAttention
+        and type(m.self_attn.qkv_proj) is PackedLinear
         and m.self_attn.qkv_proj.out_features == c.n_heads * (2 * c.d_k + c.d_v)
         and m.self_attn.stacked_qkv_weights() is None
         and not hasattr(m.self_attn, "q_proj")  # not kept: only the stacked product runs
@@ -118,7 +126,8 @@ def test_the_packed_copy_keeps_the_models_attention_kernels(kernel: str) -> None
 def test_packed_self_attention_projects_as_the_three_projections_did(kernel: str) -> None:
     torch.manual_seed(0)
     attention = MultiHeadAttention(d_model=16, n_heads=2, d_k=8, d_v=4).eval()
-    packed = PackedSelfAttention(attention, kernel=kernel)
+    linears = [attention.q_proj, attention.k_proj, attention.v_proj]
+    packed = StackedSelfAttention(attention, PackedLinear(linears, kernel=kernel))
     x, memory = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
     with torch.no_grad():
         for got, expected in [
@@ -151,6 +160,48 @@ def test_a_packed_product_of_stacked_layers_with_relu_is_their_outputs_side_by_s
         PackedLinear([torch.nn.Linear(16, 8), torch.nn.Linear(8, 8)], kernel=kernel)
     with pytest.raises(ValueError, match=r"kernel \('blas'\) must be one of onednn, mkl"):
         PackedLinear(layers, kernel="blas")
+
+
+def test_stacked_self_attention_for_int8_computes_the_models_function_in_one_product() -> None:
+    """`stack_self_attention` (what `--int8` quantizes): the model's log-probs, decoding step
+    and beams up to float32 rounding; quantized, each self-attention is one int8 product."""
+    torch.manual_seed(0)
+    model = tiny_model(60, dropout=0.0)
+    stacked = stack_self_attention(copy.deepcopy(model))
+    layers = [*stacked.encoder.layers, *stacked.decoder.layers]
+    c = model.config
+    assert all(
+        type(m.self_attn) is StackedSelfAttention
+        and type(m.self_attn.qkv_proj) is torch.nn.Linear
+        and m.self_attn.qkv_proj.out_features == c.n_heads * (2 * c.d_k + c.d_v)
+        for m in layers
+    )
+    assert all(type(m.cross_attn) is MultiHeadAttention for m in stacked.decoder.layers)
+    src, tgt = torch.randint(4, 60, (3, 9)), torch.randint(4, 60, (3, 6))
+    src[1, 5:] = c.pad_id
+    ids = dict(bos_id=1, eos_id=2, pad_id=c.pad_id)
+    options = DecodingOptions(max_len_a=0.0, max_len_b=12, beam_size=3)
+    with torch.inference_mode():
+        torch.testing.assert_close(stacked(src, tgt), model(src, tgt), atol=1e-5, rtol=1e-5)
+        beams = [
+            [h.tokens for h in hyps] for hyps in beam_search(stacked, src, **ids, options=options)
+        ]
+        assert beams == [
+            [h.tokens for h in hyps] for hyps in beam_search(model, src, **ids, options=options)
+        ]
+    quantized = quantize_int8(stacked)
+    dynamic = torch.ao.nn.quantized.dynamic.Linear
+    assert all(type(m.self_attn.qkv_proj) is dynamic for m in [*quantized.encoder.layers])
+    assert sum(type(m) is dynamic for m in quantized.modules()) == sum(
+        type(m) is torch.nn.Linear for m in model.modules()
+    ) - 2 * len(layers)  # one int8 product per self-attention layer for three
+    with torch.inference_mode():
+        torch.testing.assert_close(
+            quantized(src, tgt).log_softmax(-1), model(src, tgt).log_softmax(-1), atol=0.02,
+            rtol=0.03,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="same input size"):
+        stacked_linear([torch.nn.Linear(16, 8), torch.nn.Linear(16, 8, bias=False)])
 
 
 @pytest.mark.parametrize("kernels", PACKINGS)

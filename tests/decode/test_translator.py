@@ -429,6 +429,10 @@ def test_int8_quantizes_every_linear_layer_and_stays_close_to_fp32(
     assert not torch.equal(reference, approx)
     torch.testing.assert_close(approx, reference, atol=0.01, rtol=0.03)  # within 3%
     int8 = Translator(model_dir, int8=True)
+    assert all(  # --int8 quantizes self-attention's W^Q, W^K, W^V as one product
+        type(layer.self_attn.qkv_proj) is torch.ao.nn.quantized.dynamic.Linear
+        for layer in [*int8.model.encoder.layers, *int8.model.decoder.layers]
+    )
     [result] = int8.translate(["hello world"], beam_size=2)
     assert isinstance(result.text, str)
     in_place = copy.deepcopy(model)

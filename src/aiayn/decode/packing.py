@@ -5,7 +5,7 @@ and W^O (§3.2.2), the two of the feed-forward network (Eq. 2, §3.3) and the pr
 projection onto the vocabulary (§3.4). Decoding runs these products at every step on weights
 that never change, so the model it runs can be a copy that stores each weight once in the layout
 its product reads fastest (`PackedLinear`): oneDNN's blocked layout, or Wᵀ contiguous for MKL's
-sgemm. In the copy, self-attention's W^Q, W^K, W^V are one product (`PackedSelfAttention`) and
+sgemm. In the copy, self-attention's W^Q, W^K, W^V are one product (`StackedSelfAttention`) and
 the feed-forward network's first product applies its ReLU.
 
 Which kernel runs which layer depends on the CPU (`decoding_kernels`); `pack_for_decoding`
@@ -14,6 +14,9 @@ makes the copy that `Translator` decodes with in float32 on a CPU
 copy computes the model's function up to float32 rounding (tests/decode/test_packing.py), and
 the model is left as it is. Training never packs: its oneDNN products
 (`acceleration.OneDNNLinearProducts`) read the weights as the optimizer updates them.
+
+int8 decoding stacks self-attention's W^Q, W^K, W^V too (`stack_self_attention`), so that
+dynamic quantization makes them one int8 product (`acceleration.quantize_int8`).
 """
 
 from __future__ import annotations
@@ -155,38 +158,39 @@ class PackedLinear(nn.Module):
         )
 
 
-class PackedSelfAttention(MultiHeadAttention):
-    """Self-attention in a decoding copy (`pack_linear_layers`): [W^Q; W^K; W^V] as one
-    packed product (`qkv_proj`, a `PackedLinear`), in place of the three projections.
+class StackedSelfAttention(MultiHeadAttention):
+    """Self-attention in a decoding copy: [W^Q; W^K; W^V] as one product `qkv_proj`, in place
+    of the three projections.
 
-    The same function as the layer it was made from, up to float32 rounding (the packed
-    weights are a copy: `PackedLinear`). The three projections are not kept: self-attention
-    projects its input with `project_qkv` (`MultiHeadAttention.forward`, the decoder's step),
-    and `project_query` and `project_key_value` take their part of the stacked product.
+    `qkv_proj` is the caller's: a `PackedLinear` in a float32 copy (`pack_linear_layers`), an
+    `nn.Linear` of the stacked weights that int8 quantization then turns into one int8 product
+    (`stack_self_attention`), which quantizes its input once where three products quantized it
+    thrice. The same function as the layer it was made from, up to rounding. The three
+    projections are not kept: self-attention projects its input with `project_qkv`
+    (`MultiHeadAttention.forward`, the decoder's step), and `project_query` and
+    `project_key_value` take their part of the stacked product.
     """
 
-    def __init__(self, attention: MultiHeadAttention, kernel: str = "onednn") -> None:
-        """`attention`'s stacked projections packed for `kernel` (`PackedLinear`; its three
-        projections must be `nn.Linear`), with its W^O and kernel (shared, not copied)."""
+    def __init__(self, attention: MultiHeadAttention, qkv_proj: nn.Module) -> None:
+        """`attention`'s W^O and kernel (shared, not copied) with `qkv_proj`, which maps x
+        (..., D) to its stacked projections (..., H·(2·d_k + d_v))."""
         nn.Module.__init__(self)  # not MultiHeadAttention's: the layers are `attention`'s
         self.n_heads, self.d_k, self.d_v = attention.n_heads, attention.d_k, attention.d_v
         self.attention_dropout = attention.attention_dropout
         self.out_proj = attention.out_proj
         self.kernel = attention.kernel
-        self.qkv_proj = PackedLinear(
-            [attention.q_proj, attention.k_proj, attention.v_proj], kernel=kernel
-        )
+        self.qkv_proj = qkv_proj
         self.train(attention.training)
 
     def stacked_qkv_weights(self) -> None:
-        """None: the stacked product is `qkv_proj`, packed, not weights for `F.linear`."""
+        """None: the stacked product is `qkv_proj`, not weights for `F.linear`."""
         return None
 
     def project_qkv(
         self, x: Tensor, stacked: tuple[Tensor, Tensor] | None = None
     ) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, D) → q, k, v (B, H, T, d), a step's rows (B, D) → (B, H, 1, d), in one
-        packed product (`stacked` is None here: `stacked_qkv_weights`)."""
+        product (`stacked` is None here: `stacked_qkv_weights`)."""
         return self.split_qkv(self.qkv_proj(x))
 
     def project_query(self, x: Tensor) -> Tensor:
@@ -199,6 +203,48 @@ class PackedSelfAttention(MultiHeadAttention):
         product."""
         _, k, v = self.project_qkv(x)
         return k, v
+
+
+def stacked_linear(linears: list[nn.Linear]) -> nn.Linear:
+    """One `nn.Linear` computing `linears` side by side (their weights and biases stacked, a
+    copy), for layers that read the same input, all with a bias or none."""
+    has_bias = {m.bias is not None for m in linears}
+    if len({m.in_features for m in linears}) != 1 or len(has_bias) != 1:
+        raise ValueError("stacked layers need the same input size, all with a bias or none")
+    weight = torch.cat([m.weight.detach() for m in linears])
+    stacked = nn.Linear(
+        weight.size(1), weight.size(0), bias=has_bias.pop(), device=weight.device,
+        dtype=weight.dtype,
+    )  # fmt: skip
+    with torch.no_grad():
+        stacked.weight.copy_(weight)
+        if stacked.bias is not None:
+            stacked.bias.copy_(torch.cat([m.bias.detach() for m in linears]))
+    return stacked
+
+
+def _self_attentions(model: nn.Module) -> list[tuple[nn.Module, MultiHeadAttention]]:
+    """Every (encoder or decoder layer, its `self_attn`) of `model` whose three projections are
+    `nn.Linear`."""
+    found = []
+    for layer in model.modules():
+        attention = getattr(layer, "self_attn", None)
+        if type(attention) is MultiHeadAttention and all(
+            type(m) is nn.Linear for m in (attention.q_proj, attention.k_proj, attention.v_proj)
+        ):
+            found.append((layer, attention))
+    return found
+
+
+def stack_self_attention(model: nn.Module) -> nn.Module:
+    """`model`, in place, each self-attention layer a `StackedSelfAttention` whose `qkv_proj`
+    is an `nn.Linear` of the stacked weights (`stacked_linear`): for int8 decoding, which
+    quantizes it as one product (`acceleration.quantize_int8` after this). Encoder-decoder
+    attention projects the query and the memory apart and stays as it is."""
+    for layer, attention in _self_attentions(model):
+        qkv = stacked_linear([attention.q_proj, attention.k_proj, attention.v_proj])
+        layer.self_attn = StackedSelfAttention(attention, qkv)
+    return model
 
 
 def cpu_vendor() -> str | None:
@@ -298,7 +344,7 @@ def pack_linear_layers(
     layer is that large, returns `model` itself. The pre-softmax projection is packed like
     every other linear layer (in the copy it no longer shares storage with the embedding).
     In the copy, a ReLU feed-forward layer's first product applies the ReLU
-    (`PackedLinear(relu=True)`), and each self-attention layer is a `PackedSelfAttention`,
+    (`PackedLinear(relu=True)`), and each self-attention layer is a `StackedSelfAttention`,
     its [W^Q; W^K; W^V] one packed product (encoder-decoder attention projects the query and
     the memory apart and stays a `MultiHeadAttention`). Attention kernels are `model`'s
     (`acceleration.use_cpu_attention`).
@@ -322,12 +368,10 @@ def pack_linear_layers(
     output_projections = {  # a Transformer's, also inside a wrapper
         id(m.output_projection) for m in packed.modules() if hasattr(m, "output_projection")
     }
-    for layer in list(packed.modules()):
-        attention = getattr(layer, "self_attn", None)  # an encoder or decoder layer's
-        if isinstance(attention, MultiHeadAttention) and all(
-            packs(m) for m in (attention.q_proj, attention.k_proj, attention.v_proj)
-        ):
-            layer.self_attn = PackedSelfAttention(attention, kernel)
+    for layer, attention in _self_attentions(packed):
+        linears = [attention.q_proj, attention.k_proj, attention.v_proj]
+        if all(packs(m) for m in linears):
+            layer.self_attn = StackedSelfAttention(attention, PackedLinear(linears, kernel=kernel))
     for module in list(packed.modules()):
         relu_first = (
             isinstance(module, PositionwiseFeedForward)

@@ -31,7 +31,7 @@ from aiayn.decode import search
 from aiayn.decode.backends import Backend
 from aiayn.decode.ensemble import Ensemble, check_same_vocabulary
 from aiayn.decode.options import DecodingOptions
-from aiayn.decode.packing import pack_for_decoding
+from aiayn.decode.packing import pack_for_decoding, stack_self_attention
 from aiayn.decode.restricted import RestrictedModel
 from aiayn.decode.results import Hypothesis, SentenceAttention, cut_attention
 from aiayn.decode.scoring import PairScore, score_pairs
@@ -190,7 +190,7 @@ def load_model_dirs(
     # Loaded for this backend alone: quantized or packed in place, not copied first.
     models: list[nn.Module] = [one.model for one in loaded]
     if int8:
-        models = [quantize_int8(model, in_place=True) for model in models]
+        models = [quantize_int8(stack_self_attention(model), in_place=True) for model in models]
     elif bf16:
         models = [model.to(torch.bfloat16) for model in models]
     elif device.type == "cpu":
