@@ -255,8 +255,10 @@ def table_text(
     """One table per machine and kind of run: per setup, its command and versions, its rows
     (each saying when it was measured, and whether on an older source; a row of a peer the
     command did not ask for left out, and a column no row fills) and its notes (those said
-    under an earlier table of the machine, in `said`, given by their labels)."""
+    under an earlier table of the machine, in `said`, given by their labels; none where an
+    earlier setup of this table gave them all)."""
     said = set() if said is None else said
+    in_table: set[str] = set()
     lines = heading(found)
     i = 0
     while i < len(found):
@@ -284,8 +286,10 @@ def table_text(
                 lines += [f"{rec['setup'][:1].upper() + rec['setup'][1:]}: `{rec['command']}`; "
                           f"{peer_versions(rec)}.", ""]  # fmt: skip
         lines += [markdown_table(columns, rows), ""]
-        lines += notes_text(group[-1].get("notes", []), said)
-        lines += [""] if group[-1].get("notes") else []
+        notes = group[-1].get("notes", [])
+        if not set(notes) <= in_table:  # notes given under this heading already are not repeated
+            lines += [*notes_text(notes, said), ""]
+        in_table.update(notes)
     return lines
 
 

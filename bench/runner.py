@@ -40,24 +40,25 @@ IDLE_LOAD = 0.5
 
 TEXT = tuple(f"src/aiayn/text/{name}.py" for name in ("batching", "corpus", "lines", "tokenizer"))
 """What training reads its text with (not `aiayn prepare`, which makes the text)."""
+TRAINING = (
+    "src/aiayn/train", "src/aiayn/model.py", "src/aiayn/attention.py", "src/aiayn/loss.py",
+    "src/aiayn/optim.py", "src/aiayn/acceleration.py", *TEXT, "src/aiayn/cli/train.py",
+)  # fmt: skip
+"""What `aiayn train` runs: the trainer, the model and its kernels, the loss, the optimizer."""
 SOURCES = {
     "translate": (
         "src/aiayn/decode", "src/aiayn/model.py", "src/aiayn/attention.py",
         "src/aiayn/cache.py", "src/aiayn/acceleration.py", *(f"src/aiayn/cli/{name}.py"
         for name in ("__init__", "common", "flags", "parser", "translate")),
     ),
-    "train": (
-        "src/aiayn/train", "src/aiayn/model.py", "src/aiayn/attention.py", "src/aiayn/loss.py",
-        "src/aiayn/optim.py", "src/aiayn/acceleration.py", *TEXT, "src/aiayn/cli/train.py",
-    ),
-    "recipe": (RECIPE, "src/aiayn/train", "src/aiayn/model.py", "src/aiayn/decode",
-               "src/aiayn/cli/train.py"),
+    "train": (RECIPE, *TRAINING),
+    "recipe": (RECIPE, *TRAINING, "src/aiayn/decode"),
     "serve": ("src/aiayn/serve", "src/aiayn/decode", "src/aiayn/model.py"),
     "gpu": ("src/aiayn",),
-    "study": ("src/aiayn/train", "src/aiayn/model.py", *TEXT, "src/aiayn/decode",
-              "src/aiayn/cli/train.py"),
+    "study": (RECIPE, *TRAINING, "src/aiayn/decode"),
 }  # fmt: skip
-"""Per task, the folders (and files) whose change can move its figures (BLEU: the search)."""
+"""Per task, the folders (and files) whose change can move its figures: what trains (the
+recipe's settings among them) and, where BLEU is scored, the search."""
 AIAYN = [sys.executable, "-m", "aiayn"]
 """The `aiayn` command, as this Python runs it."""
 

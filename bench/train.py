@@ -658,7 +658,6 @@ def notes(
     c: TrainConfig,
     prepared: Prepared,
     trainers: list[Trainer],
-    load_after: float | None,
 ) -> list[str]:
     m = c.model_config(prepared.tokenizer.vocab_size)
     pairs = {t.name: {r.pairs for r in t.runs} - {None} for t in trainers}
@@ -689,13 +688,12 @@ def notes(
         f"{peak_lr(c, m.d_model):.6g} (Eq. 3 × {c.lr_scale}); no validation, no checkpoint "
         f"in the window; {args.threads} threads each; fairseq with {args.fairseq_workers} "
         "data-loader worker(s).",
-        f"- Method: {args.rounds} round(s) × {args.seconds:.0f} s wall time per trainer, "
-        "interleaved; each trainer's own tokens/s (aiayn `metrics.jsonl` `tokens_per_s`, "
-        f"fairseq `wps`: target tokens / interval wall time) every {args.log_every} updates, "
-        "the first interval of each run left out; peak RSS = `VmHWM` of the trainer process "
-        "at the end of its window (max over runs).",
+        "- Method: rounds of equal wall time per trainer, interleaved (the command's `--rounds` "
+        "and `--seconds`); each trainer's own tokens/s (aiayn `metrics.jsonl` `tokens_per_s`, "
+        "fairseq `wps`: target tokens / interval wall time) every `--log-every` updates, the "
+        "first interval of each run left out; peak RSS = `VmHWM` of the trainer process at the "
+        "end of its window (max over runs).",
         f"- Precision: {precision_note(c, trainers[0])}",
-        f"- Load: 1-minute average {load_after} after (the record keeps the one before).",
     ]
     return [line.removeprefix("- ") for line in out]
 
@@ -804,17 +802,18 @@ def main(argv: list[str] | None = None) -> None:
     m = c.model_config(prepared.tokenizer.vocab_size)
     rec = runner.record(
         "train",
-        table=f"{what}, {args.rounds} rounds of {args.seconds:.0f} s",
+        table=what,
         setup=args.setup
         or f"`{Path(args.config).name}`, {m.n_encoder_layers}+"
         f"{m.n_decoder_layers} layers, ≤ {c.max_tokens} tokens, Eq. 3's schedule on both sides",
         columns=COLUMNS,
         rows=found,
         summary=summary,
-        notes=notes(args, c, prepared, trainers, runner.load_average()),
+        notes=notes(args, c, prepared, trainers),
         machine_name=args.machine,
         load=load,
     )
+    rec["load_average_after"] = runner.load_average()
     if not missing:
         rec["versions"]["fairseq"] = fairseq_version(args.fairseq_bin)
     runner.write(rec, args)

@@ -397,7 +397,7 @@ def test_train_data_note_lists_the_pairs_each_trainer_loaded_only_where_they_dif
     def data_note(*loaded: int | None) -> str:
         trainers = [train.Trainer(f"t{i}", "aiayn", runs=[train.Run(10, [], None, None, 1, n)])
                     for i, n in enumerate(loaded)]  # fmt: skip
-        return train.notes(args, config, prepared, trainers, None)[0]
+        return train.notes(args, config, prepared, trainers)[0]
 
     assert "; each trainer loaded all of them. Joint BPE" in data_note(300, 300)
     assert "the pairs each trainer loaded: t0 300, t1 299. Joint" in data_note(300, 299)
