@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 
-.PHONY: size demo test test-fast test-avx2 gpu-check lint format bench bench-train bench-translate \
+.PHONY: size demo test test-fast test-avx2 gpu-check lint format bench bench-demo bench-train bench-translate \
 	bench-serve bench-study benchmarks-page browser-deps bible-deps docs clean
 
 $(STAMP): pyproject.toml Makefile
@@ -73,6 +73,7 @@ format: $(STAMP)
 # fairseq row says "not measured"); BENCH_ARGS: more options of the entry point, e.g.
 # `--machine NAME --setup NAME` to name the record's table.
 #   make bench            the three CPU tasks below, ~30 min (DATA and MODEL)
+#   make bench-demo       aiayn demo, the whole command, on the CPU (bench/demo.py)
 #   make bench-train      aiayn train vs fairseq-train, 2 rounds of 210 s each (bench/train.py)
 #   make bench-translate  aiayn translate vs CTranslate2 (both thread layouts), 3 rounds
 #   make bench-serve      aiayn serve under 1, 8 and 32 clients, batching on and off
@@ -95,6 +96,9 @@ $(error give MODEL=DIR, a trained model directory)
 endif
 endif
 bench: bench-train bench-translate bench-serve
+
+bench-demo: $(STAMP)
+	$(BIN)/python bench/demo.py $(BENCH_ARGS)
 
 bench-train: $(STAMP)
 	$(BIN)/python bench/train.py --data $(DATA) --fairseq-bin $(FAIRSEQ_BIN) $(BENCH_ARGS)

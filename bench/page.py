@@ -41,6 +41,13 @@ UNKNOWN = "source not recorded"
 UNCOMMITTED = "uncommitted source"
 
 TASKS = {
+    "demo": (
+        "The first run: `make demo`",
+        "`aiayn demo`, what `make demo` runs once `.venv` is set up, timed from launch to exit: "
+        "it writes its number corpus, trains the `demo` preset, scores the held-out numbers and "
+        "translates the samples.",
+        "make bench-demo",
+    ),
     "train": (
         "Training: `aiayn train` against `fairseq-train`",
         "Both trainers on the same BPE segmentation, pairs, model and settings, one after the "

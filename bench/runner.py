@@ -46,6 +46,7 @@ TRAINING = (
 )  # fmt: skip
 """What `aiayn train` runs: the trainer, the model and its kernels, the loss, the optimizer."""
 SOURCES = {
+    "demo": ("src/aiayn/demo.py", *TRAINING, "src/aiayn/decode"),
     "translate": (
         "src/aiayn/decode", "src/aiayn/model.py", "src/aiayn/attention.py",
         "src/aiayn/cache.py", "src/aiayn/acceleration.py", *(f"src/aiayn/cli/{name}.py"

@@ -97,6 +97,7 @@ def test_serve_measures_batching_on_and_off_under_load(tmp_path: Path) -> None:
         ("train.py", [], "give --data DIR (an `aiayn prepare` folder), or --src and --tgt"),
         ("train.py", ["--data", "D", "--max-updates", "3"], "a smoke run"),
         ("study.py", ["run", "D", "S", "S99-nothing"], "unknown run(s) ['S99-nothing']"),
+        ("demo.py", ["--rounds", "0"], "--rounds must be at least 1, not 0"),
     ],
 )
 def test_arguments_are_refused_in_one_line(script: str, args: list[str], message: str) -> None:
@@ -402,3 +403,42 @@ def test_train_data_note_lists_the_pairs_each_trainer_loaded_only_where_they_dif
     assert "; each trainer loaded all of them. Joint BPE" in data_note(300, 300)
     assert "the pairs each trainer loaded: t0 300, t1 299. Joint" in data_note(300, 299)
     assert "all of them" not in data_note(None, None)  # no trainer's log said
+
+
+def test_demo_times_the_whole_command_and_reads_its_report(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """bench/demo.py reads the figures from the report `aiayn demo` prints (made here by the
+    demo's own `format_report`), keeps each round's output, and refuses rounds that disagree
+    or a run without a report."""
+    from aiayn.demo import DemoResult, format_report
+
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    import demo
+
+    def report(wrong: int) -> str:
+        result = DemoResult(
+            model_dir=tmp_path / "model", exact_match=0.984, chrf=99.1, chrf_signature="sig",
+            small_wrong=[("five", "fünftausend")] * wrong, small_total=101, small_weight=8,
+            minutes=2.9, examples=[],
+        )  # fmt: skip
+        return format_report(result, command="aiayn")
+
+    assert demo.report_figures(report(1)) == {"exact_match": 98.4, "small_right": "100/101"}
+    with pytest.raises(ValueError, match="no demo report"):
+        demo.report_figures("Traceback (most recent call last): ...")
+    # A stand-in for `python -m aiayn demo`: prints a report, given `-o DIR` as the demo is.
+    script = tmp_path / "fake_demo.py"
+    script.write_text(f"print({report(0)!r})\n", encoding="utf-8")
+    row = demo.measure([sys.executable, str(script)], 2, tmp_path)
+    assert row["exact_match"] == "98.4%" and row["small_right"] == "101/101"
+    assert len(row["wall_s"]["rounds"]) == 2 and row["peak_rss"].endswith(" MiB")
+    assert "exact match 98.4%" in (tmp_path / "round1.log").read_text(encoding="utf-8")
+    script.write_text(
+        "import pathlib, sys\n"
+        "first = pathlib.Path(sys.argv[2]).name == 'round1'\n"
+        f"print({report(0)!r} if first else {report(3)!r})\n",
+        encoding="utf-8",
+    )
+    with pytest.raises(RuntimeError, match="the rounds' reports differ"):
+        demo.measure([sys.executable, str(script)], 2, tmp_path)
