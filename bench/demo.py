@@ -93,10 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         row = measure(command, args.rounds, work)
         if args.work is not None:
             print(f"the first round's output: {work / 'round1.log'}")
-    cores = os.cpu_count()
     rec = runner.record(
         "demo",
-        table=f"`aiayn demo` on the CPU, {cores} cores",
+        table="`aiayn demo` on the CPU",
         setup="the demo's model",
         columns=[
             ("command", "command"),

@@ -432,8 +432,9 @@ def record(
     }
 
 
-_LABELS = ("--machine", "--setup", "--record")
-"""Options that name or place a record, not what it measures: its command leaves them out."""
+_LABELS = ("--machine", "--setup", "--record", "--work", "--work-dir")
+"""Options that name or place a record or its runs, not what it measures: its command leaves
+them out."""
 
 
 def reproducing(argv: Sequence[str]) -> list[str]:
