@@ -72,7 +72,7 @@ format: $(STAMP)
 # FAIRSEQ_BIN: the bin/ of a fairseq 0.12.2 install (a tool, not a dependency: without it the
 # fairseq row says "not measured"); BENCH_ARGS: more options of the entry point, e.g.
 # `--machine NAME --setup NAME` to name the record's table.
-#   make bench            the three CPU tasks below, ~30 min (DATA and MODEL)
+#   make bench            the four CPU tasks below, ~35 min (DATA and MODEL)
 #   make bench-demo       aiayn demo, the whole command, on the CPU (bench/demo.py)
 #   make bench-train      aiayn train vs fairseq-train, 2 rounds of 210 s each (bench/train.py)
 #   make bench-translate  aiayn translate vs CTranslate2 (both thread layouts), 3 rounds
@@ -95,7 +95,7 @@ ifeq ($(MODEL),)
 $(error give MODEL=DIR, a trained model directory)
 endif
 endif
-bench: bench-train bench-translate bench-serve
+bench: bench-demo bench-train bench-translate bench-serve
 
 bench-demo: $(STAMP)
 	$(BIN)/python bench/demo.py $(BENCH_ARGS)

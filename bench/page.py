@@ -322,7 +322,7 @@ and another machine's older tables of it are named in one line.
 COMMANDS = """\
 The commands, from the repository root after the README's Install (`DATA`: a folder made by
 `aiayn prepare bible-en-es DATA`, which holds `train.*` and `valid.*`; `MODEL`: a trained model
-directory; `make bench DATA=DATA MODEL=MODEL` runs the three CPU tasks):"""
+directory; `make bench DATA=DATA MODEL=MODEL` runs the four CPU tasks):"""
 
 
 def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -359,6 +359,26 @@ def proc_kib(pid: int, field: str) -> int | None:
     return int(found.group(1)) if found else None
 
 
+def run_to(
+    command: Sequence[str], out: IO[str], *, env: Mapping[str, str]
+) -> tuple[int, float, float]:
+    """Run `command`, its standard output and error into `out` in the order it writes them;
+    (exit status, seconds from launch to exit, its own peak resident memory in KiB, from
+    `wait4`: not the largest of every child this process has waited for, as
+    `getrusage(RUSAGE_CHILDREN)` says). Ctrl-C or SIGTERM here stops it too."""
+    start = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
+                               preexec_fn=ends_with_benchmark)  # fmt: skip
+    try:
+        _, status, usage = os.wait4(process.pid, 0)
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+    process.returncode = os.waitstatus_to_exitcode(status)  # reaped: Popen must not wait again
+    return process.returncode, time.perf_counter() - start, usage.ru_maxrss
+
+
 def run_logged(
     command: Sequence[str],
     log: Path,
@@ -432,7 +452,7 @@ def record(
     }
 
 
-_LABELS = ("--machine", "--setup", "--record", "--work", "--work-dir")
+_LABELS = ("--machine", "--setup", "--record", "--work-dir")
 """Options that name or place a record or its runs, not what it measures: its command leaves
 them out."""
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -321,9 +320,10 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
     print(f"{time.strftime('%H:%M')} {name}: {' '.join(flags)}", flush=True)
     args.study_dir.mkdir(parents=True, exist_ok=True)
     with open(args.study_dir / f"{name}.train.log", "w", encoding="utf-8") as log:
-        subprocess.run(train, stdout=log, stderr=subprocess.STDOUT, env=env, check=True,
-                       preexec_fn=runner.ends_with_benchmark)  # fmt: skip
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB → GiB
+        code, _, peak_kib = runner.run_to(train, log, env=env)
+    if code != 0:
+        raise subprocess.CalledProcessError(code, train)
+    peak = peak_kib / 2**20  # GiB
     for split in ("test", "valid") if has_test else ("valid",):  # valid.bleu.json: run done
         done = subprocess.run([*evaluate, *on[split]], capture_output=True, text=True, env=env,
                               check=True, preexec_fn=runner.ends_with_benchmark)  # fmt: skip

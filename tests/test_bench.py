@@ -427,10 +427,18 @@ def test_demo_times_the_whole_command_and_reads_its_report(
     assert demo.report_figures(report(1)) == {"exact_match": 98.4, "small_right": "100/101"}
     with pytest.raises(ValueError, match="no demo report"):
         demo.report_figures("Traceback (most recent call last): ...")
+    failing = tmp_path / "failing_demo.py"
+    failing.write_text("import sys; print('no corpus'); sys.exit(3)\n", encoding="utf-8")
+    (tmp_path / "failed").mkdir()
+    with pytest.raises(RuntimeError, match=r"aiayn demo exited with 3; its output: .*round1\.log"):
+        demo.measure([sys.executable, str(failing)], 1, tmp_path / "failed")
+    assert "no corpus" in (tmp_path / "failed" / "round1.log").read_text(encoding="utf-8")
     # A stand-in for `python -m aiayn demo`: prints a report, given `-o DIR` as the demo is.
     script = tmp_path / "fake_demo.py"
     script.write_text(f"print({report(0)!r})\n", encoding="utf-8")
     row = demo.measure([sys.executable, str(script)], 2, tmp_path)
+    peak = float(row["peak_rss"].removesuffix(" MiB"))
+    assert 1 < peak < 500  # this stand-in's own, not the test process's other children
     assert row["exact_match"] == "98.4%" and row["small_right"] == "101/101"
     assert len(row["wall_s"]["rounds"]) == 2 and row["peak_rss"].endswith(" MiB")
     assert "exact match 98.4%" in (tmp_path / "round1.log").read_text(encoding="utf-8")
@@ -442,3 +450,11 @@ def test_demo_times_the_whole_command_and_reads_its_report(
     )
     with pytest.raises(RuntimeError, match="the rounds' reports differ"):
         demo.measure([sys.executable, str(script)], 2, tmp_path)
+
+
+def test_demo_refuses_a_work_dir_that_holds_a_round(tmp_path: Path) -> None:
+    """`aiayn demo` resumes a run it finds in its folder: timing that would be a false time."""
+    (tmp_path / "round1").mkdir()
+    done = bench("demo.py", "--work-dir", str(tmp_path), timeout=120)
+    assert done.returncode == 2
+    assert f"--work-dir {tmp_path} already holds round1" in done.stderr.splitlines()[-1]
