@@ -363,9 +363,11 @@ def run_to(
     command: Sequence[str], out: IO[str], *, env: Mapping[str, str]
 ) -> tuple[int, float, float]:
     """Run `command`, its standard output and error into `out` in the order it writes them;
-    (exit status, seconds from launch to exit, its own peak resident memory in KiB, from
-    `wait4`: not the largest of every child this process has waited for, as
-    `getrusage(RUSAGE_CHILDREN)` says). Ctrl-C or SIGTERM here stops it too."""
+    (exit status, seconds from launch to exit, its peak resident memory in KiB). The peak is
+    this child's (`wait4`), not the largest of every child this process has waited for, as
+    `getrusage(RUSAGE_CHILDREN)` says; it counts from the fork, so it is at least what this
+    process held then: a harness that holds little, as the bench scripts do, measures the
+    command. Ctrl-C or SIGTERM here stops it too."""
     start = time.perf_counter()
     process = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT,
                                preexec_fn=ends_with_benchmark)  # fmt: skip

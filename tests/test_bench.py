@@ -437,8 +437,8 @@ def test_demo_times_the_whole_command_and_reads_its_report(
     script = tmp_path / "fake_demo.py"
     script.write_text(f"print({report(0)!r})\n", encoding="utf-8")
     row = demo.measure([sys.executable, str(script)], 2, tmp_path)
-    peak = float(row["peak_rss"].removesuffix(" MiB"))
-    assert 1 < peak < 500  # this stand-in's own, not the test process's other children
+    # wait4 counts from the fork, so under pytest (PyTorch loaded) it is at least this process's
+    assert float(row["peak_rss"].removesuffix(" MiB")) > 1
     assert row["exact_match"] == "98.4%" and row["small_right"] == "101/101"
     assert len(row["wall_s"]["rounds"]) == 2 and row["peak_rss"].endswith(" MiB")
     assert "exact match 98.4%" in (tmp_path / "round1.log").read_text(encoding="utf-8")
