@@ -10,7 +10,9 @@ table, then per task one table per machine and kind of run, its rows from the la
 each setup. A row says "older source" where a path its task exercises has a git hash other
 than the one its record stored and a different code (`older`: comments and docstrings aside);
 where the same measurement has current rows on another machine, its older tables are
-named in one line. A clone without the records' commits cannot tell, and refuses (a shallow one).
+named in one line, as are all the tables of a task with no current row (its summary lines
+stay, marked older source). A clone without the records' commits cannot tell, and refuses (a
+shallow one).
 A table leaves out the rows of a peer its command did not ask for and the columns no row
 fills, and names the notes said under its machine's first table rather than repeat them.
 """
@@ -315,7 +317,8 @@ machine, versions, every round's figures); edit those, not this page. The machin
 cloud machines whose speed varies from run to run: compare the rows of one table. "Older
 source" marks a row measured before the code its task exercises last changed (comments aside);
 its command measures it again. A measurement with current rows shows only those in the summary,
-and another machine's older tables of it are named in one line.
+and another machine's older tables of it are named in one line; a task with no current row
+keeps its summary lines and names its tables in one line.
 
 ## What to expect
 """
@@ -349,8 +352,12 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
         lines += [f"## {heading}", "", what, ""]
         said: dict[str, set[str]] = defaultdict(set)  # per machine, the notes said in this task
         older_tables = []
-        for found, shown in present(by_task[task], current):
-            if shown:
+        found_shown = present(by_task[task], current)
+        # A task with no current row at all is history: the summary quotes it, marked older
+        # source, and its tables are named in one line.
+        now = any(measured(r, current) == r["date"][:10] for t, _ in found_shown for r in t)
+        for found, shown in found_shown:
+            if shown and now:
                 lines += table_text(found, current, said[found[0]["machine"]["name"]])
             else:
                 older_tables.append(found)
