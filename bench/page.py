@@ -163,7 +163,7 @@ def present(
         return [c[0] for c in r["columns"]]
 
     def fresh(r: dict[str, Any]) -> bool:
-        return measured(r, current) == r["date"][:10]
+        return is_current(r, current)
 
     # Within a table, a setup on older source gives way to a later one of the same command and
     # columns on the current source: the same measurement taken again (on another corpus, say).
@@ -198,6 +198,11 @@ def older_tables_text(found: list[list[dict[str, Any]]]) -> list[str]:
     )
     return [f"On an older source (bench/results/{found[0][0]['task']}.jsonl keeps the figures; "
             f"the commands above measure them again): {each}.", ""]  # fmt: skip
+
+
+def is_current(rec: dict[str, Any], current: dict[str, str]) -> bool:
+    """Whether `rec` measured the source as it is now (its row says only its date)."""
+    return measured(rec, current) == rec["date"][:10]
 
 
 def measured(rec: dict[str, Any], current: dict[str, str]) -> str:
@@ -335,7 +340,7 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
         summed = [rec for found in by_task.get(task, []) for rec in found if rec.get("summary")]
         # A task measured on the current source shows only those rows here; the tables below
         # keep the rest.
-        fresh = [rec for rec in summed if measured(rec, current) == rec["date"][:10]]
+        fresh = [rec for rec in summed if is_current(rec, current)]
         # The setups of one table (aiayn's and its peer's) share a row.
         rows: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
         for rec in fresh or summed:
@@ -355,7 +360,7 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
         found_shown = present(by_task[task], current)
         # A task with no current row at all is history: the summary quotes it, marked older
         # source, and its tables are named in one line.
-        now = any(measured(r, current) == r["date"][:10] for t, _ in found_shown for r in t)
+        now = any(is_current(r, current) for t, _ in found_shown for r in t)
         for found, shown in found_shown:
             if shown and now:
                 lines += table_text(found, current, said[found[0]["machine"]["name"]])
