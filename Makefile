@@ -36,11 +36,14 @@ NUMERICS_TESTS := tests/test_model.py tests/test_cache.py tests/test_attention.p
 	tests/decode/test_ensemble.py tests/test_optim.py tests/decode/test_alignment.py \
 	tests/interop/test_ctranslate2.py tests/interop/test_onnx.py
 
+# tests/cuda skip without a GPU; the second run of them on the CPU (AIAYN_TEST_DEVICE=cpu) proves
+# nothing about CUDA but checks the tests' own code, which a lent GPU has no time to debug.
 test: $(STAMP) $(HF4)/.installed
 	$(BIN)/ruff check src tests bench tools
 	$(BIN)/ruff format --check src tests bench tools
 	$(BIN)/python -m pytest -q
 	$(AVX2_ONLY) $(BIN)/python -m pytest -q -p no:cacheprovider $(NUMERICS_TESTS)
+	AIAYN_TEST_DEVICE=cpu $(BIN)/python -m pytest -q -p no:cacheprovider tests/cuda
 	PYTHONPATH=$(HF4) $(BIN)/python -c 'import transformers as t; assert t.__version__.startswith("4."), t.__version__'
 	PYTHONPATH=$(HF4) $(BIN)/python -m pytest -q -p no:cacheprovider tests/interop/test_marian.py tests/cli/test_interop.py
 

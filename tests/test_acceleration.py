@@ -77,6 +77,38 @@ def test_compiled_training_step_equals_eager() -> None:
         torch.testing.assert_close(p.grad, g, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("c++") is None and shutil.which("g++") is None, reason="no C++")
+def test_compiled_loss_is_the_whole_logits_loss_in_the_graph() -> None:
+    """Compiled, `forward` with a target scores the whole logits inside the graph (the eager
+    path's chunked loss would split it): the same loss sums and gradients, with padding and
+    with the empty rows of fixed batch shapes; one graph, no break."""
+    model = tiny_model(300, preset="tiny", seed=0, dropout=0.0).train()
+    src = torch.randint(4, 300, (4, 9))
+    src[1, 6:] = model.config.pad_id
+    src[3, 1:] = model.config.pad_id  # an empty row: EOS-like source, no label
+    tgt = torch.randint(4, 300, (4, 8))
+    target = torch.randint(4, 300, (4, 8))
+    target[0, 5:] = model.config.pad_id
+    target[3] = model.config.pad_id
+
+    def loss_and_grads(m: torch.nn.Module) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        model.zero_grad(set_to_none=True)
+        sums = m(src, tgt, target, label_smoothing=0.1, src_padded=True)
+        sums.loss.backward()
+        return [sums.loss.detach(), sums.nll, sums.tokens], [p.grad for p in model.parameters()]
+
+    eager = loss_and_grads(model)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(model)(src, tgt, target, label_smoothing=0.1, src_padded=True)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    compiled = loss_and_grads(maybe_compile(model, CPU))
+    for got, want in zip(compiled[0], eager[0], strict=True):
+        torch.testing.assert_close(got.double(), want.double(), rtol=1e-5, atol=1e-5)
+    for got, want in zip(compiled[1], eager[1], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+
+
 # -- the CPU's attention kernels ----------------------------------------------------------------
 
 

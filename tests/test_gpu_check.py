@@ -54,13 +54,20 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0_after_a_cpu_smoke(
         "job": "skipped",
     }
     rows = stages["train"]["rows"]
+    graphs = "aiayn --static-shapes --compile"  # on the CPU, fixed shapes without graphs
     assert [(r["model"], r["precision"]) for r in rows] == [
         ("aiayn", "bf16"),
+        (graphs, "bf16"),
         ("nn.Transformer", "bf16"),
         ("aiayn", "fp32"),
+        (graphs, "fp32"),
         ("nn.Transformer", "fp32"),
     ]
     assert all(r["tokens_per_s"] > 0 and r["target_tokens_per_update"] > 0 for r in rows)
+    # The same sentences, batched their way: the fixed shapes' updates hold about as many.
+    assert rows[1]["target_tokens_per_update"] == pytest.approx(
+        rows[0]["target_tokens_per_update"], rel=0.5
+    )
     assert stages["train"]["paper_run"]["hours_on_this_gpu"] > 0
     # The DDP worker wrapped the model (over gloo here) and matched the plain run.
     assert stages["torchrun"]["ddp"] is True
@@ -72,8 +79,8 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_0_after_a_cpu_smoke(
     from gpu_check import records
 
     [trained] = records(report)
-    assert [(r["model"], r["precision"]) for r in trained["rows"]][:2] == [
-        ("aiayn", "bf16"), ("nn.Transformer", "bf16")
+    assert [(r["model"], r["precision"]) for r in trained["rows"]][:3] == [
+        ("aiayn", "bf16"), (graphs, "bf16"), ("nn.Transformer", "bf16")
     ]  # fmt: skip
     assert trained["notes"][0].startswith("Matrix products 64³, TFLOP/s: bf16 ")
     assert trained["notes"][1] == "`pytest tests/cuda`: skipped, not run in the CPU smoke."

@@ -51,19 +51,20 @@ def compiler_missing(device: torch.device) -> str | None:
     return None
 
 
-def maybe_compile(module: nn.Module, device: torch.device) -> nn.Module:
+def maybe_compile(module: nn.Module, device: torch.device, mode: str | None = None) -> nn.Module:
     """`torch.compile(module)`, or `module` itself (with a warning) where it cannot compile.
 
     A compilation that fails later, at the first call, raises, unless the program chose to fall
     back to eager execution there too: ``runtime.configure(compile_errors_fall_back=True)``
     (a process-wide TorchInductor setting), which ``aiayn train --compile`` does, so that a
-    broken toolchain never stops a run; PyTorch then logs what failed.
+    broken toolchain never stops a run; PyTorch then logs what failed. `mode` is
+    torch.compile's: "reduce-overhead" replays CUDA graphs on a GPU (one per input shape).
     """
     reason = compiler_missing(device)
     if reason is not None:
         logger.warning("torch.compile is not available (%s): running eagerly", reason)
         return module
-    return torch.compile(module)
+    return torch.compile(module, mode=mode)
 
 
 def native_bf16_cpu() -> bool:

@@ -380,6 +380,13 @@ class TrainConfig:
             compilation fails at the first update, `aiayn train` goes on eagerly
             (``runtime.configure(compile_errors_fall_back=True)``, process-wide, which `train`
             itself leaves as it is).
+        static_shapes: Pad every training batch to one of about 16 fixed shapes (rows × width,
+            the widths multiples of ``8·⌈(max_len + 1) / 128⌉`` up to max_tokens;
+            `aiayn.text.batching.BatchShapes`), filling the rows a width allows under
+            max_tokens with empty ones. With `compile` on a CUDA GPU the update then runs as
+            CUDA graphs, captured once per shape (``torch.compile(mode="reduce-overhead")``):
+            a few launches an update instead of thousands. The loss and its gradients are the
+            unpadded batches'; which sentences share a batch changes.
         log_every: Updates between metric lines in metrics.jsonl.
         tensorboard: Also write the records of metrics.jsonl as TensorBoard scalars into
             RUN/tensorboard/ (needs the tensorboard extra: pip install -e '.[tensorboard]').
@@ -436,6 +443,7 @@ class TrainConfig:
     precision: Precision = "auto"
     onednn: bool = False
     compile: bool = False
+    static_shapes: bool = False
     log_every: int = 100
     tensorboard: bool = False
     valid_every: int = 1000

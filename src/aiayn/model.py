@@ -504,9 +504,10 @@ class Transformer(nn.Module):
         numerically safer. With `target`, the pre-softmax projection and the loss are computed
         together, a chunk of positions at a time (`loss.projected_label_smoothed_loss`): the
         (B·T, V) logits, log-probabilities and their gradients are never held at once, and
-        the loss is in float32 under bf16 autocast. Training and validation take this path
-        through `forward` because DistributedDataParallel synchronises gradients only for a
-        call of the module it wraps.
+        the loss is in float32 under bf16 autocast. Under `torch.compile` the loss is the
+        plain one over the whole logits (`loss.label_smoothed_loss`), in the same graph.
+        Training and validation take this path through `forward` because
+        DistributedDataParallel synchronises gradients only for a call of the module it wraps.
 
         Args:
             src_tokens: Source tokens (B, S), right-padded with `pad_id`.
@@ -526,8 +527,17 @@ class Transformer(nn.Module):
         hidden, _, _ = self._decode(tgt_tokens, memory, src_key_mask)
         # Imported here, not with the module: aiayn.loss imports torch._dynamo (~1.3 s, as long
         # as importing torch), which decoding, that never computes a loss, must not pay for.
-        from aiayn.loss import projected_label_smoothed_loss
+        from aiayn.loss import label_smoothed_loss, projected_label_smoothed_loss
 
+        if torch.compiler.is_compiling():
+            # Compiled, the loss is part of the graph (the chunked loss's own loop would split
+            # it in two): the whole logits, their softmax fused by the compiler.
+            return label_smoothed_loss(
+                self.output_projection(hidden),
+                target,
+                epsilon=label_smoothing,
+                pad_id=self.config.pad_id,
+            )
         return projected_label_smoothed_loss(
             hidden,
             self.output_projection.weight,

@@ -23,6 +23,7 @@ import pytest
 import torch
 
 from aiayn import Translator
+from aiayn.acceleration import compiler_missing
 from aiayn.optim import build_optimizer
 from aiayn.text.corpus import ParallelDataset
 from aiayn.train import checkpoint as ckpt
@@ -31,6 +32,7 @@ from aiayn.train.distributed import Distributed
 from aiayn.train.runlog import read_metrics
 from aiayn.train.update import cuda_computes_bf16, optimizer_update
 from train.test_trainer import (
+    TINY_MODEL,
     checkpoint_steps,
     cli_args,
     make_config,
@@ -170,6 +172,46 @@ def test_updates_on_a_gpu_make_no_host_sync(device: torch.device, dataset: Paral
         assert interval["loss"] > interval["nll"] > 0, bf16
 
 
+def test_fixed_shapes_compiled_into_cuda_graphs_learn_what_the_eager_path_learns(
+    device: torch.device,
+    corpus: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`static_shapes` with `compile` (on a GPU, CUDA graphs: torch.compile's reduce-overhead
+    mode; on a CPU an ordinary compile), float32 without dropout, 6 updates: the losses of the
+    eager run at every update, to 1e-3; no graph skipped; stopped after update 3 and resumed,
+    the same losses again."""
+    if compiler_missing(device):
+        pytest.skip(f"torch.compile cannot run here: {compiler_missing(device)}")
+    from torch._dynamo.utils import counters
+
+    settings = dict(
+        device=str(device), precision="fp32", static_shapes=True, max_steps=6, save_every=3,
+        max_tokens=40, model=dict(TINY_MODEL, dropout=0.0),
+    )  # fmt: skip
+    trainer.train(make_config(corpus, tmp_path / "eager", **settings))
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = make_config(corpus, tmp_path / "graphs", compile=True, **settings)
+    trainer.train(graphs)
+    assert counters["stats"]["unique_graphs"] >= 1
+    assert counters["inductor"]["cudagraph_skips"] == 0, "a graph ran without CUDA graphs"
+
+    stopped = dataclasses.replace(graphs, out_dir=str(tmp_path / "stopped"))
+    with monkeypatch.context() as patch:
+        stop_at(patch, 3)
+        assert trainer.train(stopped).step == 3
+    assert trainer.train(stopped, resume=True).step == 6
+    eager = train_losses(tmp_path / "eager")
+    for run in ("graphs", "stopped"):
+        losses = train_losses(tmp_path / run)
+        assert [s for s, _, _ in losses] == [s for s, _, _ in eager] == list(range(1, 7))
+        for (_, loss, nll), (step, want_loss, want_nll) in zip(losses, eager, strict=True):
+            assert loss == pytest.approx(want_loss, rel=1e-3), (run, step)
+            assert nll == pytest.approx(want_nll, rel=1e-3), (run, step)
+
+
 # -- moving between a GPU and a CPU-only process ----------------------------------------------
 
 CPU_ONLY = """
@@ -180,8 +222,6 @@ assert not torch.cuda.is_available(), "CUDA_VISIBLE_DEVICES='' left a GPU visibl
 task, *args = sys.argv[1:]
 if task == "translate":
     from aiayn import Translator
-from aiayn.optim import build_optimizer
-from aiayn.text.corpus import ParallelDataset
 
     model_dir, lines, options = args[0], json.loads(args[1]), json.loads(args[2])
     translator = Translator(model_dir)

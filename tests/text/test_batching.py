@@ -1,6 +1,7 @@
 """Tests for aiayn.text.batching (§5.1): batches of similar lengths that never exceed the token
 budget, padding included, and cover every example once; shuffles drawn from (seed, epoch);
-equal shards for every rank; updates of `accumulate` batches; collation into padded tensors."""
+equal shards for every rank; updates of `accumulate` batches; collation into padded tensors;
+fixed batch shapes (`BatchShapes`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 
 from aiayn.text.batching import (
     Batch,
+    BatchShapes,
     accumulation,
     collate,
     epoch_updates,
@@ -243,3 +245,47 @@ def test_collate_uses_the_given_special_ids_and_refuses_nothing() -> None:
     assert batch.tgt_in.tolist() == [[8, 6]] and batch.tgt_out.tolist() == [[6, 9]]
     with pytest.raises(DataError, match="at least one example"):
         collate([])
+
+
+# -- fixed shapes -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("max_len", "max_tokens"), [(60, 1000), (256, 12_500), (100, 102)])
+def test_fixed_shapes_are_few_and_every_batch_fits_its_own(max_len: int, max_tokens: int) -> None:
+    """Every batch cut for `BatchShapes` collates to its width's rows × width on both sides,
+    within the budget; the examples are each batched once; the shapes are about 16."""
+    shapes = BatchShapes.for_lengths(max_len, max_tokens)
+    assert shapes.step % 8 == 0
+    src_lengths, tgt_lengths = random_lengths(3000, seed=max_len, max_len=max_len)
+    examples = [
+        (np.full(s, 4, np.int64), np.full(t, 5, np.int64))
+        for s, t in zip(src_lengths, tgt_lengths, strict=True)
+    ]
+    batches = make_batches(
+        src_lengths, tgt_lengths, max_tokens=max_tokens, seed=0, epoch=1, shapes=shapes
+    )
+    assert sorted(np.concatenate(batches).tolist()) == list(range(3000))
+    seen = set()
+    for indices in batches:
+        batch = collate([examples[i] for i in indices], shapes=shapes)
+        rows, width = batch.src.shape
+        assert batch.tgt_in.shape == batch.tgt_out.shape == (rows, width)
+        assert width <= max_tokens and (width % shapes.step == 0 or width == max_tokens)
+        assert rows == max_tokens // width and rows * width <= max_tokens
+        assert batch.n_tgt_tokens == int(tgt_lengths[indices].sum()) + len(indices)
+        seen.add((rows, width))
+    assert len(seen) <= 17
+
+
+def test_fixed_shapes_pad_with_empty_rows_that_have_no_label() -> None:
+    shapes = BatchShapes(max_tokens=24, step=8)
+    examples = [(np.array([5, 6, 7]), np.array([8, 9])), (np.array([10]), np.array([11]))]
+    batch = collate(examples, shapes=shapes)
+    p, b, e = PAD_ID, BOS_ID, EOS_ID
+    assert batch.src.tolist() == [[5, 6, 7, e] + [p] * 4, [10, e] + [p] * 6, [e] + [p] * 7]
+    assert batch.tgt_in.tolist() == [[b, 8, 9] + [p] * 5, [b, 11] + [p] * 6, [b] + [p] * 7]
+    assert batch.tgt_out.tolist() == [[8, 9, e] + [p] * 5, [11, e] + [p] * 6, [p] * 8]
+    assert batch.n_tgt_tokens == int((batch.tgt_out != p).sum()) == 5
+    assert batch.n_src_tokens == int((batch.src != p).sum()) == 7
+    with pytest.raises(DataError, match="4 examples do not fit a batch of width 8, which holds 3"):
+        collate(examples * 2, shapes=shapes)

@@ -31,7 +31,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 
 from aiayn import runtime
-from aiayn.acceleration import ONEDNN_KERNELS_FOR_BF16_TRAINING
+from aiayn.acceleration import ONEDNN_KERNELS_FOR_BF16_TRAINING, compiler_missing
 from aiayn.cli import main
 from aiayn.config import TrainConfig
 from aiayn.decode.shortlist import SHORTLIST_FILE, model_shortlist
@@ -304,6 +304,47 @@ def test_sigterm_saves_and_resume_is_exact(
     assert [r["tokens_seen"] for r in whole] == [
         r["tokens_seen"] for r in read_metrics(tmp_path / "stopped")
     ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compile", [False, True])
+def test_fixed_batch_shapes_train_and_a_resume_is_exact(
+    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compile: bool
+) -> None:
+    """`static_shapes` (and, compiled, the loss inside the graph; CUDA graphs on a GPU): every
+    batch one of the few fixed shapes, the same target tokens in an epoch as without, and a run
+    stopped after update 3 of 6 and resumed ends with the weights and losses of the run that
+    was not stopped."""
+    if compile and compiler_missing(torch.device("cpu")):
+        pytest.skip("no C++ compiler")
+    config = make_config(
+        corpus, tmp_path / "whole", static_shapes=True, compile=compile, save_every=3,
+        max_tokens=40, max_steps=6,
+    )  # fmt: skip
+    torch._dynamo.reset()
+    shapes = set()
+    collate = update.collate
+
+    def collate_and_note(*args: Any, **kwargs: Any) -> Any:
+        batch = collate(*args, **kwargs)
+        shapes.add((*batch.src.shape, *batch.tgt_in.shape))
+        return batch
+
+    with monkeypatch.context() as patch:
+        patch.setattr(update, "collate", collate_and_note)
+        trainer.train(config)
+    assert shapes and all(rows * width <= 40 and width % 8 == 0 for rows, width, _, _ in shapes)
+    assert all(shape[:2] == shape[2:] for shape in shapes)  # source and target alike
+    compiled = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert compiled >= 1 if compile else compiled == 0
+
+    stopped_config = dataclasses.replace(config, out_dir=str(tmp_path / "stopped"))
+    with monkeypatch.context() as patch:
+        stop_at(patch, 3)
+        assert trainer.train(stopped_config).step == 3
+    assert trainer.train(stopped_config, resume=True).step == 6
+    assert_same_weights(tmp_path / "whole" / "model", tmp_path / "stopped" / "model")
+    assert train_losses(tmp_path / "whole") == train_losses(tmp_path / "stopped")
 
 
 def test_bpe_dropout_resegments_each_epoch_and_a_resume_is_exact(

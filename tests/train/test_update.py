@@ -18,7 +18,7 @@ from aiayn.config import TrainConfig
 from aiayn.loss import label_smoothed_loss
 from aiayn.model import Transformer
 from aiayn.optim import build_optimizer, learning_rate, set_learning_rate
-from aiayn.text.batching import collate
+from aiayn.text.batching import BatchShapes, collate
 from aiayn.text.corpus import ParallelDataset, load_or_build
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from aiayn.train import update
@@ -66,7 +66,11 @@ def letter_model(**overrides: Any) -> Transformer:
 
 
 def run_update(
-    model: Transformer, optimizer: torch.optim.Optimizer, dataset: Any, group: list[Any]
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    dataset: Any,
+    group: list[Any],
+    shapes: BatchShapes | None = None,
 ) -> UpdateStats:
     return optimizer_update(
         model,
@@ -82,6 +86,7 @@ def run_update(
         bf16=False,
         device=torch.device("cpu"),
         distributed=Distributed(),
+        shapes=shapes,
     )
 
 
@@ -179,6 +184,35 @@ def test_an_update_through_the_chunked_loss_equals_one_through_the_logits(
     assert chunked.output_projection.weight is chunked.src_embed.embedding.weight
     for (name, got), want in zip(chunked.named_parameters(), plain.parameters(), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=name)
+
+
+def test_an_update_of_fixed_shapes_equals_one_of_the_batches_as_they_are(
+    dataset: ParallelDataset,
+) -> None:
+    """Padding the batches to `BatchShapes` (wider, and empty rows) changes neither the loss,
+    nor the tokens counted, nor the gradients; the gradients stay allocated, zeroed, for the
+    next update."""
+    torch.manual_seed(0)
+    model = letter_model(dropout=0.0)
+    group = [torch.arange(0, 5), torch.arange(5, 12)]
+    shapes = BatchShapes(max_tokens=96, step=8)
+    assert collate([dataset[i] for i in range(5)], shapes=shapes).src.shape == (12, 8)
+
+    results = []
+    for fixed in (None, shapes):
+        optimizer = _GradientRecorder(model.parameters())
+        stats = run_update(model, optimizer, dataset, group, shapes=fixed)
+        results.append((stats, optimizer.grads[0]))
+        if fixed is None:
+            assert all(p.grad is None for p in model.parameters())
+        else:
+            assert all(not p.grad.any() for p in model.parameters())
+    (plain, plain_grads), (padded, padded_grads) = results
+    assert padded.tokens == plain.tokens
+    assert padded.loss == pytest.approx(plain.loss, rel=1e-6)
+    assert padded.nll == pytest.approx(plain.nll, rel=1e-6)
+    for got, want in zip(padded_grads, plain_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
 
 
 def test_the_loss_path_of_forward_is_float32_under_bf16_autocast() -> None:

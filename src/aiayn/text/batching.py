@@ -4,6 +4,10 @@
 contained a set of sentence pairs containing approximately 25000 source tokens and 25000 target
 tokens." Batches are filled up to a token budget that counts padding, so no batch exceeds it.
 
+`BatchShapes` pads every batch to one of a few fixed shapes instead (rows × width, about 16 of
+them), so that a GPU can replay the training step as CUDA graphs captured once per shape
+(`aiayn train --static-shapes`).
+
 Shapes: ``B`` batch size, ``S`` source length, ``T`` target length.
 """
 
@@ -26,6 +30,35 @@ T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class BatchShapes:
+    """Fixed batch shapes: every batch padded to `rows(width)` rows of `width` tokens on both
+    sides, the width a multiple of `step` (8 or more, a multiple of 8 as tensor cores like it)
+    and at most `max_tokens`, and the rows as many as `max_tokens` allows at that width. Rows
+    beyond the batch's examples are empty (`collate`): they add nothing to the loss.
+
+    The number of shapes is the number of widths, ``max_tokens / step`` at most, and about
+    `count` for sentences of up to the `max_len` that `for_lengths` was given.
+    """
+
+    max_tokens: int
+    step: int
+
+    @classmethod
+    def for_lengths(cls, max_len: int, max_tokens: int, count: int = 16) -> BatchShapes:
+        """About `count` widths up to the longest padded sentence, ``max_len + 1``."""
+        step = 8 * math.ceil((max_len + 1) / (8 * count))
+        return cls(max_tokens=max_tokens, step=step)
+
+    def width(self, padded_len: int) -> int:
+        """The width of a batch whose longest side needs `padded_len` tokens (EOS/BOS in)."""
+        return min(self.step * math.ceil(padded_len / self.step), self.max_tokens)
+
+    def rows(self, width: int) -> int:
+        """The rows of every batch of that `width`."""
+        return self.max_tokens // width
+
+
 def make_batches(
     src_lengths: np.ndarray,
     tgt_lengths: np.ndarray,
@@ -34,6 +67,7 @@ def make_batches(
     seed: int,
     epoch: int,
     shuffle: bool = True,
+    shapes: BatchShapes | None = None,
 ) -> list[np.ndarray]:
     """Groups example indices into batches of similar length under a token budget (§5.1).
 
@@ -50,6 +84,9 @@ def make_batches(
     ranks before :func:`shard_batches`). With ``shuffle=False`` ties keep index order and the
     batches stay sorted, which suits evaluation; ``seed`` and ``epoch`` are then unused.
 
+    With `shapes` (whose ``max_tokens`` is this one), a batch's padded length is its
+    `BatchShapes.width`, so that it fits the rows of that width: `collate` pads it to them.
+
     Args:
         src_lengths: ``(N,)`` source lengths without EOS.
         tgt_lengths: ``(N,)`` target lengths without BOS/EOS.
@@ -57,6 +94,7 @@ def make_batches(
         seed: Seed of the shuffles.
         epoch: Varies the shuffles between epochs.
         shuffle: Whether to shuffle ties and batch order.
+        shapes: Fixed batch shapes to cut for, or None for batches of any shape.
 
     Returns:
         int64 index arrays covering every example exactly once.
@@ -86,6 +124,8 @@ def make_batches(
             f"({max_tokens}); max_tokens must be >= max_len + 1"
         )
 
+    if shapes is not None:
+        padded = np.minimum(shapes.step * -(-padded // shapes.step), max_tokens)
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(padded)) if shuffle else np.arange(len(padded))
     for key in (src_lengths, tgt_lengths):  # stable sorts, least significant key first
@@ -170,9 +210,13 @@ def epoch_updates(
     accumulate: int,
     rank: int,
     world_size: int,
+    shapes: BatchShapes | None = None,
 ) -> list[list[np.ndarray]]:
-    """This rank's updates of an epoch, each a list of `accumulate` batches (index arrays)."""
-    batches = make_batches(src_lengths, tgt_lengths, max_tokens=max_tokens, seed=seed, epoch=epoch)
+    """This rank's updates of an epoch, each a list of `accumulate` batches (index arrays);
+    with `shapes`, batches cut for them (`make_batches`)."""
+    batches = make_batches(
+        src_lengths, tgt_lengths, max_tokens=max_tokens, seed=seed, epoch=epoch, shapes=shapes
+    )
     mine = shard_batches(batches, rank, world_size)
     return [mine[i : i + accumulate] for i in range(0, len(mine), accumulate)]
 
@@ -232,17 +276,30 @@ def collate(
     pad_id: int = PAD_ID,
     bos_id: int = BOS_ID,
     eos_id: int = EOS_ID,
+    shapes: BatchShapes | None = None,
 ) -> Batch:
     """Pads ``(src_ids, tgt_ids)`` pairs into a :class:`Batch` of int64 tensors.
 
+    With `shapes`, both sides are padded to the batch's `BatchShapes.width` and the batch to
+    that width's rows: a row past the examples is empty (EOS alone as its source, BOS alone as
+    its decoder input, no label), which changes neither the loss nor its gradients.
+
     Raises:
-        DataError: ``examples`` is empty.
+        DataError: ``examples`` is empty, or more than `shapes` allows at their width.
     """
     if not examples:
         raise DataError("collate needs at least one example")
     src_lens = [len(src) for src, _ in examples]
     tgt_lens = [len(tgt) for _, tgt in examples]
     n_rows, src_width, tgt_width = len(examples), max(src_lens) + 1, max(tgt_lens) + 1
+    if shapes is not None:
+        src_width = tgt_width = shapes.width(max(src_width, tgt_width))
+        if n_rows > shapes.rows(src_width):
+            raise DataError(
+                f"{n_rows} examples do not fit a batch of width {src_width}, which holds "
+                f"{shapes.rows(src_width)} rows under max_tokens {shapes.max_tokens}"
+            )
+        n_rows = shapes.rows(src_width)
 
     src = np.full((n_rows, src_width), pad_id, dtype=np.int64)  # (B, S)
     tgt_in = np.full((n_rows, tgt_width), pad_id, dtype=np.int64)  # (B, T)
@@ -256,11 +313,13 @@ def collate(
         tgt_in[row, 1 : n_tgt + 1] = tgt_ids
         tgt_out[row, :n_tgt] = tgt_ids
         tgt_out[row, n_tgt] = eos_id
+    src[len(examples) :, 0] = eos_id  # the empty rows of fixed shapes: no label
+    tgt_in[len(examples) :, 0] = bos_id
 
     return Batch(
         src=torch.from_numpy(src),
         tgt_in=torch.from_numpy(tgt_in),
         tgt_out=torch.from_numpy(tgt_out),
         n_src_tokens=sum(src_lens) + n_rows,
-        n_tgt_tokens=sum(tgt_lens) + n_rows,
+        n_tgt_tokens=sum(tgt_lens) + len(examples),
     )

@@ -51,7 +51,7 @@ from aiayn.extras import require
 from aiayn.model import Transformer
 from aiayn.model_dir import TOKENIZER_FILE, WEIGHTS_FILE, CorruptCheckpointError, load_weights
 from aiayn.optim import DECAYING, build_optimizer
-from aiayn.text.batching import accumulation, epoch_updates
+from aiayn.text.batching import BatchShapes, accumulation, epoch_updates
 from aiayn.text.bpe_dropout import BPEDropout, EpochPairs, Merges
 from aiayn.text.corpus import DataError, ParallelDataset, check_corpus_files, load_or_build
 from aiayn.text.tokenizer import (
@@ -237,7 +237,15 @@ def rank_updates(
         accumulate=accumulate,
         rank=distributed.rank,
         world_size=distributed.world_size,
+        shapes=batch_shapes(config),
     )
+
+
+def batch_shapes(config: TrainConfig) -> BatchShapes | None:
+    """The fixed batch shapes of `--static-shapes`, or None (batches of any shape)."""
+    if not config.static_shapes:
+        return None
+    return BatchShapes.for_lengths(config.max_len, config.max_tokens)
 
 
 def _check_inputs(
@@ -577,7 +585,9 @@ def _wrap_model(
         )
     train_model: nn.Module = model
     if config.compile:
-        train_model = maybe_compile(train_model, device)
+        # CUDA graphs record one graph per input shape: only for the few of fixed shapes.
+        graphs = config.static_shapes and device.type == "cuda"
+        train_model = maybe_compile(train_model, device, "reduce-overhead" if graphs else None)
     if distributed.enabled:
         device_ids = [device.index] if device.type == "cuda" else None
         train_model = DistributedDataParallel(train_model, device_ids=device_ids)

@@ -62,7 +62,14 @@ from aiayn.train.runlog import (
     TrainRecord,
     ValidRecord,
 )
-from aiayn.train.setup import RunParts, TrainingError, epoch_pairs, rank_updates, set_up
+from aiayn.train.setup import (
+    RunParts,
+    TrainingError,
+    batch_shapes,
+    epoch_pairs,
+    rank_updates,
+    set_up,
+)
 from aiayn.train.stopping import EarlyStopping, StopFlag
 from aiayn.train.update import IntervalLossSums, UpdateStats, optimizer_update, uses_bf16
 from aiayn.train.validation import validation_metrics
@@ -237,6 +244,7 @@ class Trainer:
         self.distributed = parts.distributed
         self.device = parts.device
         self.bf16, self.onednn, self.accumulate = parts.bf16, parts.onednn, parts.accumulate
+        self.shapes = batch_shapes(config)
         self.run_dir = parts.run_dir
         self.init = parts.init
         self.tokenizer = parts.tokenizer
@@ -408,6 +416,7 @@ class Trainer:
             onednn=self.onednn,
             schedule=c.schedule,
             end_step=self.schedule_end,
+            shapes=self.shapes,
         )
         progress.count_update(stats.tokens)
         self.loss_sums.add(stats.sums, progress.interval)

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from aiayn.acceleration import OneDNNLinearProducts, native_bf16_cpu, onednn_linear_missing
 from aiayn.optim import scheduled_rate, set_learning_rate
-from aiayn.text.batching import collate
+from aiayn.text.batching import BatchShapes, collate
 from aiayn.text.bpe_dropout import EpochPairs
 from aiayn.text.corpus import ParallelDataset
 from aiayn.text.tokenizer import BOS_ID, EOS_ID, PAD_ID
@@ -144,6 +144,7 @@ def optimizer_update(
     onednn: bool = False,
     schedule: str = "inverse_sqrt",
     end_step: int | None = None,
+    shapes: BatchShapes | None = None,
 ) -> UpdateStats:
     """One optimizer update over the batches in `group` (gradient accumulation).
 
@@ -158,11 +159,17 @@ def optimizer_update(
         onednn: Forward and backward with `OneDNNLinearProducts` (`uses_onednn`).
         schedule: The learning-rate schedule (`aiayn.optim.scheduled_rate`): Eq. 3 by default.
         end_step: The run's last update, where a decaying schedule reaches 0.
+        shapes: Pad every batch to these fixed shapes (`BatchShapes`; `group` cut for them).
+            Then the gradients stay allocated between updates (zeroed, not freed), so that
+            accumulating into them never keeps a tensor that a CUDA graph's next replay
+            overwrites, and on a GPU each batch begins a new step of CUDA graph trees
+            (``torch.compile(mode="reduce-overhead")``).
     """
     model.train()
+    examples = [[dataset[int(i)] for i in indices] for indices in group]
     batches = [
-        collate([dataset[int(i)] for i in indices], pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID)
-        for indices in group
+        collate(pairs, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, shapes=shapes)
+        for pairs in examples
     ]
     # Counted on the host, from the batches: normalising by them waits for nothing on one
     # process (several add theirs up in a collective, as `Trainer.should_stop` does its flags).
@@ -174,6 +181,8 @@ def optimizer_update(
         last = i == len(batches) - 1
         sync = contextlib.nullcontext() if last or not distributed.enabled else model.no_sync()
         products = OneDNNLinearProducts() if onednn else contextlib.nullcontext()
+        if shapes is not None and device.type == "cuda":
+            torch.compiler.cudagraph_mark_step_begin()
         with sync, products:
             with autocast(device, bf16):
                 sums = model(
@@ -192,7 +201,7 @@ def optimizer_update(
     if clip_norm > 0:
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_norm)
     optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
+    optimizer.zero_grad(set_to_none=shapes is None)
     # Summed in float64, on the device: nothing here waits for it to finish the update.
     update_sums = distributed.sum_on_device(torch.stack(sums_per_batch).double().sum(dim=0))
     return UpdateStats(sums=update_sums, tokens=int(n_tokens), lr=lr)
