@@ -135,6 +135,16 @@ FULL_RUNS = {name: flags.split() for name, flags in {
     "B1-bf16-s2": f"{BF16} --max-steps 5100 --seed 2",
     "B8-bf16-width192-s2": f"{BF16} --max-steps 6800 {WIDTH192} --seed 2",
 }.items()}  # fmt: skip
+# Fixed batch shapes (`--static-shapes`, a GPU's CUDA graphs; with `--compile`, the loss over
+# the whole logits in the compiled graph) against the recipe's own batches from two seeds: 600
+# updates each in float32, each run's schedule decaying to 0 at its last, so that learning per
+# update is compared, not speed (padding makes a CPU slower).
+SHAPES = f"{FULL} --precision fp32 --max-steps 600 --valid-every 100"
+FULL_RUNS |= {name: flags.split() for name, flags in {
+    "G0-recipe-600": SHAPES,
+    "G0-recipe-600-s2": f"{SHAPES} --seed 2",
+    "G1-static-shapes-compile": f"{SHAPES} --static-shapes --compile",
+}.items()}  # fmt: skip
 STUDY_COLUMNS = [("run", "run"), ("flags", "settings on top of the recipe"), ("updates", "updates"),
                  ("minutes", "minutes"), ("valid_ppl", "validation perplexity"),
                  ("bleu", "BLEU"), ("chrf", "chrF")]  # fmt: skip

@@ -51,20 +51,24 @@ def compiler_missing(device: torch.device) -> str | None:
     return None
 
 
-def maybe_compile(module: nn.Module, device: torch.device, mode: str | None = None) -> nn.Module:
+def maybe_compile(
+    module: nn.Module, device: torch.device, mode: str | None = None, dynamic: bool | None = None
+) -> nn.Module:
     """`torch.compile(module)`, or `module` itself (with a warning) where it cannot compile.
 
     A compilation that fails later, at the first call, raises, unless the program chose to fall
     back to eager execution there too: ``runtime.configure(compile_errors_fall_back=True)``
     (a process-wide TorchInductor setting), which ``aiayn train --compile`` does, so that a
-    broken toolchain never stops a run; PyTorch then logs what failed. `mode` is
-    torch.compile's: "reduce-overhead" replays CUDA graphs on a GPU (one per input shape).
+    broken toolchain never stops a run; PyTorch then logs what failed. `mode` and `dynamic` are
+    torch.compile's: "reduce-overhead" replays CUDA graphs on a GPU (one recorded per input
+    shape); ``dynamic=True`` compiles once for every shape, where None compiles the first shape
+    as it is and every later one for any shape (twice).
     """
     reason = compiler_missing(device)
     if reason is not None:
         logger.warning("torch.compile is not available (%s): running eagerly", reason)
         return module
-    return torch.compile(module, mode=mode)
+    return torch.compile(module, mode=mode, dynamic=dynamic)
 
 
 def native_bf16_cpu() -> bool:

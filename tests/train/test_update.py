@@ -195,7 +195,7 @@ def test_an_update_of_fixed_shapes_equals_one_of_the_batches_as_they_are(
     torch.manual_seed(0)
     model = letter_model(dropout=0.0)
     group = [torch.arange(0, 5), torch.arange(5, 12)]
-    shapes = BatchShapes(max_tokens=96, step=8)
+    shapes = BatchShapes(max_tokens=96, widths=(8, 16))
     assert collate([dataset[i] for i in range(5)], shapes=shapes).src.shape == (12, 8)
 
     results = []

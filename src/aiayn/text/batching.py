@@ -13,6 +13,7 @@ Shapes: ``B`` batch size, ``S`` source length, ``T`` target length.
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
 from collections.abc import Sequence
@@ -33,30 +34,52 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class BatchShapes:
     """Fixed batch shapes: every batch padded to `rows(width)` rows of `width` tokens on both
-    sides, the width a multiple of `step` (8 or more, a multiple of 8 as tensor cores like it)
-    and at most `max_tokens`, and the rows as many as `max_tokens` allows at that width. Rows
-    beyond the batch's examples are empty (`collate`): they add nothing to the loss.
+    sides, `width` the narrowest of `widths` that holds its longest sentence, and the rows as
+    many as `max_tokens` allows at that width. Rows beyond the batch's examples are empty
+    (`collate`): they add nothing to the loss.
 
-    The number of shapes is the number of widths, ``max_tokens / step`` at most, and about
-    `count` for sentences of up to the `max_len` that `for_lengths` was given.
+    `for_lengths` spaces the widths geometrically, each about 19% (2^¼) wider than the last,
+    rounded up to a multiple of 8 (as tensor cores like them): a batch is padded by at most
+    about a fifth of its longest sentence, in about 16 shapes for sentences of up to 256 tokens.
+    A sentence wider than every width (longer than the `max_len` they were made for) gets a
+    width of its own, rounded up to a multiple of 8.
     """
 
     max_tokens: int
-    step: int
+    widths: tuple[int, ...]  # ascending, each at most max_tokens
 
     @classmethod
-    def for_lengths(cls, max_len: int, max_tokens: int, count: int = 16) -> BatchShapes:
-        """About `count` widths up to the longest padded sentence, ``max_len + 1``."""
-        step = 8 * math.ceil((max_len + 1) / (8 * count))
-        return cls(max_tokens=max_tokens, step=step)
+    def for_lengths(cls, max_len: int, max_tokens: int) -> BatchShapes:
+        """Widths from 8 up to the longest padded sentence, ``max_len + 1``."""
+        widths, width = {min(_up_to_8(max_len + 1), max_tokens)}, 8.0
+        while width < max_len + 1:
+            widths.add(min(_up_to_8(width), max_tokens))
+            width *= 2**0.25
+        return cls(max_tokens=max_tokens, widths=tuple(sorted(widths)))
 
     def width(self, padded_len: int) -> int:
         """The width of a batch whose longest side needs `padded_len` tokens (EOS/BOS in)."""
-        return min(self.step * math.ceil(padded_len / self.step), self.max_tokens)
+        i = bisect.bisect_left(self.widths, padded_len)
+        if i < len(self.widths):
+            return self.widths[i]
+        return min(_up_to_8(padded_len), self.max_tokens)
+
+    def widths_of(self, padded_lens: np.ndarray) -> np.ndarray:
+        """`width` of each of `padded_lens` (int64), at once."""
+        widths = np.asarray(self.widths, dtype=np.int64)
+        i = np.searchsorted(widths, padded_lens)
+        beyond = i == len(widths)
+        out = widths[np.minimum(i, len(widths) - 1)]
+        out[beyond] = np.minimum(8 * -(-padded_lens[beyond] // 8), self.max_tokens)
+        return out
 
     def rows(self, width: int) -> int:
         """The rows of every batch of that `width`."""
         return self.max_tokens // width
+
+
+def _up_to_8(n: float) -> int:
+    return 8 * math.ceil(n / 8)
 
 
 def make_batches(
@@ -125,7 +148,7 @@ def make_batches(
         )
 
     if shapes is not None:
-        padded = np.minimum(shapes.step * -(-padded // shapes.step), max_tokens)
+        padded = shapes.widths_of(padded)
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(padded)) if shuffle else np.arange(len(padded))
     for key in (src_lengths, tgt_lengths):  # stable sorts, least significant key first

@@ -585,9 +585,11 @@ def _wrap_model(
         )
     train_model: nn.Module = model
     if config.compile:
-        # CUDA graphs record one graph per input shape: only for the few of fixed shapes.
+        # CUDA graphs record one graph per input shape: only for the few of fixed shapes,
+        # compiled once for all of them.
         graphs = config.static_shapes and device.type == "cuda"
-        train_model = maybe_compile(train_model, device, "reduce-overhead" if graphs else None)
+        mode = "reduce-overhead" if graphs else None
+        train_model = maybe_compile(train_model, device, mode, dynamic=True if graphs else None)
     if distributed.enabled:
         device_ids = [device.index] if device.type == "cuda" else None
         train_model = DistributedDataParallel(train_model, device_ids=device_ids)

@@ -160,12 +160,17 @@ def optimizer_update(
         schedule: The learning-rate schedule (`aiayn.optim.scheduled_rate`): Eq. 3 by default.
         end_step: The run's last update, where a decaying schedule reaches 0.
         shapes: Pad every batch to these fixed shapes (`BatchShapes`; `group` cut for them).
-            Then the gradients stay allocated between updates (zeroed, not freed), so that
-            accumulating into them never keeps a tensor that a CUDA graph's next replay
-            overwrites, and on a GPU each batch begins a new step of CUDA graph trees
-            (``torch.compile(mode="reduce-overhead")``).
+            Then the gradients are tensors of their own, allocated before the first backward
+            pass and zeroed, not freed, after each update: autograd adds a backward pass's
+            gradients into them, never adopting its output, which with CUDA graphs
+            (``torch.compile(mode="reduce-overhead")``) is memory that the next replay
+            overwrites; and on a GPU each batch begins a new step of CUDA graph trees.
     """
     model.train()
+    if shapes is not None:
+        for p in model.parameters():
+            if p.requires_grad and p.grad is None:
+                p.grad = torch.zeros_like(p)
     examples = [[dataset[int(i)] for i in indices] for indices in group]
     batches = [
         collate(pairs, pad_id=PAD_ID, bos_id=BOS_ID, eos_id=EOS_ID, shapes=shapes)
