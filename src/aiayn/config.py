@@ -381,7 +381,7 @@ class TrainConfig:
             (``runtime.configure(compile_errors_fall_back=True)``, process-wide, which `train`
             itself leaves as it is).
         static_shapes: Pad every training batch to one of about 16 fixed shapes (rows × width,
-            each width about 19% wider than the last, a multiple of 8, up to max_len + 1;
+            each width about 19% wider than the last, a multiple of 8, the widest max_len + 1;
             `aiayn.text.batching.BatchShapes`), filling the rows a width allows under
             max_tokens with empty ones. With `compile` on a CUDA GPU the update then runs as
             CUDA graphs, captured once per shape (``torch.compile(mode="reduce-overhead")``):

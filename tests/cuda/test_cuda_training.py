@@ -173,10 +173,7 @@ def test_updates_on_a_gpu_make_no_host_sync(device: torch.device, dataset: Paral
 
 
 def test_fixed_shapes_compiled_into_cuda_graphs_learn_what_the_eager_path_learns(
-    device: torch.device,
-    corpus: tuple[Path, Path],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
+    device: torch.device, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """`static_shapes` with `compile` (on a GPU, CUDA graphs: torch.compile's reduce-overhead
     mode; on a CPU an ordinary compile), float32 without dropout, 6 updates: the losses of the
@@ -186,6 +183,8 @@ def test_fixed_shapes_compiled_into_cuda_graphs_learn_what_the_eager_path_learns
         pytest.skip(f"torch.compile cannot run here: {compiler_missing(device)}")
     from torch._dynamo.utils import counters
 
+    # Batches of two widths, 8 and 17 (tests/train/test_trainer.py checks which): two graphs.
+    corpus = write_copy_corpus(tmp_path / "corpus", 48, longest=12)
     settings = dict(
         device=str(device), precision="fp32", static_shapes=True, max_steps=6, save_every=3,
         max_tokens=40, model=dict(TINY_MODEL, dropout=0.0),

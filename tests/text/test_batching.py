@@ -256,7 +256,7 @@ def test_fixed_shapes_are_few_and_every_batch_fits_its_own(max_len: int, max_tok
     within the budget; the examples are each batched once; the shapes are about 16."""
     shapes = BatchShapes.for_lengths(max_len, max_tokens)
     assert list(shapes.widths) == sorted(set(shapes.widths)) and shapes.widths[0] == 8
-    assert shapes.widths[-1] == min(8 * -(-(max_len + 1) // 8), max_tokens)
+    assert shapes.widths[-1] == max_len + 1 and shapes.widths[-2] <= max_len - 7
     src_lengths, tgt_lengths = random_lengths(3000, seed=max_len, max_len=max_len)
     examples = [
         (np.full(s, 4, np.int64), np.full(t, 5, np.int64))
@@ -271,7 +271,7 @@ def test_fixed_shapes_are_few_and_every_batch_fits_its_own(max_len: int, max_tok
         batch = collate([examples[i] for i in indices], shapes=shapes)
         rows, width = batch.src.shape
         assert batch.tgt_in.shape == batch.tgt_out.shape == (rows, width)
-        assert width <= max_tokens and (width % 8 == 0 or width == max_tokens)
+        assert width % 8 == 0 or width == max_len + 1
         assert rows == max_tokens // width and rows * width <= max_tokens
         longest = int(max(src_lengths[indices].max(), tgt_lengths[indices].max())) + 1
         assert longest <= width < max(1.19 * longest + 8, 16)  # padding ≤ ~a fifth, or < 8
@@ -288,8 +288,9 @@ def test_a_sentence_wider_than_every_width_gets_one_of_its_own() -> None:
     assert [shapes.width(n) for n in (8, 9, 16, 17, 25, 99, 120)] == [8, 16, 16, 24, 32, 100, 100]
     assert shapes.widths_of(np.array([8, 9, 17, 25, 120])).tolist() == [8, 16, 24, 32, 100]
     assert BatchShapes.for_lengths(256, 12_500).widths == (
-        8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 184, 216, 256, 264
+        8, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 184, 216, 257
     )  # fmt: skip
+    assert BatchShapes.for_lengths(16, 40).widths == (8, 17)
 
 
 def test_fixed_shapes_pad_with_empty_rows_that_have_no_label() -> None:

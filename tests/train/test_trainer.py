@@ -56,10 +56,13 @@ TINY_MODEL = {
 }
 
 
-def write_copy_corpus(directory: Path, n_pairs: int, seed: int = 0) -> tuple[Path, Path]:
-    """`n_pairs` lines of 3-6 random letters, and the same lines as the target (a copy task)."""
+def write_copy_corpus(
+    directory: Path, n_pairs: int, seed: int = 0, longest: int = 6
+) -> tuple[Path, Path]:
+    """`n_pairs` lines of 3 to `longest` random letters, and the same lines as the target (a
+    copy task)."""
     rng = random.Random(seed)
-    lines = [" ".join(rng.choices(LETTERS, k=rng.randint(3, 6))) for _ in range(n_pairs)]
+    lines = [" ".join(rng.choices(LETTERS, k=rng.randint(3, longest))) for _ in range(n_pairs)]
     directory.mkdir(parents=True, exist_ok=True)
     src, tgt = directory / "train.src", directory / "train.tgt"
     for path in (src, tgt):
@@ -309,7 +312,7 @@ def test_sigterm_saves_and_resume_is_exact(
 @pytest.mark.slow
 @pytest.mark.parametrize("compile", [False, True])
 def test_fixed_batch_shapes_train_and_a_resume_is_exact(
-    corpus: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compile: bool
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, compile: bool
 ) -> None:
     """`static_shapes` (and, compiled, the loss inside the graph; CUDA graphs on a GPU): every
     batch one of the few fixed shapes, the same target tokens in an epoch as without, and a run
@@ -317,6 +320,7 @@ def test_fixed_batch_shapes_train_and_a_resume_is_exact(
     was not stopped."""
     if compile and compiler_missing(torch.device("cpu")):
         pytest.skip("no C++ compiler")
+    corpus = write_copy_corpus(tmp_path / "corpus", 48, longest=12)  # two widths: 8 and 17
     config = make_config(
         corpus, tmp_path / "whole", static_shapes=True, compile=compile, save_every=3,
         max_tokens=40, max_steps=6,
@@ -333,7 +337,8 @@ def test_fixed_batch_shapes_train_and_a_resume_is_exact(
     with monkeypatch.context() as patch:
         patch.setattr(update, "collate", collate_and_note)
         trainer.train(config)
-    assert shapes and all(rows * width <= 40 and width % 8 == 0 for rows, width, _, _ in shapes)
+    assert {width for _, width, _, _ in shapes} == {8, 17}  # max_len 16: widths 8 and 17
+    assert all(rows == 40 // width for rows, width, _, _ in shapes)
     assert all(shape[:2] == shape[2:] for shape in shapes)  # source and target alike
     compiled = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert compiled >= 1 if compile else compiled == 0

@@ -39,10 +39,11 @@ class BatchShapes:
     (`collate`): they add nothing to the loss.
 
     `for_lengths` spaces the widths geometrically, each about 19% (2^¼) wider than the last,
-    rounded up to a multiple of 8 (as tensor cores like them): a batch is padded by at most
-    about a fifth of its longest sentence, in about 16 shapes for sentences of up to 256 tokens.
-    A sentence wider than every width (longer than the `max_len` they were made for) gets a
-    width of its own, rounded up to a multiple of 8.
+    rounded up to a multiple of 8 (as tensor cores like them), the widest the longest sentence
+    padded, ``max_len + 1``: a batch is padded by at most about a fifth of its longest
+    sentence, never beyond ``max_len + 1`` positions, in about 16 shapes for sentences of up to
+    256 tokens. A sentence wider than every width (longer than that `max_len`) gets a width of
+    its own, rounded up to a multiple of 8.
     """
 
     max_tokens: int
@@ -50,11 +51,13 @@ class BatchShapes:
 
     @classmethod
     def for_lengths(cls, max_len: int, max_tokens: int) -> BatchShapes:
-        """Widths from 8 up to the longest padded sentence, ``max_len + 1``."""
-        widths, width = {min(_up_to_8(max_len + 1), max_tokens)}, 8.0
-        while width < max_len + 1:
-            widths.add(min(_up_to_8(width), max_tokens))
-            width *= 2**0.25
+        """Widths from 8 up to the longest padded sentence, ``max_len + 1``; one within 8 of
+        it is left out."""
+        widest = min(max_len + 1, max_tokens)
+        widths, k = {widest}, 0
+        while (width := _up_to_8(8 * 2 ** (k / 4))) <= widest - 8:
+            widths.add(width)
+            k += 1
         return cls(max_tokens=max_tokens, widths=tuple(sorted(widths)))
 
     def width(self, padded_len: int) -> int:
@@ -108,7 +111,8 @@ def make_batches(
     batches stay sorted, which suits evaluation; ``seed`` and ``epoch`` are then unused.
 
     With `shapes` (whose ``max_tokens`` is this one), a batch's padded length is its
-    `BatchShapes.width`, so that it fits the rows of that width: `collate` pads it to them.
+    `BatchShapes.width`, so that it fits the rows of that width (`collate` pads it to them),
+    and examples are sorted by their width first, so that few batches mix widths.
 
     Args:
         src_lengths: ``(N,)`` source lengths without EOS.
@@ -151,7 +155,8 @@ def make_batches(
         padded = shapes.widths_of(padded)
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(len(padded)) if shuffle else np.arange(len(padded))
-    for key in (src_lengths, tgt_lengths):  # stable sorts, least significant key first
+    keys = (src_lengths, tgt_lengths) if shapes is None else (src_lengths, tgt_lengths, padded)
+    for key in keys:  # stable sorts, least significant key first
         order = order[np.argsort(_narrow(key[order]), kind="stable")]
     batches = np.split(order, _greedy_bounds(padded[order], max_tokens))
 
