@@ -144,6 +144,7 @@ FULL_RUNS |= {name: flags.split() for name, flags in {
     "G0-recipe-600": SHAPES,
     "G0-recipe-600-s2": f"{SHAPES} --seed 2",
     "G1-static-shapes-compile": f"{SHAPES} --static-shapes --compile",
+    "G1-static-shapes-compile-s2": f"{SHAPES} --static-shapes --compile --seed 2",
 }.items()}  # fmt: skip
 STUDY_COLUMNS = [("run", "run"), ("flags", "settings on top of the recipe"), ("updates", "updates"),
                  ("minutes", "minutes"), ("valid_ppl", "validation perplexity"),
