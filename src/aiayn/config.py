@@ -374,10 +374,10 @@ class TrainConfig:
             shapes every step fragment the heap), hence opt-in. Ignored under
             bf16 and with `compile`.
         compile: Wrap the model in `torch.compile` (eager, with a warning, where it cannot
-            compile: aiayn.acceleration). For GPUs: on 2-core AMD EPYCs (bf16, float32) it
-            trained the Bible recipe at 0.85x eager's tokens/s, and compiles first
-            (BENCHMARKS.md). Where
-            compilation fails at the first update, `aiayn train` goes on eagerly
+            compile: aiayn.acceleration). For GPUs: on a 2-core AMD EPYC (AVX2, float32) it
+            trained the Bible recipe at 0.80x eager's tokens/s, and compiles first
+            (BENCHMARKS.md). Compiled, the loss over the whole logits is part of the graph.
+            Where compilation fails at the first update, `aiayn train` goes on eagerly
             (``runtime.configure(compile_errors_fall_back=True)``, process-wide, which `train`
             itself leaves as it is).
         static_shapes: Pad every training batch to one of about 16 fixed shapes (rows × width,
