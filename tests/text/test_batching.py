@@ -278,9 +278,8 @@ def test_fixed_shapes_are_few_and_every_batch_fits_its_own(max_len: int, max_tok
         assert batch.n_tgt_tokens == int(tgt_lengths[indices].sum()) + len(indices)
         seen.add((rows, width))
     assert len(seen) <= 17
-    assert [shapes.width(n) for n in range(1, max_len + 2)] == list(
-        shapes.widths_of(np.arange(1, max_len + 2))
-    )
+    for n in range(1, max_len + 2):  # the narrowest width that holds n tokens
+        assert shapes.width(n) == min(w for w in shapes.widths if w >= n)
 
 
 def test_a_sentence_wider_than_every_width_gets_one_of_its_own() -> None:

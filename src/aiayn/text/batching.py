@@ -13,7 +13,6 @@ Shapes: ``B`` batch size, ``S`` source length, ``T`` target length.
 
 from __future__ import annotations
 
-import bisect
 import logging
 import math
 from collections.abc import Sequence
@@ -62,10 +61,7 @@ class BatchShapes:
 
     def width(self, padded_len: int) -> int:
         """The width of a batch whose longest side needs `padded_len` tokens (EOS/BOS in)."""
-        i = bisect.bisect_left(self.widths, padded_len)
-        if i < len(self.widths):
-            return self.widths[i]
-        return min(_up_to_8(padded_len), self.max_tokens)
+        return int(self.widths_of(np.array([padded_len], dtype=np.int64))[0])
 
     def widths_of(self, padded_lens: np.ndarray) -> np.ndarray:
         """`width` of each of `padded_lens` (int64), at once."""
