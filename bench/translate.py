@@ -17,9 +17,10 @@ writing), in interleaved rounds (bench/runner.py):
 - Hugging Face ``generate`` on ``aiayn export --to hf`` (``--with-hf``; slow; post-norm models
   only, as MarianMTModel is);
 
-For each: wall time (median and every round), sentences/s, BLEU and chrF (sacreBLEU) of the
-first round's output, for aiayn's own search the decoder rows per sentence (counted in a
-separate, untimed pass), and how many outputs differ from the first system's. The run appends
+For each: wall time (median and every round), sentences/s, BLEU, chrF (sacreBLEU) and length
+against the references' of the first round's output, for aiayn's own search the decoder rows
+per sentence (counted in a separate, untimed pass), and how many outputs differ from the first
+system's. The run appends
 one record to bench/results/translate.jsonl (`make benchmarks-page` shows it).
 
 With ``--one-line``, each round also times each system on the file's first line alone: what a
@@ -203,12 +204,15 @@ def profile_translation(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def scores(hyp: Path, ref: Path) -> tuple[float, float]:
+def scores(hyp: Path, ref: Path) -> tuple[float, float, float]:
+    """sacreBLEU's BLEU and chrF of `hyp` against `ref`, and the outputs' length against the
+    references' (BLEU's tokens; below 1, the brevity penalty applies)."""
     import sacrebleu
 
     hyps = hyp.read_text(encoding="utf-8").split("\n")[:-1]
     refs = ref.read_text(encoding="utf-8").split("\n")[:-1]
-    return (sacrebleu.corpus_bleu(hyps, [refs]).score, sacrebleu.corpus_chrf(hyps, [refs]).score)
+    bleu = sacrebleu.corpus_bleu(hyps, [refs])
+    return bleu.score, sacrebleu.corpus_chrf(hyps, [refs]).score, bleu.sys_len / bleu.ref_len
 
 
 def as_installed(environ: Mapping[str, str], pycache: Path) -> dict[str, str]:
@@ -260,7 +264,8 @@ def search_options(extra: list[str]) -> dict:
 
 COLUMNS = [
     ("system", "system"), ("wall_s", "wall time, s (rounds)"), ("sentences_per_s", "sentences/s"),
-    ("bleu", "BLEU"), ("chrf", "chrF"), ("differ", "outputs ≠ first"),
+    ("bleu", "BLEU"), ("chrf", "chrF"), ("length_ratio", "length ÷ references'"),
+    ("differ", "outputs ≠ first"),
     ("vs_ct2", "× CTranslate2 fp32"), ("vs_ct2_inter", "× CTranslate2 inter_threads"),
     ("one_line_s", "one line, s"), ("rows_per_sentence", "decoder rows/sentence"),
 ]  # fmt: skip
@@ -391,7 +396,7 @@ def rows_of(args: argparse.Namespace, found: list[Command], one_line: dict) -> l
     rows = []
     for command in found:
         median = statistics.median(command.seconds)
-        bleu, chrf = scores(command.output, args.ref)
+        bleu, chrf, length = scores(command.output, args.ref)
         lines = command.output.read_text(encoding="utf-8").split("\n")
         row = {
             "system": command.name,
@@ -399,6 +404,7 @@ def rows_of(args: argparse.Namespace, found: list[Command], one_line: dict) -> l
             "sentences_per_s": round(n / median, 1),
             "bleu": round(bleu, 2),
             "chrf": round(chrf, 2),
+            "length_ratio": round(length, 3),
             "differ": sum(a != b for a, b in zip(lines, first, strict=False)),
             "vs_ct2": intra and f"{intra / median:.2f}×",
             "vs_ct2_inter": inter and f"{inter / median:.2f}×",

@@ -56,6 +56,7 @@ def test_translate_times_aiayn_and_both_ctranslate2_thread_layouts(tmp_path: Pat
     ]
     ours = rec["rows"][0]
     assert ours["wall_s"]["median"] > 0 and ours["rows_per_sentence"] > 0
+    assert ours["length_ratio"] > 0
     assert rec["machine"]["cores"] >= 1 and rec["versions"]["ctranslate2"]
 
 
@@ -88,6 +89,21 @@ def test_serve_measures_batching_on_and_off_under_load(tmp_path: Path) -> None:
     cells = [(r["batching"], r["clients"], r["errors"]) for r in rec["rows"]]
     assert cells == [("on", 1, 0), ("on", 2, 0), ("off", 1, 0), ("off", 2, 0)]
     assert "requests/s with 2 clients" in rec["summary"]
+
+
+def test_translate_scores_the_outputs_length_against_the_references(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))
+    path = ROOT / "bench" / "translate.py"
+    spec = importlib.util.spec_from_file_location("bench_translate", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    (tmp_path / "hyp").write_text("el gato negro come pescado\nhola\n", encoding="utf-8")
+    (tmp_path / "ref").write_text("el gato negro come pescado hoy\nhola mundo\n", encoding="utf-8")
+    bleu, chrf, length = module.scores(tmp_path / "hyp", tmp_path / "ref")
+    assert length == pytest.approx(6 / 8) and 0 < bleu < 100 and 0 < chrf < 100
 
 
 @pytest.mark.parametrize(
