@@ -20,8 +20,8 @@ writing), in interleaved rounds (bench/runner.py):
 For each: wall time (median and every round), sentences/s, BLEU, chrF (sacreBLEU) and length
 against the references' of the first round's output, for aiayn's own search the decoder rows
 per sentence (counted in a separate, untimed pass), and how many outputs differ from the first
-system's. The run appends
-one record to bench/results/translate.jsonl (`make benchmarks-page` shows it).
+system's. The run appends one record to bench/results/translate.jsonl (`make benchmarks-page`
+shows it).
 
 With ``--one-line``, each round also times each system on the file's first line alone: what a
 command costs around its decoding. ``--only`` / ``--skip`` keep or leave out systems by name,

@@ -94,12 +94,7 @@ def test_serve_measures_batching_on_and_off_under_load(tmp_path: Path) -> None:
 def test_translate_scores_the_outputs_length_against_the_references(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    path = ROOT / "bench" / "translate.py"
-    spec = importlib.util.spec_from_file_location("bench_translate", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = bench_module(monkeypatch, "translate")
     (tmp_path / "hyp").write_text("el gato negro come pescado\nhola\n", encoding="utf-8")
     (tmp_path / "ref").write_text("el gato negro come pescado hoy\nhola mundo\n", encoding="utf-8")
     bleu, chrf, length = module.scores(tmp_path / "hyp", tmp_path / "ref")
@@ -313,8 +308,14 @@ def test_study_plot_draws_the_runs_and_names_the_dev_books(
 
 def bench_train(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
     """bench/train.py, loaded by path: `train` is also the name of the tests' package."""
+    return bench_module(monkeypatch, "train")
+
+
+def bench_module(monkeypatch: pytest.MonkeyPatch, name: str) -> ModuleType:
+    """bench/NAME.py, loaded by path as `bench_NAME`, with bench/ on the path for its imports."""
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
-    spec = importlib.util.spec_from_file_location("bench_train", ROOT / "bench" / "train.py")
+    path = ROOT / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)  # its dataclasses look themselves up
