@@ -285,12 +285,32 @@ def check_idle(force: bool = False, wait_s: float = 180.0) -> float | None:
     return load
 
 
+def shell_line(env: dict[str, str], argv: list[str]) -> str:
+    """`argv` as a shell runs it with `env` set: "VAR=VALUE ... command args"."""
+    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv)])
+
+
+def variant_words(spec: str) -> tuple[list[str], dict[str, str]]:
+    """A `--variant NAME=FLAGS`'s flags and environment (ValueError: not one): words of the
+    form VAR=VALUE before the flags set its environment, as in a shell."""
+    name, _, text = spec.partition("=")
+    words = shlex.split(text)
+    env = {}
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        key, _, value = words.pop(0).partition("=")
+        env[key] = value
+    if not name or not (words or env):
+        raise ValueError(f"--variant {spec!r}: give NAME=FLAGS, e.g. onednn='--onednn'")
+    return words, env
+
+
 @dataclass
 class Command:
     """One system's whole command; `{out}` in it is replaced by the round's output file."""
 
     name: str
     argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # set on top of the run's environment
     seconds: list[float] = field(default_factory=list)
     output: Path | None = None  # the first round's
 
@@ -303,7 +323,8 @@ def timed(command: Command, out: Path, env: Mapping[str, str], **swap: str) -> f
     """Seconds from launch to exit of `command` writing `out`; a failure raises with the end
     of its standard error."""
     start = time.perf_counter()
-    done = subprocess.run(command.argv_for(out, swap), env=env, capture_output=True, text=True,
+    argv, environment = command.argv_for(out, swap), {**env, **command.env}
+    done = subprocess.run(argv, env=environment, capture_output=True, text=True,
                           preexec_fn=ends_with_benchmark)  # fmt: skip
     seconds = time.perf_counter() - start
     if done.returncode != 0:

@@ -149,36 +149,18 @@ def aiayn_trainer(precision: str | None, recipe_precision: str, native_bf16: boo
     return Trainer(f"{command} ({how})", "aiayn", precision, bf16)
 
 
-def shell_line(env: dict[str, str], argv: list[str]) -> str:
-    """`argv` as a shell runs it with `env` set: "VAR=VALUE ... command args"."""
-    return " ".join([*(f"{k}={shlex.quote(v)}" for k, v in env.items()), shlex.join(argv)])
-
-
-def variant_words(spec: str) -> tuple[list[str], dict[str, str]]:
-    """A `--variant NAME=FLAGS`'s flags and environment (ValueError: not one)."""
-    name, _, text = spec.partition("=")
-    words = shlex.split(text)
-    env = {}
-    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
-        key, _, value = words.pop(0).partition("=")
-        env[key] = value
-    if not name or not (words or env):
-        raise ValueError(f"--variant {spec!r}: give NAME=FLAGS, e.g. onednn='--onednn'")
-    return words, env
-
-
 def variant_trainer(spec: str, recipe_precision: str, native_bf16: bool) -> Trainer:
     """`--variant NAME=FLAGS`: `aiayn train` with FLAGS after the benchmark's own flags; words
     of the form VAR=VALUE before them set its environment, as in a shell
     (`--variant spin="OMP_WAIT_POLICY=ACTIVE"`, `--variant onednn="--precision fp32
     --onednn"`). Named by its flags and what its updates compute in, as `aiayn_trainer`."""
-    words, env = variant_words(spec)
+    words, env = runner.variant_words(spec)
     precision = None
     if "--precision" in words[:-1]:
         precision = words[words.index("--precision") + 1]
     trainer = aiayn_trainer(precision, recipe_precision, native_bf16)
     how = trainer.name[trainer.name.rindex(" (") :]
-    command = shell_line(env, ["aiayn", "train", *words])
+    command = runner.shell_line(env, ["aiayn", "train", *words])
     return Trainer(f"{command}{how}", "aiayn", None, trainer.bf16, flags=words, env=env)
 
 
@@ -461,7 +443,7 @@ def run_aiayn(
         command += ["--precision", trainer.precision]
     command += trainer.flags
     env = {**child_env(args.threads), **trainer.env}
-    print("  " + shell_line(trainer.env, command), flush=True)
+    print("  " + runner.shell_line(trainer.env, command), flush=True)
     window = run_window(command, env, args.seconds, run_dir / "train.log")
     cache = _first_match(AIAYN_CACHE, window.lines)
     if cache is None or cache.group(1) != "reusing":
@@ -764,7 +746,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--rounds, --seconds, --log-every and --threads must be positive")
     for spec in args.variant:
         try:
-            variant_words(spec)
+            runner.variant_words(spec)
         except ValueError as e:
             parser.error(str(e))
     if not args.no_record and (args.max_updates or args.seconds < 60):

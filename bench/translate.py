@@ -5,7 +5,8 @@ and is timed from launch to exit (Python start-up, imports, loading, packing, de
 writing), in interleaved rounds (bench/runner.py):
 
 - ``aiayn translate -m MODEL -i SRC -o OUT`` as the README shows it, once per variant asked
-  (``--variant NAME='--int8'``, ``--variant finished='--stopping finished'``, ...);
+  (``--variant NAME='--int8'``, ``--variant finished='--stopping finished'``, ...; leading
+  VAR=VALUE words set its environment: ``--variant noautoload=TORCH_DEVICE_BACKEND_AUTOLOAD=0``);
 - CTranslate2's own Python API on ``aiayn export --to ctranslate2`` (fp32 and int8 exports):
   SentencePiece in, ``translate_batch`` (beam W, batches of 1,024 tokens, the same length limit
   and banned tokens as aiayn), SentencePiece out, what a CTranslate2 user writes; in both
@@ -240,7 +241,7 @@ def warm_up(
     caches (`as_installed`) and the page cache then hold what every timed round reads."""
     for system in systems:
         command = system.argv_for(work / "warm-up-out.txt", {str(src): str(first)})
-        subprocess.run(command, env=env, capture_output=True, check=False,
+        subprocess.run(command, env={**env, **system.env}, capture_output=True, check=False,
                        preexec_fn=runner.ends_with_benchmark)  # fmt: skip
 
 
@@ -282,7 +283,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     # fmt: off
     p.add_argument("--variant", action="append", default=[], metavar="NAME=FLAGS",
-                   help="another aiayn translate run with these extra flags (repeatable)")
+                   help="another aiayn translate run with these extra flags; leading VAR=VALUE "
+                   "words set its environment (repeatable)")
     p.add_argument("--no-ct2", action="store_true", help="leave CTranslate2 out")
     p.add_argument("--only", action="append", default=[], metavar="TEXT",
                    help="time only the systems whose name holds TEXT (repeatable)")
@@ -304,6 +306,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.ref = args.ref or (args.data / "valid.es" if args.data else None)
     if args.src is None or (args.ref is None and not (args.profile or args.step_calls)):
         p.error("give --data DIR (an `aiayn prepare` folder), or --src and --ref")
+    for spec in args.variant:
+        try:
+            runner.variant_words(spec)
+        except ValueError as e:
+            p.error(str(e))
     return args
 
 
@@ -328,9 +335,9 @@ def systems(args: argparse.Namespace, work: Path, env: dict) -> list[Command]:
 
     found = [Command("aiayn translate", translate(args.model))]
     for spec in args.variant:
-        flags = spec.partition("=")[2]
-        variant = translate(args.model, *shlex.split(flags))
-        found.append(Command(f"aiayn translate {flags}", variant))
+        words, variables = runner.variant_words(spec)
+        name = runner.shell_line(variables, ["aiayn", "translate", *words])
+        found.append(Command(name, translate(args.model, *words), variables))
     # Each system ranks as its users get by default: both by log_prob / |Y|^1.
     for quantization in () if args.no_ct2 else (None, "int8"):
         extra = ("--quantization", quantization) if quantization else ()
@@ -411,7 +418,7 @@ def rows_of(args: argparse.Namespace, found: list[Command], one_line: dict) -> l
         }
         if command.name in one_line:
             row["one_line_s"] = round(statistics.median(one_line[command.name]), 2)
-        plain = command.name.startswith("aiayn translate") and "backend" not in command.name
+        plain = "aiayn translate" in command.name and "backend" not in command.name
         extra = command.argv[command.argv.index("--no-progress") + 1 :] if plain else []
         if plain and "--int8" not in extra and "--bf16" not in extra:
             options = {"beam_size": args.beam, **search_options(extra)}
@@ -422,8 +429,9 @@ def rows_of(args: argparse.Namespace, found: list[Command], one_line: dict) -> l
 
 def against_ct2(rows: list[dict[str, Any]], found: list[Command]) -> list[str]:
     """aiayn's default and its --int8 against CTranslate2 fp32 and int8 at the faster of their
-    thread layouts (the peer a user who read its docs runs), and aiayn's BLEU. The ratios
-    divide the unrounded medians of `found`, as the rows' ratios do."""
+    thread layouts (the peer a user who read its docs runs), aiayn's BLEU, and the system that
+    scored higher where one did. The ratios divide the unrounded medians of `found`, as the
+    rows' ratios do."""
     seconds = {c.name: statistics.median(c.seconds) for c in found}
 
     def wall(row: dict[str, Any]) -> float:
@@ -438,7 +446,11 @@ def against_ct2(rows: list[dict[str, Any]], found: list[Command]) -> list[str]:
             said.append(f"`{ours['system']}` {wall(ours):.1f} s against CTranslate2 {kind}'s "
                         f"{wall(best):.1f} s at its faster layout "
                         f"({wall(best) / wall(ours):.2f}×)")  # fmt: skip
-    return [*said, f"BLEU {rows[0]['bleu']}"]
+    said.append(f"BLEU {rows[0]['bleu']}")
+    best = max(rows, key=lambda row: row["bleu"])
+    if best["bleu"] > rows[0]["bleu"]:
+        said.append(f"the highest, {best['bleu']}, `{best['system']}`")
+    return said
 
 
 def main(argv: list[str] | None = None) -> None:

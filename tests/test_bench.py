@@ -101,10 +101,35 @@ def test_translate_scores_the_outputs_length_against_the_references(
     assert length == pytest.approx(6 / 8) and 0 < bleu < 100 and 0 < chrf < 100
 
 
+def test_translate_s_summary_names_the_peer_at_its_faster_layout_and_the_best_bleu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    translate = bench_module(monkeypatch, "translate")
+    timed = {
+        "aiayn translate": ([10.0, 12.0, 11.0], 23.1),
+        "aiayn translate --int8": ([8.0], 23.0),
+        "aiayn translate --stopping exact": ([20.0], 23.4),
+        "CTranslate2 fp32 (Python API)": ([9.0], 22.9),
+        "CTranslate2 fp32 (Python API, inter_threads 2)": ([5.5], 22.9),
+        "CTranslate2 int8 (Python API)": ([4.0], 22.8),
+    }
+    found = [translate.Command(name, [], seconds=seconds) for name, (seconds, _) in timed.items()]
+    rows = [{"system": name, "bleu": bleu} for name, (_, bleu) in timed.items()]
+    assert translate.against_ct2(rows, found) == [
+        "`aiayn translate` 11.0 s against CTranslate2 fp32's 5.5 s at its faster layout (0.50×)",
+        "`aiayn translate --int8` 8.0 s against CTranslate2 int8's 4.0 s at its faster layout "
+        "(0.50×)",
+        "BLEU 23.1",
+        "the highest, 23.4, `aiayn translate --stopping exact`",
+    ]
+    assert translate.against_ct2(rows[:1], found) == ["BLEU 23.1"]
+
+
 @pytest.mark.parametrize(
     ("script", "args", "message"),
     [
         ("translate.py", ["-m", "MODEL"], "give --data DIR (an `aiayn prepare` folder)"),
+        ("translate.py", ["-m", "M", "--data", "D", "--variant", "=-x"], "give NAME=FLAGS"),
         ("train.py", [], "give --data DIR (an `aiayn prepare` folder), or --src and --tgt"),
         ("train.py", ["--data", "D", "--max-updates", "3"], "a smoke run"),
         ("study.py", ["run", "D", "S", "S99-nothing"], "unknown run(s) ['S99-nothing']"),
@@ -358,7 +383,30 @@ def test_train_variants_add_flags_and_environment_to_aiayn(
     assert (passive.flags, passive.env) == ([], {"OMP_WAIT_POLICY": "PASSIVE"})
     for bad in ("=--onednn", "nothing=", "noequals"):
         with pytest.raises(ValueError, match="give NAME=FLAGS"):
-            train.variant_words(bad)
+            train.runner.variant_words(bad)
+
+
+def test_translate_variants_add_flags_and_environment_to_aiayn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    translate = bench_module(monkeypatch, "translate")
+    args = translate.parse_args(
+        ["-m", "M", "--src", "s", "--ref", "r", "--no-ct2", "--variant", "int8=--int8",
+         "--variant", "cold=TORCH_DEVICE_BACKEND_AUTOLOAD=0 --int8"]
+    )  # fmt: skip
+    found = translate.systems(args, tmp_path, {})
+    assert [(c.name, c.env) for c in found] == [
+        ("aiayn translate", {}),
+        ("aiayn translate --int8", {}),
+        ("TORCH_DEVICE_BACKEND_AUTOLOAD=0 aiayn translate --int8",
+         {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}),
+    ]  # fmt: skip
+    assert found[2].argv == found[1].argv
+    # A command runs with its own variables on top of the run's environment.
+    write = "import os, sys; open(sys.argv[1], 'w').write(os.environ['A'] + os.environ['B'])"
+    command = translate.Command("env", [sys.executable, "-c", write, "{out}"], {"B": "2"})
+    translate.runner.timed(command, tmp_path / "out", {**os.environ, "A": "1", "B": "0"})
+    assert (tmp_path / "out").read_text() == "12"
 
 
 def test_train_reads_whether_aiayn_trained_in_bf16_from_its_model_line(
