@@ -8,11 +8,12 @@
 The page opens with what to expect (one line a table), then the commands that reproduce every
 table, then per task one table per machine and kind of run, its rows from the latest record of
 each setup. A row says "older source" where a path its task exercises has a git hash other
-than the one its record stored and a different code (`older`: comments and docstrings aside);
-where the same measurement has current rows on another machine, its older tables are
-named in one line, as are all the tables of a task with no current row (its summary lines
-stay, marked older source). A clone without the records' commits cannot tell, and refuses (a
-shallow one).
+than the one its record stored and a different code (`older`: comments and docstrings aside).
+A table with current rows shows those alone; a machine with a current table of a task shows no
+older one of it; where the same measurement has current rows on another machine only, its older
+tables are named in one line, as are all the tables of a task with no current row (its summary
+lines stay, marked older source). The records keep every figure. A clone without the records'
+commits cannot tell, and refuses (a shallow one).
 A table leaves out the rows of a peer its command did not ask for and the columns no row
 fills, and names the notes said under its machine's first table rather than repeat them.
 """
@@ -149,12 +150,12 @@ def tables(records: list[dict[str, Any]]) -> dict[str, list[list[dict[str, Any]]
 def present(
     found: list[list[dict[str, Any]]], current: dict[str, str]
 ) -> list[tuple[list[dict[str, Any]], bool]]:
-    """A task's tables, each with whether the page shows its rows. A table whose every row is
-    older source is left out where a table of the same machine and its columns (or more: the
-    same measurement) has current rows, and named in one line where another machine's table
-    of those columns (or more) has them; within a table, a setup on older source is left out
-    where a later setup of its command and columns is current: the page states what is true now, the
-    records keep the rest."""
+    """A task's tables, each with whether the page shows its rows. A table with current setups
+    keeps those alone; a table whose every setup is older source is left out where its machine
+    has a current table of the task, and named in one line where another machine's table of its
+    columns (or more: the same measurement) is current; within a table all on older source, a
+    setup gives way to a later current one of its command and columns. The page states what is
+    true now, the records keep the rest."""
 
     def names(t: list[dict[str, Any]]) -> set[str]:
         return {c[0] for c in t[0]["columns"]}
@@ -170,14 +171,17 @@ def present(
     found = [[r for r in t if fresh(r) or not any(
         fresh(n) and n["command"] == r["command"] and keys(n) == keys(r)
         and n["date"] > r["date"] for n in t)] for t in found]  # fmt: skip
+    # A table with current setups shows those alone.
+    found = [[r for r in t if fresh(r)] or t for t in found]
     now = [t for t in found if any(fresh(r) for r in t)]
 
     def machine(t: list[dict[str, Any]]) -> str:
         return t[0]["machine"]["name"]
 
+    # A table all on older source is named in one line where its machine has a current table
+    # of the task.
     return [(t, t in now or not any(names(t) <= names(n) for n in now)) for t in found
-            if t in now or not any(machine(t) == machine(n) and names(t) <= names(n)
-                                   for n in now)]  # fmt: skip
+            if t in now or not any(machine(t) == machine(n) for n in now)]  # fmt: skip
 
 
 def heading(found: list[dict[str, Any]]) -> list[str]:
