@@ -153,24 +153,15 @@ def present(
     """A task's tables, each with whether the page shows its rows. A table with current setups
     keeps those alone; a table whose every setup is older source is left out where its machine
     has a current table of the task, and named in one line where another machine's table of its
-    columns (or more: the same measurement) is current; within a table all on older source, a
-    setup gives way to a later current one of its command and columns. The page states what is
-    true now, the records keep the rest."""
+    columns (or more: the same measurement) is current. The page states what is true now, the
+    records keep the rest."""
 
     def names(t: list[dict[str, Any]]) -> set[str]:
         return {c[0] for c in t[0]["columns"]}
 
-    def keys(r: dict[str, Any]) -> list[str]:  # a column's label may be reworded since
-        return [c[0] for c in r["columns"]]
-
     def fresh(r: dict[str, Any]) -> bool:
         return is_current(r, current)
 
-    # Within a table, a setup on older source gives way to a later one of the same command and
-    # columns on the current source: the same measurement taken again (on another corpus, say).
-    found = [[r for r in t if fresh(r) or not any(
-        fresh(n) and n["command"] == r["command"] and keys(n) == keys(r)
-        and n["date"] > r["date"] for n in t)] for t in found]  # fmt: skip
     # A table with current setups shows those alone.
     found = [[r for r in t if fresh(r)] or t for t in found]
     now = [t for t in found if any(fresh(r) for r in t)]
