@@ -159,13 +159,17 @@ PEER = "fairseq"  # the recipe's run by fairseq-train (bench/fairseq_peer.py)
 # to the budget: the same command with `--time-budget 60m`), and in its own budget with a lever
 # of the study for a CPU where it runs in float32 and makes fewer passes over the corpus:
 # d_model 192 (d_ff 768) at the recipe's peak (B8 of FULL_RUNS: more updates), no dropout (B2:
-# learns faster per update until it overfits); each also from a second seed.
+# learns faster per update until it overfits); each also from a second seed. And the `small`
+# preset's own depth, 3+3 layers, in the recipe's budget: the depth the recipe gave up, and the
+# second model of `bench/translate.py`'s tables.
 DROPOUT0 = "--model dropout=0.0"
+LAYERS3 = "--model n_encoder_layers=3 --model n_decoder_layers=3"
 RECIPE_RUNS = {"recipe": [], "recipe-2x": ["--time-budget", "60m"],
                "recipe-width192": WIDTH192.split(), "recipe-s2": ["--seed", "2"],
                "recipe-width192-s2": [*WIDTH192.split(), "--seed", "2"],
                "recipe-dropout0": DROPOUT0.split(),
-               "recipe-dropout0-s2": [*DROPOUT0.split(), "--seed", "2"]}  # fmt: skip
+               "recipe-dropout0-s2": [*DROPOUT0.split(), "--seed", "2"],
+               "recipe-layers3": LAYERS3.split()}  # fmt: skip
 
 
 def differences(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
