@@ -9,7 +9,9 @@ The page opens with what to expect (one line a table), then the commands that re
 table, then per task one table per machine and kind of run, its rows from the latest record of
 each setup. A row says "older source" where a path its task exercises has a git hash other
 than the one its record stored and a different code (`older`: comments and docstrings aside).
-A table with current rows shows those alone; a machine with a current table of a task shows no
+A table with current rows shows those alone; of one measurement (a table's title) on the
+current source, the machine measured last shows its table and the others are named in one line
+(the summary at the top gives their results); a machine with a current table of a task shows no
 older one of it; where the same measurement has current rows on another machine only, its older
 tables are named in one line, as are all the tables of a task with no current row (its summary
 lines stay, marked older source). The records keep every figure. A clone without the records'
@@ -149,12 +151,15 @@ def tables(records: list[dict[str, Any]]) -> dict[str, list[list[dict[str, Any]]
 
 def present(
     found: list[list[dict[str, Any]]], current: dict[str, str]
-) -> list[tuple[list[dict[str, Any]], bool]]:
-    """A task's tables, each with whether the page shows its rows. A table with current setups
-    keeps those alone; a table whose every setup is older source is left out where its machine
-    has a current table of the task, and named in one line where another machine's table of its
-    columns (or more: the same measurement) is current. The page states what is true now, the
-    records keep the rest."""
+) -> list[tuple[list[dict[str, Any]], str]]:
+    """A task's tables, each with how the page shows it: "full" (its rows), "elsewhere" (named
+    in one line: the same measurement is shown in full for a machine measured later) or
+    "older" (named in one line: all older source). A table with current setups keeps those
+    alone, and of the tables of one measurement (their title) on the current source only the
+    latest machine's is shown in full, the others' results being in the summary. A table whose
+    every setup is older source is left out where its machine has a current table of the task,
+    and named where another machine's table of its columns (or more: the same measurement) is
+    current. The page states what is true now, the records keep the rest."""
 
     def names(t: list[dict[str, Any]]) -> set[str]:
         return {c[0] for c in t[0]["columns"]}
@@ -169,10 +174,18 @@ def present(
     def machine(t: list[dict[str, Any]]) -> str:
         return t[0]["machine"]["name"]
 
-    # A table all on older source is named in one line where its machine has a current table
-    # of the task.
-    return [(t, t in now or not any(names(t) <= names(n) for n in now)) for t in found
-            if t in now or not any(machine(t) == machine(n) for n in now)]  # fmt: skip
+    shown: list[tuple[list[dict[str, Any]], str]] = []
+    full_titles: set[str] = set()
+    for t in found:  # the latest first
+        if t in now:
+            how = "elsewhere" if t[0]["table"] in full_titles else "full"
+            full_titles.add(t[0]["table"])
+        elif any(machine(t) == machine(n) for n in now):
+            continue  # its machine has a current table of the task
+        else:
+            how = "older" if any(names(t) <= names(n) for n in now) else "full"
+        shown.append((t, how))
+    return shown
 
 
 def heading(found: list[dict[str, Any]]) -> list[str]:
@@ -181,9 +194,9 @@ def heading(found: list[dict[str, Any]]) -> list[str]:
     return [f"### {table[:1].upper() + table[1:]}: {machine}", ""]
 
 
-def older_tables_text(found: list[list[dict[str, Any]]]) -> list[str]:
-    """A task's tables whose rows are all older source while another machine's are current:
-    one line naming each (what, machine, when) and where its figures are."""
+def named_tables_text(found: list[list[dict[str, Any]]], why: str) -> list[str]:
+    """Tables the page names rather than shows, in one line: each by what it measures, machine
+    and dates, with where their figures are and why they are not shown (`why`)."""
     if not found:
         return []
     dates = [", ".join(sorted({r["date"][:10] for r in t})) for t in found]
@@ -191,8 +204,11 @@ def older_tables_text(found: list[list[dict[str, Any]]]) -> list[str]:
         f"{t[0]['table']}, {t[0]['machine']['name']} ({when})"
         for t, when in zip(found, dates, strict=True)
     )
-    return [f"On an older source (bench/results/{found[0][0]['task']}.jsonl keeps the figures; "
-            f"the commands above measure them again): {each}.", ""]  # fmt: skip
+    return [f"{why} (bench/results/{found[0][0]['task']}.jsonl keeps the figures): {each}.", ""]
+
+
+OLDER_WHY = "On an older source, which the commands above measure again"
+ELSEWHERE_WHY = "On the current source too, each with its results in the summary above"
 
 
 def is_current(rec: dict[str, Any], current: dict[str, str]) -> bool:
@@ -316,9 +332,9 @@ What to expect from aiayn on a machine like yours, against the tools you would o
 machine, versions, every round's figures); edit those, not this page. The machines are shared
 cloud machines whose speed varies from run to run: compare the rows of one table. "Older
 source" marks a row measured before the code its task exercises last changed (comments aside);
-its command measures it again. A measurement with current rows shows only those in the summary,
-and another machine's older tables of it are named in one line; a task with no current row
-keeps its summary lines and names its tables in one line.
+its command measures it again. The summary gives every machine's current results; below it,
+a measurement shows its latest machine's current table, and names its other machines' tables in
+one line; a task with no current row keeps its summary lines and names its tables in one line.
 
 ## What to expect
 """
@@ -351,17 +367,18 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
             continue
         lines += [f"## {heading}", "", what, ""]
         said: dict[str, set[str]] = defaultdict(set)  # per machine, the notes said in this task
-        older_tables = []
+        named: dict[str, list[list[dict[str, Any]]]] = defaultdict(list)
         found_shown = present(by_task[task], current)
         # A task with no current row at all is history: the summary quotes it, marked older
         # source, and its tables are named in one line.
         now = any(is_current(r, current) for t, _ in found_shown for r in t)
-        for found, shown in found_shown:
-            if shown and now:
+        for found, how in found_shown:
+            if how == "full" and now:
                 lines += table_text(found, current, said[found[0]["machine"]["name"]])
             else:
-                older_tables.append(found)
-        lines += older_tables_text(older_tables)
+                named["elsewhere" if how == "elsewhere" else "older"].append(found)
+        lines += named_tables_text(named["elsewhere"], ELSEWHERE_WHY)
+        lines += named_tables_text(named["older"], OLDER_WHY)
     return "\n".join(lines).rstrip("\n") + "\n"
 
 

@@ -55,9 +55,9 @@ def test_the_page_is_short_and_states_the_present(
     records: list[dict[str, Any]], current: dict[str, str], history: None
 ) -> None:
     text = page.render(records, current)
-    # One present table per machine and setup (two CPUs on the current source, about 180 lines
-    # each; a GPU and a third CPU named in a line each), no history.
-    assert len(text.splitlines()) <= 400
+    # One present table per measurement and setup, the other machines' named in a line each,
+    # no history.
+    assert len(text.splitlines()) <= 300
     assert "## What to expect" in "\n".join(text.splitlines()[:20])
     # a run of 7+ hex digits with a letter among them (a number such as 4194292 is not one)
     assert not re.search(r"\b(?=[0-9]*[a-f])[0-9a-f]{7,40}\b", text), "a commit hash on the page"
@@ -171,7 +171,7 @@ def test_another_machines_older_table_is_named_in_one_line(current: dict[str, st
     peer = {**copy.deepcopy(fresh), "setup": "a peer", "summary": "faster"}
     text = page.render([fresh, older, peer], page.current_hashes([fresh]))
     assert "### A file: CPU B" not in text and "bench/results/translate.jsonl keeps" in text
-    assert "measure them again): a file, CPU B (2030-01-01)." in text
+    assert "keeps the figures): a file, CPU B (2030-01-01)." in text
     assert "8.0 (9.0, 8.0, 7.0)" not in text and "| 2.0 (2.0, 1.0, 3.0) |" in text
     assert "| CPU A | 2030-01-01 | a model: fast; a peer: faster |" in text  # one table, one row
     assert "slow" not in text  # the summary shows the current rows alone
@@ -186,7 +186,36 @@ def test_another_machines_older_table_is_named_in_one_line(current: dict[str, st
     text = page.render([older], page.current_hashes([narrower]))
     assert "8.0 (9.0, 8.0, 7.0)" not in text
     assert "| CPU B | 2030-01-01, older source | a model: slow |" in text
-    assert "measure them again): a file, CPU B (2030-01-01)." in text
+    assert "keeps the figures): a file, CPU B (2030-01-01)." in text
+
+
+def test_one_measurement_on_the_current_source_shows_the_machine_measured_last() -> None:
+    """Of one measurement (a table's title) current on two machines, the page shows the table
+    of the machine measured last and names the other's in one line; the summary at the top
+    gives both machines' results."""
+    paths = runner.SOURCES["serve"]
+    later = {
+        "task": "serve", "table": "one text a request", "setup": "a model",
+        "date": "2030-01-02 00:00", "command": "python bench/serve.py -m MODEL",
+        "summary": "30 requests/s", "machine": {"name": "CPU A"}, "versions": {"torch": "2"},
+        "sources": {"src": "x", **runner.source_hashes(paths)},
+        "columns": [["server", "server"], ["rps", "requests/s"]],
+        "rows": [{"server": "aiayn serve", "rps": 29.8}],
+    }  # fmt: skip
+    earlier = {**copy.deepcopy(later), "machine": {"name": "CPU B"}, "date": "2030-01-01 00:00"}
+    earlier["rows"], earlier["summary"] = [{"server": "aiayn serve", "rps": 17.4}], "17 requests/s"
+    text = page.render([earlier, later], page.current_hashes([later]))
+    assert "### One text a request: CPU A" in text and "| aiayn serve | 29.8 |" in text
+    assert "### One text a request: CPU B" not in text and "| aiayn serve | 17.4 |" not in text
+    assert "| CPU B | 2030-01-01 | a model: 17 requests/s |" in text  # in the summary
+    assert (
+        f"{page.ELSEWHERE_WHY} (bench/results/serve.jsonl keeps the figures): one text a "
+        "request, CPU B (2030-01-01)."
+    ) in text
+    # Another measurement of CPU B's alone keeps its table.
+    alone = {**copy.deepcopy(earlier), "table": "hostile requests"}
+    text = page.render([earlier, later, alone], page.current_hashes([later]))
+    assert "### Hostile requests: CPU B" in text
 
 
 def test_a_record_is_one_line_of_json_with_the_machine_and_source(
@@ -299,14 +328,14 @@ def test_a_machines_notes_are_said_once_and_empty_rows_and_columns_left_out() ->
                         {"trainer": "peer", "tps": "not measured: no --fairseq-bin given"},
                         {"trainer": "aiayn --x", "tps": 2241, "vs": None}]  # fmt: skip
     variants["notes"] = ["Model: 2+2 layers.", "Precision: float32.", "Load: 2.0."]
-    other = {**copy.deepcopy(variants), "machine": {"name": "CPU B"}}
+    other = {**copy.deepcopy(variants), "machine": {"name": "CPU B"}, "table": "more settings"}
     text = page.render([first, variants, other], page.current_hashes([first]))
     section = text.split("### Settings: CPU A")[1].split("###")[0]
     assert "- Model and precision: as said above for this machine." in section
     assert "- Load: 2.0." in section and "2+2 layers" not in section
     assert "| aiayn --x | 2241 |" in section and "not measured" not in section
     assert "× peer" not in section  # no row of this table compares with the peer
-    assert "- Model: 2+2 layers." in text.split("### Settings: CPU B")[1]  # another machine
+    assert "- Model: 2+2 layers." in text.split("### More settings: CPU B")[1]  # another machine
 
     # A second setup of the same table with the same notes adds none: they are right above.
     again = {**copy.deepcopy(variants), "setup": "more variants", "date": "2030-01-01 12:00",
@@ -345,6 +374,6 @@ def test_setups_of_several_rows_keep_their_tables_and_older_tables_share_one_lin
     assert [section.index(s) for s in order] == sorted(section.index(s) for s in order)
     assert "### 810 sentences: CPU B" not in text
     assert (
-        "On an older source (bench/results/translate.jsonl keeps the figures; the commands "
-        "above measure them again): 810 sentences, CPU B (2029-12-31)."
+        f"{page.OLDER_WHY} (bench/results/translate.jsonl keeps the figures): 810 sentences, "
+        "CPU B (2029-12-31)."
     ) in section

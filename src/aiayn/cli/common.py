@@ -282,7 +282,7 @@ def _load_ct2_translator(args: argparse.Namespace) -> Translator:
     CTranslate2's own API does. Converting does import it; PyTorch then gets one thread first,
     so that it never starts its OpenMP threads: once they exist beside CTranslate2's, the
     process has more OpenMP threads than cores and CTranslate2 decodes slower for as long as it
-    runs (BENCHMARKS.md, "CTranslate2 in a process where PyTorch ran").
+    runs (docs/interop.md, "CTranslate2 beside PyTorch").
     """
     from aiayn import runtime
     from aiayn.extras import require
