@@ -30,8 +30,10 @@ command costs around its decoding. ``--only`` / ``--skip`` keep or leave out sys
 
 Tools for decoding work, no timing of whole commands: ``--profile`` splits aiayn's search on
 one thread into encoder, decoder steps and the search between them, and the operators' shares
-(torch.profiler); ``--step-calls N`` counts the calls into PyTorch per decoding step over the
-first N sentences (bench/step_calls.py: exact counts, the same on every machine).
+(torch.profiler), beside CTranslate2 decoding the same lines on one thread in its own process
+(decoding alone, neither start-up counted: where a whole command's gap comes from);
+``--step-calls N`` counts the calls into PyTorch per decoding step over the first N sentences
+(bench/step_calls.py: exact counts, the same on every machine).
 
     python bench/translate.py -m MODEL --data DATA --variant int8=--int8 --one-line
     python bench/translate.py -m MODEL --data DATA --step-calls 30
@@ -40,6 +42,7 @@ first N sentences (bench/step_calls.py: exact counts, the same on every machine)
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import os
 import shlex
@@ -124,14 +127,15 @@ def count_rows(model: str, src: Path, options: dict) -> float:
 
 OPERATOR_GROUPS = {
     "matrix products of the linear layers": ("aten::addmm", "aten::mm",
-                                             "mkldnn::_linear_pointwise"),
+                                             "mkldnn::_linear_pointwise",
+                                             "quantized::linear_dynamic"),
     "attention's batched products (Q Kᵀ, P V)": ("aten::bmm",),
     "log_softmax over the vocabulary": ("aten::_log_softmax",),
 }  # fmt: skip
 """The operators `--profile` sums, by what they compute."""
 
 
-def worker_translator(model: str, warm_up: list[str], beam: int) -> Any:
+def worker_translator(model: str, warm_up: list[str], beam: int, int8: bool = False) -> Any:
     """aiayn's `Translator` on one thread, as each decoding worker runs it, after translating
     `warm_up` (the first calls' one-time work: oneDNN, MKL)."""
     import torch
@@ -139,20 +143,56 @@ def worker_translator(model: str, warm_up: list[str], beam: int) -> Any:
     from aiayn.decode.translator import Translator
 
     torch.set_num_threads(1)
-    translator = Translator(model)
+    translator = Translator(model, int8=int8)
     translator.translate(warm_up, beam_size=beam)
     return translator
 
 
+CT2_DECODING = r"""
+import sys, time
+import ctranslate2, sentencepiece as spm
+export, src, beam, quantization = sys.argv[1:5]
+sp = spm.SentencePieceProcessor(model_file=f"{export}/source.spm")
+lines = open(src, encoding="utf-8").read().split("\n")[:-1]
+pieces = [sp.encode(line, out_type=str) for line in lines]
+translator = ctranslate2.Translator(export, device="cpu", intra_threads=1, inter_threads=1,
+                                    compute_type=quantization)
+kwargs = dict(beam_size=int(beam), length_penalty=1.0, max_batch_size=1024, batch_type="tokens",
+              suppress_sequences=[["<pad>"], ["<s>"]])
+translator.translate_batch(pieces[:64], **kwargs)
+start = time.perf_counter()
+translator.translate_batch(pieces, **kwargs)
+print(time.perf_counter() - start)
+"""
+"""CTranslate2 decoding a file on one thread after a warm-up, its seconds printed: `--profile`'s
+peer (the few lines its users write, as `CT2_SCRIPT`, timed around `translate_batch` alone)."""
+
+
+def ct2_decoding_seconds(args: argparse.Namespace, int8: bool) -> float | None:
+    """CTranslate2's decoding alone of `args.src` on one thread, in a process of its own, on
+    `aiayn export --to ctranslate2` of the model; None without ctranslate2."""
+    if importlib.util.find_spec("ctranslate2") is None:
+        return None
+    env = runner.with_src_on_path(os.environ)
+    with tempfile.TemporaryDirectory(prefix="bench-profile-") as work:
+        export = exported(args, Path(work), env, "ctranslate2")
+        command = [sys.executable, "-c", CT2_DECODING, str(export), str(args.src),
+                   str(args.beam), "int8" if int8 else "float32"]  # fmt: skip
+        done = subprocess.run(command, env=env, capture_output=True, text=True, check=True,
+                              preexec_fn=runner.ends_with_benchmark)  # fmt: skip
+    return float(done.stdout.split()[-1])
+
+
 def profile_translation(args: argparse.Namespace) -> str:
     """Where the time of aiayn's search goes, on one thread as each worker runs it: markdown
-    tables from two untimed passes, the second under torch.profiler (which slows it down)."""
+    tables from two untimed passes, the second under torch.profiler (which slows it down);
+    and CTranslate2's decoding of the same lines on one thread (`ct2_decoding_seconds`)."""
     from torch.profiler import ProfilerActivity, profile
 
     from aiayn.model import Transformer
 
     lines = args.src.read_text(encoding="utf-8").split("\n")[:-1]
-    translator = worker_translator(args.model, lines[:64], args.beam)
+    translator = worker_translator(args.model, lines[:64], args.beam, args.profile_int8)
     spent = {"encode": 0.0, "decode_step": 0.0}
     calls = dict.fromkeys(spent, 0)
 
@@ -182,6 +222,13 @@ def profile_translation(args: argparse.Namespace) -> str:
     groups = {g: sum(ops.get(k, 0.0) for k in keys) for g, keys in OPERATOR_GROUPS.items()}
     every = sum(ops.values())
     search = total - spent["encode"] - spent["decode_step"]
+    peer = ct2_decoding_seconds(args, args.profile_int8)
+    kind = "int8" if args.profile_int8 else "float32"
+    beside = (
+        [f"CTranslate2 {kind} decoding the same lines on one thread: {peer:.2f} s; aiayn's "
+         f"search {total:.2f} s, {peer / total:.2f}× CTranslate2's speed.", ""]
+        if peer is not None else []
+    )  # fmt: skip
     lines = [
         f"Profile: aiayn's search on one thread (as each worker runs it), in one process, "
         f"{calls['decode_step']} decoder steps. Wall clock (no profiler), {total:.1f} s:",
@@ -201,8 +248,10 @@ def profile_translation(args: argparse.Namespace) -> str:
         *(f"| {group} | {seconds / every:.0%} |" for group, seconds in groups.items()),
         "| every other operator (element-wise, selections, copies, norms) | "
         f"{(every - sum(groups.values())) / every:.0%} |",
+        "",
+        *beside,
     ]
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip("\n")
 
 
 def scores(hyp: Path, ref: Path) -> tuple[float, float, float]:
@@ -296,7 +345,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="also time each system on the first line alone, every round")
     p.add_argument("--with-hf", action="store_true", help="also Hugging Face generate (slow)")
     p.add_argument("--profile", action="store_true",
-                   help="profile aiayn's search on one thread instead (untimed, no record)")
+                   help="profile aiayn's search on one thread instead, beside CTranslate2's "
+                   "decoding on one thread (untimed, no record)")
+    p.add_argument("--profile-int8", action="store_true",
+                   help="with --profile: aiayn's --int8 and CTranslate2's int8")
     p.add_argument("--step-calls", type=int, metavar="N",
                    help="count the calls into PyTorch per decoding step over N sentences instead")
     # fmt: on

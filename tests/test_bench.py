@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -62,7 +63,8 @@ def test_translate_times_aiayn_and_both_ctranslate2_thread_layouts(tmp_path: Pat
 
 @pytest.mark.slow
 def test_translate_s_decoding_tools_print_their_tables(tmp_path: Path) -> None:
-    """`--profile` and `--step-calls N`: aiayn's search on one thread, no timing, no record."""
+    """`--profile` and `--step-calls N`: aiayn's search on one thread, no timing, no record;
+    `--profile` beside CTranslate2's decoding of the same lines where it is installed."""
     model = tiny_model_dir(tmp_path, eos_scale=4.0)
     src = tmp_path / "valid.en"
     src.write_text("the cat sat on the mat\nhello world\n", encoding="utf-8")
@@ -73,6 +75,9 @@ def test_translate_s_decoding_tools_print_their_tables(tmp_path: Path) -> None:
         done = bench("translate.py", "-m", str(model), "--src", str(src), flags)
         assert done.returncode == 0, done.stdout + done.stderr
         assert row in done.stdout and "record" not in done.stdout
+        if flags == "--profile" and importlib.util.find_spec("ctranslate2") is not None:
+            peer = re.search(r"on one thread: ([\d.]+) s; aiayn's search ([\d.]+) s", done.stdout)
+            assert peer and float(peer[1]) > 0 and float(peer[2]) > 0, done.stdout
 
 
 @pytest.mark.slow
