@@ -5,10 +5,11 @@
     python bench/page.py --stamp OUT/records.jsonl --commit C   # add the source hashes of
         # commit C to records made where git could not say (a copy of the tree on a GPU machine)
 
-The page opens with what to expect (one line a table), then the commands that reproduce every
-table, then per task one table per machine and kind of run, its rows from the latest record of
-each setup. A row says "older source" where a path its task exercises has a git hash other
-than the one its record stored and a different code (`older`: comments and docstrings aside).
+The page opens with what to expect (one line a setup, a machine's together), then the commands
+that reproduce every table, then per task one table per machine and kind of run, its rows from
+the latest record of each setup. A row says "older source" where a path its task exercises has
+a git hash other than the one its record stored and a different code (`older`: comments and
+docstrings aside).
 A table with current rows shows those alone; of one measurement (a table's title) on the
 current source, the machine measured last shows its table and the others are named in one line
 (the summary at the top gives their results); a machine with a current table of a task shows no
@@ -352,12 +353,11 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
         # A task measured on the current source shows only those rows here; the tables below
         # keep the rest.
         fresh = [rec for rec in summed if is_current(rec, current)]
-        # The setups of one table (aiayn's and its peer's) share a row.
-        rows: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
-        for rec in fresh or summed:
-            rows[rec["machine"]["name"], rec["table"], measured(rec, current)].append(rec)
-        for (machine, _, when), recs in rows.items():
-            said = "; ".join(f"{rec['setup']}: {rec['summary']}" for rec in recs)
+        # One row a setup, a machine's together.
+        for rec in sorted(fresh or summed, key=lambda r: r["machine"]["name"] != (
+                (fresh or summed)[0]["machine"]["name"])):  # fmt: skip
+            machine, when = rec["machine"]["name"], measured(rec, current)
+            said = f"{rec['setup']}: {rec['summary']}"
             lines.append(f"| {heading.split(':')[0]} | {machine} | {when} | {said} |")
     lines += ["", COMMANDS, "", "```sh"]
     lines += [f"{spec[2]:<56}# {spec[0].split(':')[0]}" for spec in TASKS.values()]
