@@ -353,9 +353,10 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
         # A task measured on the current source shows only those rows here; the tables below
         # keep the rest.
         fresh = [rec for rec in summed if is_current(rec, current)]
-        # One row a setup, a machine's together.
-        for rec in sorted(fresh or summed, key=lambda r: r["machine"]["name"] != (
-                (fresh or summed)[0]["machine"]["name"])):  # fmt: skip
+        # One row a setup, a machine's together (in the order the tables below come).
+        shown = fresh or summed
+        first = {m: i for i, m in reversed(list(enumerate(r["machine"]["name"] for r in shown)))}
+        for rec in sorted(shown, key=lambda r: first[r["machine"]["name"]]):
             machine, when = rec["machine"]["name"], measured(rec, current)
             said = f"{rec['setup']}: {rec['summary']}"
             lines.append(f"| {heading.split(':')[0]} | {machine} | {when} | {said} |")

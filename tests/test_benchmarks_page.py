@@ -217,6 +217,19 @@ def test_one_measurement_on_the_current_source_shows_the_machine_measured_last()
     alone = {**copy.deepcopy(earlier), "table": "hostile requests"}
     text = page.render([earlier, later, alone], page.current_hashes([later]))
     assert "### Hostile requests: CPU B" in text
+    # The summary keeps a machine's rows together, though its tables' dates interleave.
+    third = {**copy.deepcopy(earlier), "machine": {"name": "CPU C"}, "table": "hostile requests"}
+    third["summary"], third["date"] = "hostile on C", "2029-12-31 00:00"
+    oldest = {**copy.deepcopy(earlier), "table": "batching", "date": "2029-12-30 00:00"}
+    oldest["summary"] = "batching on B"
+    text = page.render([earlier, later, third, oldest], page.current_hashes([later]))
+    summary = [
+        line.split(" | ")[3].removesuffix(" |")
+        for line in text.splitlines()
+        if line.startswith("| Serving")
+    ]
+    assert summary == ["a model: 30 requests/s", "a model: 17 requests/s",
+                       "a model: batching on B", "a model: hostile on C"]  # fmt: skip
 
 
 def test_a_record_is_one_line_of_json_with_the_machine_and_source(
