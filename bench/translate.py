@@ -59,9 +59,10 @@ import runner
 from runner import Command
 
 CT2_SCRIPT = r"""
-import sys, json
+import sys, json, time
 import ctranslate2, sentencepiece as spm
 export, src, out, beam, threads, alpha, max_a, max_b, inter = sys.argv[1:10]
+warm_up = int(sys.argv[10]) if len(sys.argv) > 10 else 0  # --profile's: lines first, untimed
 beam, threads, inter = int(beam), int(threads), int(inter)
 alpha, max_a, max_b = float(alpha), float(max_a), float(max_b)
 sp = spm.SentencePieceProcessor(model_file=f"{export}/source.spm")
@@ -72,14 +73,20 @@ translator = ctranslate2.Translator(
     export, device="cpu", intra_threads=max(1, threads // inter), inter_threads=inter
 )
 limit = max(int(max_a * (len(p) + 1) + max_b) for p in pieces) if pieces else 1
-results = translator.translate_batch(
-    pieces, beam_size=beam, length_penalty=alpha, max_batch_size=1024, batch_type="tokens",
-    max_decoding_length=limit, suppress_sequences=[["<pad>"], ["<s>"]],
-)
+kwargs = dict(beam_size=beam, length_penalty=alpha, max_batch_size=1024, batch_type="tokens",
+              max_decoding_length=limit, suppress_sequences=[["<pad>"], ["<s>"]])
+if warm_up:
+    translator.translate_batch(pieces[:warm_up], **kwargs)
+start = time.perf_counter()
+results = translator.translate_batch(pieces, **kwargs)
+if warm_up:
+    print(time.perf_counter() - start)  # decoding alone
 with open(out, "w", encoding="utf-8") as f:
     for r in results:
         f.write(target.decode(r.hypotheses[0]) + "\n")
 """
+CT2_ARGUMENTS = ("1.0", "1.0", "50")
+"""CT2_SCRIPT's length penalty and max_len a and b: aiayn's defaults."""
 
 HF_SCRIPT = r"""
 import sys
@@ -148,37 +155,20 @@ def worker_translator(model: str, warm_up: list[str], beam: int, int8: bool = Fa
     return translator
 
 
-CT2_DECODING = r"""
-import sys, time
-import ctranslate2, sentencepiece as spm
-export, src, beam, quantization = sys.argv[1:5]
-sp = spm.SentencePieceProcessor(model_file=f"{export}/source.spm")
-lines = open(src, encoding="utf-8").read().split("\n")[:-1]
-pieces = [sp.encode(line, out_type=str) for line in lines]
-translator = ctranslate2.Translator(export, device="cpu", intra_threads=1, inter_threads=1,
-                                    compute_type=quantization)
-kwargs = dict(beam_size=int(beam), length_penalty=1.0, max_batch_size=1024, batch_type="tokens",
-              suppress_sequences=[["<pad>"], ["<s>"]])
-translator.translate_batch(pieces[:64], **kwargs)
-start = time.perf_counter()
-translator.translate_batch(pieces, **kwargs)
-print(time.perf_counter() - start)
-"""
-"""CTranslate2 decoding a file on one thread after a warm-up, its seconds printed: `--profile`'s
-peer (the few lines its users write, as `CT2_SCRIPT`, timed around `translate_batch` alone)."""
-
-
 def ct2_decoding_seconds(args: argparse.Namespace, int8: bool) -> float | None:
     """CTranslate2's decoding alone of `args.src` on one thread, in a process of its own, on
-    `aiayn export --to ctranslate2` of the model; None without ctranslate2."""
+    `aiayn export --to ctranslate2` of the model, after the warm-up aiayn's side has
+    (`CT2_SCRIPT`, timed around `translate_batch`); None without ctranslate2."""
     if importlib.util.find_spec("ctranslate2") is None:
         return None
     env = runner.with_src_on_path(os.environ)
+    extra = ("--quantization", "int8") if int8 else ()
     with tempfile.TemporaryDirectory(prefix="bench-profile-") as work:
-        export = exported(args, Path(work), env, "ctranslate2")
-        command = [sys.executable, "-c", CT2_DECODING, str(export), str(args.src),
-                   str(args.beam), "int8" if int8 else "float32"]  # fmt: skip
-        done = subprocess.run(command, env=env, capture_output=True, text=True, check=True,
+        export = exported(args, Path(work), env, "ctranslate2", *extra)
+        script = [str(export), str(args.src), str(Path(work) / "out.txt"), str(args.beam), "1",
+                  *CT2_ARGUMENTS, "1", "64"]  # fmt: skip
+        done = subprocess.run([sys.executable, "-c", CT2_SCRIPT, *script], env=env,
+                              capture_output=True, text=True, check=True,
                               preexec_fn=runner.ends_with_benchmark)  # fmt: skip
     return float(done.stdout.split()[-1])
 
@@ -225,8 +215,8 @@ def profile_translation(args: argparse.Namespace) -> str:
     peer = ct2_decoding_seconds(args, args.profile_int8)
     kind = "int8" if args.profile_int8 else "float32"
     beside = (
-        [f"CTranslate2 {kind} decoding the same lines on one thread: {peer:.2f} s; aiayn's "
-         f"search {total:.2f} s, {peer / total:.2f}× CTranslate2's speed.", ""]
+        ["", f"CTranslate2 {kind} decoding the same lines on one thread: {peer:.2f} s; aiayn's "
+         f"search {total:.2f} s, {peer / total:.2f}× CTranslate2's speed."]
         if peer is not None else []
     )  # fmt: skip
     lines = [
@@ -248,10 +238,9 @@ def profile_translation(args: argparse.Namespace) -> str:
         *(f"| {group} | {seconds / every:.0%} |" for group, seconds in groups.items()),
         "| every other operator (element-wise, selections, copies, norms) | "
         f"{(every - sum(groups.values())) / every:.0%} |",
-        "",
         *beside,
     ]
-    return "\n".join(lines).rstrip("\n")
+    return "\n".join(lines)
 
 
 def scores(hyp: Path, ref: Path) -> tuple[float, float, float]:
@@ -397,8 +386,8 @@ def systems(args: argparse.Namespace, work: Path, env: dict) -> list[Command]:
         for inter in sorted({1, args.threads}):  # threads in one batch; one batch per thread
             layout = "" if inter == 1 else f", inter_threads {inter}"
             # CT2_SCRIPT's arguments: beam, threads, length penalty, max_len a and b, inter
-            script = [export, str(args.src), "{out}", str(args.beam), str(args.threads), "1.0",
-                      "1.0", "50", str(inter)]  # fmt: skip
+            script = [export, str(args.src), "{out}", str(args.beam), str(args.threads),
+                      *CT2_ARGUMENTS, str(inter)]  # fmt: skip
             name = f"CTranslate2 {quantization or 'fp32'} (Python API{layout})"
             found.append(Command(name, [sys.executable, "-c", CT2_SCRIPT, *script]))
         if not quantization:
