@@ -215,8 +215,8 @@ def profile_translation(args: argparse.Namespace) -> str:
     peer = ct2_decoding_seconds(args, args.profile_int8)
     kind = "int8" if args.profile_int8 else "float32"
     beside = (
-        ["", f"CTranslate2 {kind} decoding the same lines on one thread: {peer:.2f} s; aiayn's "
-         f"search {total:.2f} s, {peer / total:.2f}× CTranslate2's speed."]
+        ["", f"CTranslate2 {kind} decoding the same lines on one thread: {peer:.3g} s; aiayn's "
+         f"search {total:.3g} s, {peer / total:.2f}× CTranslate2's speed."]
         if peer is not None else []
     )  # fmt: skip
     lines = [
