@@ -77,7 +77,8 @@ def test_translate_s_decoding_tools_print_their_tables(tmp_path: Path) -> None:
         assert row in done.stdout and "record" not in done.stdout
         if flags == "--profile" and importlib.util.find_spec("ctranslate2") is not None:
             # three significant digits: a tiny model's few milliseconds are not printed as 0.00
-            peer = re.search(r"one thread: ([\d.e-]+) s; aiayn's search ([\d.e-]+) s", done.stdout)
+            number = r"([\d.e+-]+)"
+            peer = re.search(rf"one thread: {number} s; aiayn's search {number} s", done.stdout)
             assert peer and float(peer[1]) > 0 and float(peer[2]) > 0, done.stdout
 
 
