@@ -364,9 +364,9 @@ class TrainConfig:
             training table; docs/settings.md).
             With bf16 on a CPU `aiayn train` also has oneDNN keep few compiled kernels (peak
             memory: `acceleration.ONEDNN_KERNELS_FOR_BF16_TRAINING`), a setting of the process
-            that it makes through `aiayn.runtime.configure`. Replaces bf16 and cpu_bf16 (and
-            --no-bf16, --cpu-bf16) of earlier releases, which are still read: bf16 false is
-            fp32, cpu_bf16 true is bf16.
+            that it makes through `aiayn.runtime.configure`. The deprecated fields bf16 and
+            cpu_bf16 (and --no-bf16, --cpu-bf16) are read as precision: bf16 false is fp32,
+            cpu_bf16 true is bf16.
         onednn: On an x86-64 CPU in float32, run the linear layers' products (and the chunked
             loss's) on oneDNN instead of MKL's sgemm (`aiayn.acceleration.OneDNNLinearProducts`):
             the same function up to float32 rounding, 0.97x the tokens/s with the Bible

@@ -22,7 +22,8 @@ def add(sub: argparse._SubParsersAction) -> None:
         "(the model's training data, tokenised with its tokenizer) and add the shortlist to the "
         "model directory as shortlist.safetensors: per source piece its --per-source best "
         "target pieces by the Dice coefficient, and the --frequent most frequent target pieces "
-        "for every sentence. aiayn train writes one at the end of training.",
+        "for every sentence. aiayn train counts one as a run starts and saves it with model/ and "
+        "best/.",
     )
     p.add_argument("-m", "--model-dir", required=True, help="model directory (or run directory)")
     p.add_argument("--src", required=True, help="source side of the parallel text, one per line")
