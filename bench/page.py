@@ -355,8 +355,8 @@ def render(records: list[dict[str, Any]], current: dict[str, str]) -> str:
         fresh = [rec for rec in summed if is_current(rec, current)]
         # One row a setup, a machine's together (in the order the tables below come).
         shown = fresh or summed
-        machines = list(dict.fromkeys(r["machine"]["name"] for r in shown))
-        for rec in sorted(shown, key=lambda r: machines.index(r["machine"]["name"])):
+        order = {m: i for i, m in enumerate(dict.fromkeys(r["machine"]["name"] for r in shown))}
+        for rec in sorted(shown, key=lambda r: order[r["machine"]["name"]]):
             machine, when = rec["machine"]["name"], measured(rec, current)
             said = f"{rec['setup']}: {rec['summary']}"
             lines.append(f"| {heading.split(':')[0]} | {machine} | {when} | {said} |")

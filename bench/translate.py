@@ -59,7 +59,7 @@ import runner
 from runner import Command
 
 CT2_SCRIPT = r"""
-import sys, json, time
+import sys, time
 import ctranslate2, sentencepiece as spm
 export, src, out, beam, threads, alpha, max_a, max_b, inter = sys.argv[1:10]
 warm_up = int(sys.argv[10]) if len(sys.argv) > 10 else 0  # --profile's: lines first, untimed
