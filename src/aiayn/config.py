@@ -79,6 +79,13 @@ class ModelConfig:
             biases included, so each sub-layer starts with smaller outputs. Embeddings are
             N(0, d_model^-½) in both. Only new models read it (docs/small-data.md measured
             it: lower dev perplexity after the warm-up on the Bible recipe).
+        target_side_output: The pre-softmax projection scores only the pieces of the target
+            side (not in the paper; docs/deviations.md): a joint vocabulary's other pieces,
+            the source language's alone, get a fixed bias of `aiayn.model.OUTSIDE_TARGET_SIDE`
+            (probability 0), and training's loss and softmax run over the target side's pieces
+            alone, a smaller product for each update. A new run counts the pieces of its
+            training and validation targets into that bias (`output_projection.bias`, kept
+            with the weights); False scores the whole vocabulary.
     """
 
     src_vocab_size: int
@@ -100,6 +107,7 @@ class ModelConfig:
     pad_id: int = 0
     activation: str = "relu"
     init: str = "xavier"
+    target_side_output: bool = False
 
     def __post_init__(self) -> None:
         _check_types(self)
@@ -505,6 +513,11 @@ class TrainConfig:
         for name in ("adam_beta1", "adam_beta2", "label_smoothing", "bpe_dropout"):
             value = getattr(self, name)
             _require(0.0 <= value < 1.0, f"{name} ({value}) must be in [0, 1)")
+        _require(
+            not (self.bpe_dropout and self.model.get("target_side_output")),
+            "model.target_side_output needs bpe_dropout 0: BPE-dropout's segmentations use "
+            "pieces the counted, plain one never does",
+        )
         for name in ("lr_scale", "adam_eps"):
             _require(getattr(self, name) > 0, f"{name} ({getattr(self, name)}) must be > 0")
         for name in ("max_ratio", "clip_norm", "save_every_minutes"):

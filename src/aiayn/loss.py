@@ -40,15 +40,26 @@ class LossSums:
         return int(self.tokens)
 
 
-def label_smoothed_loss(logits: Tensor, target: Tensor, *, epsilon: float, pad_id: int) -> LossSums:
+def label_smoothed_loss(
+    logits: Tensor,
+    target: Tensor,
+    *,
+    epsilon: float,
+    pad_id: int,
+    allowed: Tensor | None = None,
+) -> LossSums:
     """logits (B, T, V) and target (B, T) → summed smoothed loss and NLL over non-pad tokens.
 
-    Computed in float32 even when the logits are bf16.
+    Computed in float32 even when the logits are bf16. With `allowed` (V,) bool, ε is spread
+    over those pieces alone (a model's target side; the others have probability 0).
     """
     log_probs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
     keep = target != pad_id  # (B, T)
     nll = -log_probs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    smooth = -log_probs.mean(dim=-1)  # (B, T)
+    if allowed is None:
+        smooth = -log_probs.mean(dim=-1)  # (B, T)
+    else:
+        smooth = -log_probs.masked_fill(~allowed, 0.0).sum(dim=-1) / allowed.sum()
     nll = nll.masked_fill(~keep, 0.0).sum()
     smooth = smooth.masked_fill(~keep, 0.0).sum()
     loss = (1.0 - epsilon) * nll + epsilon * smooth

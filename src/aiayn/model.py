@@ -40,6 +40,11 @@ ACTIVATION_FUNCTIONS: dict[str, Callable[[Tensor], Tensor]] = {
 ATTENTION_KINDS = ("encoder", "decoder", "cross")
 """The attentions whose maps `Transformer.forward_with_attention` can return."""
 
+OUTSIDE_TARGET_SIDE = -1e9
+"""The fixed bias of the pre-softmax projection for a piece outside the target side
+(`ModelConfig.target_side_output`): its probability underflows to exactly 0 in float32, and
+finite, it keeps every average of the weights (EMA, checkpoint averaging) free of inf − inf."""
+
 
 class Dropout(nn.Dropout):
     """§5.4 Residual Dropout: each element zeroed with probability p, the rest scaled by 1/(1 − p).
@@ -383,11 +388,16 @@ class Transformer(nn.Module):
             self.decoder = Decoder(
                 [DecoderLayer(**layer) for _ in range(c.n_decoder_layers)], self._final_norm()
             )
-            self.output_projection = nn.Linear(c.d_model, c.tgt_vocab_size, bias=False)
+            self.output_projection = nn.Linear(
+                c.d_model, c.tgt_vocab_size, bias=c.target_side_output
+            )
         if initialize:
-            self.reset_parameters()
+            self.reset_parameters()  # a zero bias: every piece scored until one is set
         else:
             _allocate(self)
+        if c.target_side_output:  # set from the data, never learned
+            self.output_projection.bias.requires_grad_(False)
+        self._target_side: tuple[tuple[int, int, str], Tensor, Tensor, int] | None = None
         if c.share_embeddings in ("all", "decoder"):
             self.output_projection.weight = self.tgt_embed.embedding.weight
         if c.share_embeddings == "all":
@@ -428,6 +438,42 @@ class Transformer(nn.Module):
                 elif isinstance(module, PositionwiseFeedForward):
                     module.linear1.reset_parameters()
                     module.linear2.reset_parameters()
+
+    # -- the target side (`ModelConfig.target_side_output`) --------------------------------
+
+    def set_target_side(self, ids: Tensor) -> None:
+        """Let the pre-softmax projection score only the target ids `ids` (and padding): a
+        bias of 0 for them, `OUTSIDE_TARGET_SIDE` for every other piece."""
+        bias = self.output_projection.bias
+        if not self.config.target_side_output:
+            raise ValueError("the model scores every piece (target_side_output is False)")
+        with torch.no_grad():
+            bias.fill_(OUTSIDE_TARGET_SIDE)
+            bias[ids.to(bias.device)] = 0.0
+            bias[self.config.pad_id] = 0.0
+
+    def target_side(self) -> Tensor | None:
+        """The sorted target ids the pre-softmax projection scores, or None for all of them
+        (a model without `target_side_output`). Read from the bias, and kept until it
+        changes."""
+        side = self._target_side_remap()
+        return None if side is None else side[0]
+
+    def _target_side_remap(self) -> tuple[Tensor, Tensor, int] | None:
+        """(ids (V',), remap (V,): an id's column among them, padding's for an id outside,
+        padding's column), or None without `target_side_output`."""
+        if not self.config.target_side_output:
+            return None
+        bias = self.output_projection.bias
+        key = (bias._version, bias.data_ptr(), str(bias.device))
+        if self._target_side is None or self._target_side[0] != key:
+            allowed = bias.detach() == 0
+            ids = allowed.nonzero().squeeze(1)
+            pad_column = int(allowed[: self.config.pad_id].sum())
+            remap = torch.full_like(bias, pad_column, dtype=torch.long)
+            remap[ids] = torch.arange(len(ids), device=bias.device)
+            self._target_side = (key, ids, remap, pad_column)
+        return self._target_side[1:]
 
     # -- the two halves of Figure 1 -------------------------------------------------------
 
@@ -529,21 +575,28 @@ class Transformer(nn.Module):
         # as importing torch), which decoding, that never computes a loss, must not pay for.
         from aiayn.loss import label_smoothed_loss, projected_label_smoothed_loss
 
+        pad_id, weight = self.config.pad_id, self.output_projection.weight
         if torch.compiler.is_compiling():
             # Compiled, the loss is part of the graph (the chunked loss's own loop would split
             # it in two): the whole logits, their softmax fused by the compiler.
+            allowed = None
+            if self.config.target_side_output:
+                allowed = self.output_projection.bias == 0
+                target = torch.where(allowed[target], target, pad_id)
             return label_smoothed_loss(
                 self.output_projection(hidden),
                 target,
                 epsilon=label_smoothing,
-                pad_id=self.config.pad_id,
+                pad_id=pad_id,
+                allowed=allowed,
             )
+        if (side := self._target_side_remap()) is not None:
+            # The target side's rows alone: the same loss as the whole logits with the
+            # bias (whose other pieces have probability 0), smoothed over the target side.
+            ids, remap, pad_id = side
+            weight, target = weight.index_select(0, ids), remap[target]
         return projected_label_smoothed_loss(
-            hidden,
-            self.output_projection.weight,
-            target,
-            epsilon=label_smoothing,
-            pad_id=self.config.pad_id,
+            hidden, weight, target, epsilon=label_smoothing, pad_id=pad_id
         )
 
     def forward_with_attention(

@@ -88,6 +88,8 @@ def parameter_shapes(config: ModelConfig) -> list[tuple[str, tuple[int, ...]]]:
             shapes += norm(f"{stack}.final_norm")
     if c.share_embeddings == "none":
         shapes.append(("output_projection.weight", (c.tgt_vocab_size, d)))
+    if c.target_side_output:  # fixed, set from the data: the target side's pieces
+        shapes.append(("output_projection.bias", (c.tgt_vocab_size,)))
     return shapes
 
 
@@ -111,7 +113,8 @@ def describe(config: ModelConfig) -> str:
         f"  dropout={c.dropout}  attention_dropout={c.attention_dropout}  {norm}",
         f"  positions: {c.positional_encoding} (max {c.max_positions})",
         f"  vocabulary: source {c.src_vocab_size:,}, target {c.tgt_vocab_size:,}; "
-        f"weight sharing: {c.share_embeddings}",
+        f"weight sharing: {c.share_embeddings}"
+        + ("; output layer: the target side's pieces" if c.target_side_output else ""),
         "",
     ]
     rows = parameter_table(config)

@@ -246,6 +246,8 @@ def ct2_spec(model: Transformer, tokens: list[str], *, add_source_eos: bool = Tr
         _linear(layer_spec.ffn.linear_1, layer.feed_forward.linear2)
         _layer_norm(layer_spec.ffn.layer_norm, layer.feed_forward_sublayer.norm)
     spec.decoder.projection.weight = _array(model.output_projection.weight)
+    if model.output_projection.bias is not None:  # a target side's (target_side_output)
+        spec.decoder.projection.bias = _array(model.output_projection.bias)
     spec.register_source_vocabulary(tokens[: c.src_vocab_size])
     spec.register_target_vocabulary(tokens[: c.tgt_vocab_size])
     return spec

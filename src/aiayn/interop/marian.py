@@ -30,8 +30,9 @@ installed; aiayn's tokenizers do not.
 What aiayn cannot represent is refused with one line naming the field: pre-norm
 (``normalize_before``), ``normalize_embedding``/``layernorm_embedding``, learned positions
 (``static_position_embeddings=False``), ``scale_embedding=False``, untied or unshared
-embeddings, separate vocabularies, different encoder/decoder widths, a non-zero
-``final_logits_bias``, activations other than relu, gelu and swish.
+embeddings, separate vocabularies, different encoder/decoder widths, a
+``final_logits_bias`` other than an aiayn target side's (0, or
+`aiayn.model.OUTSIDE_TARGET_SIDE` for a piece outside), activations other than relu, gelu and swish.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from aiayn.config import ModelConfig
 from aiayn.decode.backends import EXTRA_POSITIONS
 from aiayn.errors import UserValueError
 from aiayn.extras import require
-from aiayn.model import Transformer
+from aiayn.model import OUTSIDE_TARGET_SIDE, Transformer
 from aiayn.model_dir import LoadedModel, load_model_dir, save_model_dir
 from aiayn.parts import system_scratch
 from aiayn.text.tokenizer import (
@@ -187,7 +188,11 @@ def export_hf(model_dir: str | Path, out_dir: str | Path) -> Path:
         theirs["model.shared.weight"].copy_(embedding)
         for a, h, dims in _layer_pairs(c.n_encoder_layers, c.n_decoder_layers):
             theirs[h].copy_(_permute(ours[a], dims, perm))
-        hf.final_logits_bias.zero_()
+        bias = ours.get("output_projection.bias")  # a target side's (target_side_output)
+        if bias is None:
+            hf.final_logits_bias.zero_()
+        else:
+            hf.final_logits_bias.copy_(bias.unsqueeze(0))
     if hf.get_output_embeddings().weight is not hf.get_input_embeddings().weight:
         raise RuntimeError("transformers did not tie MarianMTModel's embeddings")
     hf.generation_config = GenerationConfig(
@@ -342,9 +347,12 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
     _check_importable(raw, tokenizer_config)
     hf = MarianMTModel.from_pretrained(hf_dir, local_files_only=True).eval()
     cfg = hf.config
-    if bool(hf.final_logits_bias.ne(0).any()):
+    final_bias = hf.final_logits_bias[0]
+    target_side = bool(final_bias.ne(0).any())
+    if target_side and not bool((final_bias.eq(0) | final_bias.eq(OUTSIDE_TARGET_SIDE)).all()):
         raise MarianFormatError(
-            "final_logits_bias (non-zero): aiayn's output projection has no bias"
+            "final_logits_bias: aiayn's output projection has no bias but a target side's "
+            f"(every value 0 or {OUTSIDE_TARGET_SIDE:g})"
         )
     vocab: dict[str, int] = _read_json(hf_dir / "vocab.json")
     if SPECIAL_PIECES[UNK_ID] not in vocab:
@@ -373,6 +381,7 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
         share_embeddings="all",
         layer_norm_eps=float(getattr(cfg, "aiayn_layer_norm_eps", MARIAN_LAYER_NORM_EPS)),
         activation=_ACTIVATIONS[cfg.activation_function],
+        target_side_output=target_side,
     )
     model = Transformer(config).eval()
     inverse = torch.argsort(_hidden_permutation(d_model))
@@ -384,6 +393,8 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
         model.tgt_embed.embedding.weight.copy_(_permute(embedding, (1,), inverse))
         for a, h, dims in _layer_pairs(config.n_encoder_layers, config.n_decoder_layers):
             ours[a].copy_(_permute(theirs[h], dims, inverse))
+        if target_side:
+            ours["output_projection.bias"].copy_(final_bias[torch.tensor(order)])
 
     metadata = {
         "src_lang": tokenizer_config.get("source_lang") or "src",

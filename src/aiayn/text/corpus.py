@@ -387,6 +387,10 @@ class ParallelDataset:
     def __len__(self) -> int:
         return len(self.src_lengths)
 
+    def target_counts(self, vocab_size: int) -> np.ndarray:
+        """``(vocab_size,)`` int64: how often each id occurs in the targets."""
+        return np.bincount(self._tgt_tokens, minlength=vocab_size)[:vocab_size]
+
     def __getitem__(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Returns ``(src_ids, tgt_ids)`` of one example, without BOS/EOS."""
         i = int(index)

@@ -55,6 +55,7 @@ from aiayn.text.batching import BatchShapes, accumulation, epoch_updates
 from aiayn.text.bpe_dropout import BPEDropout, EpochPairs, Merges
 from aiayn.text.corpus import DataError, ParallelDataset, check_corpus_files, load_or_build
 from aiayn.text.tokenizer import (
+    EOS_ID,
     PAD_ID,
     VOCAB_FILE,
     SplitTokenizer,
@@ -176,6 +177,8 @@ def set_up(
     progress, saved_average = _resume_or_start(
         config, run_dir, resume, init, model, optimizer, log, distributed, accumulate
     )
+    if model_config.target_side_output and progress.step == 0:
+        _count_target_side(model, init, train_data, valid_data, distributed)
     average = _start_average(config, model, progress, saved_average, valid_data, distributed)
     fixed_end = _fixed_end(config, train_data, resegment, accumulate, distributed)
     schedule_end = fixed_end
@@ -477,6 +480,31 @@ def _start_from_init(
             "learning-rate schedule (warm-up included) start afresh at step 0",
             init.directory,
         )
+
+
+def _count_target_side(
+    model: Transformer,
+    init: finetune.InitModel | None,
+    train_data: ParallelDataset,
+    valid_data: ParallelDataset | None,
+    distributed: Distributed,
+) -> None:
+    """`ModelConfig.target_side_output`: the pieces of the training and validation targets,
+    and EOS, are those the pre-softmax projection scores; a fine-tuning run adds them to the
+    init model's. Every rank counts the same data."""
+    vocab = model.config.tgt_vocab_size
+    used = np.zeros(vocab, dtype=bool)
+    for data in (train_data, valid_data):
+        if data is not None:
+            used |= data.target_counts(vocab) > 0
+    used[EOS_ID] = True
+    ids = torch.from_numpy(np.flatnonzero(used))
+    if init is not None:
+        ids = torch.cat([ids, model.target_side().cpu()]).unique()
+    model.set_target_side(ids)
+    if distributed.is_main:
+        scored = len(model.target_side())
+        logger.info("target side: the output layer scores %d of %d pieces", scored, vocab)
 
 
 def _start_average(

@@ -18,6 +18,7 @@ import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -58,11 +59,20 @@ class PyTorchBackend(Backend):
         device: The first model's.
         shortlist: One model's lexical shortlist, which ``options.shortlist`` decodes with
             (`aiayn.decode.restricted`); None where it has none.
+        target_side: The target ids a single model's projection scores
+            (`Transformer.target_side`), which every search is restricted to, its projection's
+            rows taken once; None where it scores them all, or decodes over them all.
     """
 
-    def __init__(self, models: Sequence[nn.Module], shortlist: Shortlist | None = None) -> None:
+    def __init__(
+        self,
+        models: Sequence[nn.Module],
+        shortlist: Shortlist | None = None,
+        target_side: torch.Tensor | None = None,
+    ) -> None:
         """One model, or an ensemble's models (sharing a tokenizer); a single model's
-        shortlist.
+        shortlist, and its target side where its weights stay as they are (a trained model's
+        for inference; rows taken once would not follow a training model's updates).
 
         Raises:
             TypeError: A model is not an aiayn `Transformer`.
@@ -79,6 +89,12 @@ class PyTorchBackend(Backend):
         self._decoder: search.IncrementalModel = (
             self.models[0] if len(self.models) == 1 else Ensemble(self.models)
         )
+        self.target_side = None if len(self.models) > 1 else target_side
+        if self.target_side is not None:
+            self.target_side = self.target_side.to(self.device)
+            # Exact: the pieces outside it have probability 0 (their fixed bias).
+            self._decoder = RestrictedModel(self.models[0], self.target_side)
+            self._target_side_ids = self.target_side.cpu().numpy()
 
     supports_scoring = True
 
@@ -111,10 +127,12 @@ class PyTorchBackend(Backend):
     ) -> list[list[Hypothesis]]:
         on_cpu = self.device.type == "cpu"
         kernels = using_cpu_attention(self.models) if on_cpu else contextlib.nullcontext()
-        decoder, vocab = self._decoder, None
+        decoder, vocab = self._decoder, self.target_side
         if options.shortlist and self.shortlist is not None and len(self.models) == 1:
             allowed = self.shortlist.allowed(sources)
-            if len(allowed) < self.models[0].config.tgt_vocab_size:
+            if self.target_side is not None:
+                allowed = np.intersect1d(allowed, self._target_side_ids)
+            if len(allowed) < (len(vocab) if vocab is not None else self.shortlist.tgt_vocab_size):
                 vocab = torch.from_numpy(allowed).to(self.device)
                 decoder = RestrictedModel(self.models[0], vocab)
         with _evaluating(self.models), kernels:
@@ -189,6 +207,7 @@ def load_model_dirs(
     tokenizer = load_tokenizer(loaded[0].tokenizer_file)
     # Loaded for this backend alone: quantized or packed in place, not copied first.
     models: list[nn.Module] = [one.model for one in loaded]
+    target_side = loaded[0].model.target_side() if len(loaded) == 1 else None
     if int8:
         models = [quantize_int8(stack_self_attention(model), in_place=True) for model in models]
     elif bf16:
@@ -200,4 +219,4 @@ def load_model_dirs(
     shortlist = None
     if len(loaded) == 1:
         shortlist = model_shortlist(loaded[0].directory, loaded[0].config.tgt_vocab_size)
-    return PyTorchBackend(models, shortlist), tokenizer, loaded
+    return PyTorchBackend(models, shortlist, target_side), tokenizer, loaded
