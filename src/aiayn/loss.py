@@ -3,8 +3,10 @@
 The smoothed target puts 1 - ε on the reference token and spreads ε uniformly over the whole
 vocabulary (the same convention as `torch.nn.functional.cross_entropy(label_smoothing=ε)`):
     loss = (1 - ε) · (-log p(y)) + ε · mean_v(-log p(v)).
-Padding positions are ignored. Sums, not means, are returned so that gradient accumulation
-and data-parallel training can normalise by the true number of target tokens in an update.
+With a model's target side (`ModelConfig.target_side_output`) the vocabulary is that side's
+pieces: ε is spread over them, the others having probability 0. Padding positions are ignored.
+Sums, not means, are returned so that gradient accumulation and data-parallel training can
+normalise by the true number of target tokens in an update.
 """
 
 from __future__ import annotations

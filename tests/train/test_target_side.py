@@ -156,3 +156,17 @@ def test_the_hf_marian_export_carries_the_bias_and_imports_back(tmp_path: Path):
     original = load_model_dir(model_dir).model
     assert back.config.target_side_output
     assert torch.equal(back.output_projection.bias, original.output_projection.bias)
+
+
+def test_a_marian_bias_that_leaves_out_end_of_sentence_is_refused(tmp_path: Path):
+    pytest.importorskip("transformers", reason="optional: pip install -e '.[export]'")
+    from transformers import MarianMTModel
+
+    from aiayn.interop.marian import MarianFormatError, export_hf, import_marian
+
+    hf_dir = export_hf(_side_model_dir(tmp_path), tmp_path / "hf")
+    hf = MarianMTModel.from_pretrained(hf_dir, local_files_only=True)
+    hf.final_logits_bias[0, hf.config.eos_token_id] = OUTSIDE_TARGET_SIDE
+    hf.save_pretrained(hf_dir)
+    with pytest.raises(MarianFormatError, match=r"^final_logits_bias: a target side must score"):
+        import_marian(hf_dir, tmp_path / "back")

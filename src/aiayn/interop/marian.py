@@ -307,7 +307,7 @@ def _check_importable(raw: dict[str, Any], tokenizer_config: dict[str, Any]) -> 
     if not raw.get("scale_embedding", False):
         refuse("scale_embedding", "aiayn always scales embeddings by √d_model (§3.4)")
     if raw.get("add_bias_logits", False):
-        refuse("add_bias_logits", "aiayn's output projection has no bias")
+        refuse("add_bias_logits", "aiayn's output projection has no learned bias")
     if raw.get("activation_function", "gelu") not in _ACTIVATIONS:
         refuse("activation_function", f"aiayn has {', '.join(sorted(set(_ACTIVATIONS)))}")
     if not raw.get("share_encoder_decoder_embeddings", True):
@@ -361,6 +361,11 @@ def import_marian(hf_dir: str | Path, out_dir: str | Path) -> Path:
     pad, eos, start = cfg.pad_token_id, cfg.eos_token_id, cfg.decoder_start_token_id
     eos = eos[0] if isinstance(eos, list) else eos
     specials = [pad, vocab[SPECIAL_PIECES[UNK_ID]], start, eos]  # aiayn ids 0, 1, 2, 3
+    if target_side and bool(final_bias[[pad, eos]].ne(0).any()):
+        raise MarianFormatError(
+            "final_logits_bias: a target side must score the padding and end-of-sentence pieces "
+            f"(0 at ids {pad} and {eos})"
+        )
     order = specials + [i for i in range(size) if i not in set(specials)]
     piece_of = {i: piece for piece, i in vocab.items()}
     pieces = [SPECIAL_PIECES[i] for i in range(len(specials))]
