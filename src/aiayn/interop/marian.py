@@ -30,9 +30,9 @@ installed; aiayn's tokenizers do not.
 What aiayn cannot represent is refused with one line naming the field: pre-norm
 (``normalize_before``), ``normalize_embedding``/``layernorm_embedding``, learned positions
 (``static_position_embeddings=False``), ``scale_embedding=False``, untied or unshared
-embeddings, separate vocabularies, different encoder/decoder widths, a
-``final_logits_bias`` other than an aiayn target side's (0, or
-`aiayn.model.OUTSIDE_TARGET_SIDE` for a piece outside), activations other than relu, gelu and swish.
+embeddings, separate vocabularies, different encoder/decoder widths, a ``final_logits_bias``
+other than an aiayn target side's (0, or `aiayn.model.OUTSIDE_TARGET_SIDE` for a piece
+outside), activations other than relu, gelu and swish.
 """
 
 from __future__ import annotations
