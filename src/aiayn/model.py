@@ -397,7 +397,7 @@ class Transformer(nn.Module):
             _allocate(self)
         if c.target_side_output:  # set from the data, never learned
             self.output_projection.bias.requires_grad_(False)
-        self._target_side: tuple[tuple[int, int, str], Tensor, Tensor, int] | None = None
+        self._target_side: tuple[tuple[int | None, int, str], Tensor, Tensor, int] | None = None
         if c.share_embeddings in ("all", "decoder"):
             self.output_projection.weight = self.tgt_embed.embedding.weight
         if c.share_embeddings == "all":
@@ -451,6 +451,7 @@ class Transformer(nn.Module):
             bias.fill_(OUTSIDE_TARGET_SIDE)
             bias[ids.to(bias.device)] = 0.0
             bias[self.config.pad_id] = 0.0
+        self._target_side = None  # an inference tensor keeps no version to tell it changed
 
     def target_side(self) -> Tensor | None:
         """The sorted target ids the pre-softmax projection scores, or None for all of them
@@ -465,7 +466,8 @@ class Transformer(nn.Module):
         if not self.config.target_side_output:
             return None
         bias = self.output_projection.bias
-        key = (bias._version, bias.data_ptr(), str(bias.device))
+        version = None if bias.is_inference() else bias._version
+        key = (version, bias.data_ptr(), str(bias.device))
         if self._target_side is None or self._target_side[0] != key:
             allowed = bias.detach() == 0
             ids = allowed.nonzero().squeeze(1)

@@ -18,7 +18,7 @@ from torch import Tensor
 from aiayn.acceleration import quantize_int8
 from aiayn.decode.options import DecodingOptions
 from aiayn.decode.packing import pack_linear_layers
-from aiayn.decode.restricted import RestrictedModel
+from aiayn.decode.restricted import RestrictedModel, project_onto
 from aiayn.decode.search import beam_search, greedy_search, sample
 from aiayn.decode.shortlist import Shortlist, build_shortlist_from_text, write_shortlist
 from aiayn.decode.translator import Translator
@@ -85,7 +85,7 @@ def partial_vocab(model: Transformer, seed: int = 0) -> Tensor:
 
 def test_restricted_log_probs_are_the_full_ones_renormalised(model: Transformer, src: Tensor):
     vocab = partial_vocab(model)
-    models = {"float32": model, "int8 (every output, then the columns)": quantize_int8(model)}
+    models = {"float32": model, "int8": quantize_int8(model)}
     for kernel in ("mkl", "onednn"):  # where they run
         with contextlib.suppress(RuntimeError, ValueError):
             models[kernel] = pack_linear_layers(model, min_features=1, kernel=kernel)
@@ -100,6 +100,26 @@ def test_restricted_log_probs_are_the_full_ones_renormalised(model: Transformer,
         torch.testing.assert_close(
             got, kept - kept.logsumexp(1, keepdim=True), rtol=1e-5, atol=1e-5, msg=name
         )
+
+
+@pytest.mark.parametrize("per_row", [False, True])
+def test_an_int8_projection_keeps_its_rows_integers(per_row: bool):
+    """The int8 layer of the kept rows gives exactly the full layer's columns."""
+    torch.manual_seed(0)
+    linear = torch.nn.Sequential(torch.nn.Linear(32, 50))
+    if per_row:
+        linear[0].qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    projection = quantize_int8(linear)[0]
+    scheme = torch.per_channel_affine if per_row else torch.per_tensor_affine
+    assert projection.weight().qscheme() == scheme
+    assert isinstance(projection, torch.ao.nn.quantized.dynamic.Linear)
+    vocab = torch.tensor([0, 3, 4, 17, 49])
+    project = project_onto(projection, vocab)
+    assert isinstance(project, torch.ao.nn.quantized.dynamic.Linear)
+    assert project.out_features == len(vocab)
+    x = torch.randn(6, 32)
+    with torch.inference_mode():
+        assert torch.equal(project(x), projection(x)[:, vocab])
 
 
 @pytest.mark.parametrize("search", [beam_search, greedy_search])

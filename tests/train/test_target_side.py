@@ -83,7 +83,7 @@ def _split_corpus(directory: Path, n: int = 48) -> tuple[Path, Path]:
 
 
 def test_a_run_scores_its_targets_pieces_keeps_them_on_resume_and_decodes_over_them(
-    tmp_path: Path,
+    tmp_path: Path, capsys: pytest.CaptureFixture
 ):
     corpus = _split_corpus(tmp_path)
     run = tmp_path / "run"
@@ -102,6 +102,14 @@ def test_a_run_scores_its_targets_pieces_keeps_them_on_resume_and_decodes_over_t
     resumed = load_model_dir(run / "model").model
     assert resumed.target_side().tolist() == side
     assert set(resumed.output_projection.bias.tolist()) == {0.0, OUTSIDE_TARGET_SIDE}
+
+    # Fine-tuning it with BPE-dropout is refused in one line, before anything is written.
+    finetune = make_config(
+        corpus, tmp_path / "ft", vocab_size=tokenizer.vocab_size, bpe_dropout=0.1, model={}
+    )
+    assert main([*cli_args(finetune), "--init-from", str(run / "model")]) == 2
+    assert "cannot fine-tune" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "ft").exists()
 
     # Decoding restricted to the target side (the loader's) is the search over every piece.
     restricted = Translator(run / "model", onednn=False)

@@ -38,9 +38,13 @@ def project_onto(
     of their weight (and bias), taken here, once. A `PackedLinear` on oneDNN's kernel, whose
     weight is in oneDNN's opaque layout, gets a packed copy of those rows of `weight`, the
     dense weight it was packed from (a tied projection's: the target embedding), where given.
-    Any other layer (int8 dynamic quantization, oneDNN's without `weight`) computes every
+    An int8 layer (dynamic quantization, `acceleration.quantize_int8`) gets a layer of those
+    rows of its int8 weight, their scales and zero points unchanged: each output is the same
+    integer sum scaled the same way. Any other layer (oneDNN's without `weight`) computes every
     output and keeps those columns: the same values, without the saving in the product.
     """
+    if isinstance(projection, torch.ao.nn.quantized.dynamic.Linear):
+        return _int8_rows(projection, vocab)
     if type(projection) is nn.Linear:
         rows = projection.weight.detach().index_select(0, vocab)
         bias = None if projection.bias is None else projection.bias.detach()[vocab]
@@ -61,6 +65,28 @@ def project_onto(
                 linear.bias = nn.Parameter(bias, False)
             return PackedLinear(linear, kernel=projection.kernel)
     return lambda x: projection(x).index_select(1, vocab)
+
+
+def _int8_rows(projection: Any, vocab: Tensor) -> nn.Module:
+    """A dynamically quantized linear layer of the output rows `vocab` of `projection`'s.
+
+    The rows are dequantized and quantized again with the same scale and zero point (per
+    tensor or per row): a value on the grid comes back as the same integer.
+    """
+    weight = projection.weight()
+    rows = weight.dequantize().index_select(0, vocab)
+    if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+        q_rows = torch.quantize_per_tensor(
+            rows, weight.q_scale(), weight.q_zero_point(), weight.dtype
+        )
+    else:
+        scales = weight.q_per_channel_scales().index_select(0, vocab)
+        zero_points = weight.q_per_channel_zero_points().index_select(0, vocab)
+        q_rows = torch.quantize_per_channel(rows, scales, zero_points, 0, weight.dtype)
+    bias = projection.bias()
+    layer = type(projection)(projection.in_features, len(vocab), dtype=weight.dtype)
+    layer.set_weight_bias(q_rows, None if bias is None else bias.index_select(0, vocab))
+    return layer
 
 
 class RestrictedModel:

@@ -275,6 +275,12 @@ def _check_inputs(
                 f"bpe_dropout ({config.bpe_dropout}) needs a joint BPE vocabulary; "
                 f"{config.init_from} has a split one (an imported Marian model): set it to 0"
             )
+        if config.bpe_dropout and init.model_config.target_side_output:
+            raise TrainingError(
+                f"bpe_dropout ({config.bpe_dropout}) cannot fine-tune {config.init_from}: its "
+                "output layer scores only its target side's pieces (target_side_output), "
+                "which BPE-dropout's segmentations leave: set it to 0"
+            )
         # The run's vocabulary is the model's: train_config.yaml records its true size.
         return replace(config, vocab_size=init.vocab_size), init
     if config.tokenizer:

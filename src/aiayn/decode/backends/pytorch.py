@@ -90,6 +90,8 @@ class PyTorchBackend(Backend):
             self.models[0] if len(self.models) == 1 else Ensemble(self.models)
         )
         self.target_side = None if len(self.models) > 1 else target_side
+        if target_side is not None and len(target_side) == self.models[0].config.tgt_vocab_size:
+            self.target_side = None  # every piece: the search as it is
         if self.target_side is not None:
             self.target_side = self.target_side.to(self.device)
             # Exact: the pieces outside it have probability 0 (their fixed bias).
