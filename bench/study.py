@@ -24,6 +24,11 @@ same budget (`--budget`), its updates foreseen by a pilot run (`--pilot`), score
 DATA is a folder made by `aiayn prepare bible-en-es` (train.*, valid.*); where it has test.* too
 (`--test-books`), each run is scored on that split as well, its BLEU recorded as `test_bleu`.
 
+`average` scores the last checkpoints of runs averaged (`aiayn average -n N`, N of `--last`)
+beside the model each run kept, on the validation set; one record in recipe.jsonl:
+
+    python bench/study.py average DATA runs/recipe recipe recipe-s2 --last 2 3 5
+
 `plot` draws the learning curves of runs that differ in one setting. Each run NAME is a run
 directory STUDY_DIR/NAME (its metrics.jsonl, train_config.yaml and, once evaluated,
 valid.bleu.json); a run still training can be drawn. Into OUT_DIR:
@@ -375,6 +380,53 @@ def run_one(args: argparse.Namespace, name: str, load: float | None) -> None:
     runner.write(rec, args)
 
 
+AVERAGE_COLUMNS = [("run", "run"), ("last", "checkpoints averaged"), ("steps", "their steps"),
+                   ("bleu", "BLEU"), ("chrf", "chrF")]  # fmt: skip
+
+
+def average(args: argparse.Namespace) -> None:
+    """Score the runs' last checkpoints averaged (`aiayn average`), beside the model each run
+    kept; one record of every run and count."""
+    env = runner.with_src_on_path(os.environ)
+    valid = ["--src", str(args.data / "valid.en"), "--ref", str(args.data / "valid.es")]
+    rows = []
+    for name in args.names:
+        run = args.study_dir / name
+        steps = sorted(int(p.name.removeprefix("step_")) for p in run.glob("checkpoints/step_*"))
+        for last in [1, *args.last]:
+            model = run / "model"
+            if last > 1:
+                if last > len(steps):
+                    raise SystemExit(f"{run}: {len(steps)} checkpoints, fewer than {last}")
+                model = run / f"averaged-{last}"
+                subprocess.run([*runner.AIAYN, "average", "-n", str(last), "-o", str(model),
+                                str(run)], check=True, capture_output=True, env=env)  # fmt: skip
+            done = subprocess.run([*runner.AIAYN, "evaluate", "-m", str(model), *valid, "--json",
+                                   "--no-progress", "--threads", str(args.threads),
+                                   "-o", str(run / f"valid.averaged-{last}.hyp")],
+                                  capture_output=True, text=True, env=env, check=True,
+                                  preexec_fn=runner.ends_with_benchmark)  # fmt: skip
+            scores = json.loads(done.stdout)
+            kept = ", ".join(f"{s:,}" for s in (steps[-last:] if last > 1 else steps[-1:]))
+            bleu, chrf = round(scores["bleu"], 2), round(scores["chrf"], 2)
+            rows.append({"run": name, "last": last, "steps": kept, "bleu": bleu, "chrf": chrf})
+            print(rows[-1], flush=True)
+    pairs = len((args.data / "valid.en").read_text(encoding="utf-8").splitlines())
+    setup = args.setup or f"{', '.join(args.names)}: validation set of {pairs} pairs"
+    command = f"python bench/study.py average DATA RUNS {' '.join(args.names)} --last "
+    rec = runner.record(
+        "recipe",
+        table="the recipe's last checkpoints averaged",
+        setup=setup,
+        columns=AVERAGE_COLUMNS,
+        rows=rows,
+        summary="",
+        machine_name=args.machine,
+        command=command + " ".join(map(str, args.last)),
+    )
+    runner.write(rec, args)
+
+
 def plot(args: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     names = dict(spec.partition(":")[::2] for spec in args.runs)
     labels = {name: label or name for name, label in names.items()}
@@ -417,6 +469,13 @@ def main(argv: list[str] | None = None) -> None:
         "--pilot", default="120s", help="the pilot that foresees its updates (%(default)s)"
     )
     runner.add_arguments(run)
+    mean = commands.add_parser("average", help="score runs' last checkpoints averaged")
+    mean.add_argument("data", type=Path, help="an `aiayn prepare` folder: valid.*")
+    mean.add_argument("study_dir", type=Path, help="the folder holding one directory per run")
+    mean.add_argument("names", nargs="+", metavar="RUN")
+    mean.add_argument("--last", type=int, nargs="+", default=[2, 3, 5], metavar="N")
+    mean.add_argument("--threads", type=int, default=2)
+    runner.add_arguments(mean)
     draw_ = commands.add_parser("plot", help="draw the runs' learning curves and a table")
     draw_.add_argument("study_dir", type=Path, help="the folder holding one directory per run")
     draw_.add_argument("--runs", nargs="+", required=True, metavar="NAME[:LABEL]")
@@ -426,6 +485,8 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     if args.command == "plot":
         return plot(args, p)
+    if args.command == "average":
+        return average(args)
     unknown = [n for n in args.names if n not in own and n not in RUNS | FULL_RUNS]
     if unknown:
         p.error(f"unknown run(s) {unknown}: the runs are {', '.join([*own, *RUNS, *FULL_RUNS])}")
