@@ -387,27 +387,30 @@ AVERAGE_COLUMNS = [("run", "run"), ("last", "checkpoints averaged"), ("steps", "
 def average(args: argparse.Namespace) -> None:
     """Score the runs' last checkpoints averaged (`aiayn average`), beside the model each run
     kept; one record of every run and count."""
+    from aiayn.train.checkpoint import list_checkpoints  # what `aiayn average` averages
+
     env = runner.with_src_on_path(os.environ)
     valid = ["--src", str(args.data / "valid.en"), "--ref", str(args.data / "valid.es")]
     rows = []
     for name in args.names:
         run = args.study_dir / name
-        steps = sorted(int(p.name.removeprefix("step_")) for p in run.glob("checkpoints/step_*"))
-        for last in [1, *args.last]:
+        steps = [int(p.name.removeprefix("step_")) for p in list_checkpoints(run)]
+        for last in [1, *sorted(set(args.last) - {1})]:
             model = run / "model"
             if last > 1:
                 if last > len(steps):
                     raise SystemExit(f"{run}: {len(steps)} checkpoints, fewer than {last}")
                 model = run / f"averaged-{last}"
                 subprocess.run([*runner.AIAYN, "average", "-n", str(last), "-o", str(model),
-                                str(run)], check=True, capture_output=True, env=env)  # fmt: skip
+                                str(run)], check=True, stdout=subprocess.DEVNULL, env=env,
+                               preexec_fn=runner.ends_with_benchmark)  # fmt: skip
             done = subprocess.run([*runner.AIAYN, "evaluate", "-m", str(model), *valid, "--json",
                                    "--no-progress", "--threads", str(args.threads),
                                    "-o", str(run / f"valid.averaged-{last}.hyp")],
                                   capture_output=True, text=True, env=env, check=True,
                                   preexec_fn=runner.ends_with_benchmark)  # fmt: skip
             scores = json.loads(done.stdout)
-            kept = ", ".join(f"{s:,}" for s in (steps[-last:] if last > 1 else steps[-1:]))
+            kept = ", ".join(f"{s:,}" for s in steps[-last:]) if last > 1 else "model/"
             bleu, chrf = round(scores["bleu"], 2), round(scores["chrf"], 2)
             rows.append({"run": name, "last": last, "steps": kept, "bleu": bleu, "chrf": chrf})
             print(rows[-1], flush=True)

@@ -456,7 +456,8 @@ class Transformer(nn.Module):
     def target_side(self) -> Tensor | None:
         """The sorted target ids the pre-softmax projection scores, or None for all of them
         (a model without `target_side_output`). Read from the bias, and kept until it
-        changes."""
+        changes (an inference tensor's bias keeps no version: until `set_target_side`, or
+        the bias is another tensor)."""
         side = self._target_side_remap()
         return None if side is None else side[0]
 

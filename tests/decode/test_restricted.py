@@ -106,7 +106,7 @@ def test_restricted_log_probs_are_the_full_ones_renormalised(model: Transformer,
 def test_an_int8_projection_keeps_its_rows_integers(per_row: bool):
     """The int8 layer of the kept rows gives exactly the full layer's columns."""
     torch.manual_seed(0)
-    linear = torch.nn.Sequential(torch.nn.Linear(32, 50))
+    linear = torch.nn.Sequential(torch.nn.Linear(32, 50, bias=not per_row))
     if per_row:
         linear[0].qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
     projection = quantize_int8(linear)[0]
@@ -120,6 +120,17 @@ def test_an_int8_projection_keeps_its_rows_integers(per_row: bool):
     x = torch.randn(6, 32)
     with torch.inference_mode():
         assert torch.equal(project(x), projection(x)[:, vocab])
+
+
+def test_a_float16_dynamic_projection_keeps_its_columns():
+    """Dynamic quantization to float16 is no int8 layer: every output, then the columns."""
+    torch.manual_seed(0)
+    linear = torch.nn.Sequential(torch.nn.Linear(32, 50, bias=False))
+    projection = torch.ao.quantization.quantize_dynamic(linear, {torch.nn.Linear}, torch.float16)[0]
+    vocab = torch.tensor([1, 2, 30])
+    x = torch.randn(4, 32)
+    with torch.inference_mode():
+        assert torch.equal(project_onto(projection, vocab)(x), projection(x)[:, vocab])
 
 
 @pytest.mark.parametrize("search", [beam_search, greedy_search])

@@ -111,22 +111,41 @@ def test_a_run_scores_its_targets_pieces_keeps_them_on_resume_and_decodes_over_t
     assert "cannot fine-tune" in capsys.readouterr().err.strip().splitlines()[-1]
     assert not (tmp_path / "ft").exists()
 
-    # Decoding restricted to the target side (the loader's) is the search over every piece.
-    restricted = Translator(run / "model", onednn=False)
-    backend = restricted.backend
-    assert backend.target_side.tolist() == side
-    whole = PyTorchBackend(backend.models)  # the same (packed) model, every piece scored
-    assert whole.target_side is None
-    sources = ["a b c d", "e f g", "h i j k l"]
-    for beam_size in (1, 4):
-        ours = restricted.translate(sources, beam_size=beam_size)
-        restricted.backend = whole
-        full = restricted.translate(sources, beam_size=beam_size)
-        restricted.backend = backend
-        assert [r.token_ids for r in ours] == [r.token_ids for r in full]
-        for a, b in zip(ours, full, strict=True):
-            assert a.score == pytest.approx(b.score, abs=1e-4)
-            assert set(a.token_ids) <= set(side)
+    # Decoding restricted to the target side (the loader's) is the search over every piece,
+    # in float32 and in int8 (its quantized projection's rows).
+    for int8 in (False, True):
+        restricted = Translator(run / "model", onednn=False, int8=int8)
+        backend = restricted.backend
+        assert backend.target_side.tolist() == side
+        whole = PyTorchBackend(backend.models)  # the same (packed) model, every piece scored
+        assert whole.target_side is None
+        sources = ["a b c d", "e f g", "h i j k l"]
+        for beam_size in (1, 4):
+            ours = restricted.translate(sources, beam_size=beam_size)
+            restricted.backend = whole
+            full = restricted.translate(sources, beam_size=beam_size)
+            restricted.backend = backend
+            assert [r.token_ids for r in ours] == [r.token_ids for r in full], int8
+            for a, b in zip(ours, full, strict=True):
+                assert a.score == pytest.approx(b.score, abs=1e-4)
+                assert set(a.token_ids) <= set(side)
+
+
+def test_a_target_side_of_every_piece_decodes_as_the_plain_search():
+    model = Transformer(preset("tiny", src_vocab_size=50, target_side_output=True)).eval()
+    every = torch.arange(model.config.tgt_vocab_size)
+    model.set_target_side(every)
+    backend = PyTorchBackend([model], target_side=model.target_side())
+    assert backend.target_side is None and backend._decoder is model
+
+
+def test_the_target_side_of_a_model_made_in_inference_mode():
+    with torch.inference_mode():
+        model = Transformer(preset("tiny", src_vocab_size=50, target_side_output=True))
+        assert model.output_projection.bias.is_inference()
+        assert len(model.target_side()) == model.config.tgt_vocab_size  # a zero bias: all
+        model.set_target_side(torch.tensor([EOS_ID, 5, 7]))
+        assert model.target_side().tolist() == [PAD_ID, EOS_ID, 5, 7]
 
 
 def _side_model_dir(directory: Path) -> Path:

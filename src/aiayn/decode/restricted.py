@@ -38,13 +38,16 @@ def project_onto(
     of their weight (and bias), taken here, once. A `PackedLinear` on oneDNN's kernel, whose
     weight is in oneDNN's opaque layout, gets a packed copy of those rows of `weight`, the
     dense weight it was packed from (a tied projection's: the target embedding), where given.
-    An int8 layer (dynamic quantization, `acceleration.quantize_int8`) gets a layer of those
-    rows of its int8 weight, their scales and zero points unchanged: each output is the same
-    integer sum scaled the same way. Any other layer (oneDNN's without `weight`) computes every
-    output and keeps those columns: the same values, without the saving in the product.
+    An int8 layer (dynamic quantization to qint8, `acceleration.quantize_int8`) gets a layer of
+    those rows of its int8 weight, their scales and zero points unchanged: each output is the
+    same integer sum scaled the same way. Any other layer (oneDNN's without `weight`, dynamic
+    quantization to float16 or an unusual scheme) computes every output and keeps those
+    columns: the same values, without the saving in the product.
     """
     if isinstance(projection, torch.ao.nn.quantized.dynamic.Linear):
-        return _int8_rows(projection, vocab)
+        weight = projection.weight()
+        if weight.is_quantized and weight.qscheme() in INT8_SCHEMES:
+            return _int8_rows(projection, weight, vocab)
     if type(projection) is nn.Linear:
         rows = projection.weight.detach().index_select(0, vocab)
         bias = None if projection.bias is None else projection.bias.detach()[vocab]
@@ -67,15 +70,21 @@ def project_onto(
     return lambda x: projection(x).index_select(1, vocab)
 
 
-def _int8_rows(projection: Any, vocab: Tensor) -> nn.Module:
-    """A dynamically quantized linear layer of the output rows `vocab` of `projection`'s.
+PER_TENSOR = (torch.per_tensor_affine, torch.per_tensor_symmetric)
+INT8_SCHEMES = (*PER_TENSOR, torch.per_channel_affine, torch.per_channel_symmetric)
+"""The quantization schemes of an int8 weight whose rows `project_onto` takes."""
+
+
+def _int8_rows(projection: Any, weight: Tensor, vocab: Tensor) -> nn.Module:
+    """A dynamically quantized linear layer of the output rows `vocab` of `projection`'s
+    quantized `weight`.
 
     The rows are dequantized and quantized again with the same scale and zero point (per
-    tensor or per row): a value on the grid comes back as the same integer.
+    tensor or per row): a value on the grid comes back as the same integer. The layer keeps
+    `projection`'s version, which decides how its input is quantized.
     """
-    weight = projection.weight()
     rows = weight.dequantize().index_select(0, vocab)
-    if weight.qscheme() in (torch.per_tensor_affine, torch.per_tensor_symmetric):
+    if weight.qscheme() in PER_TENSOR:
         q_rows = torch.quantize_per_tensor(
             rows, weight.q_scale(), weight.q_zero_point(), weight.dtype
         )
@@ -86,6 +95,7 @@ def _int8_rows(projection: Any, vocab: Tensor) -> nn.Module:
     bias = projection.bias()
     layer = type(projection)(projection.in_features, len(vocab), dtype=weight.dtype)
     layer.set_weight_bias(q_rows, None if bias is None else bias.index_select(0, vocab))
+    layer.version = projection.version
     return layer
 
 
