@@ -415,7 +415,11 @@ def average(args: argparse.Namespace) -> None:
             rows.append({"run": name, "last": last, "steps": kept, "bleu": bleu, "chrf": chrf})
             print(rows[-1], flush=True)
     pairs = len((args.data / "valid.en").read_text(encoding="utf-8").splitlines())
-    setup = args.setup or f"{', '.join(args.names)}: validation set of {pairs} pairs"
+    runs = f"run {args.names[0]}" if len(args.names) == 1 else f"runs {', '.join(args.names)}"
+    setup = (
+        args.setup
+        or f"`aiayn prepare bible-en-es`'s corpus, the {runs} (validation set: {pairs} pairs)"
+    )
     command = f"python bench/study.py average DATA RUNS {' '.join(args.names)} --last "
     rec = runner.record(
         "recipe",
