@@ -15,7 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import aiayn
+from aiayn.decode.restricted import RestrictedModel
 from aiayn.model import Transformer
 
 PACKAGE = str(Path(aiayn.__file__).resolve().parent)
@@ -77,30 +78,50 @@ class _Counter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+Step = Callable[..., Any]
+STEPPING = (Transformer, RestrictedModel)
+"""The classes whose `decode_step` a search calls: the model itself, or (a model whose output
+layer covers the target side, or with a shortlist) its restriction to some target ids, which
+calls the model's `decode_step_hidden`, never its `decode_step`."""
+
+
+@contextlib.contextmanager
+def wrapped_decode_steps(wrap: Callable[[Step], Step]) -> Iterator[None]:
+    """Within the block, every search's `decode_step` is `wrap(the real one)`."""
+    real = [cls.decode_step for cls in STEPPING]
+    for cls, step in zip(STEPPING, real, strict=True):
+        cls.decode_step = wrap(step)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        for cls, step in zip(STEPPING, real, strict=True):
+            cls.decode_step = step  # type: ignore[method-assign]
+
+
 @contextlib.contextmanager
 def count_step_calls() -> Iterator[StepCalls]:
     """Count the calls into PyTorch that decoding makes in the block (`StepCalls`)."""
     counted = StepCalls()
     counter = _Counter(counted)
-    decode_step = Transformer.decode_step
 
-    def counting_step(self: Transformer, *args: Any, **kwargs: Any) -> Any:
-        if counted.steps:
-            counted.per_step.append(counter.since_step)
-        counter.since_step = 0
-        counted.steps += 1
-        counter.in_step = True
-        try:
-            return decode_step(self, *args, **kwargs)
-        finally:
-            counter.in_step = False
+    def counting(decode_step: Step) -> Step:
+        def counting_step(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if counted.steps:
+                counted.per_step.append(counter.since_step)
+            counter.since_step = 0
+            counted.steps += 1
+            counter.in_step = True
+            try:
+                return decode_step(self, *args, **kwargs)
+            finally:
+                counter.in_step = False
 
-    Transformer.decode_step = counting_step  # type: ignore[method-assign]
+        return counting_step
+
     try:
-        with counter:
+        with wrapped_decode_steps(counting), counter:
             yield counted
     finally:
-        Transformer.decode_step = decode_step  # type: ignore[method-assign]
         if counted.steps:
             counted.per_step.append(counter.since_step)
 

@@ -115,20 +115,20 @@ def count_rows(model: str, src: Path, options: dict) -> float:
     decoder (each live beam of each unfinished sentence, at every step), over the sentences.
     Counted through the Python API, after the timed rounds."""
     from aiayn.decode.translator import Translator
-    from aiayn.model import Transformer
+    from step_calls import wrapped_decode_steps
 
-    rows, decode_step = [], Transformer.decode_step
+    rows: list[int] = []
 
-    def counted(self: Transformer, tokens: Any, cache: Any) -> Any:
-        rows.append(tokens.numel())
-        return decode_step(self, tokens, cache)
+    def counting(decode_step: Any) -> Any:
+        def counted(self: Any, tokens: Any, cache: Any) -> Any:
+            rows.append(tokens.numel())
+            return decode_step(self, tokens, cache)
+
+        return counted
 
     lines = src.read_text(encoding="utf-8").split("\n")[:-1]
-    Transformer.decode_step = counted  # type: ignore[method-assign]
-    try:
+    with wrapped_decode_steps(counting):
         Translator(model).translate(lines, **options)
-    finally:
-        Transformer.decode_step = decode_step  # type: ignore[method-assign]
     return sum(rows) / max(1, len(lines))
 
 
@@ -180,6 +180,7 @@ def profile_translation(args: argparse.Namespace) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     from aiayn.model import Transformer
+    from step_calls import wrapped_decode_steps
 
     lines = args.src.read_text(encoding="utf-8").split("\n")[:-1]
     translator = worker_translator(args.model, lines[:64], args.beam, args.profile_int8)
@@ -197,15 +198,15 @@ def profile_translation(args: argparse.Namespace) -> str:
 
         return wrapper
 
-    encode, decode_step = Transformer.encode, Transformer.decode_step
+    encode = Transformer.encode
     Transformer.encode = timed("encode", encode)  # type: ignore[method-assign]
-    Transformer.decode_step = timed("decode_step", decode_step)  # type: ignore[method-assign]
     try:
-        start = time.perf_counter()
-        translator.translate(lines, beam_size=args.beam)  # the wall-clock split: no profiler
-        total = time.perf_counter() - start
+        with wrapped_decode_steps(lambda step: timed("decode_step", step)):
+            start = time.perf_counter()
+            translator.translate(lines, beam_size=args.beam)  # the wall-clock split: no profiler
+            total = time.perf_counter() - start
     finally:
-        Transformer.encode, Transformer.decode_step = encode, decode_step
+        Transformer.encode = encode  # type: ignore[method-assign]
     with profile(activities=[ProfilerActivity.CPU]) as prof:  # the operators' shares
         translator.translate(lines, beam_size=args.beam)
     ops = {e.key: e.self_cpu_time_total / 1e6 for e in prof.key_averages()}

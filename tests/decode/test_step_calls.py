@@ -104,3 +104,23 @@ def test_a_beam_search_step_stays_within_its_call_budget(
     assert in_step <= 6 + 40 * layers, in_step  # 84 at 2 layers (1af60c8)
     between = counted.per_search_step() - in_step
     assert between <= 80, between  # 73 (fdeed3e and after)
+
+
+def test_a_search_over_some_target_ids_counts_its_steps_too(
+    bench_step_calls: Any, decoding_model: Transformer
+) -> None:
+    """A model whose output layer covers the target side, or a shortlist, decodes through
+    `RestrictedModel`, whose step calls the model's `decode_step_hidden` and never its
+    `decode_step`: its steps are counted all the same, and the classes put back after."""
+    from aiayn.decode.restricted import RestrictedModel
+
+    real = RestrictedModel.decode_step
+    vocab = torch.arange(decoding_model.config.tgt_vocab_size)[::2]
+    vocab[:3] = torch.tensor(sorted(IDS.values()))  # BOS, EOS and padding stay among them
+    vocab = vocab.sort().values
+    options = DecodingOptions(beam_size=4, max_len_a=0.0, max_len_b=12)
+    with torch.inference_mode(), bench_step_calls.count_step_calls() as counted:
+        beam_search(RestrictedModel(decoding_model, vocab), sources(3), options=options,
+                    vocab=vocab, **IDS)  # fmt: skip
+    assert counted.steps > 1 and counted.per_search_step(bench_step_calls.STEP) > 0
+    assert RestrictedModel.decode_step is real
