@@ -135,6 +135,12 @@ FULL_RUNS = {name: flags.split() for name, flags in {
     "B8-bf16-width192": f"{BF16} --max-steps 6800 {WIDTH192}",
     "B9-bf16-bpe-dropout01": f"{BF16} --max-steps 5075 --bpe-dropout 0.1",
     "B10-bf16-bpe16k": f"{BF16} --max-steps 3900 --vocab-size 16000",
+    # The schedule's shape at the same peak: a warm-up of 200 updates, not 400, with the rate
+    # scaled by 1/sqrt(2) (Eq. 3 peaks at d_model^-0.5 * warmup^-0.5: the same 3.1e-3, twice as
+    # soon); and Eq. 3's own decay after the peak, cooled down linearly to 0 over the last 20% of
+    # the updates (a warmup-stable-decay shape), not the linear decay from the peak.
+    "B11-bf16-warmup200": f"{BF16} --max-steps 5100 --warmup-steps 200 --lr-scale 0.7071",
+    "B12-bf16-cooldown": f"{BF16} --max-steps 5100 --schedule inverse_sqrt_cooldown",
     # The same runs from a second seed (initialisation, dropout, batch order).
     "B0-recipe-s2": f"{FULL} --precision fp32 --max-steps 3600 --seed 2",
     "B1-bf16-s2": f"{BF16} --max-steps 5100 --seed 2",
