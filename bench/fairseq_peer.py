@@ -47,6 +47,7 @@ It appends one record to bench/results/recipe.jsonl, in the recipe's table besid
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import math
@@ -55,7 +56,8 @@ import re
 import shlex
 import shutil
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -335,12 +337,34 @@ def last_valid(lines: Sequence[tuple[float, str]]) -> dict[str, Any]:
     return json.loads(found[-1]) if found else {}
 
 
+@contextlib.contextmanager
+def temporary_directory_of_its_own() -> Iterator[None]:
+    """Within the block, the commands started get a temporary directory (TMPDIR) of their own,
+    removed after: fairseq's data-loading workers, stopped at the end of each pass, leave
+    multiprocessing's pymp-* folders behind in it."""
+    before = os.environ.get("TMPDIR")
+    with tempfile.TemporaryDirectory(prefix="fairseq-peer-") as own:
+        os.environ["TMPDIR"] = own  # what bench/train.py's child_env hands on
+        try:
+            yield
+        finally:
+            if before is None:
+                del os.environ["TMPDIR"]
+            else:
+                os.environ["TMPDIR"] = before
+
+
 def run(args: argparse.Namespace, out: Path, load: float | None) -> None:
     """Prepare, pilot, train, decode and score in the run directory `out`; append the record
     (bench/study.py's run `fairseq`)."""
     if (out / "valid.bleu.json").is_file():
         print(f"{out.name}: done, skipped")
         return
+    with temporary_directory_of_its_own():
+        _run(args, out, load)
+
+
+def _run(args: argparse.Namespace, out: Path, load: float | None) -> None:
     budget_s, pilot_s = budgets(args)
     data, work = args.data, out / "work"
     ns = argparse.Namespace(  # what bench/train.py's set-up reads of its arguments

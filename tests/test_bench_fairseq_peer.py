@@ -203,3 +203,21 @@ def test_fairseq_s_hypotheses_are_decoded_and_scored_as_aiayn_evaluate_does(
     assert json.loads((out / "valid.bleu.json").read_text(encoding="utf-8")) == scores
     ids = {p: i for i, p in enumerate(tokenizer.pieces(range(tokenizer.vocab_size)))}
     assert peer.detokenized("madeupword0000", tokenizer, ids) == tokenizer.decode([1])  # <unk>
+
+
+def test_fairseq_s_commands_get_a_temporary_directory_removed_after(
+    peer: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """What fairseq's stopped data-loading workers leave in TMPDIR goes with it, and TMPDIR is
+    as it was after, set or not, the run failing or not."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    with peer.temporary_directory_of_its_own():
+        own = Path(peer.bench_train.child_env(1)["TMPDIR"])
+        assert own.is_dir() and own != tmp_path
+        (own / "pymp-left" / "listener").parent.mkdir()
+    assert not own.exists() and peer.os.environ["TMPDIR"] == str(tmp_path)
+    monkeypatch.delenv("TMPDIR")
+    with pytest.raises(SystemExit), peer.temporary_directory_of_its_own():
+        own = Path(peer.os.environ["TMPDIR"])
+        raise SystemExit("fairseq-train failed")
+    assert not own.exists() and "TMPDIR" not in peer.os.environ

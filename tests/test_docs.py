@@ -37,7 +37,8 @@ ISSUE = re.compile(
 HISTORY = re.compile(
     r"old CLI|it used to|used to be|until this fix|as of commit|since commit|at commit"
     r"|before commit|the recipe before|the old recipe|the old default|old server|it was a \d"
-    r"|earlier releases'? default",
+    r"|earlier releases'? default|today's recipe|then scoring|model then\b|before it scored"
+    r"|after the recipe took|(?<![.\w])[a-z][\w-]*#\d+\b(?!-)",
     re.IGNORECASE,
 )
 
@@ -91,6 +92,9 @@ def test_the_checks_find_what_they_are_for() -> None:
     text = "issue 29, issues 28, (#28 item 6), pytorch#56297, tutorial.md#7-export, PR #3"
     assert [m.group(0) for m in ISSUE.finditer(text)] == ["issue 29", "issues 28", "#28", "PR #3"]
     assert HISTORY.search("(old CLI: a traceback)") and HISTORY.search("It used to hang")
+    assert HISTORY.search("its output layer then scoring every piece")
+    assert HISTORY.search("a random order, safetensors#584")
+    assert not HISTORY.search("see tutorial.md#4-evaluate")
 
 
 # What `aiayn prepare` writes into its output folder: a file per split and side (`train.en`,
