@@ -61,6 +61,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import runner
 from aiayn.config import ConfigError, TrainConfig, load_yaml_config, parse_duration
@@ -342,16 +343,11 @@ def temporary_directory_of_its_own() -> Iterator[None]:
     """Within the block, the commands started get a temporary directory (TMPDIR) of their own,
     removed after: fairseq's data-loading workers, stopped at the end of each pass, leave
     multiprocessing's pymp-* folders behind in it."""
-    before = os.environ.get("TMPDIR")
-    with tempfile.TemporaryDirectory(prefix="fairseq-peer-") as own:
-        os.environ["TMPDIR"] = own  # what bench/train.py's child_env hands on
-        try:
-            yield
-        finally:
-            if before is None:
-                del os.environ["TMPDIR"]
-            else:
-                os.environ["TMPDIR"] = before
+    with (
+        tempfile.TemporaryDirectory(prefix="fairseq-peer-") as own,
+        mock.patch.dict(os.environ, TMPDIR=own),  # what bench/train.py's child_env hands on
+    ):
+        yield
 
 
 def run(args: argparse.Namespace, out: Path, load: float | None) -> None:
