@@ -430,3 +430,39 @@ def test_a_dead_worker_under_torchrun_stops_the_run_and_resume_is_exact(
     run(aiayn_train(resume_corpus, run_dir, *flags, "--resume", nproc=2), tmp_path / "l3")
     assert_same_weights(whole / "model", run_dir / "model")
     assert train_losses(run_dir) == train_losses(whole)
+
+
+DDP_GONE_CHECK = """
+import gc, sys
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from aiayn.cli import main
+
+destroy = dist.destroy_process_group
+
+def checked_destroy(*args, **kwargs):
+    gc.collect()
+    alive = sum(isinstance(o, DistributedDataParallel) for o in gc.get_objects())
+    with open(f"{sys.argv[1]}.{dist.get_rank()}", "w") as out:
+        out.write(str(alive))
+    return destroy(*args, **kwargs)
+
+dist.destroy_process_group = checked_destroy
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_no_ddp_wrapper_outlives_the_process_group(
+    resume_corpus: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Freeing DDP's reducer after the group is destroyed joins gloo's threads holding the GIL,
+    which one of them may be waiting for: a hang at exit, one run in a few under load. So when
+    `train` destroys the group, no DDP wrapper may be left for a later frame to free."""
+    script = tmp_path / "check.py"
+    script.write_text(DDP_GONE_CHECK)
+    command = aiayn_train(resume_corpus, tmp_path / "run", *DDP_FLAGS, "--max-steps", "4", nproc=2)
+    module = command.index("aiayn")  # torchrun runs the script in place of `-m aiayn`
+    args = [*command[: module - 1], str(script), str(tmp_path / "alive"), *command[module + 1 :]]
+    run(args, tmp_path / "log")
+    alive = {p.suffix: p.read_text() for p in tmp_path.glob("alive.*")}
+    assert alive == {".0": "0", ".1": "0"}

@@ -83,7 +83,7 @@ def _split_corpus(directory: Path, n: int = 48) -> tuple[Path, Path]:
 
 
 def test_a_run_scores_its_targets_pieces_keeps_them_on_resume_and_decodes_over_them(
-    tmp_path: Path, capsys: pytest.CaptureFixture
+    tmp_path: Path, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
 ):
     corpus = _split_corpus(tmp_path)
     run = tmp_path / "run"
@@ -102,6 +102,12 @@ def test_a_run_scores_its_targets_pieces_keeps_them_on_resume_and_decodes_over_t
     resumed = load_model_dir(run / "model").model
     assert resumed.target_side().tolist() == side
     assert set(resumed.output_projection.bias.tolist()) == {0.0, OUTSIDE_TARGET_SIDE}
+    assert "outside the target side" not in caplog.text
+
+    # Validation targets given anew on resume, of pieces outside the side: said, not hidden.
+    values |= dict(max_steps=7, valid_tgt=str(corpus[0]))
+    assert main([*cli_args(make_config(corpus, run, **values)), "--resume"]) == 0
+    assert "outside the target side the output layer scores" in caplog.text
 
     # Fine-tuning it with BPE-dropout is refused in one line, before anything is written.
     finetune = make_config(

@@ -179,6 +179,8 @@ def set_up(
     )
     if model_config.target_side_output and progress.step == 0:
         _count_target_side(model, init, train_data, valid_data, distributed)
+    elif model_config.target_side_output and valid_data is not None and distributed.is_main:
+        _warn_outside_target_side(model, valid_data)
     average = _start_average(config, model, progress, saved_average, valid_data, distributed)
     fixed_end = _fixed_end(config, train_data, resegment, accumulate, distributed)
     schedule_end = fixed_end
@@ -511,6 +513,24 @@ def _count_target_side(
     if distributed.is_main:
         scored = len(model.target_side())
         logger.info("target side: the output layer scores %d of %d pieces", scored, vocab)
+
+
+def _warn_outside_target_side(model: Transformer, valid_data: ParallelDataset) -> None:
+    """A resumed run keeps the target side counted at its start: pieces of validation targets
+    (given anew) outside it count as padding in the validation loss, so say how many."""
+    counts = valid_data.target_counts(model.config.tgt_vocab_size)
+    side = model.target_side()
+    if side is not None:
+        counts[side.cpu().numpy()] = 0
+    counts[model.config.pad_id] = 0
+    if (outside := int(counts.sum())) > 0:
+        logger.warning(
+            "the validation targets hold %d tokens (%d distinct pieces) outside the target side "
+            "the output layer scores, counted when the run started: the validation loss leaves "
+            "them out",
+            outside,
+            int((counts > 0).sum()),
+        )
 
 
 def _start_average(

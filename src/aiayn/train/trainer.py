@@ -137,10 +137,13 @@ def train(
         trainer: Trainer | None = None
         try:
             with contextlib.ExitStack() as held:  # the run directory's lock, while training
-                parts = set_up(
-                    config, resume=resume, distributed=distributed, device=device, held=held
+                # The trainer alone holds the parts (and DDP): see `finally`.
+                trainer = Trainer(
+                    set_up(
+                        config, resume=resume, distributed=distributed, device=device, held=held
+                    ),
+                    started=started,
                 )
-                trainer = Trainer(parts, started=started)
                 return trainer.run()
         except (DiskFullError, OSError) as error:
             message = rundir.disk_full_message(error, config.out_dir)
@@ -154,6 +157,7 @@ def train(
                 # waiting for to free the tensors of the last collective: a hang at exit, one run
                 # in a few (pytorch#56297). So DDP goes first, while the group is still
                 # registered, and the group is freed by destroy_process_group, without the GIL.
+                # Nothing else may hold DDP then: no local here keeps the `RunParts`.
                 if trainer is not None:
                     trainer.release_model_wrapper()
                 gc.collect()
