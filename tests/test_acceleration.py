@@ -21,6 +21,7 @@ from aiayn.acceleration import (
     cpu_attention,
     maybe_compile,
     onednn_linear_missing,
+    quantize_int8,
     use_cpu_attention,
     using_cpu_attention,
 )
@@ -337,3 +338,23 @@ def test_the_chunked_loss_runs_both_its_products_on_onednn() -> None:
     torch.testing.assert_close(loss, plain_loss, rtol=1e-5, atol=0)
     for got, expected in zip(grads, plain_grads, strict=True):  # float32 rounding of sums
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5 * expected.abs().max())
+
+
+def test_int8_weights_have_a_scale_per_row_so_a_large_row_leaves_the_others_fine() -> None:
+    """One scale per weight would be set by its largest row and round every small row coarsely;
+    a scale per row keeps each row's own precision."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 32)
+    with torch.no_grad():
+        linear.weight[0] *= 100  # one row far larger than the rest
+    x = torch.randn(16, 64)
+    per_tensor = copy.deepcopy(linear)
+    per_tensor.qconfig = torch.ao.quantization.default_dynamic_qconfig
+    with torch.inference_mode():
+        exact = linear(x)[:, 1:]
+        [per_row_layer] = quantize_int8(torch.nn.Sequential(linear))
+        assert per_row_layer.weight().qscheme() == torch.per_channel_affine
+        per_row_error = (per_row_layer(x)[:, 1:] - exact).abs().max()
+        [per_tensor_layer] = quantize_int8(torch.nn.Sequential(per_tensor))
+        per_tensor_error = (per_tensor_layer(x)[:, 1:] - exact).abs().max()
+    assert per_row_error < per_tensor_error / 10

@@ -107,8 +107,8 @@ def test_an_int8_projection_keeps_its_rows_integers(per_row: bool):
     """The int8 layer of the kept rows gives exactly the full layer's columns."""
     torch.manual_seed(0)
     linear = torch.nn.Sequential(torch.nn.Linear(32, 50, bias=not per_row))
-    if per_row:
-        linear[0].qconfig = torch.ao.quantization.per_channel_dynamic_qconfig
+    if not per_row:  # quantize_int8's is per row; a layer's own qconfig comes first
+        linear[0].qconfig = torch.ao.quantization.default_dynamic_qconfig
     projection = quantize_int8(linear)[0]
     scheme = torch.per_channel_affine if per_row else torch.per_tensor_affine
     assert projection.weight().qscheme() == scheme
